@@ -1,0 +1,152 @@
+"""Load and save drafters in the published layouts.
+
+native EAGLE-3 (SGLang / vLLM / SafeAILab): fc.weight, midlayer.*, norm.weight, lm_head.weight,
+    d2t, t2d, optional embed_tokens.weight / input_norm.weight / fc_norm.{i}.weight
+speculators (Eagle3Speculator): the same with layers.0.* in place of midlayer.*
+EAGLE-1 (SafeAILab): fc.weight, fc.bias, layers.0.* (see draft/eagle1.py)
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError
+from .config import (
+    DraftConfig,
+    Layout,
+    eagle1_config_dict,
+    native_config_dict,
+    parse_draft_config,
+    read_json,
+    speculators_config_dict,
+)
+from .io import load_state_dict, save_state_dict
+
+MANIFEST = "eaglespec_manifest.json"
+
+
+def _rename(state: dict[str, torch.Tensor], layout: Layout) -> dict[str, torch.Tensor]:
+    """Published tensor names -> eaglespec module names."""
+    out = {}
+    for name, t in state.items():
+        if name.startswith("model."):
+            name = name[len("model."):]
+        if layout == "speculators" and name.startswith("layers.0."):
+            name = "midlayer." + name[len("layers.0."):]
+        out[name] = t
+    return out
+
+
+def _published_names(state: dict[str, torch.Tensor], layout: Layout) -> dict[str, torch.Tensor]:
+    """eaglespec module names -> the names `layout` writes."""
+    if layout != "speculators":
+        return dict(state)
+    return {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+
+
+def build_drafter(cfg: DraftConfig, own_embedding: bool = False) -> nn.Module:
+    if cfg.method == "eagle1":
+        from ..draft.eagle1 import Eagle1Drafter
+
+        return Eagle1Drafter(cfg)
+    from ..draft.eagle3 import Eagle3Drafter
+
+    return Eagle3Drafter(cfg, own_embedding=own_embedding)
+
+
+def _check_against_target(cfg: DraftConfig, path: Path, target_hidden: int | None, target_vocab: int | None) -> None:
+    cfile = path / "config.json"
+    if target_hidden is not None and cfg.target_hidden_size != target_hidden:
+        raise CheckpointError(cfile, f"field 'target_hidden_size' ({cfg.target_hidden_size}) does not match the "
+                                     f"target's hidden size {target_hidden}")
+    if target_vocab is not None and cfg.vocab_size != target_vocab:
+        raise CheckpointError(cfile, f"field 'vocab_size' ({cfg.vocab_size}) does not match the target's "
+                                     f"vocabulary size {target_vocab}")
+
+
+def load_drafter(
+    path: str | Path,
+    *,
+    target_num_layers: int | None = None,
+    target_hidden_size: int | None = None,
+    target_vocab_size: int | None = None,
+    aux_rule: str = "auto",
+    dtype: torch.dtype = torch.float32,
+) -> nn.Module:
+    """Read a draft checkpoint directory (any supported layout) into a drafter module."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(path, "draft checkpoint directory not found")
+    cfg = parse_draft_config(read_json(path / "config.json"), path / "config.json",
+                             target_num_layers=target_num_layers, aux_rule=aux_rule)
+    _check_against_target(cfg, path, target_hidden_size, target_vocab_size)
+    state = _rename(load_state_dict(path), cfg.layout)
+    own_embedding = "embed_tokens.weight" in state
+    if cfg.method == "eagle3":
+        if "d2t" not in state and cfg.draft_vocab_size != cfg.vocab_size:
+            raise CheckpointError(path, f"tensor 'd2t' is missing but draft_vocab_size {cfg.draft_vocab_size} "
+                                        f"differs from vocab_size {cfg.vocab_size}")
+    drafter = build_drafter(cfg, own_embedding=own_embedding)
+    expected = drafter.state_dict()
+    for name, ref in expected.items():
+        if name not in state:
+            if name in ("d2t", "t2d"):
+                continue  # full vocabulary: identity map already in the buffers
+            raise CheckpointError(path, f"tensor {name!r} is missing from the weights")
+        got = state[name]
+        if tuple(got.shape) != tuple(ref.shape):
+            raise CheckpointError(path, f"tensor {name!r} has shape {tuple(got.shape)}, expected {tuple(ref.shape)} "
+                                        "from config.json")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        warnings.warn(f"{path}: ignoring tensors not used by the drafter: {', '.join(unexpected[:5])}", stacklevel=2)
+    with torch.no_grad():
+        for name, ref in expected.items():
+            if name in state:
+                ref.copy_(state[name].to(ref.dtype))
+    if cfg.method == "eagle3":
+        _check_vocab_maps(drafter, path)
+    drafter.to(dtype)
+    drafter.checkpoint_path = str(path)
+    manifest = path / MANIFEST
+    drafter.manifest = read_json(manifest) if manifest.is_file() else None
+    return drafter
+
+
+def _check_vocab_maps(drafter: nn.Module, path: Path) -> None:
+    """d2t must map every draft id into the target vocab (contract 5)."""
+    d2t = drafter.d2t
+    target_ids = torch.arange(d2t.numel()) + d2t
+    if target_ids.numel() and (target_ids.min() < 0 or target_ids.max() >= drafter.cfg.vocab_size):
+        raise CheckpointError(path, "tensor 'd2t' maps a draft id outside the target vocabulary "
+                                    "(d2t must be an offset: target_id = draft_id + d2t[draft_id])")
+
+
+def save_drafter(
+    drafter: nn.Module,
+    path: str | Path,
+    layout: Layout | None = None,
+    *,
+    manifest: dict[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write `drafter` in `layout` (default: native for EAGLE-3, eagle1 for EAGLE-1)."""
+    cfg: DraftConfig = drafter.cfg
+    layout = layout or ("eagle1" if cfg.method == "eagle1" else "native")
+    if (layout == "eagle1") != (cfg.method == "eagle1"):
+        raise CheckpointError(path, f"cannot write a {cfg.method} drafter in the {layout} layout")
+    if cfg.method == "eagle3" and cfg.aux_layer_ids and cfg.aux_layer_ids[0] < 2:
+        raise CheckpointError(path, f"aux layer ids {list(cfg.aux_layer_ids)} start below 2: readers would take "
+                                    "them as output-of-layer ids; choose entering-layer ids >= 2")
+    config = {"native": native_config_dict, "speculators": speculators_config_dict,
+              "eagle1": eagle1_config_dict}[layout](cfg)
+    state = {k: v.float() if v.is_floating_point() else v for k, v in drafter.state_dict().items()}
+    extra = {MANIFEST: json.dumps(manifest, indent=2) + "\n"} if manifest else None
+    return save_state_dict(_published_names(state, layout), Path(path), config, extra_files=extra,
+                           overwrite=overwrite)

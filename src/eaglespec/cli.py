@@ -1,0 +1,108 @@
+"""`eaglespec generate|chat|train|regenerate|bench|convert|serve` (DESIGN.md, the command-line contract).
+
+Exit status 0 on success; 2 on bad usage or bad input, with one line on stderr naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import EagleSpecError
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """--target/--draft/--device/--dtype, shared by generate, chat, bench and serve."""
+    p.add_argument("--target", default=None,
+                   help="target model: a local HF directory or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", default=None,
+                   help="draft checkpoint directory (default: the shipped drafter for the default target)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--aux-rule", default="auto", choices=["auto", "output", "entering"],
+                   help="how to read the checkpoint's aux layer ids: auto (+1 when the first id is 1, as SGLang), "
+                        "output (output-of-layer ids, +1), entering (as written)")
+
+
+def add_tree_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tree", default="chain", choices=["chain", "static", "dynamic"], help="draft tree policy")
+    p.add_argument("--k", type=int, default=None, help="chain length (default 5; 0 = plain decoding)")
+    p.add_argument("--top-k", type=int, default=None, help="tree expansion width per node (default 10)")
+    p.add_argument("--depth", type=int, default=None, help="max tree depth (default 8)")
+    p.add_argument("--budget", type=int, default=None,
+                   help="draft tokens verified per round (default 60; 0 = plain decoding)")
+
+
+def _non_negative(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value < 0:
+            raise EagleSpecError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .api import EagleSpec, tree_spec
+
+    _non_negative(args, "max_new_tokens", "k", "top_k", "depth", "budget")
+    if args.prompt_file:
+        try:
+            prompt = Path(args.prompt_file).read_text()
+        except OSError as exc:
+            raise EagleSpecError(f"{args.prompt_file}: cannot read the prompt file ({exc.strerror})") from None
+    else:
+        prompt = args.prompt
+    spec = tree_spec(args.tree, args.k, args.top_k, args.depth, args.budget)
+    es = EagleSpec.from_pretrained(args.target, args.draft, args.device, args.dtype, spec, args.aux_rule)
+    _log(f"eaglespec: {es.draft_note}")
+    out = es.generate(prompt, args.max_new_tokens, raw=args.raw)
+    if args.json:
+        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "prompt_token_ids": out.prompt_token_ids,
+                          "stats": out.stats}))
+    else:
+        print(out.text)
+        s = out.stats
+        _log(f"[{s['new_tokens']} tokens in {s['seconds']:.2f}s = {s['tokens_per_second']} tok/s | tau "
+             f"{s['tau']:.2f} | {s['rounds']} rounds, {s['accepted']}/{s['drafted']} drafts accepted | "
+             f"backend {s['backend']} | tree {spec.kind}]")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eaglespec", description="EAGLE speculative decoding for HF causal LMs")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text for one prompt with speculative decoding")
+    add_model_args(g)
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the prompt text (chat template applied unless --raw)")
+    src.add_argument("--prompt-file", help="read the prompt text from this file")
+    g.add_argument("--raw", action="store_true", help="feed the prompt as is (no chat template): plain completion")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="stop after this many new tokens (default 128)")
+    add_tree_args(g)
+    g.add_argument("--json", action="store_true", help="print one JSON object on stdout (text, ids, stats)")
+    g.set_defaults(func=cmd_generate)
+
+    # subcommands owned by other modules register themselves here
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except EagleSpecError as exc:
+        _log(f"eaglespec: error: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

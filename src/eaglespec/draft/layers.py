@@ -1,0 +1,125 @@
+"""Layers shared by the drafters: RMSNorm, partial rope, attention with its own KV cache, MLP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Rotary(nn.Module):
+    """Neox-style rope over the first `rotary_dim` dims of each head (the rest pass through)."""
+
+    def __init__(self, rotary_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rotary_dim = rotary_dim
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, rot/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [T, rot]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @staticmethod
+    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([-x2, x1], dim=-1)
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [B, H, T, D]; cos/sin: [T, rot]."""
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        rot = rot * cos + self._rotate_half(rot) * sin
+        return torch.cat([rot, rest], dim=-1) if rest.shape[-1] else rot
+
+
+class KVCache:
+    """One layer's keys/values, [1, H_kv, S, D], grown by appending and cut back by `crop`."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            self.k = torch.cat([self.k, k], dim=2)
+            self.v = torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def crop(self, n: int) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool visibility [.., T, S] -> float additive mask (0 visible, finfo.min hidden)."""
+    zero = torch.zeros((), dtype=dtype, device=visible.device)
+    return torch.where(visible, zero, torch.finfo(dtype).min)
+
+
+def causal_visible(num_new: int, past: int, device: torch.device) -> torch.Tensor:
+    """[T, past+T] bool: every new row sees the whole past and the new rows up to itself."""
+    rows = torch.arange(num_new, device=device)[:, None]
+    cols = torch.arange(past + num_new, device=device)[None, :]
+    return cols <= rows + past
+
+
+class Attention(nn.Module):
+    def __init__(self, in_dim: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
+                 rotary_dim: int, theta: float, bias: bool = False):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(in_dim, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+        self.rotary = Rotary(rotary_dim, theta)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                visible: torch.Tensor | None) -> torch.Tensor:
+        """x: [T, in]; positions: [T]; visible: [T, S_past+T] bool (None = causal)."""
+        t = x.shape[0]
+        q = self.q_proj(x).view(1, t, self.heads, self.head_dim).transpose(1, 2)  # [1, H, T, D]
+        k = self.k_proj(x).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = self.rotary.cos_sin(positions, q.dtype)
+        q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+        past = cache.length
+        k_all, v_all = cache.append(k, v)  # [1, Hkv, S, D]
+        if self.kv_heads != self.heads:
+            rep = self.heads // self.kv_heads
+            k_all, v_all = k_all.repeat_interleave(rep, dim=1), v_all.repeat_interleave(rep, dim=1)
+        if visible is None:
+            visible = causal_visible(t, past, x.device)
+        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=additive_mask(visible, q.dtype))
+        return self.o_proj(out.transpose(1, 2).reshape(t, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

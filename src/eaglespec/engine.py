@@ -1,0 +1,157 @@
+"""The generation loop: prefill, then rounds of draft -> verify -> accept -> publish -> reseed.
+
+State between rounds (DESIGN.md contract 7): `ids` holds every emitted token; the target has
+committed KV and features for ids[:-1]; ids[-1] (the bonus / frontier token) is emitted but
+append-required: it is the root row of the next verification forward.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .draft.proposer import Proposer
+from .target.base import TargetBackend
+from .tree import DraftTree, TreeSpec, chain_tree, flatten
+from .verify import greedy_accept
+
+
+@dataclass
+class RoundStats:
+    drafted: int  # draft tokens verified this round
+    accepted: int  # draft tokens accepted
+    emitted: int  # tokens emitted (accepted + bonus, cut at EOS / max_new_tokens)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    commit_s: float = 0.0
+    accepted_depth: int = 0
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    token_ids: list[int]  # new tokens only
+    rounds: list[RoundStats] = field(default_factory=list)
+    seconds: float = 0.0
+    backend: str = ""
+    finish_reason: str = "length"
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per target verification forward (prefill excluded)."""
+        verifications = len(self.rounds)
+        return (len(self.token_ids) - 1) / verifications if verifications else 0.0
+
+    def stats(self) -> dict:
+        n = len(self.token_ids)
+        return {
+            "tau": round(self.tau, 4),
+            "rounds": len(self.rounds),
+            "drafted": sum(r.drafted for r in self.rounds),
+            "accepted": sum(r.accepted for r in self.rounds),
+            "new_tokens": n,
+            "seconds": round(self.seconds, 4),
+            "tokens_per_second": round(n / self.seconds, 2) if self.seconds > 0 else 0.0,
+            "backend": self.backend,
+        }
+
+
+class SpeculativeEngine:
+    """Greedy speculative decoding of one sequence with a target backend and an optional drafter."""
+
+    def __init__(self, target: TargetBackend, drafter: nn.Module | None = None, spec: TreeSpec | None = None):
+        self.target = target
+        self.spec = spec or TreeSpec()
+        self.drafter = drafter
+        self.proposer = Proposer(drafter, self.spec) if drafter is not None else None
+        if drafter is not None:
+            if hasattr(drafter, "set_target_embedding") and getattr(drafter, "embed_tokens", None) is None:
+                drafter.set_target_embedding(target.embedding())
+            target.set_feature_layers(tuple(drafter.feature_layer_ids))
+
+    @property
+    def speculating(self) -> bool:
+        return self.proposer is not None and self.spec.speculates
+
+    def stream(self, prompt_ids: Sequence[int], max_new_tokens: int = 128,
+               eos_token_ids: Sequence[int] = (), result: GenerationResult | None = None) -> Iterator[list[int]]:
+        """Yield the tokens emitted by each round (the first yield is the prefill's token)."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        result = result if result is not None else GenerationResult(list(prompt_ids), [])
+        result.backend = self.target.name
+        eos = set(eos_token_ids)
+        start = time.perf_counter()
+        target, dev = self.target, getattr(self.target, "device", torch.device("cpu"))
+        target.reset()
+        if self.proposer is not None:
+            self.proposer.reset()
+        ids = torch.tensor(list(prompt_ids), dtype=torch.long, device=dev)
+        if max_new_tokens <= 0:
+            result.seconds = time.perf_counter() - start
+            return
+
+        # prefill: commit the prompt; its last logits give the first token (the first root)
+        out = target.forward(ids)
+        target.commit(torch.arange(ids.numel(), device=dev))
+        pending_feats = out.features  # [n, F]: features not yet consumed by the drafter
+        first = int(out.logits[-1].argmax())
+        ids = torch.cat([ids, ids.new_tensor([first])])
+        result.token_ids.append(first)
+        yield [first]
+        if first in eos:
+            result.finish_reason = "stop"
+        while result.finish_reason != "stop" and len(result.token_ids) < max_new_tokens:
+            emitted, pending_feats = self._round(ids, pending_feats, result)
+            emitted = self._cut(emitted, eos, max_new_tokens - len(result.token_ids), result)
+            ids = torch.cat([ids, ids.new_tensor(emitted)])
+            result.token_ids.extend(emitted)
+            result.rounds[-1].emitted = len(emitted)
+            yield emitted
+        result.seconds = time.perf_counter() - start
+
+    @staticmethod
+    def _cut(emitted: list[int], eos: set[int], room: int, result: GenerationResult) -> list[int]:
+        """Stop exactly as HF generate does: at the first EOS (kept) or at max_new_tokens."""
+        for i, tok in enumerate(emitted[:room]):
+            if tok in eos:
+                result.finish_reason = "stop"
+                return emitted[: i + 1]
+        return emitted[:room]
+
+    def _round(self, ids: torch.Tensor, pending_feats: torch.Tensor, result: GenerationResult):
+        target = self.target
+        n = target.committed_len  # == len(ids) - 1; ids[n] is the root
+        root = int(ids[n])
+        t0 = time.perf_counter()
+        if self.speculating:
+            d0 = self.proposer.committed
+            tree: DraftTree = self.proposer.propose(root, pending_feats, ids[d0 + 1: n + 1])
+            pending_feats = pending_feats[:0]
+        else:
+            tree = chain_tree(root, ids.new_empty(0))
+        flat = flatten(tree)
+        t1 = time.perf_counter()
+        out = target.forward(flat.tokens, flat.depths, flat.visible)
+        acc = greedy_accept(flat, out.logits)
+        t2 = time.perf_counter()
+        target.commit(acc.rows)  # contract 7: gathered by the flatten map, never by token equality
+        if self.speculating:
+            pending_feats = torch.cat([pending_feats, out.features[acc.rows]])
+        emitted = flat.tokens[acc.rows[1:]].tolist() + [acc.bonus]
+        t3 = time.perf_counter()
+        result.rounds.append(RoundStats(drafted=tree.size - 1, accepted=acc.accepted, emitted=len(emitted),
+                                        draft_s=t1 - t0, verify_s=t2 - t1, commit_s=t3 - t2,
+                                        accepted_depth=acc.accepted))
+        return emitted, pending_feats
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int = 128,
+                 eos_token_ids: Sequence[int] = ()) -> GenerationResult:
+        result = GenerationResult(list(prompt_ids), [])
+        for _ in self.stream(prompt_ids, max_new_tokens, eos_token_ids, result):
+            pass
+        return result

@@ -1,0 +1,147 @@
+"""Generic target backend over any transformers causal LM (the reference and the fallback).
+
+Tree rows are forwarded on top of a DynamicCache with positions committed + depth and a FLOAT
+4-D additive mask [1, 1, T, past + T] (a bool 4-D mask is silently wrong under eager attention).
+Aux features are captured by hooks on the decoder layers, so only the requested states are kept.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+from ..draft.layers import additive_mask
+from .base import TargetOutput
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layer list of a HF causal LM (model.model.layers for Llama-like models)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    for attr in ("layers", "h", "blocks"):
+        layers = getattr(decoder, attr, None)
+        if isinstance(layers, nn.ModuleList):
+            return layers
+    raise TypeError(f"cannot find the decoder layers of {type(model).__name__}")
+
+
+def _first_tensor(x):
+    return x[0] if isinstance(x, tuple | list) else x
+
+
+class HFTarget:
+    """Prefill / tree-verify / commit over a stock HF model with a DynamicCache."""
+
+    name = "hf"
+
+    def __init__(self, model: nn.Module, feature_layer_ids: tuple[int, ...] = ()):
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.layers = decoder_layers(model)
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.num_layers = len(self.layers)
+        self.hidden_size = cfg.hidden_size
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._captured: dict[int, torch.Tensor] = {}
+        self._hooks: list = []
+        self.feature_layer_ids: tuple[int, ...] = ()
+        self.set_feature_layers(feature_layer_ids)
+        self.reset()
+
+    # -- setup ----------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def embedding(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def set_feature_layers(self, ids: tuple[int, ...]) -> None:
+        """Capture the states entering layers `ids` (contract 3: id L = the last layer's output)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        for j in sorted(set(ids)):
+            if not 0 <= j <= self.num_layers:
+                raise ValueError(f"feature layer id {j} out of range 0..{self.num_layers}")
+            if j < self.num_layers:
+                self._hooks.append(self.layers[j].register_forward_pre_hook(self._pre_hook(j), with_kwargs=True))
+            else:
+                self._hooks.append(self.layers[j - 1].register_forward_hook(self._post_hook(j)))
+        self.feature_layer_ids = tuple(ids)
+
+    def _pre_hook(self, j: int):
+        def hook(_module, args, kwargs):
+            self._captured[j] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def _post_hook(self, j: int):
+        def hook(_module, _args, output):
+            self._captured[j] = _first_tensor(output)
+        return hook
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        self.committed_len = 0
+        self._pending = 0
+
+    # -- the contract ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, depths: torch.Tensor | None = None,
+                visible: torch.Tensor | None = None) -> TargetOutput:
+        self._drop_pending()
+        t, past, dev = tokens.shape[0], self.committed_len, self.device
+        if depths is None:
+            depths = torch.arange(t, device=dev)
+        if visible is None:
+            visible = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
+        full = torch.cat([torch.ones(t, past, dtype=torch.bool, device=dev), visible.to(dev)], dim=1)
+        mask = additive_mask(full, self.dtype)[None, None]  # [1, 1, T, past + T]
+        self._captured.clear()
+        out = self.model(
+            input_ids=tokens.to(dev)[None],
+            position_ids=(past + depths.to(dev))[None],
+            attention_mask=mask,
+            use_cache=True,
+            **{self._cache_kw: self.cache},
+        )
+        self._pending = t
+        feats = [self._captured[j][0] for j in self.feature_layer_ids]
+        features = torch.cat(feats, dim=-1) if feats else torch.empty(t, 0, device=dev, dtype=self.dtype)
+        self._captured.clear()
+        return TargetOutput(logits=out.logits[0], features=features)
+
+    def _truncate(self, n: int) -> None:
+        """Keep the first n cached rows of every layer (version-independent, unlike Cache.crop)."""
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys, layer.values = layer.keys[:, :, :n], layer.values[:, :, :n]
+
+    def _drop_pending(self) -> None:
+        if self._pending:
+            self._truncate(self.committed_len)
+            self._pending = 0
+
+    @torch.no_grad()
+    def commit(self, keep: torch.Tensor) -> None:
+        base = self.committed_len
+        keep = keep.to(self.device)
+        m = keep.shape[0]
+        if self._pending and m and not bool((keep == torch.arange(m, device=keep.device)).all()):
+            idx = base + keep  # rows of the pending forward, gathered by their flattened-tree index
+            for layer in self.cache.layers:
+                layer.keys = torch.cat([layer.keys[:, :, :base], layer.keys[:, :, idx]], dim=2)
+                layer.values = torch.cat([layer.values[:, :, :base], layer.values[:, :, idx]], dim=2)
+        self.committed_len = base + m
+        self._pending = 0
+        self._truncate(self.committed_len)

@@ -1,0 +1,74 @@
+"""Tiny random models built from configs: fp32, seeded, no network."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglespec.checkpoint.config import DraftConfig, default_aux_layer_ids
+from eaglespec.draft.eagle3 import Eagle3Drafter
+from eaglespec.target.hf import HFTarget
+
+VOCAB = 96
+
+
+def tiny_target(arch: str = "llama", seed: int = 0, attn: str = "sdpa", vocab: int = VOCAB, layers: int = 4):
+    """A tiny random HF causal LM of the named family (fp32, eval mode)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    if arch == "llama":
+        cfg, cls = tf.LlamaConfig(**common), tf.LlamaForCausalLM
+    elif arch == "qwen2":
+        cfg, cls = tf.Qwen2Config(**common), tf.Qwen2ForCausalLM
+    elif arch == "qwen3":
+        cfg, cls = tf.Qwen3Config(head_dim=8, **common), tf.Qwen3ForCausalLM
+    elif arch == "mistral":
+        cfg, cls = tf.MistralConfig(sliding_window=None, **common), tf.MistralForCausalLM
+    else:
+        raise ValueError(arch)
+    cfg._attn_implementation = attn
+    model = cls(cfg).eval()
+    # sharpen the output so greedy paths are not decided by 1e-7 ties
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    return model
+
+
+def tiny_draft_config(target, **overrides) -> DraftConfig:
+    c = target.config
+    layers = c.num_hidden_layers
+    fields = dict(method="eagle3", hidden_size=c.hidden_size, intermediate_size=64, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=c.hidden_size // 4, vocab_size=c.vocab_size,
+                  draft_vocab_size=c.vocab_size, target_hidden_size=c.hidden_size,
+                  aux_layer_ids=(2, layers // 2, max(layers - 1, 0)) if layers < 5 else default_aux_layer_ids(layers))
+    fields.update(overrides)
+    return DraftConfig(**fields)
+
+
+def tiny_drafter(target, seed: int = 1, **overrides) -> Eagle3Drafter:
+    torch.manual_seed(seed)
+    d = Eagle3Drafter(tiny_draft_config(target, **overrides)).eval()
+    d.set_target_embedding(target.get_input_embeddings())
+    return d
+
+
+@pytest.fixture(params=["llama", "qwen2", "qwen3"])
+def arch(request):
+    return request.param
+
+
+@pytest.fixture
+def hf_target(arch):
+    return HFTarget(tiny_target(arch))
+
+
+def reference_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
+    """HF generate(do_sample=False): the ground truth for greedy exactness."""
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=eos, pad_token_id=0, min_new_tokens=0)
+    return out[0, len(prompt):].tolist()
