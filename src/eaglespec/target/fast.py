@@ -1,0 +1,362 @@
+"""Fast target backend for Llama-family models: static KV cache, fixed shapes, CUDA graphs.
+
+Same contract as HFTarget (target/base.py), built from the HF model's own weights (Llama/SmolLM2,
+Qwen2 with q/k/v bias, Qwen3 with q_norm/k_norm, Mistral without an active sliding window):
+
+    cache      [L, 2, Hkv, S, D]  preallocated; slots 0..committed-1 hold the committed prefix
+    forward    T rows -> slots committed..committed+T-1, padded to a bucket B (1, 2, 4, ..., 128);
+               positions = committed + depth; mask [B, S]: prefix slots + the ancestry block
+               (padding rows and unused slots masked); logits and aux features in one pass
+    commit     index copy of the kept rows' KV into committed..committed+m-1 (all layers at once)
+
+On CUDA each bucket's step is captured once in a torch.cuda.CUDAGraph over static input buffers
+(optionally torch.compile'd first); prefill (T > largest bucket) and the CPU path run the very
+same `_step` eagerly, which is what the CPU tests compare against HFTarget.
+Rope comes from the HF model's own rotary module (rope_scaling such as llama3 included), evaluated
+once for every slot position into a cos/sin table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import EagleSpecError
+from .base import TargetOutput
+from .hf import decoder_layers
+
+SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _text_config(model: nn.Module):
+    c = model.config
+    return c.get_text_config() if hasattr(c, "get_text_config") else c
+
+
+def _sliding_window(cfg) -> int | None:
+    """The window of any sliding-attention layer, else None."""
+    window = getattr(cfg, "sliding_window", None)
+    if window is None:
+        return None
+    types = getattr(cfg, "layer_types", None)
+    if types is not None:
+        return window if "sliding_attention" in types else None
+    if getattr(cfg, "use_sliding_window", True) is False:
+        return None
+    return window
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why the fast backend cannot run `model` (None = it can)."""
+    cfg = _text_config(model)
+    mtype = getattr(cfg, "model_type", "?")
+    if mtype not in SUPPORTED_TYPES:
+        return f"model type {mtype!r} is not one of {', '.join(SUPPORTED_TYPES)}"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    rtype = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rtype in ("dynamic", "longrope"):
+        return f"rope type {rtype!r} depends on the sequence length"
+    inner = getattr(model, "model", None)
+    if getattr(inner, "rotary_emb", None) is None or not hasattr(inner, "embed_tokens"):
+        return "the model has no model.rotary_emb / model.embed_tokens"
+    return None
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF LlamaRMSNorm, op for op: fp32 statistics, cast back, then scale."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _cat_bias(*mods: nn.Linear) -> torch.Tensor | None:
+    if all(m.bias is None for m in mods):
+        return None
+    return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0]) for m in mods])
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's weights, q/k/v and gate/up fused (fewer kernels per step)."""
+
+    in_norm: torch.Tensor
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o_w: torch.Tensor
+    o_b: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up_w: torch.Tensor
+    gate_up_b: torch.Tensor | None
+    down_w: torch.Tensor
+    down_b: torch.Tensor | None
+    act: nn.Module
+
+
+@dataclass
+class _Graph:
+    tokens: torch.Tensor  # [B] long
+    positions: torch.Tensor  # [B] long
+    visible: torch.Tensor  # [B, B] bool
+    base: torch.Tensor  # [] long: committed length
+    eye: torch.Tensor  # [B, B] bool constants for filling `visible`
+    causal: torch.Tensor
+    logits: torch.Tensor  # [B, V]
+    features: torch.Tensor  # [B, F]
+    graph: object | None  # torch.cuda.CUDAGraph (None on CPU: the step runs eagerly)
+
+
+class FastTarget:
+    """Static-cache target backend (see module docstring)."""
+
+    name = "fast"
+
+    def __init__(self, model: nn.Module, feature_layer_ids: tuple[int, ...] = (), max_len: int = 2048,
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, cuda_graphs: bool | None = None,
+                 compile: bool = False):
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise EagleSpecError(f"the fast backend cannot run this target: {reason} (use backend='hf')")
+        self.model = model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        cfg = _text_config(model)
+        self.cfg = cfg
+        layers = decoder_layers(model)
+        a0 = layers[0].self_attn
+        self.num_layers = len(layers)
+        self.hidden_size = cfg.hidden_size
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(a0, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.scaling = getattr(a0, "scaling", self.head_dim ** -0.5)
+        self.eps = float(getattr(cfg, "rms_norm_eps", 1e-6))
+        self.window = _sliding_window(cfg)
+        inner = model.model
+        self.embed_w = inner.embed_tokens.weight
+        self.final_norm = inner.norm.weight
+        head = model.get_output_embeddings()
+        self.lm_w, self.lm_b = head.weight, getattr(head, "bias", None)
+        self.vocab_size = head.weight.shape[0]
+        self._rotary = inner.rotary_emb
+        self.layers = [self._fuse(layer) for layer in layers]
+        self.buckets = tuple(sorted(buckets))
+        self.use_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
+        if self.use_graphs and self.device.type != "cuda":
+            raise EagleSpecError("cuda_graphs=True needs the target on a CUDA device")
+        self._step_fn = torch.compile(self._step, fullgraph=True, dynamic=False) if compile else self._step
+        self._graphs: dict[int, _Graph] = {}
+        self._pool = None
+        self.feature_layer_ids: tuple[int, ...] = ()
+        self.max_len = 0
+        self._allocate(max_len)
+        self.set_feature_layers(feature_layer_ids)
+        self.reset()
+
+    # -- setup ----------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.embed_w.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_w.dtype
+
+    def embedding(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def _fuse(self, layer: nn.Module) -> _Layer:
+        at, mlp = layer.self_attn, layer.mlp
+        qn, kn = getattr(at, "q_norm", None), getattr(at, "k_norm", None)
+        return _Layer(
+            in_norm=layer.input_layernorm.weight,
+            qkv_w=torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]),
+            qkv_b=_cat_bias(at.q_proj, at.k_proj, at.v_proj),
+            q_norm=qn.weight if qn is not None else None,
+            k_norm=kn.weight if kn is not None else None,
+            o_w=at.o_proj.weight, o_b=at.o_proj.bias,
+            post_norm=layer.post_attention_layernorm.weight,
+            gate_up_w=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+            gate_up_b=_cat_bias(mlp.gate_proj, mlp.up_proj),
+            down_w=mlp.down_proj.weight, down_b=mlp.down_proj.bias,
+            act=mlp.act_fn,
+        )
+
+    def _allocate(self, max_len: int) -> None:
+        """(Re)allocate the static cache and the rope table for `max_len` slots, keeping the prefix."""
+        if self.window is not None and max_len > self.window:
+            if self.max_len >= self.window:
+                raise EagleSpecError(f"context of {max_len} tokens exceeds the sliding window ({self.window}); "
+                                     "use backend='hf'")
+            max_len = self.window
+        max_len = -(-max_len // 64) * 64
+        old = getattr(self, "cache", None)
+        self.cache = torch.zeros(self.num_layers, 2, self.n_kv, max_len, self.head_dim,
+                                 device=self.device, dtype=self.dtype)
+        if old is not None and self.committed_len:
+            self.cache[:, :, :, : self.committed_len] = old[:, :, :, : self.committed_len]
+        pos = torch.arange(max_len, device=self.device)[None]
+        probe = torch.zeros(1, device=self.device, dtype=torch.float32)
+        cos, sin = self._rotary(probe, pos)  # fp32 [1, S, rot]
+        if cos.shape[-1] != self.head_dim:
+            raise EagleSpecError(f"partial rotary ({cos.shape[-1]} of {self.head_dim}) is not supported "
+                                 "by the fast backend")
+        self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)  # [S, D], cast as HF does
+        self.cols = torch.arange(max_len, device=self.device)
+        self.max_len = max_len
+        self._graphs.clear()
+
+    def reserve(self, n: int) -> None:
+        """Make room for n slots (doubling; drops captured graphs when it grows)."""
+        if n > self.max_len:
+            self._allocate(max(n, 2 * self.max_len))
+
+    def set_feature_layers(self, ids: tuple[int, ...]) -> None:
+        """Return the states entering layers `ids` (contract 3: id L = the last layer's output)."""
+        for j in ids:
+            if not 0 <= j <= self.num_layers:
+                raise ValueError(f"feature layer id {j} out of range 0..{self.num_layers}")
+        if tuple(ids) != self.feature_layer_ids:
+            self._graphs.clear()
+        self.feature_layer_ids = tuple(ids)
+
+    def reset(self) -> None:
+        self.committed_len = 0
+
+    # -- the step (graph-captured on CUDA) ------------------------------------------------------
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+              base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens/positions [B], visible [B, B] bool, base [] long -> (logits [B, V], features [B, F])."""
+        b = tokens.shape[0]
+        hq, hk, d = self.n_heads, self.n_kv, self.head_dim
+        g = hq // hk
+        rel = self.cols - base  # [S]: slot index relative to the first pending slot
+        in_block = (rel >= 0) & (rel < b)
+        block = visible[:, rel.clamp(0, b - 1)] & in_block  # [B, S]
+        allowed = block | (rel < 0)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=tokens.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        mask = mask.repeat(g, 1)[None, None]  # [1, 1, G*B, S]: rows of the grouped queries
+        slots = base + torch.arange(b, device=tokens.device)
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [B, 1, D]
+
+        h = F.embedding(tokens, self.embed_w)  # [B, H]
+        feats: dict[int, torch.Tensor] = {}
+        wanted = set(self.feature_layer_ids)
+        for i, w in enumerate(self.layers):
+            if i in wanted:
+                feats[i] = h
+            x = _rms(h, w.in_norm, self.eps)
+            qkv = F.linear(x, w.qkv_w, w.qkv_b)
+            q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
+            q, k, v = q.view(b, hq, d), k.view(b, hk, d), v.view(b, hk, d)
+            if w.q_norm is not None:
+                q, k = _rms(q, w.q_norm, self.eps), _rms(k, w.k_norm, self.eps)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            kc, vc = self.cache[i, 0], self.cache[i, 1]  # [Hkv, S, D]
+            kc.index_copy_(1, slots, k.transpose(0, 1))
+            vc.index_copy_(1, slots, v.transpose(0, 1))
+            # GQA without repeating the cache: the G query heads of a kv head become G*B query rows
+            qg = q.view(b, hk, g, d).permute(1, 2, 0, 3).reshape(1, hk, g * b, d)
+            o = F.scaled_dot_product_attention(qg, kc[None], vc[None], attn_mask=mask, scale=self.scaling)
+            o = o.view(hk, g, b, d).permute(2, 0, 1, 3).reshape(b, hq * d)
+            h = h + F.linear(o, w.o_w, w.o_b)
+            x = _rms(h, w.post_norm, self.eps)
+            gate, up = F.linear(x, w.gate_up_w, w.gate_up_b).chunk(2, dim=-1)
+            h = h + F.linear(w.act(gate) * up, w.down_w, w.down_b)
+        if self.num_layers in wanted:
+            feats[self.num_layers] = h
+        logits = F.linear(_rms(h, self.final_norm, self.eps), self.lm_w, self.lm_b)
+        if self.feature_layer_ids:
+            features = torch.cat([feats[j] for j in self.feature_layer_ids], dim=-1)
+        else:
+            features = h.new_empty(b, 0)
+        return logits, features
+
+    def _bucket(self, t: int) -> int | None:
+        for b in self.buckets:
+            if b >= t:
+                return b
+        return None
+
+    def _runner(self, b: int) -> _Graph:
+        """Static buffers for bucket b, with its CUDA graph captured on first use."""
+        run = self._graphs.get(b)
+        if run is not None:
+            return run
+        dev = self.device
+        tokens = torch.zeros(b, dtype=torch.long, device=dev)
+        positions = torch.full((b,), self.committed_len, dtype=torch.long, device=dev)
+        visible = torch.eye(b, dtype=torch.bool, device=dev)
+        base = torch.tensor(self.committed_len, dtype=torch.long, device=dev)
+        graph = None
+        if self.use_graphs:
+            # warm-up on a side stream (writes only pending slots), then capture
+            stream = torch.cuda.Stream(dev)
+            stream.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._step_fn(tokens, positions, visible, base)
+            torch.cuda.current_stream(dev).wait_stream(stream)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                logits, features = self._step_fn(tokens, positions, visible, base)
+        else:
+            logits, features = tokens.new_empty(0), tokens.new_empty(0)
+        run = _Graph(tokens, positions, visible, base, visible.clone(), visible.new_ones(b, b).tril(), logits,
+                     features, graph)
+        self._graphs[b] = run
+        return run
+
+    # -- the contract ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, depths: torch.Tensor | None = None,
+                visible: torch.Tensor | None = None) -> TargetOutput:
+        t, base, dev = tokens.shape[0], self.committed_len, self.device
+        tokens = tokens.to(dev)
+        depths = torch.arange(t, device=dev) if depths is None else depths.to(dev)
+        b = self._bucket(t)
+        if b is None:  # prefill or an oversized tree: one eager pass at its exact size
+            self.reserve(base + t)
+            visible = torch.ones(t, t, dtype=torch.bool, device=dev).tril() if visible is None else visible.to(dev)
+            base_t = torch.tensor(base, dtype=torch.long, device=dev)
+            logits, features = self._step_fn(tokens, base + depths, visible, base_t)
+            return TargetOutput(logits=logits, features=features)
+        self.reserve(base + b)
+        run = self._runner(b)
+        run.tokens.zero_()
+        run.tokens[:t].copy_(tokens)
+        run.positions.fill_(base)
+        run.positions[:t].copy_(depths + base)
+        run.visible.copy_(run.eye)  # padding rows see themselves only
+        run.visible[:t, :t].copy_(run.causal[:t, :t] if visible is None else visible)
+        run.base.fill_(base)
+        if run.graph is not None:
+            run.graph.replay()
+            logits, features = run.logits, run.features
+        else:
+            logits, features = self._step_fn(run.tokens, run.positions, run.visible, run.base)
+        return TargetOutput(logits=logits[:t].clone(), features=features[:t].clone())
+
+    @torch.no_grad()
+    def commit(self, keep: torch.Tensor) -> None:
+        """Move the kept pending rows' KV to slots committed..committed+m-1 (one gather + one copy)."""
+        base, m = self.committed_len, keep.shape[0]
+        if m:
+            src = self.cache.index_select(3, base + keep.to(self.device))  # [L, 2, Hkv, m, D]
+            self.cache[:, :, :, base: base + m] = src
+        self.committed_len = base + m
