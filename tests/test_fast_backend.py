@@ -1,0 +1,124 @@
+"""The fast static-cache backend equals the HF reference backend (fp32, CPU, eager path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglespec.engine import SpeculativeEngine
+from eaglespec.errors import EagleSpecError
+from eaglespec.target.fast import FastTarget, unsupported_reason
+from eaglespec.target.hf import HFTarget
+from eaglespec.tree import TreeSpec, ancestry
+
+from conftest import reference_greedy, tiny_drafter, tiny_target
+
+ATOL = 1e-5
+
+
+def _close(a, b) -> None:
+    assert a.logits.shape == b.logits.shape and a.features.shape == b.features.shape
+    torch.testing.assert_close(a.logits, b.logits, atol=ATOL, rtol=0)
+    torch.testing.assert_close(a.features, b.features, atol=ATOL, rtol=0)
+
+
+def _pair(arch: str, ids=(0, 2, 4), **fast_kw):
+    model = tiny_target(arch, seed=5)
+    return HFTarget(model, ids), FastTarget(model, ids, **fast_kw)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_tree_forward_and_commits_match_hf(arch):
+    """Prefill, a tree verify, a NON-prefix commit, another tree, a prefix commit, a plain step."""
+    ref, fast = _pair(arch, max_len=64)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 90, (13,), generator=gen)
+    _close(ref.forward(prompt), fast.forward(prompt))
+    for b in (ref, fast):
+        b.commit(torch.arange(13))
+    parents = torch.tensor([-1, 0, 0, 1, 1, 2, 3, 6, 2])
+    depths = torch.tensor([0, 1, 1, 2, 2, 2, 3, 4, 2])
+    vis = ancestry(parents)
+    toks = torch.randint(3, 90, (9,), generator=gen)
+    _close(ref.forward(toks, depths, vis), fast.forward(toks, depths, vis))
+    keep = torch.tensor([0, 1, 3, 6, 7])  # a non-prefix path: rows 2, 4, 5, 8 are dropped
+    for b in (ref, fast):
+        b.commit(keep)
+    assert ref.committed_len == fast.committed_len == 18
+    toks = torch.randint(3, 90, (5,), generator=gen)
+    _close(ref.forward(toks, depths[:5], vis[:5, :5]), fast.forward(toks, depths[:5], vis[:5, :5]))
+    for b in (ref, fast):
+        b.commit(torch.tensor([0, 1]))
+    one = torch.randint(3, 90, (1,), generator=gen)
+    _close(ref.forward(one), fast.forward(one))
+
+
+def test_matches_a_plain_forward_of_the_accepted_sequence():
+    """After a non-prefix commit the cache must equal that of the accepted tokens fed plainly."""
+    model = tiny_target("llama", seed=2)
+    fast = FastTarget(model, (1, 4), max_len=64)
+    plain = FastTarget(model, (1, 4), max_len=64)
+    prompt = torch.tensor([5, 9, 11, 40, 7])
+    fast.forward(prompt)
+    fast.commit(torch.arange(5))
+    toks = torch.tensor([8, 30, 31, 50, 51])
+    parents = torch.tensor([-1, 0, 0, 2, 1])
+    fast.forward(toks, torch.tensor([0, 1, 1, 2, 2]), ancestry(parents))
+    fast.commit(torch.tensor([0, 2, 3]))  # the path 8 -> 31 -> 50
+    accepted = torch.tensor([5, 9, 11, 40, 7, 8, 31, 50])
+    plain.forward(accepted)
+    plain.commit(torch.arange(8))
+    nxt = torch.tensor([12, 13])
+    _close(plain.forward(nxt), fast.forward(nxt))
+
+
+def test_prefill_beyond_buckets_and_cache_growth():
+    """The eager (unbucketed) path and a reallocation that must keep the committed prefix."""
+    ref, fast = _pair("qwen3", buckets=(1, 4), max_len=8)
+    prompt = torch.randint(3, 90, (30,), generator=torch.Generator().manual_seed(1))
+    _close(ref.forward(prompt), fast.forward(prompt))  # 30 > 4: eager, grows the cache 64 -> ...
+    for b in (ref, fast):
+        b.commit(torch.arange(30))
+    for _ in range(40):  # grows past the first allocation while committed rows must survive
+        tok = torch.randint(3, 90, (3,))
+        _close(ref.forward(tok), fast.forward(tok))
+        for b in (ref, fast):
+            b.commit(torch.tensor([0, 1, 2]))
+    assert fast.max_len >= fast.committed_len == 150
+
+
+def test_feature_layer_ids_include_last_layer_and_order():
+    model = tiny_target("llama", seed=3)
+    fast = FastTarget(model, (4, 0, 2))
+    ref = HFTarget(model, (4, 0, 2))
+    prompt = torch.tensor([3, 4, 5, 6])
+    a, b = ref.forward(prompt), fast.forward(prompt)
+    _close(a, b)
+    hs = model(prompt[None], output_hidden_states=True).hidden_states
+    last = model.lm_head(model.model.norm(b.features[:, :32]))  # id L = last layer output, pre final norm
+    torch.testing.assert_close(last, b.logits, atol=ATOL, rtol=0)
+    torch.testing.assert_close(b.features[:, 32:64], hs[0][0], atol=ATOL, rtol=0)  # id 0 = embedding
+    torch.testing.assert_close(b.features[:, 64:], hs[2][0], atol=ATOL, rtol=0)  # entering layer 2
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_greedy_engine_with_fast_backend_matches_generate(arch, k):
+    model = tiny_target(arch, seed=7)
+    engine = SpeculativeEngine(FastTarget(model, max_len=64), tiny_drafter(model, seed=k),
+                               TreeSpec("chain", depth=k))
+    gen = torch.Generator().manual_seed(11 + k)
+    for _ in range(2):
+        prompt = torch.randint(3, 90, (int(torch.randint(1, 10, (1,), generator=gen)),), generator=gen).tolist()
+        out = engine.generate(prompt, max_new_tokens=20)
+        assert out.backend == "fast"
+        assert out.token_ids == reference_greedy(model, prompt, 20)
+
+
+def test_unsupported_models_are_refused():
+    import transformers as tf
+
+    cfg = tf.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50)
+    model = tf.GPT2LMHeadModel(cfg)
+    assert "gpt2" in unsupported_reason(model)
+    with pytest.raises(EagleSpecError, match="fast backend"):
+        FastTarget(model)
