@@ -360,3 +360,18 @@ class FastTarget:
             src = self.cache.index_select(3, base + keep.to(self.device))  # [L, 2, Hkv, m, D]
             self.cache[:, :, :, base: base + m] = src
         self.committed_len = base + m
+
+
+def make_target(model: nn.Module, backend: str = "auto", feature_layer_ids: tuple[int, ...] = (), **fast_kw):
+    """The target backend for `model`: "fast" (static cache + CUDA graphs), "hf", or "auto"
+    (fast on CUDA when the architecture is supported, else the generic HF backend)."""
+    from .hf import HFTarget
+
+    if backend not in ("auto", "fast", "hf"):
+        raise EagleSpecError(f"backend {backend!r} is not one of auto, fast, hf")
+    if backend == "auto":
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        backend = "fast" if on_cuda and unsupported_reason(model) is None else "hf"
+    if backend == "fast":
+        return FastTarget(model, feature_layer_ids, **fast_kw)
+    return HFTarget(model, feature_layer_ids)
