@@ -20,7 +20,7 @@ from .checkpoint.config import DraftConfig, default_aux_layer_ids
 from .checkpoint.drafter import build_drafter, load_drafter
 from .engine import GenerationResult, SpeculativeEngine
 from .errors import EagleSpecError
-from .target.hf import HFTarget
+from .target.fast import make_target
 from .target.loading import DEFAULT_TARGET, load_target
 from .tree import TreeSpec
 
@@ -67,9 +67,10 @@ def tree_spec(tree: str = "chain", k: int | None = None, top_k: int | None = Non
 class EagleSpec:
     """A loaded target + drafter pair."""
 
-    def __init__(self, model, tokenizer, drafter, spec: TreeSpec | None = None, draft_note: str = ""):
+    def __init__(self, model, tokenizer, drafter, spec: TreeSpec | None = None, draft_note: str = "",
+                 backend: str = "auto"):
         self.model, self.tokenizer, self.drafter = model, tokenizer, drafter
-        self.target = HFTarget(model)
+        self.target = make_target(model, backend)  # "auto": the fast backend on CUDA when supported
         self.spec = spec or TreeSpec()
         self.draft_note = draft_note
         self.engine = SpeculativeEngine(self.target, drafter, self.spec)
@@ -77,7 +78,7 @@ class EagleSpec:
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str | None = None,
                         dtype: str | torch.dtype | None = None, spec: TreeSpec | None = None,
-                        aux_rule: str = "auto") -> EagleSpec:
+                        aux_rule: str = "auto", backend: str = "auto") -> EagleSpec:
         model, tok = load_target(target, device=device, dtype=dtype)
         c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         note = ""
@@ -91,7 +92,7 @@ class EagleSpec:
                                    target_vocab_size=model.get_output_embeddings().weight.shape[0], aux_rule=aux_rule)
             note = f"drafter {draft} ({drafter.cfg.method}, aux ids {list(drafter.cfg.aux_layer_ids)}: {drafter.cfg.aux_rule})"
         drafter.to(device=model.device, dtype=model.dtype)
-        return cls(model, tok, drafter, spec, note)
+        return cls(model, tok, drafter, spec, note, backend)
 
     # -- prompts ----------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[dict] | Sequence[int], raw: bool = False) -> list[int]:
