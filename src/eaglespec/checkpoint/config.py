@@ -12,14 +12,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, EagleSpecError
 from .rope import resolve_rope_theta, resolve_rotary_dim, rope_parameters
 
 Method = Literal["eagle3", "eagle1"]
 Layout = Literal["native", "speculators", "eagle1"]
 
-EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle")
-SPECULATORS_ARCHITECTURES = ("Eagle3Speculator",)
+# SGLang / SpecForge write LlamaForCausalLMEagle3; vLLM registers Eagle3LlamaForCausalLM (and maps the SGLang
+# name to it); any architecture name containing "Eagle3" is taken as EAGLE-3. SafeAILab's own EAGLE-3 configs
+# say "LlamaForCausalLM" and are recognised by their `draft_vocab_size` (or, in load_drafter, by midlayer.*
+# tensors). "LlamaForCausalLMEagle" (no 3) is SGLang's EAGLE-1/2 architecture, not EAGLE-3.
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM")
+# speculators' Eagle3SpeculatorConfig defaults to "Eagle3Speculator"; newer exports say "Eagle3DraftModel".
+SPECULATORS_ARCHITECTURES = ("Eagle3Speculator", "Eagle3DraftModel")
+AUX_RULES = ("auto", "output", "entering")
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
@@ -39,7 +45,7 @@ def normalize_aux_layer_ids(ids: list[int], rule: str = "auto") -> tuple[tuple[i
         return tuple(i + 1 for i in ids), "output-of-layer ids (+1)"
     if rule == "entering":
         return tuple(ids), "entering-layer ids (as written)"
-    raise ValueError(f"unknown aux-id rule {rule!r}: use auto, output or entering")
+    raise EagleSpecError(f"unknown aux-id rule {rule!r}: use auto, output or entering")
 
 
 @dataclass
@@ -110,11 +116,40 @@ def detect_layout(cfg: dict[str, Any]) -> Layout:
     if cfg.get("eaglespec_method") == "eagle1" or (
         "eagle_config" not in cfg
         and "draft_vocab_size" not in cfg
-        and not any(a in EAGLE3_ARCHITECTURES for a in archs)
+        and not any(a in EAGLE3_ARCHITECTURES or "Eagle3" in str(a) for a in archs)
         and cfg.get("model_type") != "eagle3"
     ):
         return "eagle1"
     return "native"
+
+
+def _flag(cfg: dict[str, Any], layer_cfg: dict[str, Any], key: str, path: Path, *aliases: str) -> bool:
+    """A boolean config flag at top level (else in the layer config); absent = False."""
+    for source in (cfg, layer_cfg):
+        for k in (key, *aliases):
+            if k in source and source[k] is not None:
+                value = source[k]
+                if not isinstance(value, bool):
+                    raise CheckpointError(path, f"field {k!r} must be true or false, got {value!r}")
+                return value
+    return False
+
+
+def _raw_aux_ids(cfg: dict[str, Any], layer_cfg: dict[str, Any]) -> Any:
+    """eagle_aux_hidden_state_layer_ids at top level, under eagle_config, or in the layer config."""
+    for source in (cfg, cfg.get("eagle_config"), layer_cfg):
+        if isinstance(source, dict) and source.get("eagle_aux_hidden_state_layer_ids") is not None:
+            return source["eagle_aux_hidden_state_layer_ids"]
+    return None
+
+
+def _check_rope_type(layer_cfg: dict[str, Any], path: Path) -> None:
+    """The drafters implement plain rope only; refuse scaled variants rather than rotate wrongly."""
+    params = rope_parameters(layer_cfg)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ("default", None):
+        raise CheckpointError(path, f"field 'rope_scaling'/'rope_parameters' rope_type {kind!r} is not supported "
+                                    "(only plain rope: rope_type 'default')")
 
 
 def parse_draft_config(
@@ -123,9 +158,17 @@ def parse_draft_config(
     *,
     target_num_layers: int | None = None,
     aux_rule: str = "auto",
+    layout: Layout | None = None,
 ) -> DraftConfig:
-    """Turn a config.json dict of any supported layout into a DraftConfig."""
-    layout = detect_layout(cfg)
+    """Turn a config.json dict of any supported layout into a DraftConfig.
+
+    `layout` overrides detection (load_drafter uses it when the tensor names prove a layout, e.g. a
+    SafeAILab EAGLE-3 config that says only "LlamaForCausalLM"). Aux ids (contract 3) come from the
+    top level, `eagle_config` or the layer config; `aux_rule` (auto|output|entering) says how to read them.
+    """
+    if aux_rule not in AUX_RULES:
+        raise EagleSpecError(f"unknown aux-id rule {aux_rule!r}: use auto, output or entering")
+    layout = layout or detect_layout(cfg)
     layer_cfg = cfg
     if layout == "speculators":
         layer_cfg = cfg.get("transformer_layer_config")
@@ -135,16 +178,21 @@ def parse_draft_config(
     heads = _int(layer_cfg, "num_attention_heads", path)
     kv_heads = _int(layer_cfg, "num_key_value_heads", path, heads)
     head_dim = layer_cfg.get("head_dim") or hidden // heads
-    if not isinstance(head_dim, int) or head_dim <= 0:
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
         raise CheckpointError(path, f"field 'head_dim' must be a positive integer, got {head_dim!r}")
     if heads % kv_heads:
-        raise CheckpointError(path, f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        raise CheckpointError(path, f"field 'num_attention_heads' ({heads}) is not a multiple of "
+                                    f"'num_key_value_heads' ({kv_heads})")
     vocab = _int(layer_cfg, "vocab_size", path)
-    draft_vocab = _int(cfg, "draft_vocab_size", path, vocab)
+    draft_key = "draft_vocab_size" if cfg.get("draft_vocab_size") is not None else "truncated_vocab_size"
+    draft_vocab = _int(cfg, draft_key, path, vocab) if cfg.get(draft_key) is not None else vocab
     if draft_vocab > vocab:
-        raise CheckpointError(path, f"draft_vocab_size {draft_vocab} exceeds vocab_size {vocab}")
+        raise CheckpointError(path, f"field {draft_key!r} ({draft_vocab}) exceeds 'vocab_size' ({vocab})")
     target_hidden = cfg.get("target_hidden_size") or layer_cfg.get("target_hidden_size") or hidden
-    num_layers = layer_cfg.get("num_hidden_layers", 1)
+    if isinstance(target_hidden, bool) or not isinstance(target_hidden, int) or target_hidden <= 0:
+        raise CheckpointError(path, f"field 'target_hidden_size' must be a positive integer, got {target_hidden!r}")
+    num_layers = _int(layer_cfg, "num_hidden_layers", path, 1)
+    _check_rope_type(layer_cfg, path)
 
     if layout == "eagle1":
         method: Method = "eagle1"
@@ -152,9 +200,10 @@ def parse_draft_config(
         rule_used = "EAGLE-1: the last layer's output (pre final norm)"
     else:
         method = "eagle3"
-        raw_ids = cfg.get("eagle_aux_hidden_state_layer_ids")
-        if raw_ids is None and isinstance(cfg.get("eagle_config"), dict):
-            raw_ids = cfg["eagle_config"].get("eagle_aux_hidden_state_layer_ids")
+        if num_layers != 1:
+            raise CheckpointError(path, f"field 'num_hidden_layers' is {num_layers}: only 1-layer EAGLE-3 drafters "
+                                        "are supported")
+        raw_ids = _raw_aux_ids(cfg, layer_cfg)
         if raw_ids is None:
             if target_num_layers is None:
                 aux_ids, rule_used = (), "default (2, L//2, L-3), resolved against the target"
@@ -162,14 +211,22 @@ def parse_draft_config(
                 aux_ids = default_aux_layer_ids(target_num_layers)
                 rule_used = "default (2, L//2, L-3)"
         else:
-            if not isinstance(raw_ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in raw_ids):
-                raise CheckpointError(path, f"field 'eagle_aux_hidden_state_layer_ids' must be a list of integers, got {raw_ids!r}")
+            if (not isinstance(raw_ids, list) or not raw_ids
+                    or not all(isinstance(i, int) and not isinstance(i, bool) for i in raw_ids)):
+                raise CheckpointError(path, "field 'eagle_aux_hidden_state_layer_ids' must be a non-empty list of "
+                                            f"integers, got {raw_ids!r}")
             aux_ids, rule_used = normalize_aux_layer_ids(raw_ids, aux_rule)
+            if min(aux_ids) < 0:
+                raise CheckpointError(path, f"field 'eagle_aux_hidden_state_layer_ids' {raw_ids} holds a negative "
+                                            "layer id")
         if target_num_layers is not None:
             check_aux_ids(aux_ids, target_num_layers, path)
 
-    norm_flags = {k: bool(cfg.get(k, layer_cfg.get(k, False))) for k in
-                  ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")}
+    norm_flags = {k: _flag(cfg, layer_cfg, k, path) for k in ("norm_before_residual", "norm_before_fc", "norm_output")}
+    norm_flags["fc_norm"] = _flag(cfg, layer_cfg, "fc_norm", path, "use_aux_norm")  # SGLang's legacy alias
+    if norm_flags["fc_norm"] and norm_flags["norm_before_fc"]:
+        raise CheckpointError(path, "fields 'norm_before_fc' and 'fc_norm' are both true: they are mutually "
+                                    "exclusive (one RMSNorm over the concatenation, or one per aux state)")
     return DraftConfig(
         method=method,
         hidden_size=hidden,
@@ -184,7 +241,7 @@ def parse_draft_config(
         rms_norm_eps=float(layer_cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=resolve_rope_theta(layer_cfg),
         rotary_dim=resolve_rotary_dim(layer_cfg, head_dim),
-        max_position_embeddings=int(layer_cfg.get("max_position_embeddings", 8192)),
+        max_position_embeddings=int(layer_cfg.get("max_position_embeddings") or 8192),
         num_hidden_layers=int(num_layers),
         attention_bias=bool(layer_cfg.get("attention_bias", False)),
         mlp_bias=bool(layer_cfg.get("mlp_bias", False)),
@@ -196,7 +253,7 @@ def parse_draft_config(
 
 
 def check_aux_ids(aux_ids: tuple[int, ...], target_num_layers: int, path: object) -> None:
-    """Entering-layer ids must name a state that exists: 0 <= j <= L."""
+    """Entering-layer ids must name a state that exists: 0 <= j <= L (j = L: the last layer's output)."""
     for j in aux_ids:
         if not 0 <= j <= target_num_layers:
             raise CheckpointError(
@@ -221,8 +278,11 @@ def native_config_dict(cfg: DraftConfig) -> dict[str, Any]:
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "rms_norm_eps": cfg.rms_norm_eps,
+        # rope at top level (transformers 4.x, vLLM, SGLang) and under rope_parameters (transformers 5)
         "rope_theta": cfg.rope_theta,
         "partial_rotary_factor": (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta,
+                            "partial_rotary_factor": (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim},
         "max_position_embeddings": cfg.max_position_embeddings,
         "hidden_act": "silu",
         "attention_bias": cfg.attention_bias,
@@ -232,14 +292,20 @@ def native_config_dict(cfg: DraftConfig) -> dict[str, Any]:
         "norm_before_fc": cfg.norm_before_fc,
         "fc_norm": cfg.fc_norm,
         "norm_output": cfg.norm_output,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids)},
+        # SGLang reads the ids and use_aux_hidden_state from eagle_config, vLLM from the top level
+        "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids)},
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         "torch_dtype": "float32",
     }
 
 
 def speculators_config_dict(cfg: DraftConfig) -> dict[str, Any]:
-    """config.json for the speculators `Eagle3Speculator` layout, every field explicit."""
+    """config.json for the speculators `Eagle3Speculator` layout, every field explicit.
+
+    The Eagle-3 fields sit at top level (speculators' Eagle3SpeculatorConfig; vLLM's speculators reader
+    takes draft_vocab_size, target_hidden_size, norm_* and the aux ids from there and defaults a missing
+    norm_before_residual to True, so it is always written); the decoder layer is a LlamaConfig dict.
+    """
     layer = {k: v for k, v in native_config_dict(cfg).items()
              if k not in ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_config",
                           "eagle_aux_hidden_state_layer_ids", "norm_before_residual", "norm_before_fc",
@@ -248,7 +314,6 @@ def speculators_config_dict(cfg: DraftConfig) -> dict[str, Any]:
     return {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
-        "model_type": "speculators",
         "transformer_layer_config": layer,
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,

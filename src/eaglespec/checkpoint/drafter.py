@@ -20,13 +20,14 @@ from ..errors import CheckpointError
 from .config import (
     DraftConfig,
     Layout,
+    detect_layout,
     eagle1_config_dict,
     native_config_dict,
     parse_draft_config,
     read_json,
     speculators_config_dict,
 )
-from .io import load_state_dict, save_state_dict
+from .io import load_state_dict, save_state_dict, weights_file
 
 MANIFEST = "eaglespec_manifest.json"
 
@@ -37,10 +38,15 @@ def _rename(state: dict[str, torch.Tensor], layout: Layout) -> dict[str, torch.T
     for name, t in state.items():
         if name.startswith("model."):
             name = name[len("model."):]
-        if layout == "speculators" and name.startswith("layers.0."):
+        if layout != "eagle1" and name.startswith("layers.0."):  # speculators / vLLM names for the midlayer
             name = "midlayer." + name[len("layers.0."):]
         out[name] = t
     return out
+
+
+# Tensors some writers add that do not take part in drafting (speculators' training-only verifier head,
+# rope caches of old checkpoints); anything else unexpected under the drafter's modules is an error.
+IGNORED_TENSORS = ("verifier_lm_head.weight", "verifier_norm.weight")
 
 
 def _published_names(state: dict[str, torch.Tensor], layout: Layout) -> dict[str, torch.Tensor]:
@@ -79,39 +85,56 @@ def load_drafter(
     aux_rule: str = "auto",
     dtype: torch.dtype = torch.float32,
 ) -> nn.Module:
-    """Read a draft checkpoint directory (any supported layout) into a drafter module."""
+    """Read a draft checkpoint directory (any supported layout) into a drafter module.
+
+    Every refusal is a one-line CheckpointError naming the file and the field or tensor at fault.
+    """
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(path, "draft checkpoint directory not found")
-    cfg = parse_draft_config(read_json(path / "config.json"), path / "config.json",
-                             target_num_layers=target_num_layers, aux_rule=aux_rule)
+    cfile = path / "config.json"
+    raw = read_json(cfile)
+    wfile = weights_file(path)
+    loaded = load_state_dict(path)
+    layout = None
+    if detect_layout(raw) == "eagle1" and any(k.removeprefix("model.").startswith("midlayer.") for k in loaded):
+        layout = "native"  # SafeAILab EAGLE-3 config without EAGLE-3 markers: the tensors decide
+    cfg = parse_draft_config(raw, cfile, target_num_layers=target_num_layers, aux_rule=aux_rule, layout=layout)
     _check_against_target(cfg, path, target_hidden_size, target_vocab_size)
-    state = _rename(load_state_dict(path), cfg.layout)
+    state = _rename(loaded, cfg.layout)
     own_embedding = "embed_tokens.weight" in state
-    if cfg.method == "eagle3":
-        if "d2t" not in state and cfg.draft_vocab_size != cfg.vocab_size:
-            raise CheckpointError(path, f"tensor 'd2t' is missing but draft_vocab_size {cfg.draft_vocab_size} "
-                                        f"differs from vocab_size {cfg.vocab_size}")
+    if cfg.method == "eagle3" and "d2t" not in state and cfg.draft_vocab_size != cfg.vocab_size:
+        raise CheckpointError(wfile, f"tensor 'd2t' is missing but draft_vocab_size {cfg.draft_vocab_size} "
+                                     f"differs from vocab_size {cfg.vocab_size} in config.json")
     drafter = build_drafter(cfg, own_embedding=own_embedding)
     expected = drafter.state_dict()
     for name, ref in expected.items():
         if name not in state:
             if name in ("d2t", "t2d"):
                 continue  # full vocabulary: identity map already in the buffers
-            raise CheckpointError(path, f"tensor {name!r} is missing from the weights")
+            raise CheckpointError(wfile, f"tensor {name!r} is missing from the weights")
         got = state[name]
         if tuple(got.shape) != tuple(ref.shape):
-            raise CheckpointError(path, f"tensor {name!r} has shape {tuple(got.shape)}, expected {tuple(ref.shape)} "
-                                        "from config.json")
-    unexpected = sorted(set(state) - set(expected))
+            raise CheckpointError(wfile, f"tensor {name!r} has shape {tuple(got.shape)}, expected {tuple(ref.shape)} "
+                                         "from config.json")
+        if ref.is_floating_point() != got.is_floating_point() and name not in ("t2d",):
+            raise CheckpointError(wfile, f"tensor {name!r} has dtype {got.dtype}, expected a "
+                                         f"{'floating' if ref.is_floating_point() else 'integer'} tensor")
+    unexpected = sorted(n for n in set(state) - set(expected)
+                        if n not in IGNORED_TENSORS and not n.endswith("rotary_emb.inv_freq"))
+    used_modules = {n.split(".", 1)[0] for n in expected}
+    for name in unexpected:
+        if name.split(".", 1)[0] in used_modules:  # e.g. fc.bias, midlayer.self_attn.q_norm.weight
+            raise CheckpointError(wfile, f"tensor {name!r} is not supported by the {cfg.method} drafter "
+                                         "(it would change the computation)")
     if unexpected:
-        warnings.warn(f"{path}: ignoring tensors not used by the drafter: {', '.join(unexpected[:5])}", stacklevel=2)
+        warnings.warn(f"{wfile}: ignoring tensors not used by the drafter: {', '.join(unexpected[:5])}", stacklevel=2)
     with torch.no_grad():
         for name, ref in expected.items():
             if name in state:
                 ref.copy_(state[name].to(ref.dtype))
     if cfg.method == "eagle3":
-        _check_vocab_maps(drafter, path)
+        _check_vocab_maps(drafter, wfile, has_t2d="t2d" in state)
     drafter.to(dtype)
     drafter.checkpoint_path = str(path)
     manifest = path / MANIFEST
@@ -119,13 +142,22 @@ def load_drafter(
     return drafter
 
 
-def _check_vocab_maps(drafter: nn.Module, path: Path) -> None:
-    """d2t must map every draft id into the target vocab (contract 5)."""
+def _check_vocab_maps(drafter: nn.Module, path: Path, has_t2d: bool) -> None:
+    """d2t must map the draft ids one-to-one into the target vocab (contract 5); t2d must agree with it."""
     d2t = drafter.d2t
     target_ids = torch.arange(d2t.numel()) + d2t
-    if target_ids.numel() and (target_ids.min() < 0 or target_ids.max() >= drafter.cfg.vocab_size):
-        raise CheckpointError(path, "tensor 'd2t' maps a draft id outside the target vocabulary "
-                                    "(d2t must be an offset: target_id = draft_id + d2t[draft_id])")
+    vocab = drafter.cfg.vocab_size
+    if target_ids.numel() and (target_ids.min() < 0 or target_ids.max() >= vocab):
+        bad = int(((target_ids < 0) | (target_ids >= vocab)).nonzero()[0, 0])
+        raise CheckpointError(path, f"tensor 'd2t' maps draft id {bad} to target id {int(target_ids[bad])}, outside "
+                                    f"the target vocabulary of {vocab} (d2t is an offset: target = draft + d2t[draft])")
+    if target_ids.unique().numel() != target_ids.numel():
+        raise CheckpointError(path, "tensor 'd2t' maps two draft ids to the same target id")
+    if has_t2d:
+        t2d = drafter.t2d
+        if int(t2d.sum()) != target_ids.numel() or not bool(t2d[target_ids].all()):
+            raise CheckpointError(path, f"tensor 't2d' ({int(t2d.sum())} ids set) does not mark exactly the "
+                                        f"{target_ids.numel()} target ids that 'd2t' maps to")
 
 
 def save_drafter(
@@ -141,7 +173,10 @@ def save_drafter(
     layout = layout or ("eagle1" if cfg.method == "eagle1" else "native")
     if (layout == "eagle1") != (cfg.method == "eagle1"):
         raise CheckpointError(path, f"cannot write a {cfg.method} drafter in the {layout} layout")
-    if cfg.method == "eagle3" and cfg.aux_layer_ids and cfg.aux_layer_ids[0] < 2:
+    if cfg.method == "eagle3" and not cfg.aux_layer_ids:
+        raise CheckpointError(path, "the drafter's aux layer ids are unknown (its source named none): resolve "
+                                    "them against the target's layer count before saving")
+    if cfg.method == "eagle3" and cfg.aux_layer_ids[0] < 2:
         raise CheckpointError(path, f"aux layer ids {list(cfg.aux_layer_ids)} start below 2: readers would take "
                                     "them as output-of-layer ids; choose entering-layer ids >= 2")
     config = {"native": native_config_dict, "speculators": speculators_config_dict,

@@ -56,6 +56,10 @@ def _load_index(index_path: Path, loader) -> dict[str, torch.Tensor]:
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(index_path, "field 'weight_map' must be a non-empty object")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard or Path(shard).name != shard or shard in (".", ".."):
+            raise CheckpointError(index_path, f"field 'weight_map' maps tensor {name!r} to {shard!r}: expected a "
+                                              "file name in the checkpoint directory")
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(set(weight_map.values())):
         shard_path = index_path.parent / shard
@@ -68,17 +72,25 @@ def _load_index(index_path: Path, loader) -> dict[str, torch.Tensor]:
     return state
 
 
+def weights_file(directory: Path) -> Path:
+    """The file load_state_dict reads first (index or single file): what errors about tensors name."""
+    directory = Path(directory)
+    for name in (SAFE_INDEX, SAFE_SINGLE, BIN_INDEX, BIN_SINGLE):
+        if (directory / name).is_file():
+            return directory / name
+    raise CheckpointError(directory, f"no weights found (expected {SAFE_SINGLE}, {SAFE_INDEX} or {BIN_SINGLE})")
+
+
 def load_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory (safetensors preferred; .bin only weights-only)."""
-    if (directory / SAFE_INDEX).is_file():
-        return _load_index(directory / SAFE_INDEX, _load_safetensors)
-    if (directory / SAFE_SINGLE).is_file():
-        return _load_safetensors(directory / SAFE_SINGLE)
-    if (directory / BIN_INDEX).is_file():
-        return _load_index(directory / BIN_INDEX, _load_bin)
-    if (directory / BIN_SINGLE).is_file():
-        return _load_bin(directory / BIN_SINGLE)
-    raise CheckpointError(directory, f"no weights found (expected {SAFE_SINGLE}, {SAFE_INDEX} or {BIN_SINGLE})")
+    path = weights_file(directory)
+    if path.name == SAFE_INDEX:
+        return _load_index(path, _load_safetensors)
+    if path.name == SAFE_SINGLE:
+        return _load_safetensors(path)
+    if path.name == BIN_INDEX:
+        return _load_index(path, _load_bin)
+    return _load_bin(path)
 
 
 def save_state_dict(
@@ -94,6 +106,8 @@ def save_state_dict(
     from safetensors.torch import save_file
 
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(directory, "exists and is not a directory; refusing to replace it")
     if directory.exists() and any(directory.iterdir()) and not overwrite:
         raise CheckpointError(directory, "exists and is not empty (pass overwrite=True / --overwrite to replace it)")
     directory.parent.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ def resolve_rotary_dim(config: Mapping[str, Any], head_dim: int) -> int:
         factor = _valid_factor(rope_parameters(config).get("partial_rotary_factor"))
     if factor is None:
         return head_dim
-    width = int(head_dim * factor)
+    width = int(head_dim * factor + 1e-6)  # as transformers' int(head_dim * factor), robust to 3 * (1/3)
     width -= width % 2
     return max(2, min(head_dim, width))
 
