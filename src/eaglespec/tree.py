@@ -4,21 +4,57 @@ A DraftTree lists nodes in depth order; node 0 is the ROOT: the pending token (t
 token, which has no target KV yet). Every other node is a draft token whose parent comes earlier.
 Flattening gives what one verification forward needs: tokens, depths (positions = committed +
 depth), the ancestry mask (a row sees its ancestors and itself only), and retrieve indices.
+
+EAGLE-2 dynamic trees (`grow_dynamic` + `select_tree`) are pure tensor logic over a callback that
+returns the children of a layer of nodes, so they are testable without a drafter:
+  - depth 1: the root's top-`top_k` children; every later depth expands the `top_k` highest-value
+    nodes of the newest layer (one callback = one drafter forward per depth), each giving its
+    top-`top_k` children;
+  - value of a node = product of the draft confidences on its path, summed in log space with the
+    floor log(max(c, 1e-12)); a confidence is the conditional draft probability under the
+    parent's prefix (not renormalised over the kept children);
+  - the tree is the global top-`budget` candidates by (-log value, depth, node id): ancestor-closed
+    by monotonicity (asserted, never repaired). The root is not counted in the budget.
+Static trees are fixed lists of child-rank paths (EAGLE-1 `choices`); chains are static trees of
+rank-0 paths. All three produce the same DraftTree and flatten alike.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
+from .errors import EagleSpecError
+
 TreeKind = Literal["chain", "static", "dynamic"]
+
+CONF_FLOOR = 1e-12  # log value floor: log(max(c, 1e-12))
+MASS_EPS = 1e-4  # tolerance on the sibling mass sum(c) <= 1
+
+# EAGLE-1's default static tree (SafeAILab eagle/model/choices.py `mc_sim_7b_63`): 25 nodes, depth 5.
+MC_SIM_7B_63: tuple[tuple[int, ...], ...] = (
+    (0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
+    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0),
+    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
+)
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise EagleSpecError(f"tree {name} must be an integer >= {minimum}, got {value!r}")
 
 
 @dataclass(frozen=True)
 class TreeSpec:
-    """How the proposer grows a tree. budget = draft tokens verified (the root not counted)."""
+    """How the proposer grows a tree. budget = draft tokens verified (the root not counted).
+
+    chain: `depth` tokens. dynamic: EAGLE-2 with width `top_k`, max depth `depth`, `budget` nodes.
+    static: `choices` (default MC_SIM_7B_63) cut to paths of length <= depth and the first `budget`.
+    """
 
     kind: TreeKind = "chain"
     depth: int = 5
@@ -26,11 +62,29 @@ class TreeSpec:
     budget: int = 60
     choices: tuple[tuple[int, ...], ...] | None = None  # static trees: paths of child ranks
 
+    def __post_init__(self) -> None:
+        if self.kind not in ("chain", "static", "dynamic"):
+            raise EagleSpecError(f"tree kind {self.kind!r} is not one of chain, static, dynamic")
+        _check_int("width (top-k)", self.top_k, 1)
+        _check_int("depth", self.depth, 0)
+        _check_int("budget", self.budget, 0)
+        if self.choices is not None:
+            object.__setattr__(self, "choices", tuple(tuple(p) for p in self.choices))
+            static_layout(self.choices)  # validates
+
     @property
     def speculates(self) -> bool:
         if self.kind == "chain":
             return self.depth > 0
-        return self.depth > 0 and self.budget > 0 and (self.kind != "static" or bool(self.choices))
+        if self.kind == "static":
+            return self.depth > 0 and self.budget > 0 and bool(self.static_choices())
+        return self.depth > 0 and self.budget > 0
+
+    def static_choices(self) -> tuple[tuple[int, ...], ...]:
+        """The static tree's paths after the depth and budget cuts (parents stay before children)."""
+        choices = MC_SIM_7B_63 if self.choices is None else self.choices
+        kept = sorted((p for p in choices if len(p) <= self.depth), key=len)  # stable: parents first
+        return tuple(kept[: self.budget])
 
 
 @dataclass
@@ -50,7 +104,7 @@ class DraftTree:
 @dataclass
 class FlatTree:
     tokens: torch.Tensor  # [T]
-    depths: torch.Tensor  # [T]
+    depths: torch.Tensor  # [T]: positions are committed_len + depth
     parents: torch.Tensor  # [T]
     visible: torch.Tensor  # [T, T] bool: visible[i, j] <=> j is i or an ancestor of i
     retrieve: torch.Tensor  # [P, D+1] long: root-to-leaf row paths, padded with -1
@@ -69,26 +123,207 @@ def chain_tree(root: int | torch.Tensor, drafts: torch.Tensor) -> DraftTree:
 
 
 def ancestry(parents: torch.Tensor) -> torch.Tensor:
-    """[N, N] bool: row i sees itself and its ancestors. Requires parents[i] < i (depth order)."""
+    """[N, N] bool: row i sees itself and its ancestors. Requires parents[i] < i (depth order).
+
+    Transitive closure of the parent relation by repeated squaring: ceil(log2 N) small matmuls,
+    no per-node loop.
+    """
     n = parents.shape[0]
-    if n and bool((parents >= torch.arange(n, device=parents.device)).any()):
+    dev = parents.device
+    idx = torch.arange(n, device=dev)
+    if n and bool(((parents >= idx) | ((parents < 0) & (idx > 0))).any()):
         raise ValueError("tree nodes must be in depth order: every parent must come before its child")
-    visible = torch.eye(n, dtype=torch.bool, device=parents.device)
-    for i in range(1, n):  # rows depend only on earlier rows
-        visible[i] |= visible[parents[i]]
-    return visible
+    reach = torch.eye(n, dtype=torch.float32, device=dev)
+    if n > 1:
+        reach[idx[1:], parents[1:]] = 1.0
+    for _ in range(max(1, math.ceil(math.log2(max(n, 2))))):
+        reach = (reach @ reach).clamp_(max=1.0)
+    return reach > 0
 
 
 def flatten(tree: DraftTree) -> FlatTree:
+    """Tokens, depths, parents, ancestry mask and retrieve indices (one row per root-to-leaf path)."""
     visible = ancestry(tree.parents)
-    n = tree.size
-    has_child = torch.zeros(n, dtype=torch.bool, device=tree.tokens.device)
+    n, dev = tree.size, tree.tokens.device
+    has_child = torch.zeros(n, dtype=torch.bool, device=dev)
     has_child[tree.parents[1:]] = True
     leaves = (~has_child).nonzero().flatten()
     max_depth = int(tree.depths.max()) if n else 0
-    retrieve = torch.full((leaves.numel(), max_depth + 1), -1, dtype=torch.long, device=tree.tokens.device)
-    for r, leaf in enumerate(leaves.tolist()):
-        rows = visible[leaf].nonzero().flatten()  # ancestors in depth order
-        retrieve[r, : rows.numel()] = rows
+    retrieve = torch.full((leaves.numel(), max_depth + 1), -1, dtype=torch.long, device=dev)
+    path, node = visible[leaves].nonzero(as_tuple=True)  # each ancestor has a distinct depth
+    retrieve[path, tree.depths[node]] = node
     return FlatTree(tokens=tree.tokens, depths=tree.depths, parents=tree.parents, visible=visible,
                     retrieve=retrieve)
+
+
+# -- EAGLE-2 dynamic trees: pure selection logic ----------------------------------------------------
+
+@dataclass
+class Candidates:
+    """Every node generated while growing a dynamic tree, in generation (= depth) order."""
+
+    tokens: torch.Tensor  # [M] long (draft-vocab ids)
+    parents: torch.Tensor  # [M] long: candidate index of the parent, -1 = the root
+    depths: torch.Tensor  # [M] long, >= 1
+    logv: torch.Tensor  # [M] float: log path value
+    expanded: list[torch.Tensor] = field(default_factory=list)  # per expansion: the candidate ids expanded
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+# expand(node_ids [n], candidates, depth of those nodes) -> (child tokens [n, c], child confidences [n, c])
+Expand = Callable[[torch.Tensor, Candidates, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _child_flags(tokens: torch.Tensor, conf: torch.Tensor) -> torch.Tensor:
+    """[3] bool, no host sync: (confidence not finite or outside [0,1], duplicate token under one
+    parent, sibling mass above 1 + eps)."""
+    conf = conf.float()
+    bad_conf = (~torch.isfinite(conf) | (conf < 0) | (conf > 1)).any()
+    sorted_tok = tokens.sort(dim=-1).values
+    dup = (sorted_tok[..., 1:] == sorted_tok[..., :-1]).any()
+    mass = (torch.nan_to_num(conf, nan=0.0).sum(-1) > 1 + MASS_EPS).any()
+    return torch.stack([bad_conf, dup, mass])
+
+
+_FLAG_MESSAGES = (
+    "draft confidences must be finite and in [0, 1]",
+    "a parent has the same child token twice",
+    "the confidences of one parent's children sum to more than 1",
+)
+
+
+def _raise_flags(flags: list[bool]) -> None:
+    for bad, msg in zip(flags, _FLAG_MESSAGES):
+        if bad:
+            raise EagleSpecError(f"invalid draft tree input: {msg}")
+
+
+def _top(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest values; ties to the lower index (deterministic)."""
+    return values.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+
+
+def _keep_top_children(tokens: torch.Tensor, conf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[n, c] children -> the top-k per row by confidence (no-op when already top-k sorted)."""
+    order = _top(conf, k)
+    return tokens.gather(-1, order), conf.gather(-1, order)
+
+
+def grow_dynamic(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, top_k: int, depth: int,
+                 validate: bool = True) -> tuple[Candidates, list[bool]]:
+    """EAGLE-2 expansion. root_tokens/root_conf: [c] the root's children (any c >= 1).
+
+    Depth d+1 candidates come from ONE call `expand(layer, candidates, d)` for the `top_k`
+    highest-value candidates of depth d. Returns the candidates and the validation flags (one
+    host sync for the whole growth; raised here when `validate`).
+    """
+    dev = root_tokens.device
+    tok, conf = _keep_top_children(root_tokens.long()[None], root_conf[None], top_k)
+    flags = [_child_flags(tok, conf)]
+    tok, conf = tok[0], conf[0].float()
+    cand = Candidates(tokens=tok, parents=torch.full_like(tok, -1), depths=torch.ones_like(tok),
+                      logv=conf.clamp(min=CONF_FLOOR).log())
+    newest = torch.arange(tok.numel(), device=dev)  # candidate ids of the newest layer
+    for d in range(1, depth):
+        layer = newest[_top(cand.logv[newest], top_k)]  # [n] the highest-value nodes of depth d
+        cand.expanded.append(layer)
+        ctok, cconf = expand(layer, cand, d)  # [n, c]
+        ctok, cconf = _keep_top_children(ctok.long(), cconf, top_k)
+        flags.append(_child_flags(ctok, cconf))
+        n, c = ctok.shape
+        logv = cand.logv[layer, None] + cconf.float().clamp(min=CONF_FLOOR).log()  # [n, c]
+        start = cand.size
+        cand.tokens = torch.cat([cand.tokens, ctok.reshape(-1)])
+        cand.parents = torch.cat([cand.parents, layer.repeat_interleave(c)])
+        cand.depths = torch.cat([cand.depths, torch.full((n * c,), d + 1, dtype=torch.long, device=dev)])
+        cand.logv = torch.cat([cand.logv, logv.reshape(-1)])
+        newest = torch.arange(start, start + n * c, device=dev)
+    flag_list = torch.stack(flags).any(dim=0).tolist()
+    if validate:
+        _raise_flags(flag_list)
+    return cand, flag_list
+
+
+def select_nodes(cand: Candidates, budget: int) -> torch.Tensor:
+    """Global top-`budget` by (-log value, depth, node id) -> candidate ids in depth order.
+
+    Candidate ids are in depth order, so a stable sort on -logv realises the full key.
+    """
+    chosen = _top(cand.logv, min(budget, cand.size))
+    return chosen.sort().values
+
+
+def select_tree(root: int | torch.Tensor, cand: Candidates, budget: int) -> DraftTree:
+    """The selected candidates as a DraftTree (node 0 = root). Asserts ancestor closure."""
+    dev = cand.tokens.device
+    root_t = torch.as_tensor(root, dtype=torch.long, device=dev).reshape(1)
+    if budget <= 0 or cand.size == 0:
+        tree = chain_tree(root_t, cand.tokens[:0])
+        tree.logq = torch.zeros(1, device=dev)
+        return tree
+    chosen = select_nodes(cand, budget)  # [B]
+    node_of = torch.full((cand.size,), -1, dtype=torch.long, device=dev)
+    node_of[chosen] = torch.arange(1, chosen.numel() + 1, device=dev)
+    par = cand.parents[chosen]
+    parents = torch.where(par >= 0, node_of[par.clamp(min=0)], 0)
+    closed = (par < 0) | (parents > 0)
+    assert bool(closed.all()), "dynamic tree selection is not ancestor-closed"  # monotone values
+    zero = torch.zeros(1, dtype=torch.long, device=dev)
+    return DraftTree(
+        tokens=torch.cat([root_t, cand.tokens[chosen]]),
+        parents=torch.cat([zero - 1, parents]),
+        depths=torch.cat([zero, cand.depths[chosen]]),
+        logq=torch.cat([torch.zeros(1, device=dev), cand.logv[chosen]]),
+        stats={"candidates": cand.size},
+    )
+
+
+def dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand,
+                 top_k: int, depth: int, budget: int) -> DraftTree:
+    """EAGLE-2: grow (validated) then select. budget 0 or depth 0 = the root alone."""
+    _check_int("width (top-k)", top_k, 1)
+    _check_int("depth", depth, 0)
+    _check_int("budget", budget, 0)
+    if depth == 0 or budget == 0:
+        return chain_tree(root, root_tokens.new_empty(0).long())
+    cand, _ = grow_dynamic(root_tokens, root_conf, expand, top_k, depth)
+    return select_tree(root, cand, budget)
+
+
+# -- static trees -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StaticLayout:
+    """A static tree's shape: node 0 = root, nodes in depth order."""
+
+    parents: tuple[int, ...]  # [N]
+    ranks: tuple[int, ...]  # [N]: child rank under the parent (root: -1)
+    depths: tuple[int, ...]  # [N]
+    max_rank: int
+
+
+def static_layout(choices: Sequence[Sequence[int]]) -> StaticLayout:
+    """Validate EAGLE-1-style `choices` (paths of child ranks) and lay the tree out in depth order."""
+    paths = [tuple(p) for p in choices]
+    seen: set[tuple[int, ...]] = set()
+    for p in paths:
+        if not p or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in p):
+            raise EagleSpecError(f"static tree path {list(p)} must be a non-empty list of ranks >= 0")
+        if p in seen:
+            raise EagleSpecError(f"static tree path {list(p)} appears twice")
+        seen.add(p)
+    for p in paths:
+        if len(p) > 1 and p[:-1] not in seen:
+            raise EagleSpecError(f"static tree path {list(p)} has no parent path {list(p[:-1])}")
+    ordered = sorted(paths, key=lambda p: (len(p), p))
+    index = {(): 0}
+    parents, ranks, depths = [-1], [-1], [0]
+    for i, p in enumerate(ordered, start=1):
+        index[p] = i
+        parents.append(index[p[:-1]])
+        ranks.append(p[-1])
+        depths.append(len(p))
+    return StaticLayout(tuple(parents), tuple(ranks), tuple(depths), max(ranks))

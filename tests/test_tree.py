@@ -1,0 +1,275 @@
+"""Tree construction (EAGLE-2 dynamic, static, chain) and flattening, without a drafter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eaglespec.errors import EagleSpecError
+from eaglespec.tree import (
+    MC_SIM_7B_63,
+    Candidates,
+    DraftTree,
+    TreeSpec,
+    ancestry,
+    chain_tree,
+    dynamic_tree,
+    flatten,
+    grow_dynamic,
+    select_nodes,
+    select_tree,
+    static_layout,
+)
+
+# -- the article's fixture ------------------------------------------------------------------------
+A, B, A1, A2, B1, B2 = 10, 11, 20, 21, 22, 23
+ROOT = 5
+
+
+def _article_expand(nodes: torch.Tensor, cand: Candidates, depth: int):
+    children = {A: ([A1, A2], [0.80, 0.20]), B: ([B1, B2], [0.95, 0.05])}
+    toks, confs = zip(*(children[int(cand.tokens[i])] for i in nodes))
+    return torch.tensor(toks), torch.tensor(confs)
+
+
+def _paths(tree: DraftTree) -> list[tuple[int, ...]]:
+    """Each node as its root-to-node token path (root excluded), in node order."""
+    out = []
+    for i in range(1, tree.size):
+        path, j = [], i
+        while j > 0:
+            path.append(int(tree.tokens[j]))
+            j = int(tree.parents[j])
+        out.append(tuple(reversed(path)))
+    return out
+
+
+def test_article_fixture_selects_a_a1_b_b1():
+    tree = dynamic_tree(ROOT, torch.tensor([A, B]), torch.tensor([0.60, 0.40]), _article_expand,
+                        top_k=2, depth=2, budget=4)
+    assert sorted(_paths(tree)) == sorted([(A,), (A, A1), (B,), (B, B1)])  # breadth-first would take A2
+    assert int(tree.tokens[0]) == ROOT
+    # selection order is (-log value, depth, id): A .60, A1 .48, B .40, B1 .38
+    order = torch.sort(-tree.logq[1:], stable=True).indices + 1
+    assert [_paths(tree)[i - 1] for i in order.tolist()] == [(A,), (A, A1), (B,), (B, B1)]
+    expected = torch.tensor([0.60, 0.48, 0.40, 0.38]).log()
+    assert torch.allclose(tree.logq[order], expected)
+
+
+def test_article_fixture_budget_5_adds_a2_last():
+    tree = dynamic_tree(ROOT, torch.tensor([A, B]), torch.tensor([0.60, 0.40]), _article_expand,
+                        top_k=2, depth=2, budget=5)
+    assert set(_paths(tree)) == {(A,), (A, A1), (B,), (B, B1), (A, A2)}
+
+
+def test_confidence_is_conditional_not_renormalised():
+    """top_k=1 keeps only A1 under A: its value stays 0.6*0.8, not 0.6*1.0."""
+    tree = dynamic_tree(ROOT, torch.tensor([A, B]), torch.tensor([0.60, 0.40]), _article_expand,
+                        top_k=1, depth=2, budget=2)
+    assert _paths(tree) == [(A,), (A, A1)]
+    assert torch.allclose(tree.logq[1:], torch.tensor([0.6, 0.48]).log())
+
+
+def test_one_expansion_call_per_depth():
+    calls = []
+
+    def expand(nodes, cand, depth):
+        calls.append((depth, nodes.numel()))
+        n = nodes.numel()
+        return torch.arange(3).repeat(n, 1) + 100 * depth, torch.full((n, 3), 0.3)
+
+    dynamic_tree(0, torch.arange(3), torch.full((3,), 0.3), expand, top_k=2, depth=4, budget=6)
+    assert calls == [(1, 2), (2, 2), (3, 2)]  # depth-1 layer from the root, then top-2 per depth
+
+
+def test_budget_and_depth_zero_mean_no_speculation():
+    for depth, budget in ((0, 5), (3, 0)):
+        tree = dynamic_tree(ROOT, torch.tensor([A, B]), torch.tensor([0.6, 0.4]), _article_expand,
+                            top_k=2, depth=depth, budget=budget)
+        assert tree.size == 1 and int(tree.tokens[0]) == ROOT
+    assert not TreeSpec("dynamic", budget=0).speculates
+    assert not TreeSpec("static", depth=0).speculates
+    assert TreeSpec("dynamic").speculates
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(top_k=0), "width"), (dict(depth=-1), "depth"), (dict(budget=-2), "budget"),
+    (dict(budget=1.5), "budget"), (dict(top_k=True), "width"),
+])
+def test_spec_validation(kwargs, match):
+    with pytest.raises(EagleSpecError, match=match):
+        TreeSpec("dynamic", **kwargs)
+    args = dict(top_k=2, depth=2, budget=4) | kwargs
+    with pytest.raises(EagleSpecError, match=match):
+        dynamic_tree(ROOT, torch.tensor([A, B]), torch.tensor([0.6, 0.4]), _article_expand, **args)
+
+
+@pytest.mark.parametrize("tokens, conf, match", [
+    ([A, B], [0.6, float("nan")], "finite"),
+    ([A, B], [0.6, -0.1], r"\[0, 1\]"),
+    ([A, B], [1.2, 0.0], r"\[0, 1\]"),
+    ([A, A], [0.5, 0.4], "same child token"),
+    ([A, B], [0.7, 0.6], "sum to more than 1"),
+])
+def test_child_validation_at_the_root(tokens, conf, match):
+    with pytest.raises(EagleSpecError, match=match):
+        dynamic_tree(ROOT, torch.tensor(tokens), torch.tensor(conf), _article_expand, top_k=2, depth=2, budget=3)
+
+
+def test_child_validation_below_the_root():
+    def dup(nodes, cand, depth):
+        return torch.tensor([[7, 7]]).repeat(nodes.numel(), 1), torch.tensor([[0.3, 0.3]]).repeat(nodes.numel(), 1)
+
+    with pytest.raises(EagleSpecError, match="same child token"):
+        dynamic_tree(ROOT, torch.tensor([A, B]), torch.tensor([0.6, 0.4]), dup, top_k=2, depth=2, budget=3)
+
+
+def test_selection_never_repairs_a_non_closed_set():
+    """select_tree asserts closure: a child valued above its parent (impossible from valid input) fails."""
+    cand = Candidates(tokens=torch.tensor([1, 2]), parents=torch.tensor([-1, 0]), depths=torch.tensor([1, 2]),
+                      logv=torch.tensor([-2.0, -1.0]))
+    with pytest.raises(AssertionError, match="ancestor-closed"):
+        select_tree(0, cand, budget=1)
+
+
+# -- property tests -------------------------------------------------------------------------------
+
+@st.composite
+def growth_cases(draw):
+    width = draw(st.integers(1, 4))
+    depth = draw(st.integers(1, 5))
+    budget = draw(st.integers(0, 30))
+    n_children = draw(st.integers(1, 5))
+    seed = draw(st.integers(0, 2**31 - 1))
+    ties = draw(st.booleans())
+    return width, depth, budget, n_children, seed, ties
+
+
+def _random_expand(n_children: int, seed: int, ties: bool):
+    """Children whose confidences depend only on the node's path (deterministic per path)."""
+
+    def conf_for(path: tuple[int, ...]) -> torch.Tensor:
+        g = torch.Generator().manual_seed(hash((seed, *path)) % (2**31))
+        if ties:  # heavy ties: a few quantised levels, some exact zeros and ones
+            raw = torch.randint(0, 3, (n_children,), generator=g).float() / 2
+            raw = raw / max(1.0, float(raw.sum()))
+        else:
+            raw = torch.rand(n_children + 1, generator=g)
+            raw = (raw / raw.sum())[:n_children]
+        return raw
+
+    def path_of(cand: Candidates, i: int) -> tuple[int, ...]:
+        path = []
+        while i >= 0:
+            path.append(int(cand.tokens[i]))
+            i = int(cand.parents[i])
+        return tuple(reversed(path))
+
+    def expand(nodes, cand, depth):
+        toks = torch.arange(n_children).repeat(nodes.numel(), 1) + 10 * (depth + 1)
+        confs = torch.stack([conf_for(path_of(cand, int(i))) for i in nodes])
+        return toks, confs
+
+    return conf_for(()), expand
+
+
+@settings(max_examples=60, deadline=None)
+@given(growth_cases())
+def test_dynamic_tree_properties(case):
+    width, depth, budget, n_children, seed, ties = case
+    root_conf, expand = _random_expand(n_children, seed, ties)
+    root_tok = torch.arange(n_children) + 10
+    tree = dynamic_tree(0, root_tok, root_conf, expand, width, depth, budget)
+    again = dynamic_tree(0, root_tok, root_conf, expand, width, depth, budget)
+    # deterministic
+    assert torch.equal(tree.tokens, again.tokens) and torch.equal(tree.parents, again.parents)
+    # within budget; full budget used when enough candidates exist
+    c = min(width, n_children)  # children kept per expanded node
+    n_cand, newest = c, c
+    for _ in range(depth - 1):
+        newest = min(width, newest) * c
+        n_cand += newest
+    assert tree.size - 1 == min(budget, n_cand)
+    # depth order, ancestor-closed, depths consistent
+    assert int(tree.parents[0]) == -1
+    for i in range(1, tree.size):
+        p = int(tree.parents[i])
+        assert 0 <= p < i
+        assert int(tree.depths[i]) == int(tree.depths[p]) + 1 <= depth
+        assert float(tree.logq[i]) <= float(tree.logq[p]) + 1e-6  # monotone values
+    # mask == ancestor relation: no sibling/cousin edge, no future edge
+    flat = flatten(tree)
+    anc = torch.zeros(tree.size, tree.size, dtype=torch.bool)
+    for i in range(tree.size):
+        j = i
+        while j >= 0:
+            anc[i, j] = True
+            j = int(tree.parents[j])
+    assert torch.equal(flat.visible, anc)
+    assert not flat.visible.triu(1).any()
+
+
+@settings(max_examples=60, deadline=None)
+@given(growth_cases())
+def test_selection_is_global_top_budget(case):
+    """Every selected node is valued >= every unselected candidate (ties to the shallower / earlier)."""
+    width, depth, budget, n_children, seed, ties = case
+    root_conf, expand = _random_expand(n_children, seed, ties)
+    cand, flags = grow_dynamic(torch.arange(n_children) + 10, root_conf, expand, width, depth)
+    assert flags == [False, False, False]
+    chosen = select_nodes(cand, budget).tolist()
+    assert len(chosen) == min(budget, cand.size) and chosen == sorted(set(chosen))
+    rest = sorted(set(range(cand.size)) - set(chosen))
+    if chosen and rest:
+        key = [(-v, d, i) for i, (v, d) in enumerate(zip(cand.logv.tolist(), cand.depths.tolist()))]
+        assert max(key[i] for i in chosen) < min(key[i] for i in rest)
+    tree = select_tree(0, cand, budget)
+    assert torch.equal(tree.logq[1:], cand.logv[chosen])
+
+
+# -- flatten --------------------------------------------------------------------------------------
+
+def test_flatten_chain_and_retrieve():
+    tree = chain_tree(7, torch.tensor([3, 4, 5]))
+    flat = flatten(tree)
+    assert torch.equal(flat.visible, torch.ones(4, 4, dtype=torch.bool).tril())
+    assert flat.retrieve.tolist() == [[0, 1, 2, 3]]
+    assert flat.depths.tolist() == [0, 1, 2, 3]
+
+
+def test_flatten_tree_retrieve_paths():
+    # root -> 1, 2 ; 1 -> 3, 4 ; 2 -> 5 ; 4 -> 6
+    parents = torch.tensor([-1, 0, 0, 1, 1, 2, 4])
+    depths = torch.tensor([0, 1, 1, 2, 2, 2, 3])
+    flat = flatten(DraftTree(tokens=torch.arange(7), parents=parents, depths=depths))
+    assert flat.retrieve.tolist() == [[0, 1, 3, -1], [0, 2, 5, -1], [0, 1, 4, 6]]
+    assert flat.visible[6].nonzero().flatten().tolist() == [0, 1, 4, 6]
+    assert not flat.visible[3, 4] and not flat.visible[5, 1]  # sibling / cousin
+
+
+def test_ancestry_rejects_non_depth_order():
+    with pytest.raises(ValueError, match="depth order"):
+        ancestry(torch.tensor([-1, 2, 0]))
+
+
+# -- static trees ---------------------------------------------------------------------------------
+
+def test_static_layout_mc_sim():
+    layout = static_layout(MC_SIM_7B_63)
+    assert len(layout.parents) == 26 and max(layout.depths) == 5 and layout.max_rank == 3
+    for i in range(1, 26):
+        assert layout.parents[i] < i and layout.depths[i] == layout.depths[layout.parents[i]] + 1
+    spec = TreeSpec("static", depth=3, budget=60)
+    assert all(len(p) <= 3 for p in spec.static_choices()) and len(spec.static_choices()) == 20
+    assert len(TreeSpec("static", depth=8, budget=7).static_choices()) == 7
+    static_layout(TreeSpec("static", depth=8, budget=7).static_choices())  # a budget cut stays closed
+
+
+@pytest.mark.parametrize("choices, match", [
+    ([[0], [0, 1], [0, 1]], "twice"), ([[0], [1, 0]], "no parent"), ([[0], [-1]], "ranks"), ([[]], "non-empty"),
+])
+def test_static_layout_validation(choices, match):
+    with pytest.raises(EagleSpecError, match=match):
+        TreeSpec("static", choices=choices)
