@@ -60,7 +60,7 @@ def build_drafter(cfg: DraftConfig, own_embedding: bool = False) -> nn.Module:
     if cfg.method == "eagle1":
         from ..draft.eagle1 import Eagle1Drafter
 
-        return Eagle1Drafter(cfg)
+        return Eagle1Drafter(cfg, own_embedding=own_embedding)
     from ..draft.eagle3 import Eagle3Drafter
 
     return Eagle3Drafter(cfg, own_embedding=own_embedding)
@@ -181,7 +181,8 @@ def save_drafter(
                                     "them as output-of-layer ids; choose entering-layer ids >= 2")
     config = {"native": native_config_dict, "speculators": speculators_config_dict,
               "eagle1": eagle1_config_dict}[layout](cfg)
-    state = {k: v.float() if v.is_floating_point() else v for k, v in drafter.state_dict().items()}
+    tensors = drafter.export_state() if hasattr(drafter, "export_state") else drafter.state_dict()
+    state = {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
     extra = {MANIFEST: json.dumps(manifest, indent=2) + "\n"} if manifest else None
     return save_state_dict(_published_names(state, layout), Path(path), config, extra_files=extra,
                            overwrite=overwrite)
