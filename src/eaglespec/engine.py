@@ -71,6 +71,10 @@ class SpeculativeEngine:
         if drafter is not None:
             if hasattr(drafter, "set_target_embedding") and getattr(drafter, "embed_tokens", None) is None:
                 drafter.set_target_embedding(target.embedding())
+            if hasattr(drafter, "set_target_head"):  # EAGLE-1: the target's final norm + lm_head
+                from .draft.eagle1 import target_head
+
+                drafter.set_target_head(*target_head(target), num_layers=target.num_layers)
             target.set_feature_layers(tuple(drafter.feature_layer_ids))
 
     @property
