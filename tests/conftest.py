@@ -72,3 +72,72 @@ def reference_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | N
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
                          eos_token_id=eos, pad_token_id=0, min_new_tokens=0)
     return out[0, len(prompt):].tolist()
+
+
+# -- a byte-level tokenizer with a chat template (no network), for API / CLI / server tests ------
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def byte_tokenizer():
+    """259 ids: <pad>=0, <|im_start|>=1, <|im_end|>=2 (eos), then the 256 byte-level tokens.
+
+    Every non-ASCII character is split across 2-4 tokens, so detokenizing must wait for whole
+    UTF-8 sequences.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=lambda ch: _BYTE_OF[ch])
+    vocab = {"<pad>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    vocab.update({ch: 3 + i for i, ch in enumerate(alphabet)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<|im_start|>",
+                                   eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _bytes_to_unicode() -> dict[str, int]:
+    """GPT-2's byte -> printable character map, inverted (char -> byte)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+_BYTE_OF = _bytes_to_unicode()
+BYTE_VOCAB = 259
+
+
+def cycle_target(tokenizer, text: str = "aé中😀 "):
+    """A tiny Llama whose greedy next token depends only on the last token: it cycles through the
+    byte tokens of `text` (all bytes distinct), so its output splits multi-byte characters."""
+    import transformers as tf
+
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(set(ids)) == len(ids), "cycle text bytes must be distinct"
+    v = BYTE_VOCAB
+    cfg = tf.LlamaConfig(vocab_size=v, hidden_size=264, intermediate_size=16, num_hidden_layers=2,
+                         num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=512,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # every layer becomes the identity on the residual stream
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.copy_(torch.eye(v, 264))  # one-hot embeddings
+        nxt = torch.full((v,), ids[0])
+        nxt[torch.tensor(ids)] = torch.tensor(ids[1:] + ids[:1])
+        head = torch.zeros(v, 264)
+        head[nxt, torch.arange(v)] = 1.0  # logits[x] peaks at nxt[x]
+        model.lm_head.weight.copy_(head)
+    return model

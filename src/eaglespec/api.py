@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ class Output:
     prompt_token_ids: list[int]
     stats: dict[str, Any]
     result: GenerationResult
+    finish_reason: str = "length"  # "stop": EOS or a stop string; "length": max_new_tokens
 
 
 def random_drafter(model, seed: int = 0) -> torch.nn.Module:
@@ -74,6 +76,7 @@ class EagleSpec:
         self.spec = spec or TreeSpec()
         self.draft_note = draft_note
         self.engine = SpeculativeEngine(self.target, drafter, self.spec)
+        self._owner: Stream | None = None  # the generation using the engine (one sequence at a time)
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str | None = None,
@@ -113,28 +116,151 @@ class EagleSpec:
         return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
     # -- generation -------------------------------------------------------------------------------
-    def generate(self, prompt, max_new_tokens: int = 128, raw: bool = False) -> Output:
-        ids = self.encode(prompt, raw)
-        result = self.engine.generate(ids, max_new_tokens, self.eos_ids())
-        text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-        return Output(text, result.token_ids, ids, result.stats(), result)
+    @property
+    def context_length(self) -> int:
+        """The target's maximum sequence length (prompt + new tokens)."""
+        c = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        return int(getattr(c, "max_position_embeddings", None) or 2048)
 
-    def stream(self, prompt, max_new_tokens: int = 128, raw: bool = False) -> Iterator[str]:
-        """Yield text pieces as rounds are accepted (multi-byte characters are never split)."""
+    def check_length(self, n_prompt: int, max_new_tokens: int) -> None:
+        if max_new_tokens < 0:
+            raise EagleSpecError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if n_prompt + max_new_tokens > self.context_length:
+            raise EagleSpecError(f"the prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) exceed the "
+                                 f"model's context length ({self.context_length} tokens)")
+
+    def _engine_stream(self, ids: list[int], max_new_tokens: int, result: GenerationResult,
+                       sampling: dict[str, Any]) -> Iterator[list[int]]:
+        """The engine's per-round token lists. Sampling options (temperature, top_p, top_k, seed, ...)
+        pass straight through to the engine; all None / temperature 0 means greedy."""
+        opts = {k: v for k, v in sampling.items() if v is not None}
+        if not opts or opts.get("temperature") == 0:
+            return self.engine.stream(ids, max_new_tokens, self.eos_ids(), result)
+        try:
+            return self.engine.stream(ids, max_new_tokens, self.eos_ids(), result, **opts)
+        except TypeError:
+            raise EagleSpecError(f"this engine does not support the sampling options {sorted(opts)}") from None
+
+    def stream(self, prompt, max_new_tokens: int = 128, raw: bool = False, stop: str | Sequence[str] | None = None,
+               **sampling) -> Stream:
+        """Iterate to get text pieces as rounds are accepted (multi-byte characters are never split).
+
+        The returned Stream also carries .text, .token_ids, .finish_reason ("stop" | "length") and
+        .result (the GenerationResult with per-round stats) once iterated.
+        """
         ids = self.encode(prompt, raw)
-        new: list[int] = []
-        sent = ""
-        for tokens in self.engine.stream(ids, max_new_tokens, self.eos_ids()):
-            new.extend(tokens)
-            text = self.tokenizer.decode(new, skip_special_tokens=True)
-            if text.endswith("\ufffd"):
-                continue  # an incomplete UTF-8 sequence: wait for the next round
-            if len(text) > len(sent):
-                yield text[len(sent):]
-                sent = text
-        text = self.tokenizer.decode(new, skip_special_tokens=True)
-        if len(text) > len(sent):
-            yield text[len(sent):]
+        self.check_length(len(ids), max_new_tokens)
+        return Stream(self, ids, max_new_tokens, stop, sampling)
+
+    def generate(self, prompt, max_new_tokens: int = 128, raw: bool = False, stop: str | Sequence[str] | None = None,
+                 **sampling) -> Output:
+        """Generate for a string (chat template unless raw), chat messages, or token ids."""
+        st = self.stream(prompt, max_new_tokens, raw, stop, **sampling)
+        for _ in st:
+            pass
+        return st.output()
+
+
+class TextStream:
+    """Incremental detokenization with stop strings: text only leaves once it is final.
+
+    Holds back a trailing incomplete UTF-8 sequence (decoded as U+FFFD) and any suffix that could
+    still become a stop string; a stop string cuts the text (it is not included).
+    """
+
+    def __init__(self, tokenizer, stop: str | Sequence[str] | None = None):
+        self.tokenizer = tokenizer
+        self.stop = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
+        self.token_ids: list[int] = []
+        self.text = ""  # emitted so far
+        self.stopped = False
+
+    def _decode(self) -> str:
+        return self.tokenizer.decode(self.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def push(self, tokens: Sequence[int]) -> str:
+        """Add a round's tokens; returns the newly final text ("" if none)."""
+        if self.stopped:
+            return ""
+        self.token_ids.extend(tokens)
+        full = self._decode()
+        cut = min((i for i in (full.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            return self._emit(full, cut)
+        limit = len(full.rstrip("\ufffd"))  # an incomplete multi-byte character: wait for more bytes
+        hold = 0
+        for s in self.stop:  # a suffix that may still grow into a stop string
+            for n in range(min(len(s) - 1, limit), hold, -1):
+                if full[:limit].endswith(s[:n]):
+                    hold = n
+                    break
+        return self._emit(full, limit - hold)
+
+    def flush(self) -> str:
+        """The rest of the text at the end of generation."""
+        return "" if self.stopped else self._emit(self._decode(), None)
+
+    def _emit(self, full: str, limit: int | None) -> str:
+        new = full[:limit]
+        if len(new) <= len(self.text) or not new.startswith(self.text):
+            return ""
+        piece = new[len(self.text):]
+        self.text = new
+        return piece
+
+
+class Stream:
+    """One generation in progress: iterate for text pieces; afterwards .text/.token_ids/.finish_reason."""
+
+    def __init__(self, es: EagleSpec, prompt_ids: list[int], max_new_tokens: int,
+                 stop: str | Sequence[str] | None, sampling: dict[str, Any]):
+        self.es = es
+        self.prompt_ids = prompt_ids
+        self.result = GenerationResult(list(prompt_ids), [])
+        self.detok = TextStream(es.tokenizer, stop)
+        self._rounds = es._engine_stream(prompt_ids, max_new_tokens, self.result, sampling)
+        self.finish_reason: str | None = None
+        self._t0 = time.perf_counter()
+
+    @property
+    def text(self) -> str:
+        return self.detok.text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.result.token_ids
+
+    def __iter__(self) -> Iterator[str]:
+        self.es._owner = self
+        try:
+            for tokens in self._rounds:
+                if self.es._owner is not self:
+                    raise EagleSpecError("another generation started on this EagleSpec while this one was running: "
+                                         "the engine runs one sequence at a time")
+                piece = self.detok.push(tokens)
+                if piece:
+                    yield piece
+                if self.detok.stopped:
+                    break
+            piece = self.detok.flush()
+            if piece:
+                yield piece
+            self.finish_reason = "stop" if self.detok.stopped else self.result.finish_reason
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop generating (e.g. the client went away); the engine is free for the next request."""
+        self._rounds.close()
+        if self.result.seconds == 0.0:  # stopped early: the engine did not time the run
+            self.result.seconds = time.perf_counter() - self._t0
+        if self.es._owner is self:
+            self.es._owner = None
+
+    def output(self) -> Output:
+        return Output(self.text, list(self.result.token_ids), list(self.prompt_ids), self.result.stats(),
+                      self.result, self.finish_reason or self.result.finish_reason)
 
 
 def log(msg: str) -> None:
