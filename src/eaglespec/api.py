@@ -134,12 +134,17 @@ class EagleSpec:
         """The engine's per-round token lists. Sampling options (temperature, top_p, top_k, seed, ...)
         pass straight through to the engine; all None / temperature 0 means greedy."""
         opts = {k: v for k, v in sampling.items() if v is not None}
-        if not opts or opts.get("temperature") == 0:
+        if not opts or opts.get("temperature", 1.0) == 0:
             return self.engine.stream(ids, max_new_tokens, self.eos_ids(), result)
+        from .sampling import SamplingConfig, SamplingParams
+
+        seed = opts.pop("seed", None)
         try:
-            return self.engine.stream(ids, max_new_tokens, self.eos_ids(), result, **opts)
+            cfg = SamplingConfig(SamplingParams(**opts), seed=seed)
         except TypeError:
-            raise EagleSpecError(f"this engine does not support the sampling options {sorted(opts)}") from None
+            raise EagleSpecError(f"unknown sampling options {sorted(opts)} (temperature, top_k, top_p, min_p, seed)"
+                                 ) from None
+        return self.engine.stream(ids, max_new_tokens, self.eos_ids(), result, sampling=cfg)
 
     def stream(self, prompt, max_new_tokens: int = 128, raw: bool = False, stop: str | Sequence[str] | None = None,
                **sampling) -> Stream:
