@@ -220,7 +220,7 @@ def parse_draft_config(
                 raise CheckpointError(path, f"field 'eagle_aux_hidden_state_layer_ids' {raw_ids} holds a negative "
                                             "layer id")
         if target_num_layers is not None:
-            check_aux_ids(aux_ids, target_num_layers, path)
+            check_aux_ids(aux_ids, target_num_layers, path, rule_used)
 
     norm_flags = {k: _flag(cfg, layer_cfg, k, path) for k in ("norm_before_residual", "norm_before_fc", "norm_output")}
     norm_flags["fc_norm"] = _flag(cfg, layer_cfg, "fc_norm", path, "use_aux_norm")  # SGLang's legacy alias
@@ -252,13 +252,14 @@ def parse_draft_config(
     )
 
 
-def check_aux_ids(aux_ids: tuple[int, ...], target_num_layers: int, path: object) -> None:
+def check_aux_ids(aux_ids: tuple[int, ...], target_num_layers: int, path: object, rule: str = "") -> None:
     """Entering-layer ids must name a state that exists: 0 <= j <= L (j = L: the last layer's output)."""
     for j in aux_ids:
         if not 0 <= j <= target_num_layers:
+            read_as = f", read as {rule}" if rule else ""
             raise CheckpointError(
                 path,
-                f"field 'eagle_aux_hidden_state_layer_ids': id {j} is out of range for a "
+                f"field 'eagle_aux_hidden_state_layer_ids': entering-layer id {j}{read_as} is out of range for a "
                 f"{target_num_layers}-layer target (valid 0..{target_num_layers})",
             )
 
