@@ -341,6 +341,8 @@ def plot_report(summary: dict, path: str | Path) -> Path:
     ax.plot(deps, [r["conditional_rate"] if r["conditional_rate"] is not None else math.nan for r in rows],
             "s--", label="given parent accepted")
     ax.set_ylim(-0.02, 1.02)
+    if deps:
+        ax.set_xticks(deps)
     ax.set_title("acceptance rate by tree depth")
     ax.set_xlabel("depth")
     ax.set_ylabel("rate")
@@ -364,10 +366,14 @@ def plot_report(summary: dict, path: str | Path) -> Path:
 
     ax = axes[1, 0]
     t = s["time_split"]
-    vals = [max(v, 0.0) for v in t.values()]
-    if sum(vals) > 0:
-        ax.pie(vals, labels=[f"{k}\n{v:.3f}s" for k, v in t.items()], autopct="%1.0f%%",
-               colors=["#55a868", "#3b75af", "#dd8452", "#b0b0b0"], startangle=90)
+    total = sum(max(v, 0.0) for v in t.values()) or 1.0
+    names = list(t)
+    ax.barh(names, [t[k] for k in names], color=["#55a868", "#3b75af", "#dd8452", "#b0b0b0"])
+    for i, k in enumerate(names):
+        ax.text(t[k], i, f" {t[k]:.3f}s ({100 * t[k] / total:.0f}%)", va="center", fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(t.values(), default=0) * 1.45 or 1)
+    ax.set_xlabel("seconds")
     ax.set_title("time split")
 
     ax = axes[1, 1]
