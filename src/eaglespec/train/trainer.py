@@ -1,0 +1,567 @@
+"""The drafter trainer: EAGLE-3 (training-time test), HASS and EAGLE-1, one pipeline.
+
+One optimizer step = `grad_accum` micro-batches on each of `world` ranks; micro-batch k of the run
+is a pack of `batch_size` samples taken from a seeded per-epoch permutation, so the data position
+is a pure function of the step (resume and data parallelism need nothing else). Per step:
+
+    1. targets  (no grad): pack -> frozen target -> features + final hidden -> soft labels of the
+                supervised rows only (contract 8: the target never builds a graph)
+    2. counts   supervised rows per TTT step, summed over micro-batches and ranks: the loss is a
+                masked mean over the GLOBAL batch, so accumulation and DDP equal one big batch
+    3. drafter  forward/backward per micro-batch through the SAME Eagle3Drafter.forward that
+                decodes (TTT steps stack their keys in its KV cache; masks.step_visible)
+    4. update   all-reduce grads, clip 0.5, AdamW(0.9, 0.95), warmup + cosine; a step with zero
+                supervised rows is skipped entirely (no weight decay either)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checkpoint.config import DraftConfig, default_aux_layer_ids
+from ..checkpoint.drafter import build_drafter, save_drafter
+from ..checkpoint.manifest import build_manifest
+from ..errors import EagleSpecError
+from . import losses
+from .data import Packed, Sample, pack, split_eval
+from .features import TargetBatch, TargetFeatures, soft_labels
+from .masks import prefix_visible, step_visible
+from .rows import RowPlan, compile_rows
+from .vocab import select_draft_vocab, token_counts, vocab_maps
+
+STATE_FILE = "training_state.pt"
+LOG_FILE = "train_log.jsonl"
+
+
+@dataclass
+class TrainConfig:
+    method: str = "eagle3"  # eagle3 | hass | eagle1
+    steps: int | None = None  # optimizer steps (None: from epochs)
+    epochs: float = 1.0
+    batch_size: int = 4  # samples packed into one micro-batch row
+    grad_accum: int = 1
+    max_length: int = 2048
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_steps: int | None = None  # None: 5% of the steps
+    min_lr_ratio: float = 0.0
+    clip: float = 0.5
+    ttt_steps: int = 7  # EAGLE-3 training-time test steps
+    ttt_decay: float = 0.8
+    hass_steps: int = 3  # HASS alignment steps (EAGLE-1: 1)
+    hass_decay: float = 1.0
+    topk: int = 10  # HASS top-K distillation
+    w_reg: float = losses.EAGLE1_W_REG
+    w_cls: float = losses.EAGLE1_W_CLS
+    w_topk: float = 1.0
+    noise: str = "uniform"  # uniform | length-scaled | none (EAGLE-1 / HASS feature noise)
+    noise_scale: float | None = None  # None: 0.1 (uniform) / 0.2 (length-scaled)
+    draft_vocab: int | None = None  # None: 32000 capped at the target vocabulary
+    seed: int = 0
+    eval_fraction: float = 0.02
+    eval_every: int = 0  # 0: only at the end
+    eval_batches: int = 8
+    save_every: int = 0  # 0: only at the end
+    log_every: int = 10
+    label_chunk_rows: int = 2048
+    device: str = "cpu"
+    autocast: bool | None = None  # None: bf16 autocast on CUDA
+    progress: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TrainResult:
+    drafter: nn.Module
+    steps: int
+    history: list[dict[str, Any]] = field(default_factory=list)
+    eval: dict[str, Any] = field(default_factory=dict)
+    out: Path | None = None
+
+
+# -- distributed helpers ------------------------------------------------------------------------
+def _dist():
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def world_rank() -> tuple[int, int]:
+    d = _dist()
+    return (d.get_world_size(), d.get_rank()) if d else (1, 0)
+
+
+def init_distributed(device: str) -> str:
+    """Under torchrun: init the process group (NCCL on CUDA, gloo on CPU); return this rank's device."""
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ or dist.is_initialized():
+        return device
+    if device.startswith("cuda"):
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl")
+        return f"cuda:{local}"
+    dist.init_process_group("gloo")
+    return device
+
+
+def _all_reduce(t: torch.Tensor) -> torch.Tensor:
+    d = _dist()
+    if d:
+        d.all_reduce(t)
+    return t
+
+
+# -- drafter construction -----------------------------------------------------------------------
+def _text_config(model):
+    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+
+
+def drafter_config(model, method: str, draft_vocab_size: int) -> DraftConfig:
+    """A one-layer drafter shaped like the target's decoder layer."""
+    c = _text_config(model)
+    heads = c.num_attention_heads
+    layers = c.num_hidden_layers
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if method == "eagle3":
+        ids = default_aux_layer_ids(layers) if layers >= 6 else (2, max(2, layers // 2), max(2, layers - 1))
+        ids = tuple(min(i, layers) for i in ids)
+    else:
+        ids = (layers,)
+    return DraftConfig(
+        method="eagle3" if method == "eagle3" else "eagle1",
+        hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=heads,
+        num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab_size=vocab,
+        draft_vocab_size=draft_vocab_size if method == "eagle3" else vocab, target_hidden_size=c.hidden_size,
+        aux_layer_ids=ids, rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
+        rope_theta=float(getattr(c, "rope_theta", None) or 10000.0),
+        max_position_embeddings=getattr(c, "max_position_embeddings", 8192))
+
+
+def new_drafter(model, method: str, draft_ids: torch.Tensor | None, seed: int) -> nn.Module:
+    vocab = model.get_output_embeddings().weight.shape[0]
+    vd = vocab if draft_ids is None else draft_ids.numel()
+    cfg = drafter_config(model, method, vd)
+    torch.manual_seed(seed)
+    drafter = build_drafter(cfg)
+    if method == "eagle3":
+        if draft_ids is not None:
+            d2t, t2d = vocab_maps(draft_ids, vocab)
+            drafter.d2t.copy_(d2t)
+            drafter.t2d.copy_(t2d)
+        drafter.set_target_embedding(model.get_input_embeddings())
+    elif hasattr(drafter, "set_target_embedding"):
+        drafter.set_target_embedding(model.get_input_embeddings())
+    if hasattr(drafter, "set_target_head"):
+        drafter.set_target_head(model.get_output_embeddings())
+    return drafter
+
+
+# -- schedule / data order ----------------------------------------------------------------------
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to min_lr_ratio * lr."""
+    warm = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, int(0.05 * total))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    frac = (step - warm) / max(1, total - warm)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+class MicroBatches:
+    """Micro-batch k -> the samples of the k-th pack of a seeded per-epoch permutation."""
+
+    def __init__(self, samples: list[Sample], batch_size: int, seed: int):
+        if not samples:
+            raise EagleSpecError("no training samples (every conversation was empty or had no assistant tokens)")
+        self.samples, self.batch_size, self.seed = samples, batch_size, seed
+        self.per_epoch = math.ceil(len(samples) / batch_size)
+        self._perm: tuple[int, list[int]] | None = None
+
+    def __call__(self, k: int) -> list[Sample]:
+        epoch, j = divmod(k, self.per_epoch)
+        if self._perm is None or self._perm[0] != epoch:
+            g = torch.Generator().manual_seed(self.seed * 1000003 + epoch)
+            self._perm = (epoch, torch.randperm(len(self.samples), generator=g).tolist())
+        idx = self._perm[1][j * self.batch_size:(j + 1) * self.batch_size]
+        return [self.samples[i] for i in idx]
+
+
+# -- one micro-batch ----------------------------------------------------------------------------
+@dataclass
+class Prepared:
+    """Everything computed without gradients for one micro-batch."""
+
+    packed: Packed
+    plan: RowPlan
+    target: TargetBatch
+    sup: torch.Tensor  # [R, M] bool: final supervision (incl. in-draft-vocab)
+    label_row: torch.Tensor  # [R, M] long: row of `probs` holding q for (s, r) (0 where unsupervised)
+    probs: torch.Tensor  # [n_need, Vd] fp32
+    argmax: torch.Tensor  # [n_need] long (draft ids)
+    seconds: float = 0.0
+
+
+class Trainer:
+    def __init__(self, model: nn.Module, drafter: nn.Module, cfg: TrainConfig, tokenizer=None):
+        self.model, self.drafter, self.cfg, self.tokenizer = model, drafter, cfg, tokenizer
+        self.method = cfg.method
+        self.device = torch.device(cfg.device)
+        self.extractor = TargetFeatures(model, tuple(drafter.feature_layer_ids))
+        self.steps_per_row = cfg.ttt_steps if cfg.method == "eagle3" else (cfg.hass_steps if cfg.method == "hass" else 1)
+        decay = cfg.ttt_decay if cfg.method == "eagle3" else cfg.hass_decay
+        self.weights = losses.step_weights(self.steps_per_row, decay)
+        if cfg.method == "eagle3" and drafter.cfg.draft_vocab_size != drafter.cfg.vocab_size:
+            self.draft_ids = (torch.arange(drafter.d2t.numel(), device=drafter.d2t.device) + drafter.d2t).to(self.device)
+        else:
+            self.draft_ids = None
+        use_ac = cfg.autocast if cfg.autocast is not None else self.device.type == "cuda"
+        self.autocast_dtype = torch.bfloat16 if use_ac else None
+        params = [p for p in drafter.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        self.noise_gen = torch.Generator(device=self.device).manual_seed(cfg.seed + 17)
+
+    # -- targets ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prepare(self, samples: list[Sample]) -> Prepared:
+        t0 = time.perf_counter()
+        packed = pack(samples).to(self.device)
+        plan = compile_rows(packed.valid, packed.segment, packed.loss_mask, packed.position, self.steps_per_row)
+        tb = self.extractor(packed)
+        n = packed.tokens.numel()
+        need = torch.zeros(n, dtype=torch.bool, device=self.device)
+        need[plan.next_index[plan.supervised]] = True
+        rows = need.nonzero().squeeze(1)
+        inv = torch.zeros(n, dtype=torch.long, device=self.device)
+        inv[rows] = torch.arange(rows.numel(), device=self.device)
+        probs, in_vocab, argmax = soft_labels(self.extractor, tb.hidden[rows], self.draft_ids, self.cfg.label_chunk_rows)
+        label_row = inv[plan.next_index]  # [R, M]
+        sup = plan.supervised & in_vocab[label_row] if rows.numel() else plan.supervised
+        return Prepared(packed, plan, tb, sup, label_row, probs, argmax, time.perf_counter() - t0)
+
+    # -- drafter ----------------------------------------------------------------------------------
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return torch.autocast(self.device.type, enabled=False)
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def micro_loss(self, prep: Prepared, counts: torch.Tensor, training: bool = True):
+        """Weighted sum of per-step masked sums / global counts; and metric sums [R, 4]."""
+        if self.method == "eagle3":
+            return self._eagle3(prep, counts)
+        return self._eagle1_hass(prep, counts, training)
+
+    def _eagle3(self, prep: Prepared, counts: torch.Tensor):
+        plan, d = prep.plan, self.drafter
+        stats = torch.zeros(self.steps_per_row, 4, device=self.device)  # loss sum, correct, count, state norm
+        total = torch.zeros((), device=self.device)
+        if plan.num_rows == 0:
+            return total, stats
+        prefix = prefix_visible(plan.segment, plan.src)
+        cache = d.new_cache()
+        with self._autocast():
+            state = d.project(prep.target.features[plan.src])  # [M, H]
+            for s in range(self.steps_per_row):
+                tokens = prep.packed.tokens[plan.next_index[s]]  # x_{t+1+s}
+                visible = step_visible(plan.segment, plan.src, s, prefix)  # [M, (s+1) M]
+                logits, state = d(state, tokens, plan.position + s, cache, visible)
+                rows = prep.sup[s].nonzero().squeeze(1)
+                if rows.numel():
+                    lab = prep.label_row[s, rows]
+                    ce = losses.soft_ce_sum(logits[rows], prep.probs[lab])
+                    total = total + self.weights[s] * ce / counts[s].clamp(min=1)
+                    with torch.no_grad():
+                        stats[s, 0] = ce.detach()
+                        stats[s, 1] = (logits[rows].argmax(-1) == prep.argmax[lab]).sum()
+                        stats[s, 2] = rows.numel()
+                        stats[s, 3] = state[rows].detach().float().norm(dim=-1).sum()
+        return total, stats
+
+    def _eagle1_hass(self, prep: Prepared, counts: torch.Tensor, training: bool):
+        """EAGLE-1 (1 step) / HASS (n alignment steps): later steps read the draft's own features."""
+        plan, d, cfg = prep.plan, self.drafter, self.cfg
+        stats = torch.zeros(self.steps_per_row, 4, device=self.device)  # loss, correct, count, feature err
+        total = torch.zeros((), device=self.device)
+        if plan.num_rows == 0:
+            return total, stats
+        feats = prep.target.features  # [N, H]: the last layer's output (pre final norm)
+        noise = losses.NOISE[cfg.noise]
+        prefix = prefix_visible(plan.segment, plan.src)
+        cache = d.new_cache()
+        with self._autocast():
+            x = feats[plan.src]
+            if training and noise is not None:
+                scale = cfg.noise_scale if cfg.noise_scale is not None else (0.1 if cfg.noise == "uniform" else 0.2)
+                x = noise(x, self.noise_gen, scale)
+            state = d.project(x)
+            for s in range(self.steps_per_row):
+                # step s > 0 (HASS) reads the draft-produced feature of step s-1, as at decode time
+                tokens = prep.packed.tokens[plan.next_index[s]]
+                visible = step_visible(plan.segment, plan.src, s, prefix)
+                logits, state = d(state, tokens, plan.position + s, cache, visible)
+                rows = prep.sup[s].nonzero().squeeze(1)
+                if rows.numel():
+                    lab = prep.label_row[s, rows]
+                    tgt_feat = feats[plan.next_index[s, rows]]
+                    reg = losses.smooth_l1_sum(state[rows], tgt_feat)
+                    ce = losses.soft_ce_sum(logits[rows], prep.probs[lab])
+                    term = losses.eagle1_combine(reg, ce, cfg.w_reg, cfg.w_cls)
+                    if self.method == "hass":
+                        term = term + cfg.w_topk * losses.topk_distill_sum(logits[rows], prep.probs[lab], cfg.topk)
+                    total = total + self.weights[s] * term / counts[s].clamp(min=1)
+                    with torch.no_grad():
+                        stats[s, 0] = term.detach()
+                        stats[s, 1] = (logits[rows].argmax(-1) == prep.argmax[lab]).sum()
+                        stats[s, 2] = rows.numel()
+                        stats[s, 3] = (state[rows].float() - tgt_feat.float()).norm(dim=-1).sum()
+        return total, stats
+
+    # -- steps ------------------------------------------------------------------------------------
+    def train_step(self, micro: list[list[Sample]], lr: float) -> dict[str, Any] | None:
+        """One optimizer step over this rank's micro-batches; None when skipped (zero supervised rows)."""
+        preps = [self.prepare(m) for m in micro]
+        counts = torch.stack([p.sup.sum(1) for p in preps]).sum(0).float()  # [R]
+        _all_reduce(counts)
+        tokens = torch.tensor([float(sum(p.packed.valid.sum().item() for p in preps))], device=self.device)
+        _all_reduce(tokens)
+        if counts[0].item() == 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        self.drafter.train()
+        stats = torch.zeros(self.steps_per_row, 4, device=self.device)
+        extract_s = sum(p.seconds for p in preps)
+        for prep in preps:
+            loss, st = self.micro_loss(prep, counts)
+            stats += st
+            if loss.requires_grad:
+                loss.backward()
+        self._reduce_grads()
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.clip)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        _all_reduce(stats)
+        return self._metrics(stats, counts) | {"grad_norm": float(grad_norm), "lr": lr,
+                                              "tokens": int(tokens.item()), "extract_s": extract_s}
+
+    def _reduce_grads(self) -> None:
+        d = _dist()
+        if not d:
+            return
+        grads = [p.grad for p in self.drafter.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        d.all_reduce(flat)  # every rank's loss is already normalised by the GLOBAL count: sum, not mean
+        off = 0
+        for g in grads:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
+
+    def _metrics(self, stats: torch.Tensor, counts: torch.Tensor) -> dict[str, Any]:
+        s = stats.cpu()
+        n = s[:, 2].clamp(min=1)
+        per_loss = (s[:, 0] / n).tolist()
+        per_acc = (s[:, 1] / n).tolist()
+        loss = sum(w * v for w, v in zip(self.weights, per_loss))
+        out = {"loss": loss, "loss_by_step": per_loss, "acc_by_step": per_acc, "rows_by_step": s[:, 2].tolist()}
+        key = "state_norm" if self.method == "eagle3" else "feature_err_by_step"
+        vals = (s[:, 3] / n).tolist()
+        out[key] = vals[0] if self.method == "eagle3" else vals
+        return out
+
+    @torch.no_grad()
+    def evaluate(self, batches: list[list[Sample]]) -> dict[str, Any]:
+        """Loss and top-1 per step on held-out packs (sharded over ranks, reduced)."""
+        world, rank = world_rank()
+        self.drafter.eval()
+        stats = torch.zeros(self.steps_per_row, 4, device=self.device)
+        counts = torch.zeros(self.steps_per_row, device=self.device)
+        mine = [self.prepare(b) for i, b in enumerate(batches) if i % world == rank]
+        for p in mine:
+            counts += p.sup.sum(1).float()
+        _all_reduce(counts)
+        for p in mine:
+            _, st = self.micro_loss(p, counts, training=False)
+            stats += st
+        _all_reduce(stats)
+        return self._metrics(stats, counts)
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+def _rng_state(trainer: Trainer) -> dict[str, Any]:
+    st = {"torch": torch.get_rng_state(), "python": random.getstate(), "noise": trainer.noise_gen.get_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(trainer: Trainer, st: dict[str, Any]) -> None:
+    torch.set_rng_state(st["torch"])
+    random.setstate(st["python"])
+    trainer.noise_gen.set_state(st["noise"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def write_checkpoint(out: Path, trainer: Trainer, step: int, total: int, manifest: dict[str, Any]) -> None:
+    """Atomic: drafter (save_drafter, native layout + manifest) and training state in a temp dir, then swap."""
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.ckpt-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_drafter(trainer.drafter, tmp, manifest=dict(manifest, trained_steps=step))
+    state = {
+        "step": step, "total_steps": total, "config": trainer.cfg.to_dict(),
+        "drafter": {k: v.detach().cpu() for k, v in trainer.drafter.state_dict().items()},
+        "optimizer": trainer.optimizer.state_dict(), "rng": _rng_state(trainer),
+    }
+    torch.save(state, tmp / (STATE_FILE + ".tmp"))
+    os.replace(tmp / (STATE_FILE + ".tmp"), tmp / STATE_FILE)
+    if (out / LOG_FILE).is_file():
+        shutil.copy2(out / LOG_FILE, tmp / LOG_FILE)
+    if out.exists():
+        backup = out.with_name(f".{out.name}.old")
+        shutil.rmtree(backup, ignore_errors=True)
+        os.replace(out, backup)
+        os.replace(tmp, out)
+        shutil.rmtree(backup, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+def read_training_state(out: Path) -> dict[str, Any]:
+    out = Path(out)
+    path = out / STATE_FILE
+    if not path.is_file():
+        backup = out.with_name(f".{out.name}.old") / STATE_FILE  # killed between the two renames
+        if backup.is_file():
+            path = backup
+        else:
+            raise EagleSpecError(f"{out}: --resume given but no {STATE_FILE} found there")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise EagleSpecError(f"{path}: unreadable training state ({type(exc).__name__})") from None
+
+
+# -- the run ------------------------------------------------------------------------------------
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _fmt(m: dict[str, Any]) -> str:
+    acc = " ".join(f"{a:.2f}" for a in m["acc_by_step"])
+    return f"loss {m['loss']:.4f} | top-1 by step [{acc}]"
+
+
+def total_steps(cfg: TrainConfig, n_train: int, world: int) -> int:
+    if cfg.steps is not None:
+        return cfg.steps
+    per_step = cfg.batch_size * cfg.grad_accum * world
+    return max(1, math.ceil(cfg.epochs * n_train / per_step))
+
+
+def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | Path | None = None, *,
+          tokenizer=None, resume: bool = False, drafter: nn.Module | None = None,
+          stop_after: int | None = None) -> TrainResult:
+    """Train a drafter for the frozen `model` on tokenized samples; checkpoints go to `out` (rank 0).
+
+    stop_after: stop (as if killed) after this many steps of the run, without the final save.
+    """
+    world, rank = world_rank()
+    if cfg.method not in ("eagle3", "hass", "eagle1"):
+        raise EagleSpecError(f"--method {cfg.method!r} is not one of eagle1, hass, eagle3")
+    out = Path(out) if out is not None else None
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    train_s, eval_s = split_eval(samples, cfg.eval_fraction, cfg.seed)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if drafter is None:
+        draft_ids = None
+        if cfg.method == "eagle3":
+            counts = token_counts(((s.ids, s.loss_mask) for s in train_s), vocab)
+            draft_ids = select_draft_vocab(counts, cfg.draft_vocab)
+            if draft_ids.numel() == vocab:
+                draft_ids = None
+        drafter = new_drafter(model, cfg.method, draft_ids, cfg.seed)
+    drafter.to(cfg.device)
+    trainer = Trainer(model, drafter, cfg, tokenizer)
+    total = total_steps(cfg, len(train_s), world)
+    start = 0
+    if resume:
+        if out is None:
+            raise EagleSpecError("--resume needs --out")
+        st = read_training_state(out)
+        if st["total_steps"] != total:
+            raise EagleSpecError(f"{out}: the saved run has {st['total_steps']} steps, this one {total}: "
+                                 "resume with the same data and flags")
+        drafter.load_state_dict({k: v.to(cfg.device) for k, v in st["drafter"].items()})
+        trainer.optimizer.load_state_dict(st["optimizer"])
+        _set_rng_state(trainer, st["rng"])
+        start = st["step"]
+        if rank == 0:
+            _log(f"eaglespec train: resuming {out} at step {start}/{total}")
+    manifest = build_manifest(model, tokenizer, method=cfg.method, feature_layer_ids=drafter.feature_layer_ids,
+                              normalisation="none", dtype=str(next(model.parameters()).dtype).replace("torch.", ""),
+                              hyperparameters=cfg.to_dict())
+    batches = MicroBatches(train_s, cfg.batch_size, cfg.seed)
+    eval_batches = [eval_s[i:i + cfg.batch_size] for i in range(0, len(eval_s), cfg.batch_size)][: cfg.eval_batches]
+    history: list[dict[str, Any]] = []
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, initial=start, desc=f"train {cfg.method}", disable=not (cfg.progress and rank == 0),
+               dynamic_ncols=True, file=sys.stderr)
+    t_start, tokens_seen = time.perf_counter(), 0
+    per_step = world * cfg.grad_accum
+    step = start
+    for step in range(start, total):
+        micro = [batches(step * per_step + a * world + rank) for a in range(cfg.grad_accum)]
+        m = trainer.train_step(micro, lr_at(step, total, cfg))
+        bar.update(1)
+        if m is not None:
+            tokens_seen += m["tokens"]
+            m["step"] = step + 1
+            history.append(m)
+            rate = tokens_seen / max(1e-9, time.perf_counter() - t_start)
+            bar.set_postfix_str(f"loss {m['loss']:.3f} acc0 {m['acc_by_step'][0]:.2f} {rate:,.0f} tok/s")
+            if rank == 0 and out is not None and cfg.log_every and (step + 1) % cfg.log_every == 0:
+                out.mkdir(parents=True, exist_ok=True)
+                with open(out / LOG_FILE, "a") as f:
+                    f.write(json.dumps(m) + "\n")
+        if cfg.eval_every and eval_batches and (step + 1) % cfg.eval_every == 0 and step + 1 < total:
+            ev = trainer.evaluate(eval_batches)
+            if rank == 0:
+                bar.write(f"eval @ {step + 1}: {_fmt(ev)}")
+        if stop_after is not None and step + 1 - start >= stop_after:
+            bar.close()
+            return TrainResult(drafter, step + 1, history, {}, out)
+        if cfg.save_every and out is not None and (step + 1) % cfg.save_every == 0 and step + 1 < total and rank == 0:
+            write_checkpoint(out, trainer, step + 1, total, manifest)
+        if cfg.save_every and _dist():
+            _dist().barrier()
+    bar.close()
+    ev = trainer.evaluate(eval_batches) if eval_batches else {}
+    if rank == 0:
+        if ev:
+            _log(f"eaglespec train: eval after {total} steps: {_fmt(ev)}")
+        if out is not None:
+            write_checkpoint(out, trainer, total, total, dict(manifest, eval=ev))
+            _log(f"eaglespec train: wrote {out}")
+    return TrainResult(drafter, total, history, ev, out)
