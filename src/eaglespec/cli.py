@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     # subcommands owned by other modules register themselves here
+    __import__("eaglespec.train.command", fromlist=["add_parser"]).add_parser(sub)
     __import__("eaglespec.chat", fromlist=["add_parser"]).add_parser(sub)
     __import__("eaglespec.server", fromlist=["add_parser"]).add_parser(sub)
     __import__("eaglespec.metrics", fromlist=["add_parser"]).add_parser(sub)

@@ -1,0 +1,1 @@
+"""Drafter training: data, rows, features, masks, losses, vocab, trainer, regeneration."""

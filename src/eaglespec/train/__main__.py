@@ -1,0 +1,8 @@
+"""`python -m eaglespec.train ...` / `torchrun -m eaglespec.train ...` = `eaglespec train ...`."""
+
+import sys
+
+from ..cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["train", *sys.argv[1:]]))

@@ -1,0 +1,134 @@
+"""`eaglespec train` and `eaglespec regenerate` (DESIGN.md, the command-line contract)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import EagleSpecError
+
+TRAIN_FLAGS = ("target", "data", "method", "out", "steps", "epochs", "max_length", "batch_size", "lr", "ttt_steps",
+               "draft_vocab", "device", "dtype", "grad_accum", "limit", "seed", "save_every", "eval_every",
+               "eval_fraction", "warmup_steps", "hass_steps", "noise", "weight_decay", "log_every")
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def add_parser(subparsers) -> None:
+    """Register `train` and `regenerate`."""
+    t = subparsers.add_parser("train", help="train an EAGLE-3 / HASS / EAGLE-1 drafter for a frozen target")
+    t.add_argument("--config", default=None, help="JSON file of options (flag names with _ ; flags override it)")
+    t.add_argument("--target", default=None, help="target model (default: SmolLM2-135M-Instruct)")
+    t.add_argument("--data", default=None, help="conversations: ShareGPT or OpenAI form, JSON or JSONL")
+    t.add_argument("--method", default=None, choices=["eagle1", "hass", "eagle3"], help="objective (default eagle3)")
+    t.add_argument("--out", default=None, help="output directory: a loadable drafter + training state")
+    t.add_argument("--steps", type=int, default=None, help="optimizer steps (default: from --epochs)")
+    t.add_argument("--epochs", type=float, default=None, help="passes over the data when --steps is not given (1)")
+    t.add_argument("--max-length", type=int, default=None, help="truncate samples to this many tokens (2048)")
+    t.add_argument("--batch-size", type=int, default=None, help="conversations packed per micro-batch (4)")
+    t.add_argument("--grad-accum", type=int, default=None, help="micro-batches per optimizer step (1)")
+    t.add_argument("--lr", type=float, default=None, help="peak learning rate (1e-4)")
+    t.add_argument("--ttt-steps", type=int, default=None, help="EAGLE-3 training-time test steps (7)")
+    t.add_argument("--hass-steps", type=int, default=None, help="HASS alignment steps (3)")
+    t.add_argument("--draft-vocab", type=int, default=None, help="EAGLE-3 draft vocabulary size (32000, capped)")
+    t.add_argument("--noise", default=None, choices=["uniform", "length-scaled", "none"],
+                   help="EAGLE-1/HASS feature noise: uniform U(-0.1,0.1) (paper) or length-scaled (reference code)")
+    t.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    t.add_argument("--dtype", default=None, help="target dtype (default: bf16 on GPU, fp32 on CPU)")
+    t.add_argument("--limit", type=int, default=None, help="use only the first N conversations")
+    t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--weight-decay", type=float, default=None)
+    t.add_argument("--warmup-steps", type=int, default=None)
+    t.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (0: at the end)")
+    t.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (0: at the end)")
+    t.add_argument("--eval-fraction", type=float, default=None, help="held-out fraction of the data (0.02)")
+    t.add_argument("--log-every", type=int, default=None)
+    t.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    t.set_defaults(func=cmd_train)
+
+    r = subparsers.add_parser("regenerate", help="rewrite the assistant turns of a data file with the target")
+    r.add_argument("--target", default=None, help="target model (default: SmolLM2-135M-Instruct)")
+    r.add_argument("--data", required=True, help="conversations: ShareGPT or OpenAI form, JSON or JSONL")
+    r.add_argument("--out", required=True, help="output JSONL (appended; rerun to resume)")
+    r.add_argument("--batch-size", type=int, default=32, help="conversations generated together (32)")
+    r.add_argument("--max-new-tokens", type=int, default=512)
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    r.add_argument("--max-turns", type=int, default=None, help="regenerate at most N assistant turns each")
+    r.add_argument("--limit", type=int, default=None, help="only the first N conversations")
+    r.add_argument("--device", default=None)
+    r.add_argument("--dtype", default=None)
+    r.set_defaults(func=cmd_regenerate)
+
+
+def _options(args: argparse.Namespace) -> dict:
+    opts: dict = {}
+    if args.config:
+        try:
+            opts = json.loads(Path(args.config).read_text())
+        except OSError as exc:
+            raise EagleSpecError(f"{args.config}: cannot read the config ({exc.strerror})") from None
+        except json.JSONDecodeError as exc:
+            raise EagleSpecError(f"{args.config}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(opts, dict):
+            raise EagleSpecError(f"{args.config}: expected a JSON object")
+        unknown = sorted(set(opts) - set(TRAIN_FLAGS) - {"resume"})
+        if unknown:
+            raise EagleSpecError(f"{args.config}: unknown option {unknown[0]!r}")
+    for k in TRAIN_FLAGS:
+        v = getattr(args, k, None)
+        if v is not None:
+            opts[k] = v
+    opts["resume"] = bool(args.resume or opts.get("resume", False))
+    return opts
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from ..target.loading import load_target, resolve_device
+    from .data import read_conversations, tokenize_all
+    from .trainer import TrainConfig, init_distributed, train, world_rank
+
+    o = _options(args)
+    for req in ("data", "out"):
+        if not o.get(req):
+            raise EagleSpecError(f"train: --{req} is required")
+    for k in ("steps", "batch_size", "max_length", "ttt_steps", "draft_vocab", "grad_accum", "hass_steps"):
+        if o.get(k) is not None and o[k] <= 0:
+            raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {o[k]}")
+    device = init_distributed(resolve_device(o.get("device")))
+    _, rank = world_rank()
+    model, tok = load_target(o.get("target"), device=device, dtype=o.get("dtype"))
+    convs = read_conversations(o["data"], o.get("limit"))
+    max_length = o.get("max_length") or 2048
+    samples = tokenize_all(tok, convs, max_length, progress=rank == 0)
+    if rank == 0:
+        n_tok = sum(s.ids.numel() for s in samples)
+        n_loss = sum(int(s.loss_mask.sum()) for s in samples)
+        _log(f"eaglespec train: {len(samples)} conversations, {n_tok} tokens ({n_loss} assistant) from {o['data']}")
+    fields = {k: o[k] for k in ("steps", "epochs", "batch_size", "grad_accum", "max_length", "lr", "ttt_steps",
+                                "hass_steps", "draft_vocab", "seed", "save_every", "eval_every", "eval_fraction",
+                                "warmup_steps", "noise", "weight_decay", "log_every") if o.get(k) is not None}
+    cfg = TrainConfig(method=o.get("method") or "eagle3", device=device, **fields)
+    res = train(model, samples, cfg, o["out"], tokenizer=tok, resume=o["resume"])
+    if rank == 0 and res.history:
+        last = res.history[-1]
+        _log(f"eaglespec train: done, {res.steps} steps; last train top-1 by step "
+             f"{[round(a, 3) for a in last['acc_by_step']]}")
+    return 0
+
+
+def cmd_regenerate(args: argparse.Namespace) -> int:
+    from ..target.loading import load_target
+    from .regenerate import regenerate
+
+    for k in ("batch_size", "max_new_tokens"):
+        if getattr(args, k) <= 0:
+            raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {getattr(args, k)}")
+    model, tok = load_target(args.target, device=args.device, dtype=args.dtype)
+    n = regenerate(model, tok, args.data, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                   temperature=args.temperature, max_turns=args.max_turns, limit=args.limit)
+    _log(f"eaglespec regenerate: wrote {n} conversations to {args.out}")
+    return 0

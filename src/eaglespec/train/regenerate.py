@@ -1,0 +1,118 @@
+"""`eaglespec regenerate`: rewrite the assistant turns of a conversation file with the target itself.
+
+Training on the target's own outputs raises acceptance (EAGLE-1 ablation 3.62 -> 3.75 tau; EAGLE-3
+trains on regenerated data). Conversations are regenerated turn by turn (later user turns see the
+regenerated earlier answers), batched across conversations with left padding. The output is JSONL
+({"id", "messages"} in OpenAI form), appended one conversation at a time: an interrupted run is
+resumed by running the same command again (ids already written are skipped).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from ..errors import EagleSpecError
+from .data import read_conversations
+
+
+def done_ids(out_path: Path) -> set[str]:
+    """Ids already in the output (a torn last line from a kill is ignored and rewritten later)."""
+    done: set[str] = set()
+    if not out_path.is_file():
+        return done
+    good = []
+    for line in out_path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        done.add(str(rec.get("id")))
+        good.append(line)
+    out_path.write_text("".join(g + "\n" for g in good), encoding="utf-8")  # drop a torn tail
+    return done
+
+
+def _prompts_until_turn(messages: list[dict], turn: int) -> list[dict] | None:
+    """Messages before the `turn`-th assistant message (None when there is no such turn)."""
+    seen = -1
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            seen += 1
+            if seen == turn:
+                return messages[:i]
+    return None
+
+
+@torch.no_grad()
+def generate_batch(model, tokenizer, chats: list[list[dict]], max_new_tokens: int, temperature: float,
+                   max_prompt_tokens: int) -> list[str]:
+    """One batched HF generate over chat prompts (left padded); returns the decoded answers."""
+    dev = next(model.parameters()).device
+    prompts = []
+    for chat in chats:
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        prompts.append(ids[-max_prompt_tokens:])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        input_ids[i, width - len(p):] = torch.tensor(p)
+        attn[i, width - len(p):] = 1
+    kw = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0 \
+        else {"do_sample": False}
+    out = model.generate(input_ids.to(dev), attention_mask=attn.to(dev), max_new_tokens=max_new_tokens,
+                         pad_token_id=pad, **kw)
+    return [tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out.cpu()]
+
+
+def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_size: int = 16,
+               max_new_tokens: int = 512, temperature: float = 0.0, max_turns: int | None = None,
+               limit: int | None = None, max_prompt_tokens: int = 1536, progress: bool = True) -> int:
+    """Regenerate every conversation of `data` not yet in `out`; returns how many were written."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    convs = read_conversations(data, limit)
+    done = done_ids(out)
+    todo = [c for c in convs if c["id"] not in done]
+    todo.sort(key=lambda c: len(c["messages"][0]["content"]))  # similar lengths batch together
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    bar = tqdm(total=len(convs), initial=len(convs) - len(todo), desc="regenerate", disable=not progress,
+               file=sys.stderr, dynamic_ncols=True)
+    with open(out, "a", encoding="utf-8") as f:
+        for first in range(0, len(todo), batch_size):
+            batch = [[dict(m) for m in c["messages"]] for c in todo[first:first + batch_size]]
+            kept: list[list[dict]] = [[] for _ in batch]  # regenerated conversation so far
+            turn = 0
+            while max_turns is None or turn < max_turns:
+                jobs = []
+                for i, msgs in enumerate(batch):
+                    before = _prompts_until_turn(msgs, turn)
+                    if before is not None:
+                        jobs.append((i, before))
+                if not jobs:
+                    break
+                answers = generate_batch(model, tokenizer, [b for _, b in jobs], max_new_tokens, temperature,
+                                         max_prompt_tokens)
+                for (i, before), answer in zip(jobs, answers):
+                    idx = len(before)
+                    batch[i][idx] = {"role": "assistant", "content": answer}
+                    kept[i] = batch[i][: idx + 1]
+                turn += 1
+            for conv, msgs in zip(todo[first:first + batch_size], kept):
+                if msgs:
+                    f.write(json.dumps({"id": conv["id"], "messages": msgs}, ensure_ascii=False) + "\n")
+                    written += 1
+            f.flush()
+            bar.update(len(batch))
+    bar.close()
+    if not convs:
+        raise EagleSpecError(f"{data}: nothing to regenerate")
+    return written
