@@ -239,10 +239,13 @@ class Stream:
     def __iter__(self) -> Iterator[str]:
         self.es._owner = self
         try:
-            for tokens in self._rounds:
-                if self.es._owner is not self:
+            while True:
+                if self.es._owner is not self:  # checked before the engine advances
                     raise EagleSpecError("another generation started on this EagleSpec while this one was running: "
                                          "the engine runs one sequence at a time")
+                tokens = next(self._rounds, None)
+                if tokens is None:
+                    break
                 piece = self.detok.push(tokens)
                 if piece:
                     yield piece
