@@ -25,3 +25,75 @@ def greedy_accept(flat: FlatTree, logits: torch.Tensor) -> Acceptance:
     best = int(torch.where(ok, flat.depths, -1).argmax())  # deepest; siblings never both match
     rows = flat.visible[best].nonzero().flatten()
     return Acceptance(rows=rows, bonus=int(target_next[best]), accepted=rows.numel() - 1)
+
+
+# -- sampling (DESIGN.md contract 2; the schemes and the losslessness argument: sampling.py) ------
+
+def tree_rejection_sample(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                          target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                          generator: torch.Generator | None = None, replacement: bool = False
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lossless multi-draft rejection sampling over a batch of trees that share a node order.
+
+    tokens [B, N] (node 0 = root), parents [B, N] (-1 at the root; a node absent from sample b
+    has a parent that is never its current node, e.g. -2), depths [N] shared and non-decreasing.
+    target_probs [B, N, V]: processed target distribution of the token AFTER each node.
+    draft_probs [B, N, V] or None: the distribution each node's children were drawn from, without
+    replacement, in node order (chains: one child per node); None = point-mass scheme (q = 1).
+    replacement=True: siblings were drawn i.i.d. WITH replacement (SpecInfer's original setting).
+    Returns (path [B, D+1] accepted node indices root first, -1 padded; accepted [B] draft tokens
+    accepted; next_token [B] the correction / bonus token, drawn from the final residual).
+    """
+    b, n = tokens.shape
+    vocab = target_probs.shape[-1]
+    dev = target_probs.device
+    batch = torch.arange(b, device=dev)
+    max_depth = int(depths.max()) if n else 0
+    path = torch.full((b, max_depth + 1), -1, dtype=torch.long, device=dev)
+    path[:, 0] = 0
+    cur = torch.zeros(b, dtype=torch.long, device=dev)  # last accepted node
+    cur_depth = torch.zeros(b, dtype=torch.long, device=dev)
+    walking = torch.ones(b, dtype=torch.bool, device=dev)
+    residual = target_probs[:, 0].float().clone()  # [B, V]: r_i at the current node
+    q_left = draft_probs[:, 0].float().clone() if draft_probs is not None else None  # q minus drawn siblings
+    coins = torch.rand((b, n), generator=generator, device=dev)
+    depth_list = depths.tolist()
+    for j in range(1, n):
+        d = depth_list[j]
+        walking &= cur_depth >= d - 1  # no candidate left at depth cur_depth + 1: stop
+        cand = walking & (parents[:, j] == cur)
+        x = tokens[:, j]
+        if q_left is None:
+            q = torch.nn.functional.one_hot(x, vocab).float()
+        else:
+            q = q_left / q_left.sum(-1, keepdim=True).clamp_min(1e-30)
+        px = residual.gather(1, x[:, None])[:, 0]
+        qx = q.gather(1, x[:, None])[:, 0]
+        accept = cand & (coins[:, j] * qx < px)  # prob min(1, px / qx)
+        reject = cand & ~accept
+        # rejected: r <- norm(max(0, r - q)); without replacement: x leaves q for the next sibling
+        rest = (residual - q).clamp_min(0)
+        mass = rest.sum(-1, keepdim=True)
+        rest = torch.where(mass > 1e-12, rest / mass.clamp_min(1e-30), residual)  # mass 0: rejection had prob 0
+        residual = torch.where(reject[:, None], rest, residual)
+        if q_left is not None and not replacement:
+            q_left = torch.where(reject[:, None], q_left.scatter(1, x[:, None], 0.0), q_left)
+        # accepted: descend; the child's own target / draft distributions take over
+        cur = torch.where(accept, j, cur)
+        cur_depth = torch.where(accept, d, cur_depth)
+        path[batch[accept], d] = j
+        residual = torch.where(accept[:, None], target_probs[:, j].float(), residual)
+        if q_left is not None:
+            q_left = torch.where(accept[:, None], draft_probs[:, j].float(), q_left)
+    next_token = torch.multinomial(residual, 1, generator=generator)[:, 0]
+    return path, cur_depth, next_token
+
+
+def sample_accept(flat: FlatTree, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                  generator: torch.Generator | None = None) -> Acceptance:
+    """One round's acceptance under sampling: target_probs [T, V] processed; draft_probs [T, V] or None."""
+    path, accepted, bonus = tree_rejection_sample(
+        flat.tokens[None], flat.parents[None], flat.depths, target_probs[None],
+        None if draft_probs is None else draft_probs[None], generator)
+    rows = path[0, : int(accepted[0]) + 1]
+    return Acceptance(rows=rows, bonus=int(bonus[0]), accepted=int(accepted[0]))

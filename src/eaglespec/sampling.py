@@ -1,0 +1,166 @@
+"""Sampling: the logits processors shared by drafting, verification and the bonus token.
+
+One function, `process_logits`, turns logits into the distribution actually sampled from:
+temperature -> top-k -> top-p -> min-p, in Hugging Face's order and with its tie and
+keep-at-least-one rules (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+MinPLogitsWarper). The target's distribution p used to verify drafts and to draw the bonus /
+correction token is ALWAYS `process_logits(target_logits, cfg.target)`; the drafter's q is
+`process_logits(draft_logits, cfg.draft_params)` (separately configurable). Temperature 0 means
+greedy: the engine then takes the exact greedy path (verify.greedy_accept), not a one-hot sample.
+
+Which acceptance scheme applies to which tree policy (verify.tree_rejection_sample) and why it is
+lossless (DESIGN.md contract 2):
+
+* Chain, children SAMPLED from the drafter (tree.draft_probs recorded): standard speculative
+  sampling. Draft x_d ~ q_d given the accepted prefix; accept with prob min(1, p_d(x)/q_d(x)),
+  else emit a sample of norm(max(0, p_d - q_d)) and stop; bonus ~ p after the last draft. For any
+  q, P(emit y) = min(p(y), q(y)) + (1 - sum_z min(p, q)(z)) * norm(max(0, p - q))(y) = p(y).
+* Tree whose siblings are drawn WITHOUT replacement from the drafter (draft_probs recorded;
+  verify.sample_children's draw order = node order): recursive rejection sampling (SpecInfer,
+  with the without-replacement correction of Jeon et al. 2024, "Recursive Speculative
+  Decoding"). Sibling i is a draw from q_i = q with siblings 1..i-1 removed and renormalised; it
+  is accepted with prob min(1, r_i(x)/q_i(x)); on rejection r_{i+1} = norm(max(0, r_i - q_i));
+  after the last sibling the token is drawn from the residual. By the one-step identity above,
+  applied backwards from the last sibling, the emitted token is distributed as r_1 = p given
+  anything drawn before; the accepted child's subtree is then verified the same way against
+  p(.|child). This needs the number of children of a node to be fixed before its children are
+  drawn (chains and fixed-shape trees), NOT a selection that depends on the drawn values.
+* Tree with DETERMINISTIC children (tree.draft_probs is None: EAGLE-2 dynamic trees ranked by
+  the drafter's processed distribution, static top-k trees): the point-mass scheme (EAGLE's
+  q = 1). Every child is treated as a draft from q_i = delta(x_i): accept with prob r_i(x_i);
+  on rejection r_{i+1} = r_i with x_i removed, renormalised. The same identity makes each node's
+  emitted token exactly p-distributed for ANY fixed set of children, so conditioning on the whole
+  tree (however it was built, reranked or pruned) leaves the output distribution exact.
+
+A seeded torch.Generator drives every random draw (drafting, acceptance, bonus): the same seed,
+prompt and models give the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import EagleSpecError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The logits processors. temperature 0 = greedy; top_k 0 = off; top_p 1 = off; min_p 0 = off."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise EagleSpecError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise EagleSpecError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise EagleSpecError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise EagleSpecError(f"min-p must be in [0, 1], got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return process_logits(logits, self)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Target processors (verification + bonus), optional separate draft processors, and a seed.
+
+    draft None = draft with the target's processors. seed None = a fresh random seed per call.
+    """
+
+    target: SamplingParams = SamplingParams()
+    draft: SamplingParams | None = None
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.target.greedy
+
+    @property
+    def draft_params(self) -> SamplingParams:
+        return self.draft if self.draft is not None else self.target
+
+    def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        gen = torch.Generator(device=device)
+        if self.seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(int(self.seed))
+        return gen
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[..., V] logits -> [..., V] float32 probabilities (temperature, top-k, top-p, min-p; HF order)."""
+    x = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(x.argmax(-1), x.shape[-1]).float()
+    x = x / params.temperature
+    if 0 < params.top_k < x.shape[-1]:
+        kth = x.topk(params.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))  # ties with the k-th value are kept (as HF)
+    if params.top_p < 1.0:
+        sorted_x, order = x.sort(dim=-1)  # ascending
+        cum = sorted_x.softmax(-1).cumsum(-1)
+        drop = cum <= 1 - params.top_p
+        drop[..., -1] = False  # keep at least the top token
+        x = x.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    if params.min_p > 0.0:
+        p = x.softmax(-1)
+        x = x.masked_fill(p < params.min_p * p.amax(-1, keepdim=True), float("-inf"))
+    return x.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row: probs [..., V] -> [...] long."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def sample_without_replacement(probs: torch.Tensor, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """probs [B, V] -> [B, n] distinct tokens in DRAW ORDER (sequential draws without replacement).
+
+    Exponential race (Efraimidis-Spirakis / Gumbel-top-k): sorting probs / Exp(1) in decreasing
+    order gives the sequence of sequential without-replacement draws. n must not exceed the
+    support size of any row (callers clamp with `(probs > 0).sum(-1).min()`).
+    """
+    race = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
+    keys = probs.float() / race
+    return keys.topk(n, dim=-1, sorted=True).indices
+
+
+def from_generation_config(gen_config, temperature: float | None = None, top_k: int | None = None,
+                           top_p: float | None = None, min_p: float | None = None,
+                           seed: int | None = None) -> SamplingConfig | None:
+    """User options over the model's generation_config. None = greedy (the exact greedy path).
+
+    With no user option the model's generation_config decides (do_sample, temperature, top_k,
+    top_p, min_p). A user option switches sampling on; the options not given come from the
+    generation_config when it samples, else are off. temperature 0 = greedy.
+    """
+    gc_samples = bool(getattr(gen_config, "do_sample", False)) if gen_config is not None else False
+
+    def gc(name: str, off):
+        value = getattr(gen_config, name, None) if gc_samples else None
+        return off if value is None else value
+
+    user = (temperature, top_k, top_p, min_p)
+    if all(v is None for v in user) and not gc_samples:
+        return None
+    params = SamplingParams(
+        temperature=float(gc("temperature", 1.0) if temperature is None else temperature),
+        top_k=int(gc("top_k", 0) if top_k is None else top_k),
+        top_p=float(gc("top_p", 1.0) if top_p is None else top_p),
+        min_p=float(gc("min_p", 0.0) if min_p is None else min_p),
+    )
+    return None if params.greedy else SamplingConfig(params, seed=seed)
