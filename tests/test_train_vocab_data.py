@@ -1,0 +1,94 @@
+"""Draft vocabulary (contract 5) and the data pipeline (formats, cut-off files, loss masks)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eaglespec.errors import EagleSpecError
+from eaglespec.train.data import pack, read_conversations, tokenize_conversation
+from eaglespec.train.vocab import select_draft_vocab, token_counts, vocab_maps
+
+
+def test_vocab_topn_sorted_offsets():
+    ids = torch.tensor([5, 5, 5, 9, 9, 2, 7, 7, 7, 7, 3])
+    mask = torch.tensor([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0], dtype=torch.bool)  # token 3 is not loss-masked
+    counts = token_counts([(ids, mask)], 12)
+    chosen = select_draft_vocab(counts, 3)
+    assert chosen.tolist() == [5, 7, 9]  # top-3 by frequency, sorted by id
+    d2t, t2d = vocab_maps(chosen, 12)
+    assert d2t.tolist() == [5, 6, 7]
+    assert (torch.arange(3) + d2t).tolist() == [5, 7, 9]  # target = draft + d2t[draft]
+    assert t2d.nonzero().flatten().tolist() == [5, 7, 9] and t2d.dtype == torch.bool
+    assert select_draft_vocab(counts, 100).numel() == 12  # capped at the target vocab
+    assert select_draft_vocab(counts).numel() == 12  # default 32000, capped
+
+
+def test_read_formats_and_cut_off(tmp_path):
+    share = [{"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},
+             {"id": "b", "conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}]}]
+    text = json.dumps(share, indent=2)
+    cut = tmp_path / "cut.json"
+    cut.write_text(text[: text.index('"b"') + 30])  # cut inside the second object
+    got = read_conversations(cut)
+    assert [c["id"] for c in got] == ["a"]
+    assert got[0]["messages"] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    jl = tmp_path / "d.jsonl"
+    jl.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": "q"},
+                                                     {"role": "assistant", "content": "r"}]}) for _ in range(3)))
+    assert len(read_conversations(jl)) == 3
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "alien", "content": "q"}]}\n')
+    with pytest.raises(EagleSpecError, match="turn 0"):
+        read_conversations(bad)
+
+
+class ToyTokenizer:
+    """Character tokenizer with a ChatML-like template (no model download)."""
+
+    chat_template = "chatml"
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        text = "".join(f"<{m['role'][0]}>{m['content']}|" for m in messages)
+        return text + ("<a>" if add_generation_prompt else "")
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def test_loss_mask_covers_assistant_only():
+    msgs = [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "XY"},
+            {"role": "user", "content": "c"}, {"role": "assistant", "content": "Z"}]
+    s = tokenize_conversation(ToyTokenizer(), msgs)
+    text = "".join(chr(i) for i in s.ids.tolist())
+    masked = "".join(chr(i) for i, m in zip(s.ids.tolist(), s.loss_mask.tolist()) if m)
+    assert text == "<u>ab|<a>XY|<u>c|<a>Z|"
+    assert masked == "XY|Z|"  # content + end marker, not the role header
+    short = tokenize_conversation(ToyTokenizer(), msgs, max_length=10)
+    assert short.ids.numel() == 10 and short.loss_mask.sum() == 1
+
+
+def test_smollm2_template_mask_if_available():
+    from pathlib import Path
+
+    from eaglespec.target.loading import cache_dir
+
+    path = cache_dir() / "targets" / "SmolLM2-135M-Instruct"
+    if not (path / "tokenizer_config.json").is_file():
+        pytest.skip("SmolLM2 tokenizer not cached")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(Path(path)))
+    s = tokenize_conversation(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}])
+    assert tok.decode(s.ids[s.loss_mask]) == "hello there<|im_end|>\n"
+
+
+def test_pack_positions():
+    from eaglespec.train.data import Sample
+
+    p = pack([Sample(torch.tensor([1, 2]), torch.tensor([0, 1], dtype=torch.bool)),
+              Sample(torch.tensor([3, 4, 5]), torch.tensor([1, 1, 1], dtype=torch.bool))], length=6)
+    assert p.segment.tolist() == [0, 0, 1, 1, 1, 2] and p.position.tolist()[:5] == [0, 1, 0, 1, 2]
+    assert p.valid.tolist() == [True] * 5 + [False]
