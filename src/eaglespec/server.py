@@ -223,9 +223,11 @@ def _error_response(err: APIError) -> JSONResponse:
 
 def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     first = exc.errors()[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()) if not str(p).startswith(("function-", "list[", "str")))
-    loc = loc or None
-    return (f"{loc}: {first.get('msg', 'invalid value')}" if loc else first.get("msg", "invalid request")), loc
+    tags = {"str", "int", "float", "bool", "list", "dict", "none"}  # union branches in pydantic's loc
+    parts = [str(p) for p in first.get("loc", ()) if not (str(p) in tags or "[" in str(p) or "-" in str(p))]
+    param = parts[0] if parts else None
+    msg = first.get("msg", "invalid value")
+    return (f"{'.'.join(parts)}: {msg}" if parts else msg), param
 
 
 def create_app(es, model_name: str = "eaglespec", api_key: str | None = None, max_tokens_limit: int | None = None,
