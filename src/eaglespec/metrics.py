@@ -153,7 +153,7 @@ def summarize(results: Sequence[Any], target: nn.Module | None = None, drafter: 
                     continue  # never tested: its parent was rejected
                 tested_depths.add(depths[i])
                 if conf is not None and not math.isnan(conf[i]):
-                    b = min(int(conf[i] * (len(CONF_EDGES) - 1)), len(CONF_EDGES) - 2)
+                    b = min(int(conf[i] * (len(CONF_EDGES) - 1) + 1e-5), len(CONF_EDGES) - 2)  # fp32 at edges
                     buckets[b][0] += 1
                     buckets[b][1] += int(i in accepted)
                     buckets[b][2] += conf[i]
