@@ -50,16 +50,27 @@ def smooth_l1_sum(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.smooth_l1_loss(pred.float(), target.float(), reduction="none").mean(-1).sum()
 
 
-def uniform_noise(x: torch.Tensor, generator: torch.Generator | None, scale: float = 0.1) -> torch.Tensor:
-    """EAGLE-1 paper feature noise: U(-scale, scale)."""
+def uniform_noise(x: torch.Tensor, generator: torch.Generator | None, scale: float = 0.1,
+                  length: torch.Tensor | int | None = None) -> torch.Tensor:
+    """EAGLE-1 paper feature noise: U(-scale, scale) (`length` is ignored)."""
     u = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
     return x + ((u - 0.5) * 2 * scale).to(x.dtype)
 
 
-def length_scaled_noise(x: torch.Tensor, generator: torch.Generator | None, scale: float = 0.2) -> torch.Tensor:
-    """SafeAILab EAGLE-1 code's variant: U(-scale/2, scale/2) * 512 / seq_len (rows of x are one sequence)."""
+def length_scaled_noise(x: torch.Tensor, generator: torch.Generator | None, scale: float = 0.2,
+                        length: torch.Tensor | int | None = None) -> torch.Tensor:
+    """SafeAILab EAGLE-1 code's variant: U(-scale/2, scale/2) * 512 / seq_len.
+
+    length: the sequence length of each row ([M] tensor, for packed rows) or one int; default x.shape[0].
+    """
     u = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
-    return x + ((u - 0.5) * scale * 512 / max(1, x.shape[0])).to(x.dtype)
+    if length is None:
+        length = x.shape[0]
+    if torch.is_tensor(length):
+        length = length.clamp(min=1).float()[:, None]
+    else:
+        length = max(1, int(length))
+    return x + ((u - 0.5) * scale * 512 / length).to(x.dtype)
 
 
 NOISE = {"uniform": uniform_noise, "length-scaled": length_scaled_noise, "none": None}

@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -169,7 +170,10 @@ def new_drafter(model, method: str, draft_ids: torch.Tensor | None, seed: int) -
     elif hasattr(drafter, "set_target_embedding"):
         drafter.set_target_embedding(model.get_input_embeddings())
     if hasattr(drafter, "set_target_head"):
-        drafter.set_target_head(model.get_output_embeddings())
+        from ..draft.eagle1 import target_head
+
+        norm, head = target_head(SimpleNamespace(model=model))  # it takes a backend holding `.model`
+        drafter.set_target_head(norm, head, _text_config(model).num_hidden_layers)
     return drafter
 
 
@@ -299,16 +303,18 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         if plan.num_rows == 0:
             return total, stats
-        feats = prep.target.features  # [N, H]: the last layer's output (pre final norm)
+        # the feature is target_norm(h_L): the drafter's project() of captured id L on the input side,
+        # the target's own final hidden state (the same tensor) as the regression target
+        feats, goal = prep.target.features, prep.target.hidden
         noise = losses.NOISE[cfg.noise]
         prefix = prefix_visible(plan.segment, plan.src)
         cache = d.new_cache()
         with self._autocast():
-            x = feats[plan.src]
+            state = d.project(feats[plan.src])
             if training and noise is not None:
                 scale = cfg.noise_scale if cfg.noise_scale is not None else (0.1 if cfg.noise == "uniform" else 0.2)
-                x = noise(x, self.noise_gen, scale)
-            state = d.project(x)
+                seg_len = torch.bincount(prep.packed.segment[prep.packed.valid])[plan.segment]
+                state = noise(state, self.noise_gen, scale, seg_len)
             for s in range(self.steps_per_row):
                 # step s > 0 (HASS) reads the draft-produced feature of step s-1, as at decode time
                 tokens = prep.packed.tokens[plan.next_index[s]]
@@ -317,7 +323,7 @@ class Trainer:
                 rows = prep.sup[s].nonzero().squeeze(1)
                 if rows.numel():
                     lab = prep.label_row[s, rows]
-                    tgt_feat = feats[plan.next_index[s, rows]]
+                    tgt_feat = goal[plan.next_index[s, rows]]
                     reg = losses.smooth_l1_sum(state[rows], tgt_feat)
                     ce = losses.soft_ce_sum(logits[rows], prep.probs[lab])
                     term = losses.eagle1_combine(reg, ce, cfg.w_reg, cfg.w_cls)

@@ -1,0 +1,148 @@
+"""Trainer: frozen target, learning end to end (held-out top-1 and engine tau), resume, export, manifest."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from train_helpers import greedy_samples, sharp_target
+
+from eaglespec.checkpoint.drafter import load_drafter
+from eaglespec.checkpoint.manifest import check_manifest
+from eaglespec.engine import SpeculativeEngine
+from eaglespec.errors import EagleSpecError
+from eaglespec.target.hf import HFTarget
+from eaglespec.train.data import pack
+from eaglespec.train.trainer import Trainer, TrainConfig, new_drafter, train
+from eaglespec.tree import TreeSpec
+
+
+def small_cfg(**kw) -> TrainConfig:
+    base = dict(steps=4, batch_size=4, lr=3e-3, ttt_steps=3, progress=False, eval_fraction=0.0, log_every=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.mark.parametrize("method", ["eagle3", "hass", "eagle1"])
+def test_frozen_target_and_drafter_grads(method):
+    model = sharp_target()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    samples = greedy_samples(model, 4, new=8)
+    drafter = new_drafter(model, method, None, seed=0)
+    trainer = Trainer(model, drafter, small_cfg(method=method, hass_steps=2))
+    prep = trainer.prepare(samples)
+    counts = prep.sup.sum(1).float()
+    loss, _ = trainer.micro_loss(prep, counts)
+    loss.backward()
+    assert all(p.grad is None for p in model.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in drafter.parameters())
+    trainer.optimizer.step()
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not prep.target.features.requires_grad and not prep.target.hidden.requires_grad
+
+
+def test_zero_supervised_rows_skip_the_update():
+    model = sharp_target()
+    s = greedy_samples(model, 2, new=4)
+    for x in s:
+        x.loss_mask.zero_()
+    drafter = new_drafter(model, "eagle3", None, seed=0)
+    before = {k: v.clone() for k, v in drafter.state_dict().items()}
+    trainer = Trainer(model, drafter, small_cfg(weight_decay=0.5))
+    assert trainer.train_step([s], lr=1e-2) is None
+    assert all(torch.equal(before[k], v) for k, v in drafter.state_dict().items())  # no weight decay either
+
+
+def _tau(model, drafter, prompts, depth=4, new=24) -> float:
+    engine = SpeculativeEngine(HFTarget(model), drafter.eval(), TreeSpec("chain", depth=depth))
+    acc = [engine.generate(p, max_new_tokens=new) for p in prompts]
+    return sum(r.tau for r in acc) / len(acc)
+
+
+def test_learning_raises_top1_and_tau(capsys):
+    torch.manual_seed(0)
+    model = sharp_target()
+    samples = greedy_samples(model, 96, new=28, seed=1)
+    cfg = small_cfg(steps=150, batch_size=8, lr=5e-3, ttt_steps=3, eval_fraction=0.1, draft_vocab=64)
+    untrained = new_drafter(model, "eagle3", None, seed=0)
+    res = train(model, samples, cfg)
+    prompts = [s.ids[:4].tolist() for s in greedy_samples(model, 6, new=0, seed=99)]
+    tau_before = _tau(model, untrained, prompts)
+    tau_after = _tau(model, res.drafter, prompts)
+    first = res.history[0]["acc_by_step"]
+    with capsys.disabled():
+        print(f"\n[train e2e] held-out top-1 by TTT step {[round(a, 3) for a in res.eval['acc_by_step']]} "
+              f"(first train step {[round(a, 3) for a in first]}); tau untrained {tau_before:.2f} -> "
+              f"trained {tau_after:.2f} (chain depth 4)")
+    assert res.drafter.cfg.draft_vocab_size == 64
+    assert res.eval["acc_by_step"][0] > 0.6 and res.eval["acc_by_step"][0] > first[0] + 0.4
+    assert tau_after > tau_before + 1.0
+
+
+def test_kill_and_resume_equals_uninterrupted(tmp_path):
+    model = sharp_target()
+    samples = greedy_samples(model, 24, new=10, seed=2)
+    for method in ("eagle3", "hass"):
+        cfg = small_cfg(method=method, steps=6, save_every=2, hass_steps=2, draft_vocab=80)
+        full = train(model, samples, cfg, tmp_path / f"{method}-a")
+        train(model, samples, cfg, tmp_path / f"{method}-b", stop_after=3)  # "killed" after step 3 (saved at 2)
+        resumed = train(model, samples, cfg, tmp_path / f"{method}-b", resume=True)
+        a, b = full.drafter.state_dict(), resumed.drafter.state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), method
+        la = load_drafter(tmp_path / f"{method}-a", target_num_layers=4)
+        lb = load_drafter(tmp_path / f"{method}-b", target_num_layers=4)
+        assert all(torch.equal(la.state_dict()[k], lb.state_dict()[k]) for k in la.state_dict())
+    with pytest.raises(EagleSpecError, match="no training_state"):
+        train(model, samples, small_cfg(), tmp_path / "nothing", resume=True)
+
+
+def test_export_round_trip_and_manifest(tmp_path):
+    model = sharp_target()
+    samples = greedy_samples(model, 8, new=8)
+    res = train(model, samples, small_cfg(steps=2, draft_vocab=50), tmp_path / "d")
+    loaded = load_drafter(tmp_path / "d", target_num_layers=4, target_hidden_size=32, target_vocab_size=96)
+    loaded.set_target_embedding(model.get_input_embeddings())
+    assert loaded.cfg.draft_vocab_size == 50 and torch.equal(loaded.d2t, res.drafter.d2t)
+    assert list(loaded.cfg.aux_layer_ids) == list(res.drafter.cfg.aux_layer_ids) and loaded.cfg.aux_layer_ids[0] >= 2
+    feats = torch.randn(5, 3 * 32)
+    tok, pos = torch.tensor([4, 9, 17, 33, 40]), torch.arange(5)
+    with torch.no_grad():
+        ref = res.drafter.eval()(res.drafter.project(feats), tok, pos, res.drafter.new_cache())[0]
+        got = loaded(loaded.project(feats), tok, pos, loaded.new_cache())[0]
+    torch.testing.assert_close(got, ref)
+    manifest = loaded.manifest
+    assert manifest["method"] == "eagle3" and manifest["feature_layer_ids"] == list(loaded.cfg.aux_layer_ids)
+    assert manifest["hyperparameters"]["ttt_steps"] == 3
+    assert check_manifest(manifest, model) == []
+    other = sharp_target(seed=5)
+    with pytest.warns(UserWarning, match="different target"):
+        assert check_manifest(manifest, other)
+    with pytest.raises(EagleSpecError, match="strict"):
+        check_manifest(manifest, other, strict=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_manifest(manifest, model.to(torch.bfloat16))  # same target in another dtype: no warning
+
+
+def test_eagle1_checkpoint_loads(tmp_path):
+    model = sharp_target()
+    samples = greedy_samples(model, 8, new=8)
+    res = train(model, samples, small_cfg(method="eagle1", steps=2, noise="length-scaled"), tmp_path / "e1")
+    loaded = load_drafter(tmp_path / "e1", target_num_layers=4)
+    assert loaded.cfg.method == "eagle1" and res.history
+    assert res.history[-1]["feature_err_by_step"][0] > 0
+
+
+def test_packed_target_features_match_separate_forwards():
+    """Packing (segment mask + per-segment positions) gives each sample its own target features."""
+    model = sharp_target()
+    s = greedy_samples(model, 2, new=6)
+    drafter = new_drafter(model, "eagle3", None, seed=0)
+    trainer = Trainer(model, drafter, small_cfg())
+    both = trainer.extractor(pack(s))
+    one = trainer.extractor(pack(s[1:]))
+    n0 = s[0].ids.numel()
+    torch.testing.assert_close(both.features[n0:], one.features, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(both.hidden[n0:], one.hidden, atol=1e-5, rtol=1e-5)
