@@ -49,7 +49,8 @@ def random_drafter(model, seed: int = 0) -> torch.nn.Module:
                       vocab_size=model.get_output_embeddings().weight.shape[0],
                       draft_vocab_size=model.get_output_embeddings().weight.shape[0],
                       target_hidden_size=c.hidden_size,
-                      aux_layer_ids=default_aux_layer_ids(c.num_hidden_layers),
+                      aux_layer_ids=tuple(min(max(j, 0), c.num_hidden_layers)  # tiny models: keep ids in range
+                                          for j in default_aux_layer_ids(c.num_hidden_layers)),
                       rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6))
     torch.manual_seed(seed)
     return build_drafter(cfg)

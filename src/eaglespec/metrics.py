@@ -474,7 +474,7 @@ def cmd_report(args) -> int:
     if args.from_json:
         try:
             summary = json.loads(Path(args.from_json).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise EagleSpecError(f"{args.from_json}: cannot read the summary ({exc})") from None
         if not isinstance(summary, dict) or "acceptance_length_hist" not in summary:
             raise EagleSpecError(f"{args.from_json}: not an eaglespec report summary (no acceptance_length_hist)")
