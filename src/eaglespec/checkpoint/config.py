@@ -184,8 +184,9 @@ def parse_draft_config(
         raise CheckpointError(path, f"field 'num_attention_heads' ({heads}) is not a multiple of "
                                     f"'num_key_value_heads' ({kv_heads})")
     vocab = _int(layer_cfg, "vocab_size", path)
+    # draft_vocab_size (absent = the target vocab, as vLLM/SGLang); nebius-style drafts say truncated_vocab_size
     draft_key = "draft_vocab_size" if cfg.get("draft_vocab_size") is not None else "truncated_vocab_size"
-    draft_vocab = _int(cfg, draft_key, path, vocab) if cfg.get(draft_key) is not None else vocab
+    draft_vocab = _int(cfg, draft_key, path) if cfg.get(draft_key) is not None else vocab
     if draft_vocab > vocab:
         raise CheckpointError(path, f"field {draft_key!r} ({draft_vocab}) exceeds 'vocab_size' ({vocab})")
     target_hidden = cfg.get("target_hidden_size") or layer_cfg.get("target_hidden_size") or hidden
