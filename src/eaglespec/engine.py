@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .draft.proposer import Proposer
+from .metrics import round_detail
 from .target.base import TargetBackend
 from .tree import DraftTree, TreeSpec, chain_tree, flatten
 from .verify import greedy_accept
@@ -29,6 +30,7 @@ class RoundStats:
     verify_s: float = 0.0
     commit_s: float = 0.0
     accepted_depth: int = 0
+    detail: dict = field(default_factory=dict)  # telemetry (metrics.round_detail): tree + accepted rows
 
 
 @dataclass
@@ -150,7 +152,7 @@ class SpeculativeEngine:
         t3 = time.perf_counter()
         result.rounds.append(RoundStats(drafted=tree.size - 1, accepted=acc.accepted, emitted=len(emitted),
                                         draft_s=t1 - t0, verify_s=t2 - t1, commit_s=t3 - t2,
-                                        accepted_depth=acc.accepted))
+                                        accepted_depth=acc.accepted, detail=round_detail(tree, acc.rows)))
         return emitted, pending_feats
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int = 128,
