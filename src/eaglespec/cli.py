@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     __import__("eaglespec.server", fromlist=["add_parser"]).add_parser(sub)
     __import__("eaglespec.metrics", fromlist=["add_parser"]).add_parser(sub)
     __import__("eaglespec.checkpoint.convert", fromlist=["add_parser"]).add_parser(sub)
+    __import__("eaglespec.bench", fromlist=["add_parser"]).add_parser(sub)
     return parser
 
 
