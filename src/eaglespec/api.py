@@ -135,7 +135,7 @@ class EagleSpec:
         """The engine's per-round token lists. Sampling options (temperature, top_p, top_k, seed, ...)
         pass straight through to the engine; all None / temperature 0 means greedy."""
         opts = {k: v for k, v in sampling.items() if v is not None}
-        if not opts or opts.get("temperature", 1.0) == 0:
+        if not opts.get("temperature"):  # no temperature or 0: greedy (top_p / top_k / seed need one)
             return self.engine.stream(ids, max_new_tokens, self.eos_ids(), result)
         from .sampling import SamplingConfig, SamplingParams
 
