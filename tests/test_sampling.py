@@ -15,10 +15,11 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_target
 
 from eaglespec.sampling import SamplingParams, process_logits, sample_without_replacement
 from eaglespec.verify import tree_rejection_sample
+
+from conftest import tiny_target
 
 V = 16
 PROMPT = [3, 9, 4]
@@ -64,13 +65,11 @@ def logit_tables() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(rows_t), torch.cat(rows_d)
 
 
-def _rows(ctx: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
-    """Table rows of contexts ctx [..., >=3] of length [...] (beyond depth 3: the depth-3 prefix)."""
-    length = length.clamp(max=3)
-    code = torch.zeros_like(length)
-    for i in range(3):
-        code = torch.where(i < length, code * V + ctx[..., i], code)
-    return torch.tensor(OFF, device=length.device)[length] + code
+def _child_rows(rows: torch.Tensor, length: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """Table row of (context at `rows`, of `length`) + token; beyond depth 3 the depth-3 prefix is kept."""
+    off = torch.tensor(OFF)
+    code = rows - off[length.clamp(max=3)]
+    return torch.where(length < 3, off[(length + 1).clamp(max=3)] + code * V + token, rows)
 
 
 def exact_first3(p_table: torch.Tensor) -> torch.Tensor:
@@ -91,6 +90,16 @@ def simulate(logits_t: torch.Tensor, logits_d: torch.Tensor, params: SamplingPar
     broken: "raw_bonus" (leaf rows verified/bonus-sampled from UNPROCESSED target logits) or
     "replacement" (siblings drawn without replacement verified as if drawn with replacement).
     """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # many small ops: intra-op threads only add overhead (and CI has 2 cores)
+    try:
+        return _simulate(logits_t, logits_d, params, template, scheme, n, seed, broken)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _simulate(logits_t: torch.Tensor, logits_d: torch.Tensor, params: SamplingParams, template: list[int],
+              scheme: str, n: int, seed: int, broken: str | None) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     p_table = process_logits(logits_t, params)
     q_table = process_logits(logits_d, params)
@@ -102,18 +111,21 @@ def simulate(logits_t: torch.Tensor, logits_d: torch.Tensor, params: SamplingPar
     leaf = torch.tensor([not children[u] for u in range(nn_)])
     emitted = torch.zeros(n, 3, dtype=torch.long)
     count = torch.zeros(n, dtype=torch.long)
-    batch = torch.arange(n)
-    while bool((count < 3).any()):
-        ctx = torch.zeros(n, nn_, 3 + 3, dtype=torch.long)  # each node's context (first 6 tokens)
-        ctx_len = torch.zeros(n, nn_, dtype=torch.long)
-        ctx[:, 0, :3], ctx_len[:, 0] = emitted, count
-        tokens = torch.zeros(n, nn_, dtype=torch.long)
-        par = parents.expand(n, -1).clone()
-        logq = torch.zeros(n, nn_)
+    root_rows = torch.zeros(n, dtype=torch.long)  # table row of each sample's context so far
+    todo = torch.arange(n)
+    while todo.numel():
+        b = todo.numel()
+        batch = torch.arange(b)
+        rows = torch.zeros(b, nn_, dtype=torch.long)  # table row of each node's context
+        length = torch.zeros(b, nn_, dtype=torch.long)
+        rows[:, 0], length[:, 0] = root_rows[todo], count[todo]
+        tokens = torch.zeros(b, nn_, dtype=torch.long)
+        par = parents.expand(b, -1).clone()
+        logq = torch.zeros(b, nn_)
         for u in range(nn_):
             if not children[u]:
                 continue
-            q = q_table[_rows(ctx[:, u], ctx_len[:, u])]  # [n, V]
+            q = q_table[rows[:, u]]  # [b, V]
             m = len(children[u])
             if scheme == "sample":
                 draws = sample_without_replacement(q, m, gen)
@@ -124,30 +136,31 @@ def simulate(logits_t: torch.Tensor, logits_d: torch.Tensor, params: SamplingPar
             for j, c in enumerate(children[u]):
                 tokens[:, c] = draws[:, j]
                 par[:, c] = torch.where(absent[:, j], -2, u)
-                ctx[:, c] = ctx[:, u]
-                pos = ctx_len[:, u].clamp(max=5)
-                ctx[batch, c, pos] = draws[:, j]
-                ctx_len[:, c] = ctx_len[:, u] + 1
+                rows[:, c] = _child_rows(rows[:, u], length[:, u], draws[:, j])
+                length[:, c] = length[:, u] + 1
                 logq[:, c] = logq[:, u] + q.gather(1, draws[:, j:j + 1])[:, 0].clamp_min(1e-30).log()
         if scheme == "dynamic":  # keep the DYNAMIC_BUDGET best draft nodes (ancestor-closed)
             keep = logq[:, 1:].topk(DYNAMIC_BUDGET, dim=-1).indices + 1
-            kept = torch.zeros(n, nn_, dtype=torch.bool)
+            kept = torch.zeros(b, nn_, dtype=torch.bool)
             kept[batch[:, None], keep] = True
             kept[:, 0] = True
             par = torch.where(kept, par, -2)
-        node_rows = _rows(ctx, ctx_len)  # [n, N]
-        p = p_table[node_rows]
+        p = p_table[rows]
         if broken == "raw_bonus":
-            p = torch.where(leaf[None, :, None], raw_table[node_rows], p)
-        q = q_table[node_rows] if scheme == "sample" else None
+            p = torch.where(leaf[None, :, None], raw_table[rows], p)
+        q = q_table[rows] if scheme == "sample" else None
         path, accepted, nxt = tree_rejection_sample(tokens, par, depths, p, q, gen,
                                                     replacement=broken == "replacement")
-        out = torch.cat([tokens.gather(1, path[:, 1:].clamp(min=0)), torch.zeros(n, 1, dtype=torch.long)], 1)
+        out = torch.cat([tokens.gather(1, path[:, 1:].clamp(min=0)), torch.zeros(b, 1, dtype=torch.long)], 1)
         out[batch, accepted] = nxt  # accepted drafts then the correction / bonus token
+        cnt, root = count[todo], root_rows[todo]
         for i in range(out.shape[1]):  # append to the first 3 positions
-            take = (count < 3) & (i <= accepted)
-            emitted[batch[take], count[take]] = out[take, i]
-            count = count + take.long()
+            take = (cnt < 3) & (i <= accepted)
+            emitted[todo[take], cnt[take]] = out[take, i]
+            root = torch.where(take, _child_rows(root, cnt, out[:, i]), root)
+            cnt = cnt + take.long()
+        count[todo], root_rows[todo] = cnt, root
+        todo = todo[cnt < 3]
     return emitted
 
 

@@ -45,9 +45,7 @@ def tree_rejection_sample(tokens: torch.Tensor, parents: torch.Tensor, depths: t
     accepted; next_token [B] the correction / bonus token, drawn from the final residual).
     """
     b, n = tokens.shape
-    vocab = target_probs.shape[-1]
     dev = target_probs.device
-    batch = torch.arange(b, device=dev)
     max_depth = int(depths.max()) if n else 0
     path = torch.full((b, max_depth + 1), -1, dtype=torch.long, device=dev)
     path[:, 0] = 0
@@ -61,30 +59,36 @@ def tree_rejection_sample(tokens: torch.Tensor, parents: torch.Tensor, depths: t
     for j in range(1, n):
         d = depth_list[j]
         walking &= cur_depth >= d - 1  # no candidate left at depth cur_depth + 1: stop
-        cand = walking & (parents[:, j] == cur)
-        x = tokens[:, j]
-        if q_left is None:
-            q = torch.nn.functional.one_hot(x, vocab).float()
-        else:
-            q = q_left / q_left.sum(-1, keepdim=True).clamp_min(1e-30)
-        px = residual.gather(1, x[:, None])[:, 0]
-        qx = q.gather(1, x[:, None])[:, 0]
-        accept = cand & (coins[:, j] * qx < px)  # prob min(1, px / qx)
-        reject = cand & ~accept
-        # rejected: r <- norm(max(0, r - q)); without replacement: x leaves q for the next sibling
-        rest = (residual - q).clamp_min(0)
+        idx = (walking & (parents[:, j] == cur)).nonzero()[:, 0]  # samples for which j is the next sibling
+        if idx.numel() == 0:
+            continue
+        x = tokens[idx, j][:, None]
+        r = residual[idx]
+        px = r.gather(1, x)[:, 0]
+        if q_left is None:  # point mass: q = delta(x)
+            qx = torch.ones_like(px)
+            rest = r.scatter(1, x, 0.0)
+        else:  # q_i: the draft distribution with the earlier (rejected) siblings removed
+            ql = q_left[idx]
+            q = ql / ql.sum(-1, keepdim=True).clamp_min(1e-30)
+            qx = q.gather(1, x)[:, 0]
+            rest = (r - q).clamp_min(0)
+        accept = coins[idx, j] * qx < px  # prob min(1, px / qx)
+        # rejected: r <- norm(max(0, r - q_i)) (mass 0 only where rejection had prob 0)
         mass = rest.sum(-1, keepdim=True)
-        rest = torch.where(mass > 1e-12, rest / mass.clamp_min(1e-30), residual)  # mass 0: rejection had prob 0
-        residual = torch.where(reject[:, None], rest, residual)
-        if q_left is not None and not replacement:
-            q_left = torch.where(reject[:, None], q_left.scatter(1, x[:, None], 0.0), q_left)
+        rest = torch.where(mass > 1e-12, rest / mass.clamp_min(1e-30), r)
+        rej = ~accept
+        residual[idx[rej]] = rest[rej]
+        if q_left is not None and not replacement:  # without replacement: x leaves q for the next sibling
+            q_left[idx[rej]] = ql[rej].scatter(1, x[rej], 0.0)
         # accepted: descend; the child's own target / draft distributions take over
-        cur = torch.where(accept, j, cur)
-        cur_depth = torch.where(accept, d, cur_depth)
-        path[batch[accept], d] = j
-        residual = torch.where(accept[:, None], target_probs[:, j].float(), residual)
+        acc = idx[accept]
+        cur[acc] = j
+        cur_depth[acc] = d
+        path[acc, d] = j
+        residual[acc] = target_probs[acc, j].float()
         if q_left is not None:
-            q_left = torch.where(accept[:, None], draft_probs[:, j].float(), q_left)
+            q_left[acc] = draft_probs[acc, j].float()
     next_token = torch.multinomial(residual, 1, generator=generator)[:, 0]
     return path, cur_depth, next_token
 

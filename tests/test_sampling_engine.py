@@ -1,0 +1,143 @@
+"""Sampling through the real SpeculativeEngine: processors, wiring, reproducibility, greedy path.
+
+The statistical end-to-end check is smaller than test_sampling.py's (a few thousand full
+generate() calls) but still a real goodness-of-fit test of the first 3 tokens, with a power check
+(the same samples must REJECT the distribution of a different processor setting).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglespec.engine import SpeculativeEngine
+from eaglespec.sampling import SamplingConfig, SamplingParams, from_generation_config, process_logits
+from eaglespec.target.hf import HFTarget
+from eaglespec.tree import TreeSpec, chain_tree, flatten
+from eaglespec.verify import greedy_accept, sample_accept
+from test_sampling import first3_pvalue
+
+from conftest import reference_greedy, tiny_drafter, tiny_target
+
+V = 16
+PROMPT = [3, 9, 4]
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.7), SamplingParams(top_k=5), SamplingParams(top_p=0.8),
+    SamplingParams(min_p=0.2), SamplingParams(temperature=1.3, top_k=7, top_p=0.9, min_p=0.05),
+    SamplingParams(top_k=3, top_p=0.5),
+])
+def test_processors_match_hf_warpers(params):
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 3
+    logits[0, :5] = logits[0, 0]  # ties at the top-k boundary
+    x = TemperatureLogitsWarper(params.temperature)(None, logits.clone())
+    if params.top_k:
+        x = TopKLogitsWarper(params.top_k)(None, x)
+    if params.top_p < 1:
+        x = TopPLogitsWarper(params.top_p)(None, x)
+    if params.min_p:
+        x = MinPLogitsWarper(params.min_p)(None, x)
+    torch.testing.assert_close(process_logits(logits, params), x.softmax(-1))
+
+
+def test_temperature_zero_is_one_hot_argmax():
+    logits = torch.randn(3, 20)
+    probs = process_logits(logits, SamplingParams(temperature=0))
+    assert torch.equal(probs.argmax(-1), logits.argmax(-1)) and torch.equal(probs.sum(-1), torch.ones(3))
+
+
+def test_from_generation_config():
+    from transformers import GenerationConfig
+
+    greedy = GenerationConfig(do_sample=False)
+    assert from_generation_config(greedy) is None
+    assert from_generation_config(greedy, temperature=0.0) is None
+    cfg = from_generation_config(greedy, temperature=0.8, seed=3)
+    assert cfg.target == SamplingParams(temperature=0.8) and cfg.seed == 3  # HF's top_k=50 default is NOT used
+    model_cfg = GenerationConfig(do_sample=True, temperature=0.6, top_p=0.95, top_k=20)
+    assert from_generation_config(model_cfg).target == SamplingParams(0.6, 20, 0.95)
+    assert from_generation_config(model_cfg, top_p=1.0).target == SamplingParams(0.6, 20, 1.0)
+    assert from_generation_config(model_cfg, temperature=0) is None
+
+
+def test_sample_accept_returns_a_root_path_and_a_bonus_in_support():
+    """sample_accept on a chain returns a root path and a bonus in the processed support."""
+    flat = flatten(chain_tree(5, torch.tensor([1, 2, 3])))
+    logits = torch.randn(4, V)
+    p = process_logits(logits, SamplingParams(top_k=2))
+    acc = sample_accept(flat, p, None, torch.Generator().manual_seed(0))
+    assert torch.equal(acc.rows, torch.arange(acc.accepted + 1))
+    assert p[acc.accepted, acc.bonus] > 0
+    greedy = greedy_accept(flat, logits)
+    assert greedy.bonus == int(logits[greedy.accepted].argmax())
+
+
+@pytest.fixture(scope="module")
+def sharp_target():
+    model = tiny_target("llama", seed=5, vocab=V, layers=2)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3.0)  # fewer likely 3-token continuations: more power per sample
+    return model
+
+
+def _exact_first3(model, params: SamplingParams) -> torch.Tensor:
+    grid = torch.cartesian_prod(*[torch.arange(V)] * 2)  # [V^2, 2]
+    seqs = torch.cat([torch.tensor(PROMPT).expand(grid.shape[0], -1), grid], dim=1)
+    with torch.no_grad():
+        probs = process_logits(model(seqs).logits, params)  # [V^2, P+2, V]
+    p1 = probs[0, len(PROMPT) - 1]
+    p2 = probs[torch.arange(V) * V, len(PROMPT)]  # [V, V]
+    p3 = probs[:, len(PROMPT) + 1].reshape(V, V, V)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+@pytest.mark.parametrize("spec,params,runs", [
+    (TreeSpec("chain", depth=1), SamplingParams(temperature=0.7, top_p=0.9), 2000),
+    (TreeSpec("dynamic", depth=2, top_k=3, budget=4), SamplingParams(temperature=1.0, top_k=5), 1500),
+], ids=["chain-T0.7-top_p0.9", "dynamic-T1-top_k5"])
+def test_engine_first_three_tokens_match_target(sharp_target, spec, params, runs):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        engine = SpeculativeEngine(HFTarget(sharp_target), tiny_drafter(sharp_target, seed=1), spec)
+        tokens, accepted = [], 0
+        for seed in range(runs):
+            out = engine.generate(PROMPT, 3, sampling=SamplingConfig(params, seed=seed))
+            tokens.append(out.token_ids)
+            accepted += sum(r.accepted for r in out.rounds)
+    finally:
+        torch.set_num_threads(threads)
+    emitted = torch.tensor(tokens)
+    assert accepted > runs // 10  # drafts are accepted AND rejected: both branches run
+    p, impossible = first3_pvalue(emitted, _exact_first3(sharp_target, params))
+    assert impossible == 0 and p > 1e-3, f"engine output is not the target's distribution (p = {p:.2e})"
+    other = SamplingParams(temperature=1.0) if params.temperature != 1.0 else SamplingParams(temperature=0.6)
+    p_other, _ = first3_pvalue(emitted, _exact_first3(sharp_target, other))
+    assert p_other < 1e-3, "the check has no power: it cannot tell two processor settings apart"
+
+
+def test_seeded_runs_are_reproducible(sharp_target):
+    engine = SpeculativeEngine(HFTarget(sharp_target), tiny_drafter(sharp_target, seed=1), TreeSpec("chain", depth=3))
+    cfg = SamplingConfig(SamplingParams(temperature=1.0), seed=7)
+    a = engine.generate(PROMPT, 20, sampling=cfg).token_ids
+    assert engine.generate(PROMPT, 20, sampling=cfg).token_ids == a
+    others = {tuple(engine.generate(PROMPT, 20, sampling=SamplingConfig(cfg.target, seed=s)).token_ids)
+              for s in range(8, 12)}
+    assert len(others | {tuple(a)}) > 2  # different seeds give different samples
+
+
+@pytest.mark.parametrize("kind", ["chain", "dynamic"])
+def test_temperature_zero_takes_the_greedy_path(sharp_target, kind):
+    spec = TreeSpec(kind, depth=3, top_k=3, budget=6)
+    engine = SpeculativeEngine(HFTarget(sharp_target), tiny_drafter(sharp_target, seed=1), spec,
+                               sampling=SamplingConfig(SamplingParams(temperature=0.0), seed=1))
+    out = engine.generate(PROMPT, 16)
+    assert out.token_ids == reference_greedy(sharp_target, PROMPT, 16)
