@@ -141,3 +141,20 @@ def test_temperature_zero_takes_the_greedy_path(sharp_target, kind):
                                sampling=SamplingConfig(SamplingParams(temperature=0.0), seed=1))
     out = engine.generate(PROMPT, 16)
     assert out.token_ids == reference_greedy(sharp_target, PROMPT, 16)
+
+
+def test_cli_sampling_flags():
+    from transformers import GenerationConfig
+
+    from eaglespec.cli import build_parser, sampling_options
+
+    parse = build_parser().parse_args
+    args = parse(["generate", "--prompt", "x", "--top-k", "4", "--temperature", "0.7", "--sample-top-k", "5",
+                  "--top-p", "0.9", "--seed", "3"])
+    assert args.top_k == 4  # --top-k stays the tree width (DESIGN.md CLI contract)
+    assert sampling_options(args, GenerationConfig()) == {"temperature": 0.7, "top_k": 5, "top_p": 0.9,
+                                                          "min_p": 0.0, "seed": 3}
+    assert sampling_options(parse(["generate", "--prompt", "x"]), GenerationConfig()) == {}
+    assert sampling_options(parse(["generate", "--prompt", "x", "--temperature", "0"]), GenerationConfig()) == {}
+    sampled = GenerationConfig(do_sample=True, temperature=0.5, top_k=0)
+    assert sampling_options(parse(["generate", "--prompt", "x"]), sampled)["temperature"] == 0.5

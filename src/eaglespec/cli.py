@@ -39,6 +39,29 @@ def add_tree_args(p: argparse.ArgumentParser) -> None:
                    help="draft tokens verified per round (default 60; 0 = plain decoding)")
 
 
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """Sampling (issue 4). --top-k stays the tree width (DESIGN.md), so sampling top-k is --sample-top-k."""
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (0 = greedy; default: the target's generation_config)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (default: generation_config)")
+    p.add_argument("--sample-top-k", type=int, default=None,
+                   help="sample from the k most likely tokens (0 = off; default: generation_config)")
+    p.add_argument("--min-p", type=float, default=None, help="min-p filter (default: generation_config)")
+    p.add_argument("--seed", type=int, default=None, help="random seed: the same seed gives the same output")
+
+
+def sampling_options(args: argparse.Namespace, generation_config) -> dict:
+    """Flags over the target's generation_config -> EagleSpec.generate keyword options ({} = greedy)."""
+    from .sampling import from_generation_config
+
+    cfg = from_generation_config(generation_config, args.temperature, args.sample_top_k, args.top_p, args.min_p,
+                                 args.seed)
+    if cfg is None:
+        return {}
+    t = cfg.target
+    return {"temperature": t.temperature, "top_k": t.top_k, "top_p": t.top_p, "min_p": t.min_p, "seed": cfg.seed}
+
+
 def _non_negative(args: argparse.Namespace, *names: str) -> None:
     for name in names:
         value = getattr(args, name, None)
@@ -60,7 +83,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     spec = tree_spec(args.tree, args.k, args.top_k, args.depth, args.budget)
     es = EagleSpec.from_pretrained(args.target, args.draft, args.device, args.dtype, spec, args.aux_rule)
     _log(f"eaglespec: {es.draft_note}")
-    out = es.generate(prompt, args.max_new_tokens, raw=args.raw)
+    out = es.generate(prompt, args.max_new_tokens, raw=args.raw,
+                      **sampling_options(args, getattr(es.model, "generation_config", None)))
     if args.json:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "prompt_token_ids": out.prompt_token_ids,
                           "stats": out.stats}))
@@ -85,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--raw", action="store_true", help="feed the prompt as is (no chat template): plain completion")
     g.add_argument("--max-new-tokens", type=int, default=128, help="stop after this many new tokens (default 128)")
     add_tree_args(g)
+    add_sampling_args(g)
     g.add_argument("--json", action="store_true", help="print one JSON object on stdout (text, ids, stats)")
     g.set_defaults(func=cmd_generate)
 
