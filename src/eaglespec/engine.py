@@ -16,9 +16,10 @@ from torch import nn
 
 from .draft.proposer import Proposer
 from .metrics import round_detail
+from .sampling import SamplingConfig, process_logits, sample
 from .target.base import TargetBackend
 from .tree import DraftTree, TreeSpec, chain_tree, flatten
-from .verify import greedy_accept
+from .verify import greedy_accept, sample_accept
 
 
 @dataclass
@@ -65,8 +66,12 @@ class GenerationResult:
 class SpeculativeEngine:
     """Greedy speculative decoding of one sequence with a target backend and an optional drafter."""
 
-    def __init__(self, target: TargetBackend, drafter: nn.Module | None = None, spec: TreeSpec | None = None):
+    def __init__(self, target: TargetBackend, drafter: nn.Module | None = None, spec: TreeSpec | None = None,
+                 sampling: SamplingConfig | None = None):
         self.target = target
+        self.sampling = sampling  # None or temperature 0: the exact greedy path
+        self._sampling: SamplingConfig | None = None  # in force for the current stream() call
+        self._generator: torch.Generator | None = None
         self.spec = spec or TreeSpec()
         self.drafter = drafter
         self.proposer = Proposer(drafter, self.spec) if drafter is not None else None
@@ -84,7 +89,8 @@ class SpeculativeEngine:
         return self.proposer is not None and self.spec.speculates
 
     def stream(self, prompt_ids: Sequence[int], max_new_tokens: int = 128,
-               eos_token_ids: Sequence[int] = (), result: GenerationResult | None = None) -> Iterator[list[int]]:
+               eos_token_ids: Sequence[int] = (), result: GenerationResult | None = None,
+               sampling: SamplingConfig | None = None) -> Iterator[list[int]]:
         """Yield the tokens emitted by each round (the first yield is the prefill's token)."""
         if not prompt_ids:
             raise ValueError("the prompt is empty: at least one token is needed")
@@ -96,6 +102,7 @@ class SpeculativeEngine:
         target.reset()
         if self.proposer is not None:
             self.proposer.reset()
+        self._begin_sampling(sampling, dev)
         ids = torch.tensor(list(prompt_ids), dtype=torch.long, device=dev)
         if max_new_tokens <= 0:
             result.seconds = time.perf_counter() - start
@@ -105,7 +112,7 @@ class SpeculativeEngine:
         out = target.forward(ids)
         target.commit(torch.arange(ids.numel(), device=dev))
         pending_feats = out.features  # [n, F]: features not yet consumed by the drafter
-        first = int(out.logits[-1].argmax())
+        first = self._next_token(out.logits[-1])
         ids = torch.cat([ids, ids.new_tensor([first])])
         result.token_ids.append(first)
         yield [first]
@@ -119,6 +126,21 @@ class SpeculativeEngine:
             result.rounds[-1].emitted = len(emitted)
             yield emitted
         result.seconds = time.perf_counter() - start
+
+    def _begin_sampling(self, sampling: SamplingConfig | None, dev: torch.device) -> None:
+        """Sampling state of one stream() call: processors in force and a freshly seeded generator."""
+        cfg = sampling if sampling is not None else self.sampling
+        self._sampling = None if cfg is None or cfg.greedy else cfg
+        self._generator = self._sampling.generator(dev) if self._sampling is not None else None
+        if self.proposer is not None:
+            self.proposer.sampling = self._sampling.draft_params if self._sampling is not None else None
+            self.proposer.generator = self._generator
+
+    def _next_token(self, logits: torch.Tensor) -> int:
+        """The token after one row's logits [V]: argmax, or a sample of the processed target distribution."""
+        if self._sampling is None:
+            return int(logits.argmax())
+        return int(sample(process_logits(logits, self._sampling.target), self._generator))
 
     @staticmethod
     def _cut(emitted: list[int], eos: set[int], room: int, result: GenerationResult) -> list[int]:
@@ -143,7 +165,11 @@ class SpeculativeEngine:
         flat = flatten(tree)
         t1 = time.perf_counter()
         out = target.forward(flat.tokens, flat.depths, flat.visible)
-        acc = greedy_accept(flat, out.logits)
+        if self._sampling is None:
+            acc = greedy_accept(flat, out.logits)
+        else:  # lossless rejection sampling (real q when the tree records draft_probs, else point mass)
+            p = process_logits(out.logits, self._sampling.target)  # [T, V]
+            acc = sample_accept(flat, p, tree.draft_probs, self._generator)
         t2 = time.perf_counter()
         target.commit(acc.rows)  # contract 7: gathered by the flatten map, never by token equality
         if self.speculating:
@@ -156,8 +182,8 @@ class SpeculativeEngine:
         return emitted, pending_feats
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int = 128,
-                 eos_token_ids: Sequence[int] = ()) -> GenerationResult:
+                 eos_token_ids: Sequence[int] = (), sampling: SamplingConfig | None = None) -> GenerationResult:
         result = GenerationResult(list(prompt_ids), [])
-        for _ in self.stream(prompt_ids, max_new_tokens, eos_token_ids, result):
+        for _ in self.stream(prompt_ids, max_new_tokens, eos_token_ids, result, sampling):
             pass
         return result
