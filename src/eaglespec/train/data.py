@@ -78,7 +78,7 @@ def iter_records(path: str | Path) -> Iterator[Any]:
             raise EagleSpecError(f"{path}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
         yield from (obj.get("data") or [obj]) if isinstance(obj, dict) else [obj]
         return
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 may sit inside a string
         if not line.strip():
             continue
         try:
@@ -195,6 +195,24 @@ def pack(samples: Sequence[Sample], length: int | None = None) -> Packed:
             position = torch.cat([position, torch.arange(pad)])
             valid = torch.cat([valid, valid.new_zeros(pad)])
     return Packed(tokens, segment, position, valid, loss)
+
+
+def group_for_packing(samples: Sequence[Sample], max_tokens: int) -> list[list[Sample]]:
+    """Greedy in-order groups of at most `max_tokens` tokens (a longer sample is a group of its own).
+
+    Attention inside a pack is quadratic in its length, so a micro-batch is cut into packs of about
+    one sample's maximum length rather than packed into one long row.
+    """
+    groups: list[list[Sample]] = []
+    size = 0
+    for s in samples:
+        n = s.ids.numel()
+        if not groups or size + n > max_tokens:
+            groups.append([])
+            size = 0
+        groups[-1].append(s)
+        size += n
+    return groups
 
 
 def split_eval(samples: Sequence[Sample], fraction: float, seed: int = 0) -> tuple[list[Sample], list[Sample]]:

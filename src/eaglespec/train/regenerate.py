@@ -25,7 +25,7 @@ def done_ids(out_path: Path) -> set[str]:
     if not out_path.is_file():
         return done
     good = []
-    for line in out_path.read_text(encoding="utf-8").splitlines():
+    for line in out_path.read_text(encoding="utf-8").split("\n"):  # not splitlines (U+2028)
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:

@@ -36,7 +36,7 @@ from ..checkpoint.drafter import build_drafter, save_drafter
 from ..checkpoint.manifest import build_manifest
 from ..errors import EagleSpecError
 from . import losses
-from .data import Packed, Sample, pack, split_eval
+from .data import Packed, Sample, group_for_packing, pack, split_eval
 from .features import TargetBatch, TargetFeatures, soft_labels
 from .masks import prefix_visible, step_visible
 from .rows import RowPlan, compile_rows
@@ -77,6 +77,7 @@ class TrainConfig:
     save_every: int = 0  # 0: only at the end
     log_every: int = 10
     label_chunk_rows: int = 2048
+    pack_tokens: int | None = None  # tokens per packed row (None: max_length); a micro-batch makes several
     device: str = "cpu"
     autocast: bool | None = None  # None: bf16 autocast on CUDA
     progress: bool = True
@@ -340,7 +341,8 @@ class Trainer:
     # -- steps ------------------------------------------------------------------------------------
     def train_step(self, micro: list[list[Sample]], lr: float) -> dict[str, Any] | None:
         """One optimizer step over this rank's micro-batches; None when skipped (zero supervised rows)."""
-        preps = [self.prepare(m) for m in micro]
+        budget = self.cfg.pack_tokens or self.cfg.max_length
+        preps = [self.prepare(g) for m in micro for g in group_for_packing(m, budget)]
         counts = torch.stack([p.sup.sum(1) for p in preps]).sum(0).float()  # [R]
         _all_reduce(counts)
         tokens = torch.tensor([float(sum(p.packed.valid.sum().item() for p in preps))], device=self.device)
@@ -371,9 +373,11 @@ class Trainer:
         d = _dist()
         if not d:
             return
-        grads = [p.grad for p in self.drafter.parameters() if p.grad is not None]
-        if not grads:
-            return
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        for p in params:  # a rank without supervised rows has no grads: it still joins with zeros
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         d.all_reduce(flat)  # every rank's loss is already normalised by the GLOBAL count: sum, not mean
         off = 0
@@ -400,7 +404,9 @@ class Trainer:
         self.drafter.eval()
         stats = torch.zeros(self.steps_per_row, 4, device=self.device)
         counts = torch.zeros(self.steps_per_row, device=self.device)
-        mine = [self.prepare(b) for i, b in enumerate(batches) if i % world == rank]
+        budget = self.cfg.pack_tokens or self.cfg.max_length
+        mine = [self.prepare(g) for i, b in enumerate(batches) if i % world == rank
+                for g in group_for_packing(b, budget)]
         for p in mine:
             counts += p.sup.sum(1).float()
         _all_reduce(counts)
