@@ -16,7 +16,7 @@ def expected_visible(segment: torch.Tensor, src: torch.Tensor, step: int) -> set
         prefix = {(0, j) for j in range(m) if segment[j] == segment[r] and src[j] <= src[r]}
         ancestors = {(j, r) for j in range(1, step)}
         for key in prefix | ancestors | {(step, r)}:
-            out.add((step, r) + key)
+            out.add((step, r, *key))
     return out
 
 

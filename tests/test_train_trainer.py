@@ -6,7 +6,6 @@ import warnings
 
 import pytest
 import torch
-from train_helpers import greedy_samples, sharp_target
 
 from eaglespec.checkpoint.drafter import load_drafter
 from eaglespec.checkpoint.manifest import check_manifest
@@ -14,8 +13,9 @@ from eaglespec.engine import SpeculativeEngine
 from eaglespec.errors import EagleSpecError
 from eaglespec.target.hf import HFTarget
 from eaglespec.train.data import pack
-from eaglespec.train.trainer import Trainer, TrainConfig, new_drafter, train
+from eaglespec.train.trainer import TrainConfig, Trainer, new_drafter, train
 from eaglespec.tree import TreeSpec
+from train_helpers import greedy_samples, one_thread, sharp_target  # noqa: F401 (autouse fixture)
 
 
 def small_cfg(**kw) -> TrainConfig:
