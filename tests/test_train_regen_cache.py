@@ -1,0 +1,75 @@
+"""Regeneration (batched, resumable) and the offline feature cache (manifest mismatch refused)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eaglespec.checkpoint.manifest import build_manifest
+from eaglespec.errors import EagleSpecError
+from eaglespec.train.data import pack
+from eaglespec.train.features import TargetFeatures, open_feature_cache, write_feature_cache
+from eaglespec.train.regenerate import regenerate
+from train_helpers import greedy_samples, one_thread, sharp_target  # noqa: F401 (autouse fixture)
+
+
+class CharTokenizer:
+    """Characters 32..127 -> ids 0..95 (the tiny target's vocabulary), a ChatML-like template."""
+
+    chat_template = "toy"
+    pad_token_id = 0
+    eos_token_id = 2
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        text = "".join(f"<{m['role'][0]}>{m['content']}|" for m in messages)
+        return text + ("<a>" if add_generation_prompt else "")
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [max(0, min(95, ord(c) - 32)) for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(32 + int(i)) for i in ids)
+
+
+def test_regenerate_batched_and_resumable(tmp_path):
+    model = sharp_target()
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": "old"},
+        {"from": "human", "value": "more"}, {"from": "gpt", "value": "old2"}]}) + "\n" for i in range(5)))
+    out = tmp_path / "out.jsonl"
+    tok = CharTokenizer()
+    assert regenerate(model, tok, data, out, batch_size=2, max_new_tokens=6, limit=3, progress=False) == 3
+    with open(out, "a") as f:
+        f.write('{"id": "c3", "messa')  # a torn line from a kill
+    assert regenerate(model, tok, data, out, batch_size=4, max_new_tokens=6, progress=False) == 2
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["id"] for r in recs) == [f"c{i}" for i in range(5)]
+    for r in recs:
+        roles = [m["role"] for m in r["messages"]]
+        assert roles == ["user", "assistant", "user", "assistant"]
+        assert r["messages"][1]["content"] != "old" and r["messages"][3]["content"] != "old2"
+    # greedy regeneration is the target's own continuation of the prompt
+    prompt = tok(tok.apply_chat_template([{"role": "user", "content": "q0"}], add_generation_prompt=True))["input_ids"]
+    ref = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         max_new_tokens=6, do_sample=False, pad_token_id=0)[0, len(prompt):]
+    first = next(r for r in recs if r["id"] == "c0")
+    assert first["messages"][1]["content"] == tok.decode(ref).strip()
+
+
+def test_feature_cache_round_trip_and_refusal(tmp_path):
+    model = sharp_target()
+    samples = greedy_samples(model, 3, new=5)
+    ext = TargetFeatures(model, (2, 3))
+    manifest = build_manifest(model, None, method="eagle3", feature_layer_ids=(2, 3))
+    write_feature_cache(ext, samples, tmp_path / "cache", manifest, samples_per_shard=2, dtype=torch.float32)
+    items = open_feature_cache(tmp_path / "cache", model, layer_ids=(2, 3))
+    assert len(items) == 3
+    torch.testing.assert_close(items[1]["features"], ext(pack([samples[1]])).features)
+    assert torch.equal(items[2]["ids"], samples[2].ids)
+    with pytest.raises(EagleSpecError, match="different target"):
+        open_feature_cache(tmp_path / "cache", sharp_target(seed=7))
+    with pytest.raises(EagleSpecError, match="feature_layer_ids"):
+        open_feature_cache(tmp_path / "cache", model, layer_ids=(1, 3))
