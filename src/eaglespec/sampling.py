@@ -16,7 +16,7 @@ lossless (DESIGN.md contract 2):
   else emit a sample of norm(max(0, p_d - q_d)) and stop; bonus ~ p after the last draft. For any
   q, P(emit y) = min(p(y), q(y)) + (1 - sum_z min(p, q)(z)) * norm(max(0, p - q))(y) = p(y).
 * Tree whose siblings are drawn WITHOUT replacement from the drafter (draft_probs recorded;
-  verify.sample_children's draw order = node order): recursive rejection sampling (SpecInfer,
+  Proposer.sample_children's draw order = node order): recursive rejection sampling (SpecInfer,
   with the without-replacement correction of Jeon et al. 2024, "Recursive Speculative
   Decoding"). Sibling i is a draw from q_i = q with siblings 1..i-1 removed and renormalised; it
   is accepted with prob min(1, r_i(x)/q_i(x)); on rejection r_{i+1} = norm(max(0, r_i - q_i));

@@ -144,7 +144,7 @@ class Proposer:
         visible = torch.cat([torch.ones(n, self.committed, dtype=torch.bool, device=dev), anc, eye], dim=1)
         positions = torch.full((n,), self.committed + depth - 1, dtype=torch.long, device=dev)
         logits, out = self.drafter(states, tokens, positions, self.cache, visible=visible)
-        return torch.softmax(logits.float(), dim=-1), out
+        return self.draft_dist(logits), out  # ranked under the draft processors (issue 4)
 
     def _dynamic(self, root: int, logits: torch.Tensor, state: torch.Tensor) -> DraftTree:
         """EAGLE-2 dynamic tree (tree.dynamic_tree) with the drafter as the expansion callback."""
@@ -167,7 +167,7 @@ class Proposer:
             conf, tok = probs.topk(k, dim=-1)
             return tok, conf
 
-        root_conf, root_tok = torch.softmax(logits.float(), dim=-1).topk(k)
+        root_conf, root_tok = self.draft_dist(logits).topk(k)
         tree = dynamic_tree(root, root_tok, root_conf, expand, k, spec.depth, spec.budget)
         tree.tokens[1:] = self.drafter.to_target_ids(tree.tokens[1:])  # draft ids -> target ids (d2t)
         return tree
@@ -190,7 +190,7 @@ class Proposer:
         has_child = torch.zeros(n, dtype=torch.bool)
         has_child[list(layout.parents[1:])] = True
         # children of the root come from the catch-up row
-        batch_conf, batch_top = torch.softmax(logits.float(), dim=-1).topk(n_ranks)  # [R]
+        batch_conf, batch_top = self.draft_dist(logits).topk(n_ranks)  # [R]
         batch_conf, batch_top = batch_conf[None], batch_top[None]  # [rows expanded at d-1, R]
         slot_of = torch.zeros(n, dtype=torch.long, device=dev)  # node -> its row in that batch
         max_depth = max(layout.depths)
