@@ -146,3 +146,13 @@ def test_packed_target_features_match_separate_forwards():
     n0 = s[0].ids.numel()
     torch.testing.assert_close(both.features[n0:], one.features, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(both.hidden[n0:], one.hidden, atol=1e-5, rtol=1e-5)
+
+
+def test_batched_target_forward_matches_per_pack():
+    model = sharp_target()
+    s = greedy_samples(model, 3, new=6)
+    trainer = Trainer(model, new_drafter(model, "eagle3", None, seed=0), small_cfg())
+    packs = [pack(s[:2]), pack(s[2:])]
+    for one, many in zip([trainer.extractor(p) for p in packs], trainer.extractor.batch(packs)):
+        torch.testing.assert_close(many.features, one.features, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(many.hidden, one.hidden, atol=1e-5, rtol=1e-5)

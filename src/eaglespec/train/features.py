@@ -95,6 +95,31 @@ class TargetFeatures:
         return TargetBatch(features=feats, hidden=hidden)
 
     @torch.no_grad()
+    def batch(self, packs: list[Packed]) -> list[TargetBatch]:
+        """Several packs in ONE target forward ([P, L] padded, per-pack 4-D masks)."""
+        if len(packs) == 1:
+            return [self(packs[0])]
+        dev = self.device
+        dtype = self.lm_head.weight.dtype
+        lens = [p.tokens.numel() for p in packs]
+        width = max(lens)
+        tokens = torch.zeros(len(packs), width, dtype=torch.long, device=dev)
+        position = torch.zeros_like(tokens)
+        vis = torch.eye(width, dtype=torch.bool, device=dev).repeat(len(packs), 1, 1)  # padding sees itself
+        for i, p in enumerate(packs):
+            p = p.to(dev)
+            tokens[i, : lens[i]] = p.tokens
+            position[i, : lens[i]] = p.position
+            vis[i, : lens[i], : lens[i]] = packed_visible(p)
+        self._captured.clear()
+        out = self.model.get_decoder()(input_ids=tokens, position_ids=position,
+                                       attention_mask=additive_mask(vis, dtype)[:, None], use_cache=False)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        feats = torch.cat([self._captured[j] for j in self.layer_ids], dim=-1)
+        self._captured.clear()
+        return [TargetBatch(features=feats[i, :n], hidden=hidden[i, :n]) for i, n in enumerate(lens)]
+
+    @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, V] fp32 target logits for final hidden rows."""
         out = self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()

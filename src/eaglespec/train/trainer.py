@@ -243,11 +243,22 @@ class Trainer:
 
     # -- targets ----------------------------------------------------------------------------------
     @torch.no_grad()
-    def prepare(self, samples: list[Sample]) -> Prepared:
+    def prepare_many(self, groups: list[list[Sample]]) -> list[Prepared]:
+        """Pack each group, run the target ONCE over all packs, then build each pack's labels."""
         t0 = time.perf_counter()
-        packed = pack(samples).to(self.device)
+        packs = [pack(g).to(self.device) for g in groups]
+        targets = self.extractor.batch(packs) if packs else []
+        preps = [self._labels(p, tb) for p, tb in zip(packs, targets)]
+        for p in preps:
+            p.seconds = (time.perf_counter() - t0) / len(preps)
+        return preps
+
+    def prepare(self, samples: list[Sample]) -> Prepared:
+        return self.prepare_many([samples])[0]
+
+    @torch.no_grad()
+    def _labels(self, packed: Packed, tb: TargetBatch) -> Prepared:
         plan = compile_rows(packed.valid, packed.segment, packed.loss_mask, packed.position, self.steps_per_row)
-        tb = self.extractor(packed)
         n = packed.tokens.numel()
         need = torch.zeros(n, dtype=torch.bool, device=self.device)
         need[plan.next_index[plan.supervised]] = True
@@ -257,7 +268,7 @@ class Trainer:
         probs, in_vocab, argmax = soft_labels(self.extractor, tb.hidden[rows], self.draft_ids, self.cfg.label_chunk_rows)
         label_row = inv[plan.next_index]  # [R, M]
         sup = plan.supervised & in_vocab[label_row] if rows.numel() else plan.supervised
-        return Prepared(packed, plan, tb, sup, label_row, probs, argmax, time.perf_counter() - t0)
+        return Prepared(packed, plan, tb, sup, label_row, probs, argmax)
 
     # -- drafter ----------------------------------------------------------------------------------
     def _autocast(self):
@@ -342,7 +353,7 @@ class Trainer:
     def train_step(self, micro: list[list[Sample]], lr: float) -> dict[str, Any] | None:
         """One optimizer step over this rank's micro-batches; None when skipped (zero supervised rows)."""
         budget = self.cfg.pack_tokens or self.cfg.max_length
-        preps = [self.prepare(g) for m in micro for g in group_for_packing(m, budget)]
+        preps = self.prepare_many([g for m in micro for g in group_for_packing(m, budget)])
         counts = torch.stack([p.sup.sum(1) for p in preps]).sum(0).float()  # [R]
         _all_reduce(counts)
         tokens = torch.tensor([float(sum(p.packed.valid.sum().item() for p in preps))], device=self.device)
@@ -405,8 +416,8 @@ class Trainer:
         stats = torch.zeros(self.steps_per_row, 4, device=self.device)
         counts = torch.zeros(self.steps_per_row, device=self.device)
         budget = self.cfg.pack_tokens or self.cfg.max_length
-        mine = [self.prepare(g) for i, b in enumerate(batches) if i % world == rank
-                for g in group_for_packing(b, budget)]
+        mine = self.prepare_many([g for i, b in enumerate(batches) if i % world == rank
+                                  for g in group_for_packing(b, budget)])
         for p in mine:
             counts += p.sup.sum(1).float()
         _all_reduce(counts)
