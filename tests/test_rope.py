@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from eaglespec.checkpoint.rope import resolve_rope_theta, resolve_rotary_dim
 
@@ -55,3 +56,23 @@ def test_rope_theta_lookup():
     assert resolve_rope_theta({"rope_theta": 5e5, "rope_parameters": {"rope_theta": 1e7}}) == 5e5
     assert resolve_rope_theta({}) == 10000.0  # SafeAILab's configs carry none: LLaMA's default
     assert resolve_rope_theta({"rope_theta": -1, "rope_parameters": {"rope_theta": 1e6}}) == 1e6
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8192},
+    {"rope_type": "linear", "factor": 4.0},
+])
+def test_scaled_rope_matches_transformers(scaling):
+    """Llama-3.1 drafters carry llama3 rope scaling: our inverse frequencies equal transformers'."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from eaglespec.draft.layers import Rotary
+
+    cfg = LlamaConfig(hidden_size=512, num_attention_heads=4, max_position_embeddings=131072,
+                      rope_parameters={"rope_theta": 500000.0, **scaling})
+    ref, _ = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](cfg, "cpu")
+    ours = Rotary(128, 500000.0, scaling).inv_freq
+    torch.testing.assert_close(ours, ref.float(), rtol=1e-6, atol=0)
+    assert not torch.allclose(ours, Rotary(128, 500000.0).inv_freq)  # the scaling did something

@@ -143,13 +143,26 @@ def _raw_aux_ids(cfg: dict[str, Any], layer_cfg: dict[str, Any]) -> Any:
     return None
 
 
+def _scaling(cfg: DraftConfig) -> dict[str, Any]:
+    """The rope scaling parameters of `cfg` to write ({"rope_type": "default"} when unscaled)."""
+    params = {k: v for k, v in (cfg.extra.get("rope_scaling") or {}).items()
+              if k not in ("rope_theta", "partial_rotary_factor")}
+    kind = params.pop("rope_type", params.pop("type", None)) or "default"
+    return {"rope_type": kind, **params} if kind != "default" else {"rope_type": "default"}
+
+
 def _check_rope_type(layer_cfg: dict[str, Any], path: Path) -> None:
-    """The drafters implement plain rope only; refuse scaled variants rather than rotate wrongly."""
+    """The drafters implement plain, linear and llama3 rope; refuse other types rather than rotate wrongly."""
     params = rope_parameters(layer_cfg)
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in ("default", None):
+    if kind not in ("default", None, "linear", "llama3"):
         raise CheckpointError(path, f"field 'rope_scaling'/'rope_parameters' rope_type {kind!r} is not supported "
-                                    "(only plain rope: rope_type 'default')")
+                                    "(rope types: default, linear, llama3)")
+    needed = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                                 "original_max_position_embeddings")}.get(kind, ())
+    for key in needed:
+        if not isinstance(params.get(key), int | float) or isinstance(params.get(key), bool):
+            raise CheckpointError(path, f"field 'rope_scaling.{key}' must be a number for rope_type {kind!r}")
 
 
 def parse_draft_config(
@@ -283,8 +296,9 @@ def native_config_dict(cfg: DraftConfig) -> dict[str, Any]:
         # rope at top level (transformers 4.x, vLLM, SGLang) and under rope_parameters (transformers 5)
         "rope_theta": cfg.rope_theta,
         "partial_rotary_factor": (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta,
+        "rope_parameters": {**_scaling(cfg), "rope_theta": cfg.rope_theta,
                             "partial_rotary_factor": (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim},
+        "rope_scaling": _scaling(cfg) if _scaling(cfg)["rope_type"] != "default" else None,
         "max_position_embeddings": cfg.max_position_embeddings,
         "hidden_act": "silu",
         "attention_bias": cfg.attention_bias,

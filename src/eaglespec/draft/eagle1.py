@@ -34,7 +34,8 @@ class Eagle1Layer(nn.Module):
         h = cfg.hidden_size
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps) if index != 0 else None
         self.self_attn = Attention(h, h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                                   cfg.rotary_dim or cfg.head_dim, cfg.rope_theta, cfg.attention_bias)
+                                   cfg.rotary_dim or cfg.head_dim, cfg.rope_theta, cfg.attention_bias,
+                                   cfg.extra.get("rope_scaling"))
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.mlp = MLP(h, cfg.intermediate_size, cfg.mlp_bias)
 

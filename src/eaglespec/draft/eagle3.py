@@ -26,7 +26,8 @@ class Eagle3Layer(nn.Module):
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.self_attn = Attention(2 * h, h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                                   cfg.rotary_dim or cfg.head_dim, cfg.rope_theta, cfg.attention_bias)
+                                   cfg.rotary_dim or cfg.head_dim, cfg.rope_theta, cfg.attention_bias,
+                                   cfg.extra.get("rope_scaling"))
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.mlp = MLP(h, cfg.intermediate_size, cfg.mlp_bias)
 

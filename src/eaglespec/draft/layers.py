@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,12 +23,16 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Neox-style rope over the first `rotary_dim` dims of each head (the rest pass through)."""
+    """Neox-style rope over the first `rotary_dim` dims of each head (the rest pass through).
 
-    def __init__(self, rotary_dim: int, theta: float):
+    `scaling` is the config's rope_scaling / rope_parameters dict: rope_type "default", "linear"
+    (positions / factor) or "llama3" (Llama-3.1's frequency-dependent rescaling), as transformers.
+    """
+
+    def __init__(self, rotary_dim: int, theta: float, scaling: dict | None = None):
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", scaled_inv_freq(inv_freq, scaling or {}), persistent=False)
         self.rotary_dim = rotary_dim
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,6 +50,26 @@ class Rotary(nn.Module):
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
         rot = rot * cos + self._rotate_half(rot) * sin
         return torch.cat([rot, rest], dim=-1) if rest.shape[-1] else rot
+
+
+def scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Apply rope scaling to the base inverse frequencies (types: default, linear, llama3)."""
+    kind = scaling.get("rope_type", scaling.get("type", "default")) or "default"
+    if kind == "default":
+        return inv_freq
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "llama3":
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"rope_type {kind!r} is not supported (default, linear, llama3)")
 
 
 class KVCache:
@@ -85,14 +111,14 @@ def causal_visible(num_new: int, past: int, device: torch.device) -> torch.Tenso
 
 class Attention(nn.Module):
     def __init__(self, in_dim: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
-                 rotary_dim: int, theta: float, bias: bool = False):
+                 rotary_dim: int, theta: float, bias: bool = False, rope_scaling: dict | None = None):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.q_proj = nn.Linear(in_dim, heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
-        self.rotary = Rotary(rotary_dim, theta)
+        self.rotary = Rotary(rotary_dim, theta, rope_scaling)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 visible: torch.Tensor | None) -> torch.Tensor:
