@@ -112,6 +112,8 @@ def read_conversations(path: str | Path, limit: int | None = None) -> list[dict[
     convs = []
     for i, rec in enumerate(iter_records(path)):
         msgs = normalize_messages(rec, f"{path}: record {i}")
+        while msgs and msgs[0]["role"] == "assistant":  # ShareGPT has conversations opening with the model
+            msgs = msgs[1:]
         if not any(m["role"] == "assistant" for m in msgs):
             continue
         rid = rec.get("id", i) if isinstance(rec, dict) else i
@@ -149,8 +151,8 @@ def tokenize_conversation(tokenizer, messages: Sequence[dict], max_length: int |
     full = _render(tokenizer, messages, False)
     mask = torch.zeros(len(full), dtype=torch.bool)
     for k, msg in enumerate(messages):
-        if msg["role"] != "assistant":
-            continue
+        if msg["role"] != "assistant" or k == 0:
+            continue  # an opening assistant turn has no prompt to answer: context only
         start = _common_prefix(_render(tokenizer, messages[:k], True), full)
         end = _common_prefix(_render(tokenizer, messages[: k + 1], False), full)
         if end > start:
