@@ -1,0 +1,34 @@
+"""Data parallel training: a 2-process torchrun (gloo, CPU) run equals one process with 2x accumulation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from eaglespec.checkpoint.drafter import load_drafter
+from eaglespec.train.trainer import TrainConfig, train
+from train_ddp_worker import config, data
+from train_helpers import one_thread  # noqa: F401 (autouse fixture)
+
+
+def test_torchrun_two_processes_match_single(tmp_path):
+    worker = Path(__file__).with_name("train_ddp_worker.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(worker), str(tmp_path / "ddp")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model, samples = data()
+    single = train(model, samples, config(grad_accum=2), tmp_path / "single")
+    ddp = load_drafter(tmp_path / "ddp", target_num_layers=4)
+    one = load_drafter(tmp_path / "single", target_num_layers=4)
+    init = train(model, samples, TrainConfig(**{**config(2).to_dict(), "steps": 0}))  # the untrained drafter
+    for name, ref in one.state_dict().items():
+        torch.testing.assert_close(ddp.state_dict()[name], ref, atol=2e-5, rtol=1e-4, msg=name)
+    changed = [n for n, v in one.state_dict().items() if v.is_floating_point()
+               and not torch.equal(v, init.drafter.state_dict()[n].to(v.dtype))]
+    assert changed and single.steps == 3 and len(single.history) == 3
