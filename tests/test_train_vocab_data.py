@@ -92,3 +92,11 @@ def test_pack_positions():
               Sample(torch.tensor([3, 4, 5]), torch.tensor([1, 1, 1], dtype=torch.bool))], length=6)
     assert p.segment.tolist() == [0, 0, 1, 1, 1, 2] and p.position.tolist()[:5] == [0, 1, 0, 1, 2]
     assert p.valid.tolist() == [True] * 5 + [False]
+
+
+def test_jsonl_with_unicode_line_separator(tmp_path):
+    p = tmp_path / "u.jsonl"
+    rec = {"messages": [{"role": "user", "content": "a\u2028b"}, {"role": "assistant", "content": "c\u2029d"}]}
+    p.write_text(json.dumps(rec, ensure_ascii=False) + "\n" + json.dumps(rec, ensure_ascii=False) + "\n", encoding="utf-8")
+    got = read_conversations(p)
+    assert len(got) == 2 and got[0]["messages"][0]["content"] == "a\u2028b"
