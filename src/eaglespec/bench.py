@@ -22,6 +22,8 @@ import datetime
 import gzip
 import importlib.util
 import json
+import math
+import os
 import platform
 import statistics
 import subprocess
@@ -100,6 +102,7 @@ class Run:
     results: list[Any] = field(default_factory=list)  # GenerationResults (engine methods)
     ref_gaps: list[list[float]] = field(default_factory=list)  # hf only: top-2 logit gap per step
     ref_second: list[list[int]] = field(default_factory=list)  # hf only: the runner-up token per step
+    ref_top: list[list[float]] = field(default_factory=list)  # hf only: the top logit per step
     skipped: str = ""
 
 
@@ -178,12 +181,13 @@ class Bench:
             kw.update(output_logits=True, return_dict_in_generate=True)
         out = self.model.generate(x, **kw)
         seq = out.sequences if logits else out
-        gaps, second = [], []
+        gaps, second, best = [], [], []
         if logits:
             top = torch.stack([lg[0].float() for lg in out.logits]).topk(2, dim=-1)  # [n, 2]
             gaps = (top.values[:, 0] - top.values[:, 1]).tolist()
             second = top.indices[:, 1].tolist()
-        return seq[0, len(ids):].tolist(), gaps, second
+            best = top.values[:, 0].tolist()
+        return seq[0, len(ids):].tolist(), gaps, second, best
 
     def run(self, method: str, prompts: list[list[int]], max_new: int, warmup: int, timed: bool = True) -> Run:
         run = Run(method)
@@ -193,12 +197,13 @@ class Bench:
             for i, ids in enumerate(prompts):
                 _sync(self.device)
                 t0 = time.perf_counter()
-                toks, gaps, second = self.hf_generate(ids, max_new, logits=not self.args.temperature)
+                toks, gaps, second, best = self.hf_generate(ids, max_new, logits=not self.args.temperature)
                 _sync(self.device)
                 run.seconds.append(time.perf_counter() - t0)
                 run.token_ids.append(toks)
                 run.ref_gaps.append(gaps)
                 run.ref_second.append(second)
+                run.ref_top.append(best)
                 self._progress(method, i, len(prompts), run)
             return run
         engine, reason = self.engine(method)
@@ -237,8 +242,14 @@ class Bench:
 
 
 # -- summaries ----------------------------------------------------------------------------------
-def agreement(ref: Run, run: Run) -> dict:
-    """Share of sequences identical to HF generate; each first divergence with the reference's gap."""
+def _ulp(x: float, dtype: torch.dtype) -> float:
+    """The spacing of `dtype` numbers at |x| (the logit resolution at that magnitude)."""
+    return torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(abs(x) or 1.0))
+
+
+def agreement(ref: Run, run: Run, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Share of sequences identical to HF generate; each first divergence with the reference's top-2
+    logit gap there (absolute, and in units of the logit dtype's spacing at the top logit)."""
     same, divs = 0, []
     for i, (a, b) in enumerate(zip(ref.token_ids, run.token_ids)):
         if a == b:
@@ -247,13 +258,17 @@ def agreement(ref: Run, run: Run) -> dict:
         p = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         gap = ref.ref_gaps[i][p] if ref.ref_gaps and p < len(ref.ref_gaps[i]) else None
         second = ref.ref_second[i][p] if ref.ref_second and p < len(ref.ref_second[i]) else None
+        top = ref.ref_top[i][p] if ref.ref_top and p < len(ref.ref_top[i]) else None
         divs.append({"prompt": i, "position": p, "ref_top2_gap": None if gap is None else round(gap, 5),
+                     "ref_top_logit": None if top is None else round(top, 4),
+                     "gap_in_ulps": None if gap is None or top is None else round(gap / _ulp(top, dtype), 2),
                      "ref_token": a[p] if p < len(a) else None, "token": b[p] if p < len(b) else None,
                      "took_ref_runner_up": second is not None and p < len(b) and b[p] == second})
     n = len(run.token_ids)
     near = sum(1 for d in divs if d["ref_top2_gap"] is not None and d["ref_top2_gap"] < NEAR_TIE)
+    ulp1 = sum(1 for d in divs if d["gap_in_ulps"] is not None and d["gap_in_ulps"] <= 1.0)
     return {"sequences": n, "identical": same, "identical_rate": round(same / n, 4) if n else 0.0,
-            "divergences": divs, "near_ties": near, "non_near_ties": len(divs) - near}
+            "divergences": divs, "near_ties": near, "non_near_ties": len(divs) - near, "within_one_ulp": ulp1}
 
 
 def summarize_run(run: Run) -> dict:
@@ -309,6 +324,7 @@ def environment(device: torch.device) -> dict:
         commit = (commit + ("+dirty" if dirty else "")) or "unknown"
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
+    commit = os.environ.get("EAGLESPEC_COMMIT") or commit  # runs from a copy without .git name it this way
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'}, " \
         f"{torch.get_num_threads()} threads)"
     return {"device": gpu, "torch": torch.__version__, "transformers": transformers.__version__, "commit": commit,
@@ -323,7 +339,8 @@ def markdown(report: dict) -> str:
              f"tokens, batch 1, {cfg['dtype']}, T={cfg['temperature']}; drafter: {cfg['draft']}; "
              f"chain k={cfg['k']}, dynamic depth {cfg['depth']} top-k {cfg['top_k']} budget {cfg['budget']}.\n",
              "| method | backend | tok/s | median tok/s | tau | vs HF generate | vs fast plain | "
-             "draft / verify / accept+commit / other (ms per round) | identical to HF | divergences (near-tie) |",
+             "draft / verify / accept+commit / other (ms per round) | identical to HF | "
+             "divergences (gap < 0.1 / gap <= 1 ulp) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in report["methods"].items():
         if "skipped" in s:
@@ -333,7 +350,7 @@ def markdown(report: dict) -> str:
         split = " / ".join(f"{ms[k]:.2f}" for k in ("draft", "verify", "accept_commit", "other")) if ms else ""
         ag = s.get("agreement")
         ident = f"{ag['identical']}/{ag['sequences']}" if ag else ""
-        divs = f"{len(ag['divergences'])} ({ag['near_ties']})" if ag else ""
+        divs = f"{len(ag['divergences'])} ({ag['near_ties']} / {ag.get('within_one_ulp', '')})" if ag else ""
         lines.append(f"| {name} | {s.get('backend', 'hf generate')} | {s['tokens_per_second']:.1f} | "
                      f"{s['median_tokens_per_second']:.1f} | {s.get('tau', '')} | {s.get('speedup_vs_hf', '')} | "
                      f"{s.get('speedup_vs_fast-plain', '')} | {split} | {ident} | {divs} |")
@@ -415,7 +432,7 @@ def run_methods(es, prompts: list[list[int]], methods: list[str], args) -> tuple
     if "hf" in runs and not args.temperature:
         for m, r in runs.items():
             if m != "hf" and not r.skipped:
-                summaries[m]["agreement"] = agreement(runs["hf"], r)
+                summaries[m]["agreement"] = agreement(runs["hf"], r, es.model.dtype)
     return summaries, runs
 
 
@@ -488,9 +505,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--k", type=int, default=5, help="chain length (default 5)")
-    p.add_argument("--depth", type=int, default=None, help="dynamic tree depth (default 8)")
-    p.add_argument("--top-k", type=int, default=None, help="dynamic tree width (default 10)")
-    p.add_argument("--budget", type=int, default=None, help="dynamic tree budget (default 60)")
+    p.add_argument("--depth", type=int, default=8, help="dynamic tree depth (default 8)")
+    p.add_argument("--top-k", type=int, default=10, help="dynamic tree width (default 10)")
+    p.add_argument("--budget", type=int, default=60, help="dynamic tree budget (default 60)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up prompts per method (default 2)")
     p.add_argument("--max-len", type=int, default=None, help="fast backend KV slots (default: fits the prompts)")
     p.add_argument("--compile", action="store_true", help="torch.compile the fast step before CUDA-graph capture")
