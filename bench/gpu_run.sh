@@ -2,7 +2,8 @@
 # The fast-backend check and the benchmark on the GPU machine, logs and results under $OUT.
 # Prerequisite (device call): bash .gpu/install.sh && export PYTHONPATH=$HOME/site:$PWD/src
 #   plus the MT-bench / HumanEval wheels (.gpu/data or .gpu/benchdata) installed into $HOME/site.
-# Usage: bash bench/gpu_run.sh [LIMIT] [extra bench flags...]
+# Usage: EAGLESPEC_COMMIT=<hash> bash bench/gpu_run.sh [LIMIT] [extra bench flags...]
+# (HF generate runs at ~27-37 tok/s: LIMIT 20 x 256 tokens keeps the whole call near 5 minutes)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"

@@ -79,12 +79,12 @@ def test_prefill_beyond_buckets_and_cache_growth():
     _close(ref.forward(prompt), fast.forward(prompt))  # 30 > 4: eager, grows the cache 64 -> ...
     for b in (ref, fast):
         b.commit(torch.arange(30))
-    for _ in range(40):  # grows past the first allocation while committed rows must survive
+    for _ in range(15):  # grows past the first allocation (64 slots) while committed rows must survive
         tok = torch.randint(3, 90, (3,))
         _close(ref.forward(tok), fast.forward(tok))
         for b in (ref, fast):
             b.commit(torch.tensor([0, 1, 2]))
-    assert fast.max_len >= fast.committed_len == 150
+    assert fast.max_len >= fast.committed_len == 75 and fast.max_len > 64
 
 
 def test_feature_layer_ids_include_last_layer_and_order():

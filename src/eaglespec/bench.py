@@ -181,13 +181,15 @@ class Bench:
             kw.update(output_logits=True, return_dict_in_generate=True)
         out = self.model.generate(x, **kw)
         seq = out.sequences if logits else out
-        gaps, second, best = [], [], []
-        if logits:
-            top = torch.stack([lg[0].float() for lg in out.logits]).topk(2, dim=-1)  # [n, 2]
-            gaps = (top.values[:, 0] - top.values[:, 1]).tolist()
-            second = top.indices[:, 1].tolist()
-            best = top.values[:, 0].tolist()
-        return seq[0, len(ids):].tolist(), gaps, second, best
+        return seq[0, len(ids):].tolist(), (out.logits if logits else ())
+
+    @staticmethod
+    def top2(step_logits) -> tuple[list[float], list[int], list[float]]:
+        """Per generated step: the top-2 logit gap, the runner-up token, the top logit (untimed)."""
+        if not step_logits:
+            return [], [], []
+        top = torch.stack([lg[0].float() for lg in step_logits]).topk(2, dim=-1)  # [n, 2]
+        return (top.values[:, 0] - top.values[:, 1]).tolist(), top.indices[:, 1].tolist(), top.values[:, 0].tolist()
 
     def run(self, method: str, prompts: list[list[int]], max_new: int, warmup: int, timed: bool = True) -> Run:
         run = Run(method)
@@ -197,9 +199,10 @@ class Bench:
             for i, ids in enumerate(prompts):
                 _sync(self.device)
                 t0 = time.perf_counter()
-                toks, gaps, second, best = self.hf_generate(ids, max_new, logits=not self.args.temperature)
+                toks, step_logits = self.hf_generate(ids, max_new, logits=not self.args.temperature)
                 _sync(self.device)
                 run.seconds.append(time.perf_counter() - t0)
+                gaps, second, best = self.top2(step_logits)
                 run.token_ids.append(toks)
                 run.ref_gaps.append(gaps)
                 run.ref_second.append(second)
