@@ -24,17 +24,18 @@ case "$stage" in
       --batch-size 16 --max-length 1024 --draft-vocab 16000 --device cuda --log-every 5 2>&1 | tr '\r' '\n' | tail -8 || true
     ;;
   train)
-    [ -f "$W/regen.jsonl" ] || cp .gpu/train/regen.jsonl "$W/regen.jsonl"
-    common="--data $W/regen.jsonl --method eagle3 --batch-size ${BS:-16} --max-length 1024 --draft-vocab 16000 --device cuda"
+    [ -d "$HOME/site" ] || bash .gpu/install.sh >/dev/null
+    [ -f "$W/regen.jsonl" ] || cp .gpu/trainset/regen.jsonl "$W/regen.jsonl"
+    common="--data $W/regen.jsonl --method eagle3 --batch-size ${BS:-16} --max-length ${MAXLEN:-1024} --draft-vocab ${DRAFT_VOCAB:-6400} --device cuda"
     if [ -z "${STEPS:-}" ]; then  # probe: time 30 steps on 400 conversations, then fit the real run in TRAIN_S
       t0=$(date +%s.%N)
-      python3 -m eaglespec.cli train $common --out "$W/probe" --steps 30 --limit 400 --eval-fraction 0.05 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -3
+      python3 -m eaglespec.cli train $common --out "$W/probe" --steps 10 --limit $((${BS:-16} * 10)) --eval-fraction 0.05 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -3
       t1=$(date +%s.%N)
-      STEPS=$(python3 -c "print(max(50, int(${TRAIN_S:-420} / (($t1 - $t0) / 30.0) * 0.8)))")
-      echo "probe: 30 steps in $(python3 -c "print(round($t1 - $t0, 1))") s -> STEPS=$STEPS"
+      STEPS=$(python3 -c "print(max(50, int(${TRAIN_S:-420} / (($t1 - $t0) / 10.0) * 0.7)))")
+      echo "probe: 10 steps in $(python3 -c "print(round($t1 - $t0, 1))") s -> STEPS=$STEPS"
     fi
     timeout ${TRAIN_S:-420} python3 -m eaglespec.cli train $common --out "$W/draft" --steps "$STEPS" --lr ${LR:-3e-4} \
-      --save-every 100 --log-every 50 $( [ -f "$W/draft/training_state.pt" ] && echo --resume ) 2>&1 \
+      --save-every 25 --log-every 25 $( [ -f "$W/draft/training_state.pt" ] && echo --resume ) 2>&1 \
       | tr '\r' '\n' | grep -v '^\s*$' | grep -v 'it/s\]$' | tail -25 || true
     mkdir -p "$W/pack/smollm2-135m-instruct-eagle3"
     cp "$W/draft"/*.json "$W/draft"/*.safetensors "$W/pack/smollm2-135m-instruct-eagle3/"

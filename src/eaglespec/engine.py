@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .draft.proposer import Proposer
+from .draft.proposer import Proposer, shifted_tokens
 from .metrics import round_detail
 from .sampling import SamplingConfig, process_logits, sample
 from .target.base import TargetBackend
@@ -158,7 +158,8 @@ class SpeculativeEngine:
         t0 = time.perf_counter()
         if self.speculating:
             d0 = self.proposer.committed
-            tree: DraftTree = self.proposer.propose(root, pending_feats, ids[d0 + 1: n + 1])
+            next_tokens = shifted_tokens(ids, d0, pending_feats.shape[0])
+            tree: DraftTree = self.proposer.propose(root, pending_feats, next_tokens)
             pending_feats = pending_feats[:0]
         else:
             tree = chain_tree(root, ids.new_empty(0))
