@@ -12,6 +12,15 @@ from eaglespec.target.hf import HFTarget
 VOCAB = 96
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """Tiny models: intra-op threads only add overhead (many times slower on a busy 2-core box)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def tiny_target(arch: str = "llama", seed: int = 0, attn: str = "sdpa", vocab: int = VOCAB, layers: int = 4):
     """A tiny random HF causal LM of the named family (fp32, eval mode)."""
     import transformers as tf

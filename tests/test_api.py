@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from eaglespec import EagleSpec, EagleSpecError
 from eaglespec.api import TextStream
@@ -11,14 +10,6 @@ from eaglespec.api import TextStream
 from conftest import BYTE_VOCAB, byte_tokenizer, cycle_target, reference_greedy, tiny_drafter, tiny_target
 
 CYCLE = "aé中😀 "
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add contention
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

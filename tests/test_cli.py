@@ -21,14 +21,6 @@ from conftest import BYTE_VOCAB, byte_tokenizer, cycle_target, tiny_drafter, tin
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny cycle model + byte tokenizer saved as a normal HF checkpoint directory."""

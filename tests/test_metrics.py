@@ -16,14 +16,6 @@ from eaglespec.tree import DraftTree, chain_tree
 from conftest import byte_tokenizer, cycle_target, tiny_drafter
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _round(tree: DraftTree, rows: list[int], seconds=(0.1, 0.2, 0.05)) -> RoundStats:
     from eaglespec.metrics import round_detail
 

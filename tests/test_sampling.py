@@ -90,12 +90,7 @@ def simulate(logits_t: torch.Tensor, logits_d: torch.Tensor, params: SamplingPar
     broken: "raw_bonus" (leaf rows verified/bonus-sampled from UNPROCESSED target logits) or
     "replacement" (siblings drawn without replacement verified as if drawn with replacement).
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # many small ops: intra-op threads only add overhead (and CI has 2 cores)
-    try:
-        return _simulate(logits_t, logits_d, params, template, scheme, n, seed, broken)
-    finally:
-        torch.set_num_threads(threads)
+    return _simulate(logits_t, logits_d, params, template, scheme, n, seed, broken)
 
 
 def _simulate(logits_t: torch.Tensor, logits_d: torch.Tensor, params: SamplingParams, template: list[int],

@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-import torch
 import uvicorn
 
 from eaglespec import EagleSpec
@@ -22,14 +21,6 @@ from conftest import BYTE_VOCAB, byte_tokenizer, cycle_target, reference_greedy,
 
 KEY = "sk-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def serve(app):

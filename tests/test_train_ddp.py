@@ -12,7 +12,6 @@ import torch
 from eaglespec.checkpoint.drafter import load_drafter
 from eaglespec.train.trainer import TrainConfig, train
 from train_ddp_worker import config, data
-from train_helpers import one_thread  # noqa: F401 (autouse fixture)
 
 
 def test_torchrun_two_processes_match_single(tmp_path):

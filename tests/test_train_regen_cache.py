@@ -12,7 +12,7 @@ from eaglespec.errors import EagleSpecError
 from eaglespec.train.data import pack
 from eaglespec.train.features import TargetFeatures, open_feature_cache, write_feature_cache
 from eaglespec.train.regenerate import regenerate
-from train_helpers import greedy_samples, one_thread, sharp_target  # noqa: F401 (autouse fixture)
+from train_helpers import greedy_samples, sharp_target
 
 
 class CharTokenizer:

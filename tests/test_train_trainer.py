@@ -15,7 +15,7 @@ from eaglespec.target.hf import HFTarget
 from eaglespec.train.data import pack
 from eaglespec.train.trainer import TrainConfig, Trainer, new_drafter, train
 from eaglespec.tree import TreeSpec
-from train_helpers import greedy_samples, one_thread, sharp_target  # noqa: F401 (autouse fixture)
+from train_helpers import greedy_samples, sharp_target
 
 
 def small_cfg(**kw) -> TrainConfig:

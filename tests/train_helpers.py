@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from eaglespec.train.data import Sample
 
 from conftest import tiny_target
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: intra-op threads only add overhead (16x slower on a busy 2-core box)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def sharp_target(seed: int = 3, layers: int = 4):

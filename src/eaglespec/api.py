@@ -19,6 +19,7 @@ import torch
 
 from .checkpoint.config import DraftConfig, default_aux_layer_ids
 from .checkpoint.drafter import build_drafter, load_drafter
+from .checkpoint.manifest import check_manifest
 from .engine import GenerationResult, SpeculativeEngine
 from .errors import EagleSpecError
 from .target.fast import make_target
@@ -82,7 +83,8 @@ class EagleSpec:
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str | None = None,
                         dtype: str | torch.dtype | None = None, spec: TreeSpec | None = None,
-                        aux_rule: str = "auto", backend: str = "auto") -> EagleSpec:
+                        aux_rule: str = "auto", backend: str = "auto", strict: bool = False) -> EagleSpec:
+        """Load target + drafter. `strict` refuses a drafter whose manifest names another target."""
         model, tok = load_target(target, device=device, dtype=dtype)
         c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         note = ""
@@ -95,8 +97,18 @@ class EagleSpec:
             drafter = load_drafter(draft, target_num_layers=c.num_hidden_layers, target_hidden_size=c.hidden_size,
                                    target_vocab_size=model.get_output_embeddings().weight.shape[0], aux_rule=aux_rule)
             note = f"drafter {draft} ({drafter.cfg.method}, aux ids {list(drafter.cfg.aux_layer_ids)}: {drafter.cfg.aux_rule})"
+            if drafter.manifest is not None:
+                check_manifest(drafter.manifest, model, tok, strict=strict, where=f"drafter {draft}")
         drafter.to(device=model.device, dtype=model.dtype)
         return cls(model, tok, drafter, spec, note, backend)
+
+    @classmethod
+    def from_args(cls, args, spec: TreeSpec | None = None, **overrides) -> EagleSpec:
+        """from_pretrained with the shared CLI model flags (cli.add_model_args)."""
+        kw = dict(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype, spec=spec,
+                  aux_rule=args.aux_rule, strict=getattr(args, "strict", False))
+        kw.update(overrides)
+        return cls.from_pretrained(**kw)
 
     # -- prompts ----------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[dict] | Sequence[int], raw: bool = False) -> list[int]:

@@ -420,7 +420,7 @@ def _methods(text: str) -> list[str]:
 def _load(args, dtype):
     from .api import EagleSpec
 
-    es = EagleSpec.from_pretrained(args.target, args.draft, args.device, dtype, None, args.aux_rule, backend="hf")
+    es = EagleSpec.from_args(args, None, dtype=dtype, backend="hf")
     return es
 
 

@@ -104,7 +104,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     _non_negative(args, "max_new_tokens", "k", "top_k", "depth", "budget")
     spec = tree_spec(args.tree, args.k, args.top_k, args.depth, args.budget)
-    es = EagleSpec.from_pretrained(args.target, args.draft, args.device, args.dtype, spec, args.aux_rule)
+    es = EagleSpec.from_args(args, spec)
     if not args.quiet:
         print(f"eaglespec: {es.draft_note}", file=sys.stderr, flush=True)
     chat_loop(es, sys.stdin, sys.stdout, sys.stderr, args.system, args.max_new_tokens, args.quiet,

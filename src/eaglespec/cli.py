@@ -28,6 +28,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aux-rule", default="auto", choices=["auto", "output", "entering"],
                    help="how to read the checkpoint's aux layer ids: auto (+1 when the first id is 1, as SGLang), "
                         "output (output-of-layer ids, +1), entering (as written)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a drafter whose manifest names a different target (default: warn)")
 
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
@@ -81,7 +83,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         prompt = args.prompt
     spec = tree_spec(args.tree, args.k, args.top_k, args.depth, args.budget)
-    es = EagleSpec.from_pretrained(args.target, args.draft, args.device, args.dtype, spec, args.aux_rule)
+    es = EagleSpec.from_args(args, spec)
     _log(f"eaglespec: {es.draft_note}")
     out = es.generate(prompt, args.max_new_tokens, raw=args.raw,
                       **sampling_options(args, getattr(es.model, "generation_config", None)))

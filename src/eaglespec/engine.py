@@ -175,7 +175,7 @@ class SpeculativeEngine:
         target.commit(acc.rows)  # contract 7: gathered by the flatten map, never by token equality
         if self.speculating:
             pending_feats = torch.cat([pending_feats, out.features[acc.rows]])
-        emitted = flat.tokens[acc.rows[1:]].tolist() + [acc.bonus]
+        emitted = [*flat.tokens[acc.rows[1:]].tolist(), acc.bonus]
         t3 = time.perf_counter()
         result.rounds.append(RoundStats(drafted=tree.size - 1, accepted=acc.accepted, emitted=len(emitted),
                                         draft_s=t1 - t0, verify_s=t2 - t1, commit_s=t3 - t2,

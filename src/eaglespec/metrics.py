@@ -491,7 +491,7 @@ def cmd_report(args) -> int:
         if not prompts:
             raise EagleSpecError("no prompts to run (--limit 0?)")
         spec = tree_spec(args.tree, args.k, args.top_k, args.depth, args.budget)
-        es = EagleSpec.from_pretrained(args.target, args.draft, args.device, args.dtype, spec, args.aux_rule)
+        es = EagleSpec.from_args(args, spec)
         print(f"eaglespec: {es.draft_note}", file=sys.stderr, flush=True)
         summary = run_report(es, prompts, args.max_new_tokens, raw=args.raw, temperature=args.temperature,
                              top_p=args.top_p, seed=args.seed)

@@ -508,7 +508,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port < 65536:
         raise EagleSpecError(f"--port must be in 0..65535, got {args.port}")
     spec = tree_spec(args.tree, args.k, args.top_k, args.depth, args.budget)
-    es = EagleSpec.from_pretrained(args.target, args.draft, args.device, args.dtype, spec, args.aux_rule)
+    es = EagleSpec.from_args(args, spec)
     print(f"eaglespec: {es.draft_note}", flush=True)
     name = args.model_name or (Path(args.target).name if args.target else DEFAULT_TARGET)
     key = args.api_key or os.environ.get("EAGLESPEC_API_KEY") or None

@@ -93,6 +93,18 @@ def load_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     return _load_bin(path)
 
 
+def replace_dir(new: Path, directory: Path) -> None:
+    """Put the finished directory `new` at `directory` by renames (the old one is removed only after)."""
+    if directory.exists():
+        backup = directory.with_name(f".{directory.name}.old")
+        shutil.rmtree(backup, ignore_errors=True)
+        os.replace(directory, backup)
+        os.replace(new, directory)
+        shutil.rmtree(backup, ignore_errors=True)
+    else:
+        os.replace(new, directory)
+
+
 def save_state_dict(
     state: Mapping[str, torch.Tensor],
     directory: Path,
@@ -136,14 +148,7 @@ def save_state_dict(
         (tmp / "config.json").write_text(json.dumps(dict(config), indent=2) + "\n")
         for fname, text in (extra_files or {}).items():
             (tmp / fname).write_text(text)
-        if directory.exists():
-            backup = directory.with_name(f".{directory.name}.old")
-            shutil.rmtree(backup, ignore_errors=True)
-            os.replace(directory, backup)
-            os.replace(tmp, directory)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            os.replace(tmp, directory)
+        replace_dir(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return directory

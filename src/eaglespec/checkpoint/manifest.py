@@ -48,12 +48,14 @@ def weight_digest(model) -> str:
 
 
 def tokenizer_digest(tokenizer) -> str | None:
+    """Vocabulary, chat template and special-token ids: stable across transformers versions (the
+    serialized special-token map is not: 5.17 and 5.24 print it differently)."""
     if tokenizer is None:
         return None
     vocab = tokenizer.get_vocab()
+    special = {k: getattr(tokenizer, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")}
     payload = {"vocab": sorted(vocab.items(), key=lambda kv: kv[1]),
-               "chat_template": getattr(tokenizer, "chat_template", None),
-               "special": {k: str(v) for k, v in sorted(getattr(tokenizer, "special_tokens_map", {}).items())}}
+               "chat_template": getattr(tokenizer, "chat_template", None), "special_ids": special}
     return _sha(json.dumps(payload, default=str).encode())
 
 

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..errors import EagleSpecError
 from .base import TargetOutput
-from .hf import decoder_layers
+from .capture import decoder_layers
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)

@@ -14,20 +14,7 @@ from torch import nn
 
 from ..draft.layers import additive_mask
 from .base import TargetOutput
-
-
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layer list of a HF causal LM (model.model.layers for Llama-like models)."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
-    for attr in ("layers", "h", "blocks"):
-        layers = getattr(decoder, attr, None)
-        if isinstance(layers, nn.ModuleList):
-            return layers
-    raise TypeError(f"cannot find the decoder layers of {type(model).__name__}")
-
-
-def _first_tensor(x):
-    return x[0] if isinstance(x, tuple | list) else x
+from .capture import FeatureCapture, decoder_layers
 
 
 class HFTarget:
@@ -46,10 +33,7 @@ class HFTarget:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._captured: dict[int, torch.Tensor] = {}
-        self._hooks: list = []
-        self.feature_layer_ids: tuple[int, ...] = ()
-        self.set_feature_layers(feature_layer_ids)
+        self.capture = FeatureCapture(self.layers, feature_layer_ids)
         self.reset()
 
     # -- setup ----------------------------------------------------------------------------------
@@ -64,29 +48,13 @@ class HFTarget:
     def embedding(self) -> nn.Module:
         return self.model.get_input_embeddings()
 
+    @property
+    def feature_layer_ids(self) -> tuple[int, ...]:
+        return self.capture.ids
+
     def set_feature_layers(self, ids: tuple[int, ...]) -> None:
-        """Capture the states entering layers `ids` (contract 3: id L = the last layer's output)."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        for j in sorted(set(ids)):
-            if not 0 <= j <= self.num_layers:
-                raise ValueError(f"feature layer id {j} out of range 0..{self.num_layers}")
-            if j < self.num_layers:
-                self._hooks.append(self.layers[j].register_forward_pre_hook(self._pre_hook(j), with_kwargs=True))
-            else:
-                self._hooks.append(self.layers[j - 1].register_forward_hook(self._post_hook(j)))
-        self.feature_layer_ids = tuple(ids)
-
-    def _pre_hook(self, j: int):
-        def hook(_module, args, kwargs):
-            self._captured[j] = args[0] if args else kwargs["hidden_states"]
-        return hook
-
-    def _post_hook(self, j: int):
-        def hook(_module, _args, output):
-            self._captured[j] = _first_tensor(output)
-        return hook
+        """Capture the states entering layers `ids` (contract 3, see target/capture.py)."""
+        self.capture.set(ids)
 
     def reset(self) -> None:
         from transformers import DynamicCache
@@ -107,7 +75,7 @@ class HFTarget:
             visible = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
         full = torch.cat([torch.ones(t, past, dtype=torch.bool, device=dev), visible.to(dev)], dim=1)
         mask = additive_mask(full, self.dtype)[None, None]  # [1, 1, T, past + T]
-        self._captured.clear()
+        self.capture.clear()
         out = self.model(
             input_ids=tokens.to(dev)[None],
             position_ids=(past + depths.to(dev))[None],
@@ -116,9 +84,8 @@ class HFTarget:
             **{self._cache_kw: self.cache},
         )
         self._pending = t
-        feats = [self._captured[j][0] for j in self.feature_layer_ids]
-        features = torch.cat(feats, dim=-1) if feats else torch.empty(t, 0, device=dev, dtype=self.dtype)
-        self._captured.clear()
+        feats = self.capture.take()  # [1, T, n*H] or None
+        features = feats[0] if feats is not None else torch.empty(t, 0, device=dev, dtype=self.dtype)
         return TargetOutput(logits=out.logits[0], features=features)
 
     def _truncate(self, n: int) -> None:

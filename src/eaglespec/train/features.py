@@ -17,7 +17,7 @@ import torch
 from ..checkpoint.manifest import manifest_mismatches
 from ..draft.layers import additive_mask
 from ..errors import EagleSpecError
-from ..target.hf import decoder_layers
+from ..target.capture import FeatureCapture, decoder_layers
 from .data import Packed
 
 
@@ -45,36 +45,17 @@ class TargetFeatures:
             p.requires_grad_(False)
         self.layers = decoder_layers(model)
         self.layer_ids = tuple(int(j) for j in layer_ids)
-        n = len(self.layers)
-        for j in self.layer_ids:
-            if not 0 <= j <= n:
-                raise EagleSpecError(f"feature layer id {j} is out of range for a {n}-layer target (0..{n})")
-        self._captured: dict[int, torch.Tensor] = {}
-        self._hooks = []
-        for j in sorted(set(self.layer_ids)):
-            if j < n:
-                self._hooks.append(self.layers[j].register_forward_pre_hook(self._pre(j), with_kwargs=True))
-            else:
-                self._hooks.append(self.layers[n - 1].register_forward_hook(self._post(j)))
+        try:
+            self.capture = FeatureCapture(self.layers, self.layer_ids)
+        except ValueError as exc:
+            raise EagleSpecError(str(exc)) from None
         self.lm_head = model.get_output_embeddings()
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.vocab_size = self.lm_head.weight.shape[0]
 
-    def _pre(self, j: int):
-        def hook(_m, args, kwargs):
-            self._captured[j] = args[0] if args else kwargs["hidden_states"]
-        return hook
-
-    def _post(self, j: int):
-        def hook(_m, _args, out):
-            self._captured[j] = out[0] if isinstance(out, tuple | list) else out
-        return hook
-
     def close(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        self.capture.close()
 
     @property
     def device(self) -> torch.device:
@@ -86,13 +67,11 @@ class TargetFeatures:
         packed = packed.to(dev)
         dtype = self.lm_head.weight.dtype
         mask = additive_mask(packed_visible(packed), dtype)[None, None]  # [1, 1, N, N]
-        self._captured.clear()
+        self.capture.clear()
         out = self.model.get_decoder()(input_ids=packed.tokens[None], position_ids=packed.position[None],
                                        attention_mask=mask, use_cache=False)
         hidden = out.last_hidden_state[0] if hasattr(out, "last_hidden_state") else out[0][0]
-        feats = torch.cat([self._captured[j][0] for j in self.layer_ids], dim=-1)
-        self._captured.clear()
-        return TargetBatch(features=feats, hidden=hidden)
+        return TargetBatch(features=self.capture.take()[0], hidden=hidden)
 
     @torch.no_grad()
     def batch(self, packs: list[Packed]) -> list[TargetBatch]:
@@ -111,12 +90,11 @@ class TargetFeatures:
             tokens[i, : lens[i]] = p.tokens
             position[i, : lens[i]] = p.position
             vis[i, : lens[i], : lens[i]] = packed_visible(p)
-        self._captured.clear()
+        self.capture.clear()
         out = self.model.get_decoder()(input_ids=tokens, position_ids=position,
                                        attention_mask=additive_mask(vis, dtype)[:, None], use_cache=False)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        feats = torch.cat([self._captured[j] for j in self.layer_ids], dim=-1)
-        self._captured.clear()
+        feats = self.capture.take()
         return [TargetBatch(features=feats[i, :n], hidden=hidden[i, :n]) for i, n in enumerate(lens)]
 
     @torch.no_grad()

@@ -33,6 +33,7 @@ from torch import nn
 
 from ..checkpoint.config import DraftConfig, default_aux_layer_ids
 from ..checkpoint.drafter import build_drafter, save_drafter
+from ..checkpoint.io import replace_dir
 from ..checkpoint.manifest import build_manifest
 from ..errors import EagleSpecError
 from . import losses
@@ -459,14 +460,7 @@ def write_checkpoint(out: Path, trainer: Trainer, step: int, total: int, manifes
     os.replace(tmp / (STATE_FILE + ".tmp"), tmp / STATE_FILE)
     if (out / LOG_FILE).is_file():
         shutil.copy2(out / LOG_FILE, tmp / LOG_FILE)
-    if out.exists():
-        backup = out.with_name(f".{out.name}.old")
-        shutil.rmtree(backup, ignore_errors=True)
-        os.replace(out, backup)
-        os.replace(tmp, out)
-        shutil.rmtree(backup, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
+    replace_dir(tmp, out)
 
 
 def read_training_state(out: Path) -> dict[str, Any]:
