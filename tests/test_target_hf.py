@@ -86,3 +86,19 @@ def test_rejected_rows_are_dropped_before_the_next_forward():
     out = target.forward(torch.tensor([10]))
     ref = model(torch.tensor([[4, 5, 6, 10]])).logits[0, -1]
     torch.testing.assert_close(out.logits[-1], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_sliding_window_beyond_the_window_is_refused():
+    """One 4-D mask cannot window sliding layers: past the window we refuse, never return wrong logits."""
+    import transformers as tf
+
+    from eaglespec.errors import EagleSpecError
+
+    torch.manual_seed(0)
+    cfg = tf.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
+    target = HFTarget(tf.MistralForCausalLM(cfg).eval())
+    target.forward(torch.arange(3, 9))  # 6 tokens: inside the window, fine
+    target.commit(torch.arange(6))
+    with pytest.raises(EagleSpecError, match="sliding window"):
+        target.forward(torch.arange(3, 7))

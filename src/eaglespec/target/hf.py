@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..draft.layers import additive_mask
+from ..errors import EagleSpecError
 from .base import TargetOutput
 from .capture import FeatureCapture, decoder_layers
 
@@ -34,6 +35,12 @@ class HFTarget:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.capture = FeatureCapture(self.layers, feature_layer_ids)
+        # One 4-D mask serves every layer, so sliding-window layers would see past their window:
+        # refuse sequences longer than the window rather than return silently different logits.
+        window = getattr(cfg, "sliding_window", None)
+        uses_window = window and (getattr(cfg, "use_sliding_window", True) is not False) and (
+            "sliding_attention" in (getattr(cfg, "layer_types", None) or ["sliding_attention"]))
+        self.max_len = int(window) if uses_window else None
         self.reset()
 
     # -- setup ----------------------------------------------------------------------------------
@@ -69,6 +76,9 @@ class HFTarget:
                 visible: torch.Tensor | None = None) -> TargetOutput:
         self._drop_pending()
         t, past, dev = tokens.shape[0], self.committed_len, self.device
+        if self.max_len is not None and past + t > self.max_len:
+            raise EagleSpecError(f"sequence of {past + t} tokens exceeds the target's sliding window "
+                                 f"({self.max_len}): the generic HF backend does not window its tree mask")
         if depths is None:
             depths = torch.arange(t, device=dev)
         if visible is None:
