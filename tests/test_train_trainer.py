@@ -156,3 +156,26 @@ def test_batched_target_forward_matches_per_pack():
     for one, many in zip([trainer.extractor(p) for p in packs], trainer.extractor.batch(packs)):
         torch.testing.assert_close(many.features, one.features, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(many.hidden, one.hidden, atol=1e-5, rtol=1e-5)
+
+
+def test_batched_packs_equal_pack_by_pack():
+    """EAGLE-3 runs all packs of a step in one batched drafter call: same loss and grads as one by one."""
+    model = sharp_target()
+    drafter = new_drafter(model, "eagle3", None, seed=0)
+    trainer = Trainer(model, drafter, small_cfg(method="eagle3"))
+    samples = greedy_samples(model, 6, new=10)
+    preps = trainer.prepare_many([samples[:1], samples[1:3], samples[3:]])  # packs of different sizes
+    counts = torch.stack([p.sup.sum(1) for p in preps]).sum(0).float()
+    loss, stats = trainer.micro_loss(preps, counts)
+    loss.backward()
+    grads = [p.grad.clone() for p in drafter.parameters()]
+    drafter.zero_grad(set_to_none=True)
+    ref_loss, ref_stats = 0.0, torch.zeros_like(stats)
+    for prep in preps:
+        part, st = trainer.micro_loss(prep, counts)
+        part.backward()
+        ref_loss, ref_stats = ref_loss + part.detach(), ref_stats + st
+    torch.testing.assert_close(loss.detach(), ref_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stats, ref_stats, rtol=1e-5, atol=1e-4)
+    for g, p in zip(grads, drafter.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)

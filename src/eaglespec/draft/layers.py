@@ -36,8 +36,8 @@ class Rotary(nn.Module):
         self.rotary_dim = rotary_dim
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, rot/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [T, rot]
+        freqs = positions.float()[..., None] * self.inv_freq  # [(B,) T, rot/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [(B,) T, rot]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     @staticmethod
@@ -46,7 +46,7 @@ class Rotary(nn.Module):
         return torch.cat([-x2, x1], dim=-1)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [B, H, T, D]; cos/sin: [T, rot]."""
+        """x: [B, H, T, D]; cos/sin: [T, rot] or [B, 1, T, rot]."""
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
         rot = rot * cos + self._rotate_half(rot) * sin
         return torch.cat([rot, rest], dim=-1) if rest.shape[-1] else rot
@@ -73,7 +73,7 @@ def scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 
 class KVCache:
-    """One layer's keys/values, [1, H_kv, S, D], grown by appending and cut back by `crop`."""
+    """One layer's keys/values, [B, H_kv, S, D] (B = 1 at inference), grown by appending, cut by `crop`."""
 
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
@@ -122,22 +122,31 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 visible: torch.Tensor | None) -> torch.Tensor:
-        """x: [T, in]; positions: [T]; visible: [T, S_past+T] bool (None = causal)."""
-        t = x.shape[0]
-        q = self.q_proj(x).view(1, t, self.heads, self.head_dim).transpose(1, 2)  # [1, H, T, D]
-        k = self.k_proj(x).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        """x: [T, in]; positions: [T]; visible: [T, S_past+T] bool (None = causal).
+
+        Training may pass a leading batch dim (independent sequences): x [B, T, in], positions
+        [B, T], visible [B, T, S]; the cache then holds [B, H_kv, S, D].
+        """
+        batched = x.dim() == 3
+        b, t = (x.shape[0], x.shape[1]) if batched else (1, x.shape[0])
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = self.rotary.cos_sin(positions, q.dtype)
+        if batched:
+            cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, rot]
         q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
         past = cache.length
-        k_all, v_all = cache.append(k, v)  # [1, Hkv, S, D]
+        k_all, v_all = cache.append(k, v)  # [B, Hkv, S, D]
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             k_all, v_all = k_all.repeat_interleave(rep, dim=1), v_all.repeat_interleave(rep, dim=1)
         if visible is None:
             visible = causal_visible(t, past, x.device)
-        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=additive_mask(visible, q.dtype))
-        return self.o_proj(out.transpose(1, 2).reshape(t, self.heads * self.head_dim))
+        mask = additive_mask(visible, q.dtype)
+        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask[:, None] if batched else mask)
+        out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
+        return self.o_proj(out if batched else out[0])
 
 
 class MLP(nn.Module):

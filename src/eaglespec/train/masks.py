@@ -13,17 +13,17 @@ import torch
 
 
 def prefix_visible(segment: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """[M, M] bool: step-0 row j is visible from anchor r iff same segment and src_j <= src_r."""
-    return (segment[:, None] == segment[None, :]) & (src[None, :] <= src[:, None])
+    """[(P,) M, M] bool: step-0 row j is visible from anchor r iff same segment and src_j <= src_r."""
+    return (segment[..., :, None] == segment[..., None, :]) & (src[..., None, :] <= src[..., :, None])
 
 
 def step_visible(segment: torch.Tensor, src: torch.Tensor, step: int,
                  prefix: torch.Tensor | None = None) -> torch.Tensor:
-    """[M, (step+1)*M] bool: visibility of the step-`step` queries over all keys so far."""
-    m = segment.shape[0]
+    """[(P,) M, (step+1)*M] bool: visibility of the step-`step` queries over all keys so far."""
+    m = segment.shape[-1]
     if prefix is None:
         prefix = prefix_visible(segment, src)
     if step == 0:
         return prefix
-    eye = torch.eye(m, dtype=torch.bool, device=segment.device)
-    return torch.cat([prefix] + [eye] * step, dim=1)
+    eye = torch.eye(m, dtype=torch.bool, device=segment.device).expand_as(prefix)
+    return torch.cat([prefix] + [eye] * step, dim=-1)

@@ -223,6 +223,50 @@ class Prepared:
     seconds: float = 0.0
 
 
+@dataclass
+class PackBatch:
+    """Several packs' row plans padded to one [P, M] batch (padding rows see only themselves)."""
+
+    features: torch.Tensor  # [P, M, F] target features f_t of each row's source
+    tokens: torch.Tensor  # [R, P, M] x_{t+1+s}
+    position: torch.Tensor  # [P, M]
+    segment: torch.Tensor  # [P, M]: padding gets unique negative ids
+    src: torch.Tensor  # [P, M]
+    sup: torch.Tensor  # [R, P, M] bool
+    label_row: torch.Tensor  # [R, P, M] rows of `probs` (offset per pack)
+    probs: torch.Tensor  # [sum n_need, Vd]
+    argmax: torch.Tensor  # [sum n_need]
+
+
+def _stack(preps: list[Prepared], steps: int) -> PackBatch:
+    p_count, m = len(preps), max(p.plan.num_rows for p in preps)
+    dev = preps[0].plan.src.device
+    feat_dim = preps[0].target.features.shape[-1]
+    b = PackBatch(
+        features=preps[0].target.features.new_zeros(p_count, m, feat_dim),
+        tokens=torch.zeros(steps, p_count, m, dtype=torch.long, device=dev),
+        position=torch.zeros(p_count, m, dtype=torch.long, device=dev),
+        segment=-1 - torch.arange(m, device=dev).repeat(p_count, 1),
+        src=torch.zeros(p_count, m, dtype=torch.long, device=dev),
+        sup=torch.zeros(steps, p_count, m, dtype=torch.bool, device=dev),
+        label_row=torch.zeros(steps, p_count, m, dtype=torch.long, device=dev),
+        probs=torch.cat([p.probs for p in preps]),
+        argmax=torch.cat([p.argmax for p in preps]),
+    )
+    offset = 0
+    for i, p in enumerate(preps):
+        n, plan = p.plan.num_rows, p.plan
+        b.features[i, :n] = p.target.features[plan.src]
+        b.tokens[:, i, :n] = p.packed.tokens[plan.next_index]
+        b.position[i, :n] = plan.position
+        b.segment[i, :n] = plan.segment
+        b.src[i, :n] = plan.src
+        b.sup[:, i, :n] = p.sup
+        b.label_row[:, i, :n] = p.label_row + offset
+        offset += p.probs.shape[0]
+    return b
+
+
 class Trainer:
     def __init__(self, model: nn.Module, drafter: nn.Module, cfg: TrainConfig, tokenizer=None):
         self.model, self.drafter, self.cfg, self.tokenizer = model, drafter, cfg, tokenizer
@@ -277,36 +321,49 @@ class Trainer:
             return torch.autocast(self.device.type, enabled=False)
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def micro_loss(self, prep: Prepared, counts: torch.Tensor, training: bool = True):
-        """Weighted sum of per-step masked sums / global counts; and metric sums [R, 4]."""
-        if self.method == "eagle3":
-            return self._eagle3(prep, counts)
-        return self._eagle1_hass(prep, counts, training)
+    def micro_loss(self, preps: Prepared | list[Prepared], counts: torch.Tensor, training: bool = True):
+        """Weighted sum of per-step masked sums / global counts; and metric sums [R, 4].
 
-    def _eagle3(self, prep: Prepared, counts: torch.Tensor):
-        plan, d = prep.plan, self.drafter
+        EAGLE-3 runs all packs in one batched drafter call per TTT step (the drafter takes a leading
+        batch dim); EAGLE-1/HASS go pack by pack.
+        """
+        preps = [preps] if isinstance(preps, Prepared) else preps
+        if self.method == "eagle3":
+            return self._eagle3(preps, counts)
+        total = torch.zeros((), device=self.device)
+        stats = torch.zeros(self.steps_per_row, 4, device=self.device)
+        for prep in preps:
+            loss, st = self._eagle1_hass(prep, counts, training)
+            total, stats = total + loss, stats + st
+        return total, stats
+
+    def _eagle3(self, preps: list[Prepared], counts: torch.Tensor):
+        d = self.drafter
         stats = torch.zeros(self.steps_per_row, 4, device=self.device)  # loss sum, correct, count, state norm
         total = torch.zeros((), device=self.device)
-        if plan.num_rows == 0:
+        preps = [p for p in preps if p.plan.num_rows]
+        if not preps:
             return total, stats
-        prefix = prefix_visible(plan.segment, plan.src)
+        b = _stack(preps, self.steps_per_row)
+        prefix = prefix_visible(b.segment, b.src)  # [P, M, M]
         cache = d.new_cache()
         with self._autocast():
-            state = d.project(prep.target.features[plan.src])  # [M, H]
+            state = d.project(b.features)  # [P, M, H]
             for s in range(self.steps_per_row):
-                tokens = prep.packed.tokens[plan.next_index[s]]  # x_{t+1+s}
-                visible = step_visible(plan.segment, plan.src, s, prefix)  # [M, (s+1) M]
-                logits, state = d(state, tokens, plan.position + s, cache, visible)
-                rows = prep.sup[s].nonzero().squeeze(1)
+                visible = step_visible(b.segment, b.src, s, prefix)  # [P, M, (s+1) M]
+                logits, state = d(state, b.tokens[s], b.position + s, cache, visible)
+                rows = b.sup[s].reshape(-1).nonzero().squeeze(1)  # flattened (pack, row) indices
                 if rows.numel():
-                    lab = prep.label_row[s, rows]
-                    ce = losses.soft_ce_sum(logits[rows], prep.probs[lab])
+                    flat_logits = logits.reshape(-1, logits.shape[-1])[rows]
+                    lab = b.label_row[s].reshape(-1)[rows]
+                    ce = losses.soft_ce_sum(flat_logits, b.probs[lab])
                     total = total + self.weights[s] * ce / counts[s].clamp(min=1)
                     with torch.no_grad():
                         stats[s, 0] = ce.detach()
-                        stats[s, 1] = (logits[rows].argmax(-1) == prep.argmax[lab]).sum()
+                        stats[s, 1] = (flat_logits.argmax(-1) == b.argmax[lab]).sum()
                         stats[s, 2] = rows.numel()
-                        stats[s, 3] = state[rows].detach().float().norm(dim=-1).sum()
+                        flat_state = state.reshape(-1, state.shape[-1])[rows]
+                        stats[s, 3] = flat_state.detach().float().norm(dim=-1).sum()
         return total, stats
 
     def _eagle1_hass(self, prep: Prepared, counts: torch.Tensor, training: bool):
@@ -365,11 +422,9 @@ class Trainer:
         self.drafter.train()
         stats = torch.zeros(self.steps_per_row, 4, device=self.device)
         extract_s = sum(p.seconds for p in preps)
-        for prep in preps:
-            loss, st = self.micro_loss(prep, counts)
-            stats += st
-            if loss.requires_grad:
-                loss.backward()
+        loss, stats = self.micro_loss(preps, counts)
+        if loss.requires_grad:
+            loss.backward()
         self._reduce_grads()
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.clip)
@@ -422,9 +477,8 @@ class Trainer:
         for p in mine:
             counts += p.sup.sum(1).float()
         _all_reduce(counts)
-        for p in mine:
-            _, st = self.micro_loss(p, counts, training=False)
-            stats += st
+        if mine:
+            _, stats = self.micro_loss(mine, counts, training=False)
         _all_reduce(stats)
         return self._metrics(stats, counts)
 
