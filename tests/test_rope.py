@@ -71,7 +71,7 @@ def test_scaled_rope_matches_transformers(scaling):
     from eaglespec.draft.layers import Rotary
 
     cfg = LlamaConfig(hidden_size=512, num_attention_heads=4, max_position_embeddings=131072,
-                      rope_parameters={"rope_theta": 500000.0, **scaling})
+                      rope_theta=500000.0, rope_scaling=dict(scaling))  # 5.x maps these to rope_parameters
     ref, _ = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](cfg, "cpu")
     ours = Rotary(128, 500000.0, scaling).inv_freq
     torch.testing.assert_close(ours, ref.float(), rtol=1e-6, atol=0)

@@ -17,9 +17,6 @@ import torch
 from ..errors import EagleSpecError
 
 MANIFEST_VERSION = 1
-_VOLATILE_CONFIG_KEYS = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "_attn_implementation",
-                         "_attn_implementation_internal", "attn_implementation", "use_cache", "architectures",
-                         "quantization_config", "_commit_hash", "name_or_path"}
 _SAMPLES_PER_TENSOR = 4096
 
 
@@ -27,9 +24,20 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:32]
 
 
+_ARCH_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps", "tie_word_embeddings",
+              "hidden_act", "attention_bias", "mlp_bias")
+
+
 def config_digest(model) -> str:
+    """The architecture-defining fields plus the resolved rope: stable across transformers versions
+    (4.x and 5.x serialize the rest of a config differently, e.g. rope_scaling vs rope_parameters)."""
+    from .rope import resolve_rope_theta, rope_parameters
+
     cfg = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
-    keep = {k: v for k, v in cfg.items() if k not in _VOLATILE_CONFIG_KEYS}
+    keep = {k: cfg.get(k) for k in _ARCH_KEYS}
+    rope = {k: v for k, v in rope_parameters(cfg).items() if k not in ("rope_theta", "rope_type", "type")}
+    keep["rope"] = {"theta": resolve_rope_theta(cfg), **rope}
     return _sha(json.dumps(keep, sort_keys=True, default=str).encode())
 
 

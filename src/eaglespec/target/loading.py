@@ -38,15 +38,26 @@ def smollm2_gguf() -> Path:
 
 
 def default_target_dir() -> Path:
-    """The cached HF checkpoint of SmolLM2-135M-Instruct, converted from the GGUF on first use."""
-    out = cache_dir() / "targets" / DEFAULT_TARGET
+    """The cached HF checkpoint of SmolLM2-135M-Instruct, converted from the GGUF on first use.
+
+    One cache per transformers major version: a tokenizer saved by 5.x does not load in 4.x.
+    """
+    import transformers
+
+    major = transformers.__version__.split(".")[0]
+    out = cache_dir() / "targets" / f"{DEFAULT_TARGET}-transformers{major}"
     if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf()
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # SmolLM2-135M-Instruct's special tokens, set explicitly: the GGUF conversion of transformers 4.x
+    # makes <|im_start|> the EOS and prepends BOS to every encode, unlike the released model.
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, add_bos_token=False)
+    tok.bos_token, tok.eos_token, tok.pad_token = "<|im_start|>", "<|im_end|>", "<|im_end|>"
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    for cfg in (model.config, model.generation_config):
+        cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
