@@ -179,3 +179,17 @@ def test_batched_packs_equal_pack_by_pack():
     torch.testing.assert_close(stats, ref_stats, rtol=1e-5, atol=1e-4)
     for g, p in zip(grads, drafter.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_top_k_recall_is_logged_and_bounds_top_1():
+    from eaglespec.train.trainer import RECALL_K, topk_hits
+
+    logits = torch.tensor([[0.0, 3.0, 2.0, 1.0], [5.0, 0.0, 0.0, 4.0]])
+    assert int(topk_hits(logits, torch.tensor([2, 3]), k=2)) == 2  # second-best is within the top 2
+    assert int(topk_hits(logits, torch.tensor([3, 0]), k=2)) == 1  # third-best misses, best hits
+    model = sharp_target()
+    trainer = Trainer(model, new_drafter(model, "eagle3", None, seed=0), small_cfg(method="eagle3"))
+    m = trainer.train_step([greedy_samples(model, 4, new=8)], lr=1e-3)
+    recall, top1 = m[f"top{RECALL_K}_recall_by_step"], m["acc_by_step"]
+    assert len(recall) == len(top1) and all(r >= a for r, a in zip(recall, top1))
+    assert 0 < recall[0] <= 1

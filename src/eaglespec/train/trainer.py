@@ -223,6 +223,16 @@ class Prepared:
     seconds: float = 0.0
 
 
+NUM_STATS = 5  # per TTT/alignment step: loss sum, top-1 correct, rows, state norm | feature error, top-K hits
+RECALL_K = 10  # the default tree width: the target's token must be among the drafter's K best to be drafted
+
+
+def topk_hits(logits: torch.Tensor, target_ids: torch.Tensor, k: int = RECALL_K) -> torch.Tensor:
+    """How many rows have the target's argmax among the drafter's top-k (target top-1 recall@k)."""
+    k = min(k, logits.shape[-1])
+    return (logits.topk(k, dim=-1).indices == target_ids[:, None]).any(-1).sum()
+
+
 @dataclass
 class PackBatch:
     """Several packs' row plans padded to one [P, M] batch (padding rows see only themselves)."""
@@ -331,7 +341,7 @@ class Trainer:
         if self.method == "eagle3":
             return self._eagle3(preps, counts)
         total = torch.zeros((), device=self.device)
-        stats = torch.zeros(self.steps_per_row, 4, device=self.device)
+        stats = torch.zeros(self.steps_per_row, NUM_STATS, device=self.device)
         for prep in preps:
             loss, st = self._eagle1_hass(prep, counts, training)
             total, stats = total + loss, stats + st
@@ -339,7 +349,7 @@ class Trainer:
 
     def _eagle3(self, preps: list[Prepared], counts: torch.Tensor):
         d = self.drafter
-        stats = torch.zeros(self.steps_per_row, 4, device=self.device)  # loss sum, correct, count, state norm
+        stats = torch.zeros(self.steps_per_row, NUM_STATS, device=self.device)  # loss sum, correct, count, state norm
         total = torch.zeros((), device=self.device)
         preps = [p for p in preps if p.plan.num_rows]
         if not preps:
@@ -364,12 +374,13 @@ class Trainer:
                         stats[s, 2] = rows.numel()
                         flat_state = state.reshape(-1, state.shape[-1])[rows]
                         stats[s, 3] = flat_state.detach().float().norm(dim=-1).sum()
+                        stats[s, 4] = topk_hits(flat_logits, b.argmax[lab])
         return total, stats
 
     def _eagle1_hass(self, prep: Prepared, counts: torch.Tensor, training: bool):
         """EAGLE-1 (1 step) / HASS (n alignment steps): later steps read the draft's own features."""
         plan, d, cfg = prep.plan, self.drafter, self.cfg
-        stats = torch.zeros(self.steps_per_row, 4, device=self.device)  # loss, correct, count, feature err
+        stats = torch.zeros(self.steps_per_row, NUM_STATS, device=self.device)  # loss, correct, count, feature err
         total = torch.zeros((), device=self.device)
         if plan.num_rows == 0:
             return total, stats
@@ -405,6 +416,7 @@ class Trainer:
                         stats[s, 1] = (logits[rows].argmax(-1) == prep.argmax[lab]).sum()
                         stats[s, 2] = rows.numel()
                         stats[s, 3] = (state[rows].float() - tgt_feat.float()).norm(dim=-1).sum()
+                        stats[s, 4] = topk_hits(logits[rows], prep.argmax[lab])
         return total, stats
 
     # -- steps ------------------------------------------------------------------------------------
@@ -420,7 +432,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             return None
         self.drafter.train()
-        stats = torch.zeros(self.steps_per_row, 4, device=self.device)
+        stats = torch.zeros(self.steps_per_row, NUM_STATS, device=self.device)
         extract_s = sum(p.seconds for p in preps)
         loss, stats = self.micro_loss(preps, counts)
         if loss.requires_grad:
@@ -460,6 +472,7 @@ class Trainer:
         loss = sum(w * v for w, v in zip(self.weights, per_loss))
         out = {"loss": loss, "loss_by_step": per_loss, "acc_by_step": per_acc, "rows_by_step": s[:, 2].tolist()}
         key = "state_norm" if self.method == "eagle3" else "feature_err_by_step"
+        out[f"top{RECALL_K}_recall_by_step"] = (s[:, 4] / n).tolist()
         vals = (s[:, 3] / n).tolist()
         out[key] = vals[0] if self.method == "eagle3" else vals
         return out
@@ -469,7 +482,7 @@ class Trainer:
         """Loss and top-1 per step on held-out packs (sharded over ranks, reduced)."""
         world, rank = world_rank()
         self.drafter.eval()
-        stats = torch.zeros(self.steps_per_row, 4, device=self.device)
+        stats = torch.zeros(self.steps_per_row, NUM_STATS, device=self.device)
         counts = torch.zeros(self.steps_per_row, device=self.device)
         budget = self.cfg.pack_tokens or self.cfg.max_length
         mine = self.prepare_many([g for i, b in enumerate(batches) if i % world == rank
@@ -539,7 +552,8 @@ def _log(msg: str) -> None:
 
 def _fmt(m: dict[str, Any]) -> str:
     acc = " ".join(f"{a:.2f}" for a in m["acc_by_step"])
-    return f"loss {m['loss']:.4f} | top-1 by step [{acc}]"
+    recall = " ".join(f"{a:.2f}" for a in m[f"top{RECALL_K}_recall_by_step"])
+    return f"loss {m['loss']:.4f} | top-1 by step [{acc}] | top-{RECALL_K} recall by step [{recall}]"
 
 
 def total_steps(cfg: TrainConfig, n_train: int, world: int) -> int:
