@@ -73,3 +73,24 @@ def test_feature_cache_round_trip_and_refusal(tmp_path):
         open_feature_cache(tmp_path / "cache", sharp_target(seed=7))
     with pytest.raises(EagleSpecError, match="feature_layer_ids"):
         open_feature_cache(tmp_path / "cache", model, layer_ids=(1, 3))
+
+
+def test_offline_cached_features_train_like_online(tmp_path):
+    """`--feature-cache`: the cache is written once, checked, and a training step on it equals online."""
+    from eaglespec.train.features import attach_feature_cache
+    from eaglespec.train.trainer import TrainConfig, Trainer, drafter_config, new_drafter
+
+    model = sharp_target()
+    samples = greedy_samples(model, 4, new=8)
+    cfg = TrainConfig(steps=1, batch_size=4, lr=1e-3, ttt_steps=3, progress=False, eval_fraction=0.0, log_every=0)
+    ids = drafter_config(model, "eagle3", 1).aux_layer_ids
+    cached = attach_feature_cache(tmp_path / "fc", model, None, samples, ids)
+    assert all(s.features is not None and s.features.shape[0] == s.ids.numel() for s in cached)
+    metrics = []
+    for data in (samples, cached):
+        trainer = Trainer(model, new_drafter(model, "eagle3", None, seed=0), cfg)
+        metrics.append(trainer.train_step([data], lr=1e-3))
+    assert metrics[0]["loss"] == pytest.approx(metrics[1]["loss"], rel=1e-3)
+    assert metrics[0]["acc_by_step"] == metrics[1]["acc_by_step"]
+    with pytest.raises(EagleSpecError, match="other samples"):  # a cache of other data is refused
+        attach_feature_cache(tmp_path / "fc", model, None, samples[:2], ids)

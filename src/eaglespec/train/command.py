@@ -11,7 +11,7 @@ from ..errors import EagleSpecError
 
 TRAIN_FLAGS = ("target", "data", "method", "out", "steps", "epochs", "max_length", "batch_size", "lr", "ttt_steps",
                "draft_vocab", "device", "dtype", "grad_accum", "limit", "seed", "save_every", "eval_every",
-               "eval_fraction", "warmup_steps", "hass_steps", "noise", "weight_decay", "log_every")
+               "eval_fraction", "warmup_steps", "hass_steps", "noise", "weight_decay", "log_every", "feature_cache")
 
 
 def _log(msg: str) -> None:
@@ -48,6 +48,9 @@ def add_parser(subparsers) -> None:
     t.add_argument("--eval-fraction", type=float, default=None, help="held-out fraction of the data (0.02)")
     t.add_argument("--log-every", type=int, default=None)
     t.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    t.add_argument("--feature-cache", default=None,
+                   help="offline features: a directory of cached target features (written from --data on "
+                        "first use, refused when its manifest names another target or other layer ids)")
     t.set_defaults(func=cmd_train)
 
     r = subparsers.add_parser("regenerate", help="rewrite the assistant turns of a data file with the target")
@@ -112,6 +115,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                                 "hass_steps", "draft_vocab", "seed", "save_every", "eval_every", "eval_fraction",
                                 "warmup_steps", "noise", "weight_decay", "log_every") if o.get(k) is not None}
     cfg = TrainConfig(method=o.get("method") or "eagle3", device=device, **fields)
+    if o.get("feature_cache"):
+        from .features import attach_feature_cache
+        from .trainer import drafter_config
+
+        ids = drafter_config(model, cfg.method, 1).aux_layer_ids
+        samples = attach_feature_cache(o["feature_cache"], model, tok, samples, ids, rank=rank)
     res = train(model, samples, cfg, o["out"], tokenizer=tok, resume=o["resume"])
     if rank == 0 and res.history:
         last = res.history[-1]

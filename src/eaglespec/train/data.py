@@ -26,6 +26,8 @@ ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assi
 class Sample:
     ids: torch.Tensor  # [n] long
     loss_mask: torch.Tensor  # [n] bool (assistant tokens)
+    features: torch.Tensor | None = None  # [n, F] cached target aux features (offline training)
+    hidden: torch.Tensor | None = None  # [n, H] cached final hidden states (soft labels)
 
 
 @dataclass

@@ -189,3 +189,24 @@ def open_feature_cache(cache_dir: str | Path, model, tokenizer=None, layer_ids=N
             i, field = key.split(".", 1)
             items.setdefault(int(i), {})[field] = t
     return [items[i] for i in sorted(items)]
+
+
+def attach_feature_cache(cache_dir: str | Path, model, tokenizer, samples: list, layer_ids: tuple[int, ...],
+                         *, rank: int = 0) -> list:
+    """Offline training: write the cache for `samples` when `cache_dir` has none (rank 0), then read it
+    back (its manifest checked against this target and these layer ids) into each sample."""
+    from ..checkpoint.manifest import build_manifest
+    from .data import Sample
+
+    cache_dir = Path(cache_dir)
+    if not (cache_dir / CACHE_MANIFEST).is_file() and rank == 0:
+        extractor = TargetFeatures(model, layer_ids)
+        manifest = build_manifest(model, tokenizer, method="features", feature_layer_ids=layer_ids)
+        write_feature_cache(extractor, samples, cache_dir, manifest)
+        extractor.close()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    items = open_feature_cache(cache_dir, model, tokenizer, layer_ids)
+    if len(items) != len(samples) or any(not torch.equal(it["ids"], s.ids) for it, s in zip(items, samples)):
+        raise EagleSpecError(f"{cache_dir}: the feature cache holds other samples than --data (use another directory)")
+    return [Sample(s.ids, s.loss_mask, it["features"], it["hidden"]) for s, it in zip(samples, items)]

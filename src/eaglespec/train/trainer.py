@@ -35,6 +35,7 @@ from ..checkpoint.config import DraftConfig, default_aux_layer_ids
 from ..checkpoint.drafter import build_drafter, save_drafter
 from ..checkpoint.io import replace_dir
 from ..checkpoint.manifest import build_manifest
+from ..checkpoint.rope import resolve_rope_theta
 from ..errors import EagleSpecError
 from . import losses
 from .data import Packed, Sample, group_for_packing, pack, split_eval
@@ -153,7 +154,7 @@ def drafter_config(model, method: str, draft_vocab_size: int) -> DraftConfig:
         head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab_size=vocab,
         draft_vocab_size=draft_vocab_size if method == "eagle3" else vocab, target_hidden_size=c.hidden_size,
         aux_layer_ids=ids, rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
-        rope_theta=float(getattr(c, "rope_theta", None) or 10000.0),
+        rope_theta=resolve_rope_theta(c.to_dict()),  # 5.x keeps it under rope_parameters
         max_position_embeddings=getattr(c, "max_position_embeddings", 8192))
 
 
@@ -302,7 +303,11 @@ class Trainer:
         """Pack each group, run the target ONCE over all packs, then build each pack's labels."""
         t0 = time.perf_counter()
         packs = [pack(g).to(self.device) for g in groups]
-        targets = self.extractor.batch(packs) if packs else []
+        if groups and all(smp.features is not None for g in groups for smp in g):  # offline: cached features
+            targets = [TargetBatch(features=torch.cat([smp.features for smp in g]).to(self.device),
+                                   hidden=torch.cat([smp.hidden for smp in g]).to(self.device)) for g in groups]
+        else:
+            targets = self.extractor.batch(packs) if packs else []
         preps = [self._labels(p, tb) for p, tb in zip(packs, targets)]
         for p in preps:
             p.seconds = (time.perf_counter() - t0) / len(preps)
