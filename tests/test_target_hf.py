@@ -88,17 +88,53 @@ def test_rejected_rows_are_dropped_before_the_next_forward():
     torch.testing.assert_close(out.logits[-1], ref, atol=1e-5, rtol=1e-5)
 
 
-def test_sliding_window_beyond_the_window_is_refused():
-    """One 4-D mask cannot window sliding layers: past the window we refuse, never return wrong logits."""
+def _sliding_target(kind: str, window: int = 6):
     import transformers as tf
 
-    from eaglespec.errors import EagleSpecError
-
     torch.manual_seed(0)
-    cfg = tf.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
-    target = HFTarget(tf.MistralForCausalLM(cfg).eval())
-    target.forward(torch.arange(3, 9))  # 6 tokens: inside the window, fine
-    target.commit(torch.arange(6))
-    with pytest.raises(EagleSpecError, match="sliding window"):
-        target.forward(torch.arange(3, 7))
+    common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, sliding_window=window, max_position_embeddings=512, pad_token_id=0,
+                  bos_token_id=1, eos_token_id=2)
+    if kind == "gemma3":  # sliding and full layers mixed: the model takes a per-layer-type mask dict
+        types = ["sliding_attention", "full_attention"] * 2
+        cfg, cls = tf.Gemma3TextConfig(head_dim=8, layer_types=types, **common), tf.Gemma3ForCausalLM
+    else:  # every layer sliding
+        cfg, cls = tf.MistralConfig(**common), tf.MistralForCausalLM
+    cfg._attn_implementation = "sdpa"
+    model = cls(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "mistral"])
+def test_sliding_window_targets_stay_exact_past_the_window(kind):
+    """Tree rows under a sliding window: keys outside the window are masked per layer type."""
+    from conftest import reference_greedy, tiny_drafter
+
+    from eaglespec.engine import SpeculativeEngine
+    from eaglespec.tree import TreeSpec
+
+    model = _sliding_target(kind)
+    target = HFTarget(model)
+    assert target.window == 6 and target.mixed_layers == (kind == "gemma3")
+    for spec in (TreeSpec("chain", depth=3), TreeSpec("dynamic", depth=3, top_k=3, budget=8)):
+        engine = SpeculativeEngine(target, tiny_drafter(model), spec)
+        for prompt in ([5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16]):  # generation runs far past the window
+            assert engine.generate(prompt, 24).token_ids == reference_greedy(model, prompt, 24)
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "mistral"])
+def test_sliding_window_logits_match_a_plain_forward(kind):
+    """Logits of rows far past the window equal HF's own (windowed) forward; unwindowed they do not."""
+    model = _sliding_target(kind)
+    ids = torch.arange(3, 23)  # 20 tokens, window 6
+    ref = model(ids[None]).logits[0, -4:]
+    for windowed in (True, False):
+        target = HFTarget(model)
+        if not windowed:
+            target.window = None  # negative control: one full mask for every layer
+        target.forward(ids[:-4])
+        target.commit(torch.arange(16))
+        got = target.forward(ids[-4:]).logits
+        assert torch.allclose(got, ref, atol=1e-4) == windowed

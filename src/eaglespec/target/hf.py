@@ -13,9 +13,20 @@ import torch
 from torch import nn
 
 from ..draft.layers import additive_mask
-from ..errors import EagleSpecError
 from .base import TargetOutput
 from .capture import FeatureCapture, decoder_layers
+
+
+def sliding_window_of(cfg) -> tuple[int | None, bool]:
+    """(window, mixed): the sliding window of a config's sliding-attention layers, and whether full
+    layers exist beside them (then the model takes a per-layer-type mask dict, as Gemma-3 and Qwen2)."""
+    window = getattr(cfg, "sliding_window", None)
+    if not window or getattr(cfg, "use_sliding_window", True) is False:
+        return None, False
+    types = getattr(cfg, "layer_types", None)
+    if types is not None and "sliding_attention" not in types:
+        return None, False
+    return int(window), types is not None and "full_attention" in types
 
 
 class HFTarget:
@@ -35,12 +46,7 @@ class HFTarget:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.capture = FeatureCapture(self.layers, feature_layer_ids)
-        # One 4-D mask serves every layer, so sliding-window layers would see past their window:
-        # refuse sequences longer than the window rather than return silently different logits.
-        window = getattr(cfg, "sliding_window", None)
-        uses_window = window and (getattr(cfg, "use_sliding_window", True) is not False) and (
-            "sliding_attention" in (getattr(cfg, "layer_types", None) or ["sliding_attention"]))
-        self.max_len = int(window) if uses_window else None
+        self.window, self.mixed_layers = sliding_window_of(cfg)
         self.reset()
 
     # -- setup ----------------------------------------------------------------------------------
@@ -76,15 +82,17 @@ class HFTarget:
                 visible: torch.Tensor | None = None) -> TargetOutput:
         self._drop_pending()
         t, past, dev = tokens.shape[0], self.committed_len, self.device
-        if self.max_len is not None and past + t > self.max_len:
-            raise EagleSpecError(f"sequence of {past + t} tokens exceeds the target's sliding window "
-                                 f"({self.max_len}): the generic HF backend does not window its tree mask")
         if depths is None:
             depths = torch.arange(t, device=dev)
         if visible is None:
             visible = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
-        full = torch.cat([torch.ones(t, past, dtype=torch.bool, device=dev), visible.to(dev)], dim=1)
+        full = torch.cat([torch.ones(t, past, dtype=torch.bool, device=dev), visible.to(dev)], dim=1)  # [T, S]
         mask = additive_mask(full, self.dtype)[None, None]  # [1, 1, T, past + T]
+        if self.window is not None:  # sliding layers: a key must also lie within the window
+            q_pos = past + depths.to(dev)
+            k_pos = torch.cat([torch.arange(past, device=dev), q_pos])
+            windowed = additive_mask(full & (q_pos[:, None] - k_pos[None, :] < self.window), self.dtype)[None, None]
+            mask = {"full_attention": mask, "sliding_attention": windowed} if self.mixed_layers else windowed
         self.capture.clear()
         out = self.model(
             input_ids=tokens.to(dev)[None],
