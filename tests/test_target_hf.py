@@ -110,10 +110,10 @@ def _sliding_target(kind: str, window: int = 6):
 @pytest.mark.parametrize("kind", ["gemma3", "mistral"])
 def test_sliding_window_targets_stay_exact_past_the_window(kind):
     """Tree rows under a sliding window: keys outside the window are masked per layer type."""
-    from conftest import reference_greedy, tiny_drafter
-
     from eaglespec.engine import SpeculativeEngine
     from eaglespec.tree import TreeSpec
+
+    from conftest import reference_greedy, tiny_drafter
 
     model = _sliding_target(kind)
     target = HFTarget(model)
