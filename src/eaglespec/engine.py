@@ -153,8 +153,7 @@ class SpeculativeEngine:
 
     def _round(self, ids: torch.Tensor, pending_feats: torch.Tensor, result: GenerationResult):
         target = self.target
-        n = target.committed_len  # == len(ids) - 1; ids[n] is the root
-        root = int(ids[n])
+        root = result.token_ids[-1]  # ids[-1]: emitted, not yet in the target's KV (the tree's root row)
         t0 = time.perf_counter()
         if self.speculating:
             d0 = self.proposer.committed
@@ -175,7 +174,7 @@ class SpeculativeEngine:
         target.commit(acc.rows)  # contract 7: gathered by the flatten map, never by token equality
         if self.speculating:
             pending_feats = torch.cat([pending_feats, out.features[acc.rows]])
-        emitted = [*flat.tokens[acc.rows[1:]].tolist(), acc.bonus]
+        emitted = [*acc.tokens[1:], acc.bonus]  # read in acceptance's single host sync
         t3 = time.perf_counter()
         result.rounds.append(RoundStats(drafted=tree.size - 1, accepted=acc.accepted, emitted=len(emitted),
                                         draft_s=t1 - t0, verify_s=t2 - t1, commit_s=t3 - t2,

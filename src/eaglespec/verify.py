@@ -14,6 +14,20 @@ class Acceptance:
     rows: torch.Tensor  # [m+1] flattened-row indices of the accepted path, root first
     bonus: int  # the target's token after the last accepted row
     accepted: int  # m: draft tokens accepted
+    tokens: list[int]  # the path's tokens, root first (read in the same host sync)
+
+
+def _read_path(flat: FlatTree, on_path: torch.Tensor, bonus: torch.Tensor) -> Acceptance:
+    """Everything the host needs about an accepted path in ONE device->host copy.
+
+    on_path [T] bool marks the path's rows; rows in index order are in depth order (flatten's order).
+    """
+    t = on_path.shape[0]
+    order = torch.argsort((~on_path).to(torch.int8), stable=True)  # path rows first, in index order
+    vals = torch.cat([bonus.reshape(1), on_path.sum().reshape(1), order, flat.tokens[order]]).tolist()
+    m = vals[1]
+    rows = torch.tensor(vals[2:2 + m], dtype=torch.long, device=on_path.device)
+    return Acceptance(rows=rows, bonus=vals[0], accepted=m - 1, tokens=vals[2 + t:2 + t + m])
 
 
 def greedy_accept(flat: FlatTree, logits: torch.Tensor) -> Acceptance:
@@ -22,9 +36,8 @@ def greedy_accept(flat: FlatTree, logits: torch.Tensor) -> Acceptance:
     match = flat.tokens == target_next[flat.parents.clamp(min=0)]
     match[0] = True  # the root is already emitted
     ok = ~(flat.visible & ~match[None, :]).any(dim=-1)  # every ancestor-or-self matches
-    best = int(torch.where(ok, flat.depths, -1).argmax())  # deepest; siblings never both match
-    rows = flat.visible[best].nonzero().flatten()
-    return Acceptance(rows=rows, bonus=int(target_next[best]), accepted=rows.numel() - 1)
+    best = torch.where(ok, flat.depths, -1).argmax()  # deepest; siblings never both match
+    return _read_path(flat, flat.visible[best], target_next[best])
 
 
 # -- sampling (DESIGN.md contract 2; the schemes and the losslessness argument: sampling.py) ------
@@ -96,8 +109,9 @@ def tree_rejection_sample(tokens: torch.Tensor, parents: torch.Tensor, depths: t
 def sample_accept(flat: FlatTree, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
                   generator: torch.Generator | None = None) -> Acceptance:
     """One round's acceptance under sampling: target_probs [T, V] processed; draft_probs [T, V] or None."""
-    path, accepted, bonus = tree_rejection_sample(
+    path, _, bonus = tree_rejection_sample(
         flat.tokens[None], flat.parents[None], flat.depths, target_probs[None],
         None if draft_probs is None else draft_probs[None], generator)
-    rows = path[0, : int(accepted[0]) + 1]
-    return Acceptance(rows=rows, bonus=int(bonus[0]), accepted=int(accepted[0]))
+    on_path = torch.zeros(flat.tokens.shape[0], dtype=torch.bool, device=flat.tokens.device)
+    on_path[path[0].clamp(min=0)] = True  # the -1 padding lands on the root, which is on the path anyway
+    return _read_path(flat, on_path, bonus[0])
