@@ -20,19 +20,54 @@ def shifted_tokens(ids: torch.Tensor, start: int, count: int) -> torch.Tensor:
     return ids[start + 1 : start + 1 + count]
 
 
+class EagerRows:
+    """The default drafter-row runner: the drafter over its growing KV (KVCache, torch.cat).
+
+    A row runner appends drafter rows after the `length` rows already in the drafter's KV:
+    run(state [n, H], tokens [n], positions [n], visible [n, length+n] bool | None = causal)
+    -> (draft logits [n, Vd], states [n, H]); crop(n) keeps the first n rows. The static,
+    CUDA-graph-capturable runner (draft/fast.py, StaticDraftRunner) has the same interface.
+    """
+
+    def __init__(self, drafter: nn.Module):
+        self.drafter = drafter
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = self.drafter.new_cache()
+
+    @property
+    def length(self) -> int:
+        return self.cache[0].length
+
+    def run(self, state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+            visible: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.drafter(state, tokens, positions, self.cache, visible=visible)
+
+    def crop(self, n: int) -> None:
+        for layer in self.cache:
+            layer.crop(n)
+
+
 class Proposer:
     # sampling (issue 4; set by the engine): draft processors (None = greedy drafting) and generator
     sampling: SamplingParams | None = None
     generator: torch.Generator | None = None
 
-    def __init__(self, drafter: nn.Module, spec: TreeSpec):
+    def __init__(self, drafter: nn.Module, spec: TreeSpec, runner=None):
         self.drafter = drafter
         self.spec = spec
+        self.runner = runner if runner is not None else EagerRows(drafter)  # runs the drafter rows
         self.reset()
 
     def reset(self) -> None:
-        self.cache = self.drafter.new_cache()
+        self.runner.reset()
         self.committed = 0  # drafter rows 0..committed-1 are in its KV
+
+    @property
+    def cache(self):
+        """The eager runner's per-layer KVCache list (tests inspect it)."""
+        return self.runner.cache
 
     @property
     def device(self) -> torch.device:
@@ -48,13 +83,12 @@ class Proposer:
         m = features.shape[0]
         positions = torch.arange(self.committed, self.committed + m, device=self.device)
         state = self.drafter.project(features.to(self.device))
-        logits, states = self.drafter(state, next_tokens.to(self.device), positions, self.cache)
+        logits, states = self.runner.run(state, next_tokens.to(self.device), positions)
         self.committed += m
         return logits[-1], states[-1]
 
     def _discard_tree_rows(self) -> None:
-        for layer in self.cache:
-            layer.crop(self.committed)
+        self.runner.crop(self.committed)
 
     @torch.no_grad()
     def propose(self, root: int, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
@@ -89,7 +123,7 @@ class Proposer:
             if d == k:
                 break
             position = torch.tensor([self.committed + d - 1], device=self.device)
-            out, st = self.drafter(state[None], token, position, self.cache)
+            out, st = self.runner.run(state[None], token, position)
             logits, state = out[0], st[0]
         tree = chain_tree(root, drafts)
         tree.logq = logq
@@ -143,7 +177,7 @@ class Proposer:
                                     torch.cat([anc, eye], dim=1)])
         visible = torch.cat([torch.ones(n, self.committed, dtype=torch.bool, device=dev), anc, eye], dim=1)
         positions = torch.full((n,), self.committed + depth - 1, dtype=torch.long, device=dev)
-        logits, out = self.drafter(states, tokens, positions, self.cache, visible=visible)
+        logits, out = self.runner.run(states, tokens, positions, visible)
         return self.draft_dist(logits), out  # ranked under the draft processors (issue 4)
 
     def _dynamic(self, root: int, logits: torch.Tensor, state: torch.Tensor) -> DraftTree:

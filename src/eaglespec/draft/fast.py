@@ -1,0 +1,208 @@
+"""Static drafter rows for CUDA graphs (issue 6). OPT-IN, and UNVALIDATED ON GPU so far.
+
+Validated: on CPU the very same padded static step equals the eager Proposer (tests/test_draft_static.py:
+same DraftTrees, greedy output identical to HF generate). NOT yet run: the CUDA-graph capture/replay
+below; it mirrors target/fast.py (static buffers per bucket, warm-up on a side stream, capture into a
+shared pool), and bench/draft_check.py is the device check to run first (graph replay == eager step,
+ms per drafter step and per round). Enable with `EagleSpec.from_pretrained(..., draft_graphs=True)`,
+`--draft-graphs` (generate / bench) or `enable_draft_graphs(engine)`; it is never on by default.
+
+    KV       per drafter layer [1, Hkv, S, D] preallocated, S = max_len + the largest bucket (room for
+             the padding rows); slots 0..length-1 hold the live rows, exactly where the eager
+             KVCache would hold them, so the proposer's masks over the KV are unchanged
+    run      n rows -> slots length..length+n-1, padded to a bucket B (1, 2, 4, ..., 64): state/tokens/
+             positions/slots [B] and a bool mask [B, S] over the whole static KV (the caller's
+             mask in the first length+n columns, padding rows see only their own slot, every
+             unused slot hidden); rows past the largest bucket (the prompt's catch-up) run the
+             same step eagerly at their exact size
+    crop     length = n (the stale slots stay masked and are overwritten by the next rows)
+
+The step is the drafter's own forward (same modules, weights and op order) over `StaticKV`, a
+KVCache stand-in whose `append` writes by index into the static buffers: no re-implemented layers.
+Masked slots add exp(finfo.min - max) = 0 to the softmax, so the rows equal the eager ones up to float
+rounding (padded matmuls and the longer attention row reduce in another order: ~1e-7 relative in fp32
+on CPU); the CPU tests get identical tree tokens and logq within 1e-5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import EagleSpecError
+from .layers import Attention
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class StaticKV:
+    """KVCache stand-in over preallocated [1, Hkv, S, D] buffers: append writes the rows at `slots` [B]."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):
+        self.k, self.v, self.slots = k, v, slots
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[2]  # the whole static length (the runner always passes a full mask)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k.index_copy_(2, self.slots, k)  # k, v: [1, Hkv, B, D]
+        self.v.index_copy_(2, self.slots, v)
+        return self.k, self.v
+
+
+@dataclass
+class _Rows:
+    """Static inputs/outputs of one bucket (and its CUDA graph once captured)."""
+
+    state: torch.Tensor  # [B, H]
+    tokens: torch.Tensor  # [B] long, target ids
+    positions: torch.Tensor  # [B] long
+    slots: torch.Tensor  # [B] long: KV slots written
+    visible: torch.Tensor  # [B, S] bool
+    cache: list[StaticKV]
+    eye: torch.Tensor  # [B, B] bool constants for filling `visible`
+    causal: torch.Tensor
+    logits: torch.Tensor | None = None  # [B, Vd] (graph outputs)
+    states: torch.Tensor | None = None  # [B, H]
+    graph: object | None = None  # torch.cuda.CUDAGraph (None: the step runs eagerly)
+
+
+class StaticDraftRunner:
+    """Drafter-row runner over a static KV with fixed row buckets (see module docstring).
+
+    Same interface as proposer.EagerRows: reset(), length, run(state, tokens, positions, visible),
+    crop(n). UNVALIDATED ON GPU: the CUDA-graph path has not been run yet (bench/draft_check.py).
+    """
+
+    def __init__(self, drafter: nn.Module, max_len: int = 4096, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+                 cuda_graphs: bool | None = None):
+        if max_len < 1:
+            raise EagleSpecError(f"draft max_len must be >= 1, got {max_len}")
+        self.drafter = drafter
+        p = next(drafter.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.hidden_size = drafter.cfg.hidden_size
+        attn = [m for m in drafter.modules() if isinstance(m, Attention)]
+        if len(attn) != len(drafter.new_cache()):
+            raise EagleSpecError(f"{type(drafter).__name__}: {len(attn)} attention modules for "
+                                 f"{len(drafter.new_cache())} KV caches")
+        self.buckets = tuple(sorted(buckets))
+        self.max_len = max_len
+        self.size = max_len + self.buckets[-1]  # padding rows of the last call still have slots
+        self.k = [torch.zeros(1, a.kv_heads, self.size, a.head_dim, device=self.device, dtype=self.dtype)
+                  for a in attn]
+        self.v = [torch.zeros_like(k) for k in self.k]
+        self.cols = torch.arange(self.size, device=self.device)
+        self.use_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
+        if self.use_graphs and self.device.type != "cuda":
+            raise EagleSpecError("draft cuda_graphs=True needs the drafter on a CUDA device")
+        self._graphs: dict[int, _Rows] = {}
+        self._pool = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.length = 0  # drafter rows 0..length-1 are live in the static KV
+
+    def crop(self, n: int) -> None:
+        self.length = min(self.length, n)
+
+    # -- the step (graph-captured on CUDA) ------------------------------------------------------
+    def _step(self, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter's own forward over the static buffers: (logits [B, Vd], states [B, H])."""
+        return self.drafter(rows.state, rows.tokens, rows.positions, rows.cache, visible=rows.visible)
+
+    def _bucket(self, n: int) -> int | None:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        return None
+
+    def _buffers(self, b: int) -> _Rows:
+        dev = self.device
+        slots = self.cols[self.length: self.length + b].clone()  # warm-up/capture writes pending slots only
+        visible = torch.zeros(b, self.size, dtype=torch.bool, device=dev)
+        eye = torch.eye(b, dtype=torch.bool, device=dev)
+        visible[:, self.length: self.length + b] = eye
+        return _Rows(state=torch.zeros(b, self.hidden_size, device=dev, dtype=self.dtype),
+                     tokens=torch.zeros(b, dtype=torch.long, device=dev),
+                     positions=torch.full((b,), self.length, dtype=torch.long, device=dev),
+                     slots=slots, visible=visible,
+                     cache=[StaticKV(k, v, slots) for k, v in zip(self.k, self.v)],
+                     eye=eye, causal=eye.new_ones(b, b).tril())
+
+    def _runner(self, b: int) -> _Rows:
+        """Static buffers for bucket b, with its CUDA graph captured on first use (as target/fast.py)."""
+        rows = self._graphs.get(b)
+        if rows is not None:
+            return rows
+        rows = self._buffers(b)
+        if self.use_graphs:
+            dev = self.device
+            stream = torch.cuda.Stream(dev)
+            stream.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._step(rows)
+            torch.cuda.current_stream(dev).wait_stream(stream)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                rows.logits, rows.states = self._step(rows)
+            rows.graph = graph
+        self._graphs[b] = rows
+        return rows
+
+    # -- the runner interface -------------------------------------------------------------------
+    @torch.no_grad()
+    def run(self, state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+            visible: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append n rows after the live ones. visible: [n, length+n] bool (None = causal).
+
+        Returns (draft logits [n, Vd], states [n, H]); no host sync.
+        """
+        n, start = tokens.shape[0], self.length
+        if start + n > self.max_len:
+            raise EagleSpecError(f"the drafter needs {start + n} KV rows but its static KV holds max_len="
+                                 f"{self.max_len} (prompt + generated tokens + draft tree rows): pass a larger "
+                                 "draft_max_len, or run without draft_graphs")
+        b = self._bucket(n)
+        rows = self._runner(b) if b is not None else self._buffers(n)  # oversized (prefill): eager, exact size
+        b = rows.tokens.shape[0]
+        rows.state.zero_()
+        rows.state[:n].copy_(state)
+        rows.tokens.zero_()
+        rows.tokens[:n].copy_(tokens)
+        rows.positions.fill_(start)
+        rows.positions[:n].copy_(positions)
+        rows.slots.copy_(self.cols[start: start + b])
+        vis = rows.visible
+        vis.zero_()
+        if visible is None:  # causal: every live row, then the new rows up to itself
+            vis[:n, :start].fill_(True)
+            vis[:n, start: start + n].copy_(rows.causal[:n, :n])
+        else:
+            vis[:n, : start + n].copy_(visible)
+        vis[n:, start + n: start + b].copy_(rows.eye[n:, n:])  # padding rows see their own slot only
+        if rows.graph is not None:
+            rows.graph.replay()
+            logits, states = rows.logits, rows.states
+        else:
+            logits, states = self._step(rows)
+        self.length = start + n
+        return logits[:n].clone(), states[:n].clone()
+
+
+def enable_draft_graphs(engine, max_len: int = 4096, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+                        cuda_graphs: bool | None = None) -> StaticDraftRunner | None:
+    """Switch `engine`'s proposer to a StaticDraftRunner (opt-in; UNVALIDATED ON GPU). None without a drafter."""
+    proposer = getattr(engine, "proposer", None)
+    if proposer is None:
+        return None
+    runner = StaticDraftRunner(proposer.drafter, max_len=max_len, buckets=buckets, cuda_graphs=cuda_graphs)
+    proposer.runner = runner
+    proposer.reset()
+    return runner
