@@ -137,3 +137,25 @@ def test_cuda_graphs_need_cuda():
     model = tiny_target("llama", seed=2)
     with pytest.raises(EagleSpecError, match="CUDA"):
         StaticDraftRunner(tiny_drafter(model), max_len=16, cuda_graphs=True)
+
+
+def test_api_and_cli_are_opt_in():
+    """Off by default; EagleSpec(draft_graphs=True) / --draft-graphs switch the proposer's runner."""
+    from eaglespec import EagleSpec
+    from eaglespec.cli import build_parser
+
+    from conftest import BYTE_VOCAB, byte_tokenizer
+
+    tok = byte_tokenizer()
+    model = tiny_target(vocab=BYTE_VOCAB, seed=5)
+    drafter = tiny_drafter(model)
+    plain = EagleSpec(model, tok, drafter)
+    assert isinstance(plain.engine.proposer.runner, EagerRows)
+    es = EagleSpec(model, tok, drafter, TreeSpec("dynamic", depth=3, top_k=4, budget=10), draft_graphs=True)
+    runner = es.engine.proposer.runner
+    assert isinstance(runner, StaticDraftRunner) and runner.max_len == min(es.context_length, 8192) + 512
+    assert es.generate("hi", 8, raw=True).token_ids == plain.generate("hi", 8, raw=True).token_ids
+    for cmd in ("generate", "bench"):
+        base = [cmd, "--prompt", "x"] if cmd == "generate" else [cmd]
+        assert build_parser().parse_args(base).draft_graphs is False
+        assert build_parser().parse_args([*base, "--draft-graphs"]).draft_graphs is True

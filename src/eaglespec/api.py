@@ -72,19 +72,28 @@ class EagleSpec:
     """A loaded target + drafter pair."""
 
     def __init__(self, model, tokenizer, drafter, spec: TreeSpec | None = None, draft_note: str = "",
-                 backend: str = "auto"):
+                 backend: str = "auto", draft_graphs: bool = False, draft_max_len: int | None = None):
         self.model, self.tokenizer, self.drafter = model, tokenizer, drafter
         self.target = make_target(model, backend)  # "auto": the fast backend on CUDA when supported
         self.spec = spec or TreeSpec()
         self.draft_note = draft_note
         self.engine = SpeculativeEngine(self.target, drafter, self.spec)
+        if draft_graphs:  # opt-in, UNVALIDATED ON GPU (draft/fast.py): static drafter KV + CUDA graphs
+            from .draft.fast import enable_draft_graphs
+
+            enable_draft_graphs(self.engine, max_len=draft_max_len or min(self.context_length, 8192) + 512)
         self._owner: Stream | None = None  # the generation using the engine (one sequence at a time)
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str | None = None,
                         dtype: str | torch.dtype | None = None, spec: TreeSpec | None = None,
-                        aux_rule: str = "auto", backend: str = "auto", strict: bool = False) -> EagleSpec:
-        """Load target + drafter. `strict` refuses a drafter whose manifest names another target."""
+                        aux_rule: str = "auto", backend: str = "auto", strict: bool = False,
+                        draft_graphs: bool = False, draft_max_len: int | None = None) -> EagleSpec:
+        """Load target + drafter. `strict` refuses a drafter whose manifest names another target.
+
+        `draft_graphs` (opt-in, unvalidated on GPU): draft through draft/fast.py's StaticDraftRunner
+        (static drafter KV of `draft_max_len` rows, CUDA graphs on CUDA).
+        """
         model, tok = load_target(target, device=device, dtype=dtype)
         c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         note = ""
@@ -100,13 +109,14 @@ class EagleSpec:
             if drafter.manifest is not None:
                 check_manifest(drafter.manifest, model, tok, strict=strict, where=f"drafter {draft}")
         drafter.to(device=model.device, dtype=model.dtype)
-        return cls(model, tok, drafter, spec, note, backend)
+        return cls(model, tok, drafter, spec, note, backend, draft_graphs, draft_max_len)
 
     @classmethod
     def from_args(cls, args, spec: TreeSpec | None = None, **overrides) -> EagleSpec:
         """from_pretrained with the shared CLI model flags (cli.add_model_args)."""
         kw = dict(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype, spec=spec,
-                  aux_rule=args.aux_rule, strict=getattr(args, "strict", False))
+                  aux_rule=args.aux_rule, strict=getattr(args, "strict", False),
+                  draft_graphs=getattr(args, "draft_graphs", False))
         kw.update(overrides)
         return cls.from_pretrained(**kw)
 

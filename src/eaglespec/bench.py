@@ -167,7 +167,12 @@ class Bench:
             spec = tree_spec(kind, a.k, a.top_k, a.depth, a.budget)
         except (EagleSpecError, NotImplementedError, ValueError) as exc:
             return None, f"{kind} trees unavailable: {exc}"
-        return SpeculativeEngine(target, self.drafter, spec), None
+        engine = SpeculativeEngine(target, self.drafter, spec)
+        if getattr(a, "draft_graphs", False):  # opt-in, unvalidated on GPU (draft/fast.py)
+            from .draft.fast import enable_draft_graphs
+
+            enable_draft_graphs(engine, max_len=a.max_len)
+        return engine, None
 
     def hf_generate(self, ids: list[int], max_new: int, logits: bool):
         x = torch.tensor([ids], device=self.device)
@@ -420,7 +425,7 @@ def _methods(text: str) -> list[str]:
 def _load(args, dtype):
     from .api import EagleSpec
 
-    es = EagleSpec.from_args(args, None, dtype=dtype, backend="hf")
+    es = EagleSpec.from_args(args, None, dtype=dtype, backend="hf", draft_graphs=False)  # engines: Bench.engine
     return es
 
 
@@ -464,7 +469,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "dataset": args.dataset, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                    "dtype": str(es.model.dtype).replace("torch.", ""), "temperature": args.temperature,
                    "k": args.k, "depth": args.depth, "top_k": args.top_k, "budget": args.budget,
-                   "methods": methods, "compile": args.compile, "max_len": args.max_len},
+                   "methods": methods, "compile": args.compile, "max_len": args.max_len,
+                   "draft_graphs": bool(getattr(args, "draft_graphs", False))},
         "methods": summaries,
     }
     if args.check_fp32 and not args.temperature:

@@ -1,0 +1,157 @@
+"""GPU check of the static drafter path (draft/fast.py, issue 6; UNVALIDATED ON GPU until this runs):
+
+1. correctness, fp32 (TF32 off) and bf16, default target + drafter (shipped one, else random EAGLE-3):
+   a. one drafter step: CUDA-graph replay == the same static step run eagerly (max abs diff, expect 0.0)
+      at buckets 1 and 16 after a 300-row catch-up;
+   b. whole generations (fast target backend) for chain k=5, dynamic (depth 8, top-k 10, budget 60) and
+      static trees: trees of the graphed runner vs the eager Proposer (tokens identical share, max |logq|
+      diff) and the emitted tokens (identical sequences);
+2. cost, bf16: ms per drafter step (CUDA events, median) eager KVCache vs static eager vs graph, and
+   ms per propose() round (synchronized wall time, median over real rounds) eager vs graph.
+
+    PYTHONPATH=src python bench/draft_check.py [--draft DIR] [--json OUT] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from eaglespec.api import EagleSpec, tree_spec
+from eaglespec.draft.fast import StaticDraftRunner, enable_draft_graphs
+from eaglespec.draft.proposer import EagerRows
+from eaglespec.engine import SpeculativeEngine
+from eaglespec.target.fast import FastTarget
+
+SPECS = {"chain": ("chain", 5), "dynamic": ("dynamic", None), "static": ("static", None)}
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def step_check(drafter, dev: torch.device, graphs: bool) -> dict:
+    """Graph replay vs the eager static step on identical inputs, plus per-step timings."""
+    h = drafter.cfg.hidden_size
+    gen = torch.Generator().manual_seed(0)
+    n0 = 300
+    feats_state = torch.randn(n0, h, generator=gen).to(dev, next(drafter.parameters()).dtype)
+    toks0 = torch.randint(100, 40000, (n0,), generator=gen).to(dev)
+    runners = {"eager_kvcache": EagerRows(drafter),
+               "static_eager": StaticDraftRunner(drafter, max_len=1024, cuda_graphs=False)}
+    if graphs:
+        runners["static_graph"] = StaticDraftRunner(drafter, max_len=1024, cuda_graphs=True)
+    for r in runners.values():
+        r.run(feats_state, toks0, torch.arange(n0, device=dev))
+    out: dict = {}
+    for n in (1, 10):  # 10 rows = a dynamic tree layer of width 10 (bucket 16)
+        state = torch.randn(n, h, generator=gen).to(dev, feats_state.dtype)
+        toks = torch.randint(100, 40000, (n,), generator=gen).to(dev)
+        pos = torch.full((n,), n0, device=dev)
+        vis = torch.cat([torch.ones(n, n0, dtype=torch.bool), torch.eye(n, dtype=torch.bool)], 1).to(dev)
+        res = {}
+        for name, r in runners.items():
+            times = []
+            for _ in range(25):
+                s, e = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) \
+                    if dev.type == "cuda" else (None, None)
+                t0 = time.perf_counter()
+                if s is not None:
+                    s.record()
+                logits, st = r.run(state, toks, pos, vis)
+                if e is not None:
+                    e.record()
+                _sync(dev)
+                times.append(s.elapsed_time(e) if s is not None else 1e3 * (time.perf_counter() - t0))
+                r.crop(n0)
+            res[name] = (logits.float(), st.float())
+            out[f"step_ms/{name}/{n}"] = round(statistics.median(times[5:]), 4)
+        ref_l, ref_s = res["static_eager"]
+        for name in runners:
+            if name != "static_eager":
+                out[f"max_abs_vs_static_eager/{name}/{n}"] = max((res[name][0] - ref_l).abs().max().item(),
+                                                                 (res[name][1] - ref_s).abs().max().item())
+    return out
+
+
+def engine_check(es: EagleSpec, prompts: list[list[int]], max_new: int, graphs: bool) -> dict:
+    """Eager Proposer vs the graphed runner over whole generations on the fast backend."""
+    dev = es.model.device
+    out: dict = {}
+    for kind, (tree, k) in SPECS.items():
+        spec = tree_spec(tree, k)
+        target = FastTarget(es.model, tuple(es.drafter.feature_layer_ids), max_len=2048)
+        engines = {"eager": SpeculativeEngine(target, es.drafter, spec),
+                   "graph": SpeculativeEngine(target, es.drafter, spec)}
+        enable_draft_graphs(engines["graph"], max_len=2048, cuda_graphs=graphs)
+        trees: dict[str, list] = {name: [] for name in engines}
+        round_ms: dict[str, list] = {name: [] for name in engines}
+        tokens: dict[str, list] = {name: [] for name in engines}
+        for name, eng in engines.items():
+            orig = eng.proposer.propose
+
+            def timed(*a, _orig=orig, _name=name, _ms=round_ms, _trees=trees):
+                _sync(dev)
+                t0 = time.perf_counter()
+                tr = _orig(*a)
+                _sync(dev)
+                _ms[_name].append(1e3 * (time.perf_counter() - t0))
+                _trees[_name].append(tr)
+                return tr
+
+            eng.proposer.propose = timed
+            eng.generate(prompts[0], 32, es.eos_ids())  # warm-up: captures the buckets
+            trees[name].clear()
+            round_ms[name].clear()
+            for p in prompts:
+                tokens[name].append(eng.generate(p, max_new, es.eos_ids()).token_ids)
+        same_tok, logq_diff, compared = 0, 0.0, 0
+        for a, b in zip(trees["eager"], trees["graph"]):
+            if a.tokens.shape != b.tokens.shape:
+                break  # the sequences diverged (compared below)
+            compared += 1
+            same_tok += bool(torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents))
+            logq_diff = max(logq_diff, (a.logq.float() - b.logq.float()).abs().max().item())
+        out[kind] = {"rounds_compared": compared, "trees_identical": same_tok, "max_abs_logq": logq_diff,
+                     "sequences_identical": sum(x == y for x, y in zip(tokens["eager"], tokens["graph"])),
+                     "sequences": len(prompts),
+                     "propose_ms_median": {n: round(statistics.median(v), 3) for n, v in round_ms.items() if v}}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    graphs = dev.type == "cuda"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    report: dict = {"device": torch.cuda.get_device_name() if graphs else "cpu", "torch": torch.__version__,
+                    "cuda_graphs": graphs}
+    for dtype in ("float32", "bfloat16"):
+        es = EagleSpec.from_pretrained(None, a.draft, device=a.device, dtype=dtype, backend="hf")
+        report["draft"] = es.draft_note
+        prompts = [es.encode(f"Write a short story about a {w} and explain the moral.")
+                   for w in ("robot", "river", "teacher", "lighthouse", "fox", "clock")[: a.prompts]]
+        with torch.no_grad():
+            report[dtype] = {"step": step_check(es.drafter, dev, graphs),
+                             "engine": engine_check(es, prompts, a.max_new_tokens, graphs)}
+        del es
+        print(json.dumps(report[dtype], indent=1), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
