@@ -8,7 +8,7 @@ ms per drafter step and per round). Enable with `EagleSpec.from_pretrained(..., 
 `--draft-graphs` (generate / bench) or `enable_draft_graphs(engine)`; it is never on by default.
 
     KV       per drafter layer [1, Hkv, S, D] preallocated, S = max_len + the largest bucket (room for
-             the padding rows); slots 0..length-1 hold the live rows, exactly where the eager
+             the padding rows), rounded up to a multiple of 64; slots 0..length-1 hold the live rows, exactly where the eager
              KVCache would hold them, so the proposer's masks over the KV are unchanged
     run      n rows -> slots length..length+n-1, padded to a bucket B (1, 2, 4, ..., 64): state/tokens/
              positions/slots [B] and a bool mask [B, S] over the whole static KV (the caller's
@@ -91,7 +91,7 @@ class StaticDraftRunner:
                                  f"{len(drafter.new_cache())} KV caches")
         self.buckets = tuple(sorted(buckets))
         self.max_len = max_len
-        self.size = max_len + self.buckets[-1]  # padding rows of the last call still have slots
+        self.size = -(-(max_len + self.buckets[-1]) // 64) * 64  # room for padding rows; aligned mask rows
         self.k = [torch.zeros(1, a.kv_heads, self.size, a.head_dim, device=self.device, dtype=self.dtype)
                   for a in attn]
         self.v = [torch.zeros_like(k) for k in self.k]
