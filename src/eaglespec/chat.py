@@ -15,21 +15,14 @@ from .errors import EagleSpecError
 HELP = "type a message and press Enter; /reset forgets the conversation, /exit quits (or Ctrl-D)"
 
 
-def add_sampling_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=None,
-                   help="sampling temperature (default 0 = greedy: exactly the target's own greedy output)")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep the top-p probability mass")
-    p.add_argument("--seed", type=int, default=None, help="seed for sampling (same seed, same output)")
-
-
 def add_parser(subparsers) -> None:
-    from .cli import add_model_args, add_tree_args
+    from .cli import add_model_args, add_sampling_args, add_tree_args
 
     p = subparsers.add_parser("chat", help="interactive multi-turn chat, streamed (reads stdin, one message a line)",
                               description="Interactive chat with the target's chat template. " + HELP + ".")
     add_model_args(p)
     add_tree_args(p)
-    add_sampling_flags(p)
+    add_sampling_args(p)
     p.add_argument("--system", default=None, help="a system message that starts the conversation")
     p.add_argument("--max-new-tokens", type=int, default=256, help="longest reply in tokens (default 256)")
     p.add_argument("--quiet", action="store_true", help="no banner, prompts or per-turn stats on stderr")
@@ -100,7 +93,7 @@ def chat_loop(es, stdin, stdout, stderr, system: str | None = None, max_new_toke
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from .api import EagleSpec, tree_spec
-    from .cli import _non_negative
+    from .cli import _non_negative, sampling_options
 
     _non_negative(args, "max_new_tokens", "k", "top_k", "depth", "budget")
     spec = tree_spec(args.tree, args.k, args.top_k, args.depth, args.budget)
@@ -108,5 +101,5 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"eaglespec: {es.draft_note}", file=sys.stderr, flush=True)
     chat_loop(es, sys.stdin, sys.stdout, sys.stderr, args.system, args.max_new_tokens, args.quiet,
-              temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+              **sampling_options(args, getattr(es.model, "generation_config", None)))
     return 0

@@ -440,8 +440,7 @@ def read_prompts(path: str) -> list[str]:
 
 
 def add_parser(subparsers) -> None:
-    from .chat import add_sampling_flags
-    from .cli import add_model_args, add_tree_args
+    from .cli import add_model_args, add_sampling_args, add_tree_args
 
     p = subparsers.add_parser(
         "report", help="run prompts and report acceptance by depth, calibration, time split (table + PNG)",
@@ -450,7 +449,7 @@ def add_parser(subparsers) -> None:
                     "confidence vs observed acceptance, time split, tree nodes, temporary KV, MoE experts.")
     add_model_args(p)
     add_tree_args(p)
-    add_sampling_flags(p)
+    add_sampling_args(p)
     p.add_argument("--prompt", action="append", default=None,
                    help="a prompt (repeat for several; default: four built-in prompts)")
     p.add_argument("--prompt-file", default=None,
@@ -469,6 +468,7 @@ def cmd_report(args) -> int:
     import json
     import sys
 
+    from .cli import sampling_options
     from .errors import EagleSpecError
 
     if args.from_json:
@@ -493,8 +493,8 @@ def cmd_report(args) -> int:
         spec = tree_spec(args.tree, args.k, args.top_k, args.depth, args.budget)
         es = EagleSpec.from_args(args, spec)
         print(f"eaglespec: {es.draft_note}", file=sys.stderr, flush=True)
-        summary = run_report(es, prompts, args.max_new_tokens, raw=args.raw, temperature=args.temperature,
-                             top_p=args.top_p, seed=args.seed)
+        summary = run_report(es, prompts, args.max_new_tokens, raw=args.raw,
+                             **sampling_options(args, getattr(es.model, "generation_config", None)))
     print(format_report(summary))
     out = plot_report(summary, args.out)
     print(f"eaglespec: wrote {out}", file=sys.stderr)
