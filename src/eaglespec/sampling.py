@@ -15,8 +15,10 @@ lossless (DESIGN.md contract 2):
   sampling. Draft x_d ~ q_d given the accepted prefix; accept with prob min(1, p_d(x)/q_d(x)),
   else emit a sample of norm(max(0, p_d - q_d)) and stop; bonus ~ p after the last draft. For any
   q, P(emit y) = min(p(y), q(y)) + (1 - sum_z min(p, q)(z)) * norm(max(0, p - q))(y) = p(y).
-* Tree whose siblings are drawn WITHOUT replacement from the drafter (draft_probs recorded;
-  Proposer.sample_children's draw order = node order): recursive rejection sampling (SpecInfer,
+* STATIC tree under sampling, siblings drawn WITHOUT replacement from the drafter (draft_probs
+  recorded; Proposer._static: a node's number of children is fixed by the `choices` layout, draw
+  order = node order; children beyond q's support are dropped, which depends on q only):
+  recursive rejection sampling (SpecInfer,
   with the without-replacement correction of Jeon et al. 2024, "Recursive Speculative
   Decoding"). Sibling i is a draw from q_i = q with siblings 1..i-1 removed and renormalised; it
   is accepted with prob min(1, r_i(x)/q_i(x)); on rejection r_{i+1} = norm(max(0, r_i - q_i));
@@ -26,11 +28,16 @@ lossless (DESIGN.md contract 2):
   p(.|child). This needs the number of children of a node to be fixed before its children are
   drawn (chains and fixed-shape trees), NOT a selection that depends on the drawn values.
 * Tree with DETERMINISTIC children (tree.draft_probs is None: EAGLE-2 dynamic trees ranked by
-  the drafter's processed distribution, static top-k trees): the point-mass scheme (EAGLE's
+  the drafter's processed distribution, always; their reranking selects children by the drawn
+  values, which breaks the real-q argument): the point-mass scheme (EAGLE's
   q = 1). Every child is treated as a draft from q_i = delta(x_i): accept with prob r_i(x_i);
   on rejection r_{i+1} = r_i with x_i removed, renormalised. The same identity makes each node's
   emitted token exactly p-distributed for ANY fixed set of children, so conditioning on the whole
   tree (however it was built, reranked or pruned) leaves the output distribution exact.
+
+Summary (temperature > 0; temperature 0 always takes verify.greedy_accept with top-k / argmax
+drafts): chain -> sampled drafts, real q; static -> sampled children without replacement, real q;
+dynamic -> top-k children reranked, point mass.
 
 A seeded torch.Generator drives every random draw (drafting, acceptance, bonus): the same seed,
 prompt and models give the same tokens.

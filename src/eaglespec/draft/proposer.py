@@ -207,25 +207,48 @@ class Proposer:
         return tree
 
     def _static(self, root: int, logits: torch.Tensor, state: torch.Tensor) -> DraftTree:
-        """A fixed tree of child-rank paths (EAGLE-1 `choices`): one drafter forward per depth."""
+        """A fixed tree of child-rank paths (EAGLE-1 `choices`): one drafter forward per depth.
+
+        Greedy drafting: the child of rank r is the parent's r-th most likely draft token
+        (deterministic; verified with the point-mass scheme under sampling). Sampled drafting
+        (issue 4): a node with c children (c fixed by the layout) gets c draws WITHOUT replacement
+        from its processed draft distribution q, in node order, and q is recorded in draft_probs
+        (recursive rejection sampling with real q). Children beyond q's support are dropped
+        (with their subtrees): that depends on q only, never on the drawn values.
+        """
         dev = self.device
         layout = self._layout()
+        sampled = self.sampling is not None and not self.sampling.greedy
         parents = torch.tensor(layout.parents, device=dev)
-        ranks = torch.tensor(layout.ranks, device=dev)
+        # greedy: the child's rank; sampled: its index among its siblings (= its draw number)
+        sibling = _sibling_index(layout.parents)
+        ranks = torch.tensor(sibling if sampled else layout.ranks, device=dev)
         depths = torch.tensor(layout.depths, device=dev)
         n = parents.shape[0]
-        n_ranks = layout.max_rank + 1
+        n_ranks = (max(sibling) if sampled else layout.max_rank) + 1
         if n_ranks > logits.shape[-1]:
-            raise ValueError(f"static tree rank {layout.max_rank} exceeds the draft vocabulary")
+            raise ValueError(f"static tree rank {n_ranks - 1} exceeds the draft vocabulary")
         tokens = torch.full((n,), -1, dtype=torch.long, device=dev)  # target ids
         logq = torch.zeros(n, device=dev)
         row_of = torch.full((n,), -1, dtype=torch.long, device=dev)
         self._tree_vis = torch.zeros(0, 0, dtype=torch.bool, device=dev)
         has_child = torch.zeros(n, dtype=torch.bool)
         has_child[list(layout.parents[1:])] = True
+        draft_probs = torch.zeros(n, self.drafter.cfg.vocab_size, device=dev) if sampled else None
+        alive = torch.ones(n, dtype=torch.bool, device=dev)  # sampled: the draw was inside q's support
+
+        def children(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """[rows, Vd] -> (confidences [rows, R], draft ids [rows, R]): top-R, or R draws in order."""
+            if not sampled:
+                return probs.topk(n_ranks, dim=-1)
+            draws = sample_without_replacement(probs, n_ranks, self.generator)  # zero-q tokens come last
+            return probs.gather(-1, draws), draws
+
         # children of the root come from the catch-up row
-        batch_conf, batch_top = self.draft_dist(logits).topk(n_ranks)  # [R]
-        batch_conf, batch_top = batch_conf[None], batch_top[None]  # [rows expanded at d-1, R]
+        root_probs = self.draft_dist(logits)[None]  # [1, Vd]
+        batch_conf, batch_top = children(root_probs)  # [rows expanded at d-1, R]
+        if sampled:
+            draft_probs[0] = self.to_target_probs(root_probs[0])
         slot_of = torch.zeros(n, dtype=torch.long, device=dev)  # node -> its row in that batch
         max_depth = max(layout.depths)
         state_rows = state[None]  # [1, H] states of the expanded nodes at the previous depth
@@ -234,8 +257,11 @@ class Proposer:
             idx = torch.tensor(nodes, device=dev)
             slot = slot_of[parents[idx]]
             draft_ids = batch_top[slot, ranks[idx]]
+            conf = batch_conf[slot, ranks[idx]]
             tokens[idx] = self.drafter.to_target_ids(draft_ids)
-            logq[idx] = logq[parents[idx]] + batch_conf[slot, ranks[idx]].clamp(min=1e-12).log()
+            logq[idx] = logq[parents[idx]] + conf.clamp(min=1e-12).log()
+            if sampled:
+                alive[idx] = alive[parents[idx]] & (conf > 0)
             if d == max_depth:
                 break
             exp_nodes = [i for i in nodes if has_child[i]]
@@ -248,12 +274,37 @@ class Proposer:
             probs, out = self._tree_forward(tokens[eidx], parent_rows, state_rows[eslot], d)
             row_of[eidx] = torch.arange(start, start + len(exp_nodes), device=dev)
             slot_of[eidx] = torch.arange(len(exp_nodes), device=dev)
-            batch_conf, batch_top = probs.topk(n_ranks, dim=-1)
+            batch_conf, batch_top = children(probs)
+            if sampled:
+                draft_probs[eidx] = self.to_target_probs(probs)
             state_rows = out
         tokens[0] = root
-        return DraftTree(tokens=tokens, parents=parents, depths=depths, logq=logq)
+        tree = DraftTree(tokens=tokens, parents=parents, depths=depths, logq=logq, draft_probs=draft_probs)
+        return _keep_nodes(tree, alive) if sampled else tree
 
     def _layout(self):
         if getattr(self, "_layout_cache", None) is None or self._layout_cache[0] != self.spec:
             self._layout_cache = (self.spec, static_layout(self.spec.static_choices()))
         return self._layout_cache[1]
+
+
+def _sibling_index(parents: tuple[int, ...]) -> list[int]:
+    """Each node's index among its parent's children, in node order (root: -1)."""
+    seen: dict[int, int] = {}
+    out = [-1]
+    for p in parents[1:]:
+        out.append(seen.get(p, 0))
+        seen[p] = out[-1] + 1
+    return out
+
+
+def _keep_nodes(tree: DraftTree, keep: torch.Tensor) -> DraftTree:
+    """The subtree of the nodes in `keep` [N] bool (ancestor-closed, root kept), renumbered in order."""
+    if bool(keep.all()):
+        return tree
+    kept = keep.nonzero()[:, 0]  # [M] old node ids, in node order
+    new_id = torch.cumsum(keep.long(), 0) - 1  # old id -> new id (for kept nodes)
+    parents = torch.where(tree.parents[kept] >= 0, new_id[tree.parents[kept].clamp(min=0)], -1)
+    return DraftTree(tokens=tree.tokens[kept], parents=parents, depths=tree.depths[kept],
+                     logq=None if tree.logq is None else tree.logq[kept],
+                     draft_probs=None if tree.draft_probs is None else tree.draft_probs[kept], stats=tree.stats)
