@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..checkpoint.config import DraftConfig
-from .layers import MLP, Attention, KVCache, RMSNorm
+from .layers import MLP, Attention, KVCache, RMSNorm, TargetEmbedding
 
 
 class Eagle1Layer(nn.Module):
@@ -57,7 +57,7 @@ def target_head(target) -> tuple[nn.Module, nn.Module]:
     raise TypeError(f"cannot find the final norm of {type(model).__name__}")
 
 
-class Eagle1Drafter(nn.Module):
+class Eagle1Drafter(TargetEmbedding, nn.Module):
     """EAGLE-1 draft model with its own KV cache; same interface as Eagle3Drafter."""
 
     method = "eagle1"
@@ -74,15 +74,11 @@ class Eagle1Drafter(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h) if own_embedding else None
         self.fc = nn.Linear(2 * h, h, bias=True)
         self.layers = nn.ModuleList(Eagle1Layer(cfg, i) for i in range(cfg.num_hidden_layers))
-        # references, not submodules (never saved or trained): the target's embedding, final norm, lm_head
-        self._target_embed: list[nn.Module] = []
+        # references, not submodules (never saved or trained): the target's final norm and lm_head
         self._target_head: list[nn.Module] = []
         self._num_target_layers: int | None = None
 
     # -- wiring ---------------------------------------------------------------------------------
-    def set_target_embedding(self, embed: nn.Module) -> None:
-        self._target_embed = [embed]
-
     def set_target_head(self, norm: nn.Module, lm_head: nn.Module, num_layers: int | None = None) -> None:
         """The target's final norm and lm_head (and layer count, for feature_layer_ids)."""
         self._target_head = [norm, lm_head]
@@ -97,13 +93,6 @@ class Eagle1Drafter(nn.Module):
         if self._num_target_layers is None:
             raise RuntimeError("EAGLE-1 drafter: the target's layer count is unknown (call set_target_head)")
         return (self._num_target_layers,)
-
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.embed_tokens is not None:
-            return self.embed_tokens(tokens)
-        if not self._target_embed:
-            raise RuntimeError("EAGLE-1 drafter has no embedding: call set_target_embedding(target embedding)")
-        return self._target_embed[0](tokens).to(self.fc.weight.dtype)
 
     def _head(self) -> tuple[nn.Module, nn.Module]:
         if not self._target_head:

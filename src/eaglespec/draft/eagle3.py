@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..checkpoint.config import DraftConfig
-from .layers import MLP, Attention, KVCache, RMSNorm
+from .layers import MLP, Attention, KVCache, RMSNorm, TargetEmbedding
 
 
 class Eagle3Layer(nn.Module):
@@ -44,7 +44,7 @@ class Eagle3Layer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class Eagle3Drafter(nn.Module):
+class Eagle3Drafter(TargetEmbedding, nn.Module):
     """One-layer EAGLE-3 draft model with its own KV cache (see module docstring)."""
 
     method = "eagle3"
@@ -67,22 +67,11 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool) if cfg.draft_vocab_size == cfg.vocab_size
                              else torch.zeros(cfg.vocab_size, dtype=torch.bool))
-        self._target_embed: list[nn.Module] = []  # a reference, not a submodule (never saved/trained)
 
     # -- wiring ---------------------------------------------------------------------------------
-    def set_target_embedding(self, embed: nn.Module) -> None:
-        self._target_embed = [embed]
-
     @property
     def feature_layer_ids(self) -> tuple[int, ...]:
         return self.cfg.aux_layer_ids
-
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.embed_tokens is not None:
-            return self.embed_tokens(tokens)
-        if not self._target_embed:
-            raise RuntimeError("EAGLE-3 drafter has no embedding: call set_target_embedding(target embedding)")
-        return self._target_embed[0](tokens).to(self.fc.weight.dtype)
 
     def new_cache(self) -> list[KVCache]:
         return [KVCache()]

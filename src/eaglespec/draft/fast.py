@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import EagleSpecError
+from ..target.fast import smallest_bucket
 from .layers import Attention
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -114,12 +115,6 @@ class StaticDraftRunner:
         """The drafter's own forward over the static buffers: (logits [B, Vd], states [B, H])."""
         return self.drafter(rows.state, rows.tokens, rows.positions, rows.cache, visible=rows.visible)
 
-    def _bucket(self, n: int) -> int | None:
-        for b in self.buckets:
-            if b >= n:
-                return b
-        return None
-
     def _buffers(self, b: int) -> _Rows:
         dev = self.device
         slots = self.cols[self.length: self.length + b].clone()  # warm-up/capture writes pending slots only
@@ -169,7 +164,7 @@ class StaticDraftRunner:
             raise EagleSpecError(f"the drafter needs {start + n} KV rows but its static KV holds max_len="
                                  f"{self.max_len} (prompt + generated tokens + draft tree rows): pass a larger "
                                  "draft_max_len, or run without draft_graphs")
-        b = self._bucket(n)
+        b = smallest_bucket(self.buckets, n)
         rows = self._runner(b) if b is not None else self._buffers(n)  # oversized (prefill): eager, exact size
         b = rows.tokens.shape[0]
         rows.state.zero_()

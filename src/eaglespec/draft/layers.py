@@ -149,6 +149,23 @@ class Attention(nn.Module):
         return self.o_proj(out if batched else out[0])
 
 
+class TargetEmbedding:
+    """Token embedding for a drafter: its own `embed_tokens` when the checkpoint carries one, else the
+    TARGET's embedding, held as a reference (not a submodule: never saved or trained)."""
+
+    _target_embed: tuple[nn.Module, ...] = ()
+
+    def set_target_embedding(self, embed: nn.Module) -> None:
+        self._target_embed = (embed,)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.embed_tokens is not None:
+            return self.embed_tokens(tokens)
+        if not self._target_embed:
+            raise RuntimeError(f"{self.method} drafter has no embedding: call set_target_embedding(target embedding)")
+        return self._target_embed[0](tokens).to(self.fc.weight.dtype)
+
+
 class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()

@@ -32,6 +32,11 @@ SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
+def smallest_bucket(buckets: tuple[int, ...], n: int) -> int | None:
+    """The first (ascending) bucket that holds n rows, or None when n exceeds them all."""
+    return next((b for b in buckets if b >= n), None)
+
+
 def _text_config(model: nn.Module):
     c = model.config
     return c.get_text_config() if hasattr(c, "get_text_config") else c
@@ -285,12 +290,6 @@ class FastTarget:
             features = h.new_empty(b, 0)
         return logits, features
 
-    def _bucket(self, t: int) -> int | None:
-        for b in self.buckets:
-            if b >= t:
-                return b
-        return None
-
     def _runner(self, b: int) -> _Graph:
         """Static buffers for bucket b, with its CUDA graph captured on first use."""
         run = self._graphs.get(b)
@@ -329,7 +328,7 @@ class FastTarget:
         t, base, dev = tokens.shape[0], self.committed_len, self.device
         tokens = tokens.to(dev)
         depths = torch.arange(t, device=dev) if depths is None else depths.to(dev)
-        b = self._bucket(t)
+        b = smallest_bucket(self.buckets, t)
         if b is None:  # prefill or an oversized tree: one eager pass at its exact size
             self.reserve(base + t)
             visible = torch.ones(t, t, dtype=torch.bool, device=dev).tril() if visible is None else visible.to(dev)

@@ -164,14 +164,11 @@ def new_drafter(model, method: str, draft_ids: torch.Tensor | None, seed: int) -
     cfg = drafter_config(model, method, vd)
     torch.manual_seed(seed)
     drafter = build_drafter(cfg)
-    if method == "eagle3":
-        if draft_ids is not None:
-            d2t, t2d = vocab_maps(draft_ids, vocab)
-            drafter.d2t.copy_(d2t)
-            drafter.t2d.copy_(t2d)
-        drafter.set_target_embedding(model.get_input_embeddings())
-    elif hasattr(drafter, "set_target_embedding"):
-        drafter.set_target_embedding(model.get_input_embeddings())
+    if method == "eagle3" and draft_ids is not None:
+        d2t, t2d = vocab_maps(draft_ids, vocab)
+        drafter.d2t.copy_(d2t)
+        drafter.t2d.copy_(t2d)
+    drafter.set_target_embedding(model.get_input_embeddings())
     if hasattr(drafter, "set_target_head"):
         from ..draft.eagle1 import target_head
 
