@@ -30,7 +30,6 @@ class RoundStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     commit_s: float = 0.0
-    accepted_depth: int = 0
     detail: dict = field(default_factory=dict)  # telemetry (metrics.round_detail): tree + accepted rows
 
 
@@ -64,7 +63,8 @@ class GenerationResult:
 
 
 class SpeculativeEngine:
-    """Greedy speculative decoding of one sequence with a target backend and an optional drafter."""
+    """Speculative decoding (greedy, or lossless sampling) of one sequence with a target backend and an
+    optional drafter."""
 
     def __init__(self, target: TargetBackend, drafter: nn.Module | None = None, spec: TreeSpec | None = None,
                  sampling: SamplingConfig | None = None):
@@ -178,7 +178,7 @@ class SpeculativeEngine:
         t3 = time.perf_counter()
         result.rounds.append(RoundStats(drafted=tree.size - 1, accepted=acc.accepted, emitted=len(emitted),
                                         draft_s=t1 - t0, verify_s=t2 - t1, commit_s=t3 - t2,
-                                        accepted_depth=acc.accepted, detail=round_detail(tree, acc.rows)))
+                                        detail=round_detail(tree, acc.rows)))
         return emitted, pending_feats
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int = 128,
