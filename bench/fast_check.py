@@ -90,6 +90,7 @@ def timings(model, use_compile: bool) -> dict:
                 torch.cuda.synchronize()
                 times.append(s.elapsed_time(e))
             res[f"{name}/{n}"] = round(statistics.median(times), 3)
+            print(f"forward ms {name}/{n}: {res[f'{name}/{n}']}", flush=True)
             b.commit(torch.tensor([0], device=dev))
     return res
 

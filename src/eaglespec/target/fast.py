@@ -333,7 +333,7 @@ class FastTarget:
             self.reserve(base + t)
             visible = torch.ones(t, t, dtype=torch.bool, device=dev).tril() if visible is None else visible.to(dev)
             base_t = torch.tensor(base, dtype=torch.long, device=dev)
-            logits, features = self._step_fn(tokens, base + depths, visible, base_t)
+            logits, features = self._step(tokens, base + depths, visible, base_t)  # eager: no recompile per length
             return TargetOutput(logits=logits, features=features)
         self.reserve(base + b)
         run = self._runner(b)
