@@ -11,7 +11,7 @@ from ..errors import EagleSpecError
 
 TRAIN_FLAGS = ("target", "data", "method", "out", "steps", "epochs", "max_length", "batch_size", "lr", "ttt_steps",
                "draft_vocab", "device", "dtype", "grad_accum", "limit", "seed", "save_every", "eval_every",
-               "eval_fraction", "warmup_steps", "hass_steps", "noise", "weight_decay", "log_every", "feature_cache")
+               "eval_fraction", "warmup_steps", "hass_steps", "noise", "weight_decay", "log_every", "feature_cache", "time_budget")
 
 
 def _log(msg: str) -> None:
@@ -47,6 +47,9 @@ def add_parser(subparsers) -> None:
     t.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (0: at the end)")
     t.add_argument("--eval-fraction", type=float, default=None, help="held-out fraction of the data (0.02)")
     t.add_argument("--log-every", type=int, default=None)
+    t.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="fit the schedule (warmup + cosine) into this many seconds of training steps, timed over "
+                        "the first steps (never more steps than --steps / --epochs give)")
     t.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     t.add_argument("--feature-cache", default=None,
                    help="offline features: a directory of cached target features (written from --data on "
@@ -98,7 +101,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     for req in ("data", "out"):
         if not o.get(req):
             raise EagleSpecError(f"train: --{req} is required")
-    for k in ("steps", "batch_size", "max_length", "ttt_steps", "draft_vocab", "grad_accum", "hass_steps"):
+    for k in ("steps", "batch_size", "max_length", "ttt_steps", "draft_vocab", "grad_accum", "hass_steps",
+              "time_budget"):
         if o.get(k) is not None and o[k] <= 0:
             raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {o[k]}")
     device = init_distributed(resolve_device(o.get("device")))
@@ -114,6 +118,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     fields = {k: o[k] for k in ("steps", "epochs", "batch_size", "grad_accum", "max_length", "lr", "ttt_steps",
                                 "hass_steps", "draft_vocab", "seed", "save_every", "eval_every", "eval_fraction",
                                 "warmup_steps", "noise", "weight_decay", "log_every") if o.get(k) is not None}
+    if o.get("time_budget") is not None:
+        fields["time_budget_s"] = float(o["time_budget"])
     cfg = TrainConfig(method=o.get("method") or "eagle3", device=device, **fields)
     if o.get("feature_cache"):
         from .features import attach_feature_cache

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..checkpoint.config import DraftConfig, default_aux_layer_ids
 from ..checkpoint.drafter import build_drafter, save_drafter
@@ -80,6 +81,7 @@ class TrainConfig:
     log_every: int = 10
     label_chunk_rows: int = 2048
     pack_tokens: int | None = None  # tokens per packed row (None: max_length); a micro-batch makes several
+    time_budget_s: float | None = None  # fit the schedule (cosine included) into this many seconds of steps
     device: str = "cpu"
     autocast: bool | None = None  # None: bf16 autocast on CUDA
     progress: bool = True
@@ -207,6 +209,12 @@ class MicroBatches:
 
 
 # -- one micro-batch ----------------------------------------------------------------------------
+# Training attention has masks whose shapes change every step: cuDNN's SDPA rebuilds its plan for each
+# new shape (~50 ms of CPU per call on an H200, 80% of a step), so training uses the flash (CPU) or
+# memory-efficient (CUDA) kernels, falling back to math.
+TRAIN_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 @dataclass
 class Prepared:
     """Everything computed without gradients for one micro-batch."""
@@ -304,7 +312,8 @@ class Trainer:
             targets = [TargetBatch(features=torch.cat([smp.features for smp in g]).to(self.device),
                                    hidden=torch.cat([smp.hidden for smp in g]).to(self.device)) for g in groups]
         else:
-            targets = self.extractor.batch(packs) if packs else []
+            with sdpa_kernel(TRAIN_SDPA):
+                targets = self.extractor.batch(packs) if packs else []
         preps = [self._labels(p, tb) for p, tb in zip(packs, targets)]
         for p in preps:
             p.seconds = (time.perf_counter() - t0) / len(preps)
@@ -340,14 +349,15 @@ class Trainer:
         batch dim); EAGLE-1/HASS go pack by pack.
         """
         preps = [preps] if isinstance(preps, Prepared) else preps
-        if self.method == "eagle3":
-            return self._eagle3(preps, counts)
-        total = torch.zeros((), device=self.device)
-        stats = torch.zeros(self.steps_per_row, NUM_STATS, device=self.device)
-        for prep in preps:
-            loss, st = self._eagle1_hass(prep, counts, training)
-            total, stats = total + loss, stats + st
-        return total, stats
+        with sdpa_kernel(TRAIN_SDPA):
+            if self.method == "eagle3":
+                return self._eagle3(preps, counts)
+            total = torch.zeros((), device=self.device)
+            stats = torch.zeros(self.steps_per_row, NUM_STATS, device=self.device)
+            for prep in preps:
+                loss, st = self._eagle1_hass(prep, counts, training)
+                total, stats = total + loss, stats + st
+            return total, stats
 
     def _eagle3(self, preps: list[Prepared], counts: torch.Tensor):
         d = self.drafter
@@ -565,6 +575,16 @@ def total_steps(cfg: TrainConfig, n_train: int, world: int) -> int:
     return max(1, math.ceil(cfg.epochs * n_train / per_step))
 
 
+FIT_STEPS = 8  # steps timed before a time budget fixes the schedule's length
+
+
+def fitted_total(step: int, total: int, elapsed_s: float, budget_s: float, start: int = 0) -> int:
+    """The schedule length that ends the run within `budget_s` at the pace of the steps so far (never
+    longer than `total`, never shorter than the steps already taken plus one)."""
+    per_step = elapsed_s / max(1, step - start)
+    return max(step + 1, min(total, step + int((budget_s - elapsed_s) / per_step)))
+
+
 def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | Path | None = None, *,
           tokenizer=None, resume: bool = False, drafter: nn.Module | None = None,
           stop_after: int | None = None) -> TrainResult:
@@ -596,6 +616,8 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
         if out is None:
             raise EagleSpecError("--resume needs --out")
         st = read_training_state(out)
+        if cfg.time_budget_s is not None:  # the saved run already fitted its schedule to its budget
+            total = st["total_steps"]
         if st["total_steps"] != total:
             raise EagleSpecError(f"{out}: the saved run has {st['total_steps']} steps, this one {total}: "
                                  "resume with the same data and flags")
@@ -617,8 +639,19 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
                dynamic_ncols=True, file=sys.stderr)
     t_start, tokens_seen = time.perf_counter(), 0
     per_step = world * cfg.grad_accum
+    fit_at = start + FIT_STEPS if cfg.time_budget_s is not None and not resume else None
     step = start
-    for step in range(start, total):
+    while step < total:
+        if step == fit_at:
+            fitted = torch.tensor([fitted_total(step, total, time.perf_counter() - t_start, cfg.time_budget_s, start)],
+                                  device=trainer.device)
+            if _dist():  # every rank runs rank 0's schedule
+                _dist().broadcast(fitted, 0)
+            total = int(fitted.item())
+            bar.total = total
+            bar.refresh()
+            if rank == 0:
+                bar.write(f"eaglespec train: {cfg.time_budget_s:.0f} s budget -> {total} steps")
         micro = [batches(step * per_step + a * world + rank) for a in range(cfg.grad_accum)]
         m = trainer.train_step(micro, lr_at(step, total, cfg))
         bar.update(1)
@@ -643,6 +676,7 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
             write_checkpoint(out, trainer, step + 1, total, manifest)
         if cfg.save_every and _dist():
             _dist().barrier()
+        step += 1
     bar.close()
     ev = trainer.evaluate(eval_batches) if eval_batches else {}
     if rank == 0:
