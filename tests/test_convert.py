@@ -15,6 +15,7 @@ import torch
 from eaglespec.checkpoint.convert import convert
 from eaglespec.checkpoint.drafter import load_drafter, save_drafter
 from eaglespec.cli import main
+from eaglespec.errors import EagleSpecError
 from test_checkpoint import (
     CONFIG_FIELDS,
     HIDDEN,
@@ -153,3 +154,26 @@ def test_speculators_output_loads_with_the_speculators_package(tmp_path):
     assert set(result.missing_keys) <= {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"}
     assert torch.equal(model.layers[0].self_attn.q_proj.weight, ref.midlayer.self_attn.q_proj.weight)
     assert torch.equal(model.d2t, ref.d2t) and torch.equal(model.t2d, ref.t2d)
+
+
+def test_convert_to_bf16_halves_the_weights_and_reloads_rounded(tmp_path, capsys):
+    from safetensors import safe_open
+
+    ref = reference_drafter(13, own_embedding=True)
+    a = save_drafter(ref, tmp_path / "a", "native")
+    code, err = run(capsys, str(a), str(tmp_path / "b"), "--to", "native", "--dtype", "bfloat16")
+    assert code == 0, err
+    b = tmp_path / "b"
+    assert json.loads((b / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    files = sorted(b.glob("*.safetensors"))
+    with safe_open(str(files[0]), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys() if f.get_tensor(k).is_floating_point()} == {torch.bfloat16}
+    size = sum(p.stat().st_size for p in files)
+    assert size < 0.6 * sum(p.stat().st_size for p in a.glob("*.safetensors"))
+    da, db = load_drafter(a), load_drafter(b)  # read back as fp32: each weight is its bf16 rounding
+    sa, sb = da.state_dict(), db.state_dict()
+    for k in sa:
+        want = sa[k].to(torch.bfloat16).to(sa[k].dtype) if sa[k].is_floating_point() else sa[k]
+        assert torch.equal(sb[k], want), k
+    with pytest.raises(EagleSpecError, match="--dtype must be one of"):
+        convert(a, tmp_path / "c", "native", dtype="int8")

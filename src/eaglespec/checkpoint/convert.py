@@ -12,10 +12,13 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
 from ..errors import EagleSpecError
 from .config import AUX_RULES, DraftConfig
 
 LAYOUTS = ("native", "speculators", "eagle1")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def convert(
@@ -26,10 +29,13 @@ def convert(
     target_layers: int | None = None,
     aux_rule: str = "auto",
     overwrite: bool = False,
+    dtype: str = "float32",
 ) -> DraftConfig:
     """Convert the checkpoint at `src` into layout `to` at `dst`; returns the written config."""
     from .drafter import load_drafter, save_drafter
 
+    if dtype not in DTYPES:
+        raise EagleSpecError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if to not in LAYOUTS:
         raise EagleSpecError(f"--to must be one of {', '.join(LAYOUTS)}, got {to!r}")
     if target_layers is not None and target_layers <= 0:
@@ -42,13 +48,14 @@ def convert(
     if cfg.method == "eagle3" and not cfg.aux_layer_ids:
         raise EagleSpecError(f"{src / 'config.json'}: names no eagle_aux_hidden_state_layer_ids; pass "
                              "--target-layers N (the target's layer count) to write the default (2, N//2, N-3)")
-    save_drafter(drafter, dst, to, manifest=getattr(drafter, "manifest", None), overwrite=overwrite)
+    save_drafter(drafter, dst, to, manifest=getattr(drafter, "manifest", None), overwrite=overwrite,
+                 dtype=getattr(torch, dtype))
     return cfg
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
     cfg = convert(args.src, args.dst, args.to, target_layers=args.target_layers, aux_rule=args.aux_rule,
-                  overwrite=args.overwrite)
+                  overwrite=args.overwrite, dtype=args.dtype)
     ids = f"aux ids {list(cfg.aux_layer_ids)} ({cfg.aux_rule}), " if cfg.method == "eagle3" else ""
     print(f"eaglespec: wrote {args.dst} ({args.to} layout) from {args.src} ({cfg.layout} layout, {cfg.method}): "
           f"{ids}draft vocab {cfg.draft_vocab_size}/{cfg.vocab_size}", file=sys.stderr)
@@ -68,5 +75,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="how to read the source's aux layer ids: auto (+1 when the first id is 1, as SGLang), "
                         "output (output-of-layer ids, +1), entering (as written)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty destination (atomically)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of the written weights (float32)")
     p.set_defaults(func=cmd_convert)
     return p
