@@ -198,20 +198,20 @@ def test_top_k_recall_is_logged_and_bounds_top_1():
 def test_fitted_total_fits_the_budget_and_clamps():
     from eaglespec.train.trainer import fitted_total
 
-    # 8 steps took 4 s (0.5 s/step); 10 s of budget leaves 6 s = 12 more steps
-    assert fitted_total(8, 1000, 4.0, 10.0) == 20
-    assert fitted_total(8, 15, 4.0, 10.0) == 15  # never longer than the planned run
-    assert fitted_total(8, 1000, 12.0, 10.0) == 9  # over budget already: stop after the current step
-    assert fitted_total(18, 1000, 4.0, 10.0, start=10) == 30  # a resumed run times only its own steps
+    # at step 8, 4 s spent, 0.5 s/step: 10 s of budget leaves 6 s = 12 more steps
+    assert fitted_total(8, 1000, 4.0, 10.0, 0.5) == 20
+    assert fitted_total(8, 15, 4.0, 10.0, 0.5) == 15  # never longer than the planned run
+    assert fitted_total(8, 1000, 12.0, 10.0, 0.5) == 9  # over budget already: stop after the current step
+    assert fitted_total(8, 1000, 4.0, 10.0, 0.1) == 68  # the pace, not the slow warm-up steps, sets the length
 
 
 def test_time_budget_shortens_the_schedule(tmp_path):
     model = sharp_target()
     samples = greedy_samples(model, 24, new=10, seed=2)
     res = train(model, samples, small_cfg(steps=500, time_budget_s=1e-3), tmp_path / "budget")
-    assert res.steps == 9  # FIT_STEPS timed steps, then the budget is spent: one more step and the end
-    assert len(res.history) <= 9
+    assert res.steps == 11  # 2 warm-up + 8 timed steps, then the budget is spent: one more step and the end
+    assert len(res.history) <= 11
     state = torch.load(tmp_path / "budget" / "training_state.pt", weights_only=True)
-    assert state["total_steps"] == 9 and state["step"] == 9
+    assert state["total_steps"] == 11 and state["step"] == 11
     resumed = train(model, samples, small_cfg(steps=500, time_budget_s=1e-3), tmp_path / "budget", resume=True)
-    assert resumed.steps == 9  # the saved schedule is kept on resume
+    assert resumed.steps == 11  # the saved schedule is kept on resume

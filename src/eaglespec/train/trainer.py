@@ -575,14 +575,13 @@ def total_steps(cfg: TrainConfig, n_train: int, world: int) -> int:
     return max(1, math.ceil(cfg.epochs * n_train / per_step))
 
 
-FIT_STEPS = 8  # steps timed before a time budget fixes the schedule's length
+FIT_SKIP, FIT_STEPS = 2, 8  # a time budget times steps FIT_SKIP.. (after the warm-up) to fix the schedule
 
 
-def fitted_total(step: int, total: int, elapsed_s: float, budget_s: float, start: int = 0) -> int:
-    """The schedule length that ends the run within `budget_s` at the pace of the steps so far (never
-    longer than `total`, never shorter than the steps already taken plus one)."""
-    per_step = elapsed_s / max(1, step - start)
-    return max(step + 1, min(total, step + int((budget_s - elapsed_s) / per_step)))
+def fitted_total(step: int, total: int, elapsed_s: float, budget_s: float, per_step_s: float) -> int:
+    """The schedule length that ends the run within `budget_s` (of which `elapsed_s` are spent) at
+    `per_step_s` per step: never longer than `total`, never shorter than the steps taken plus one."""
+    return max(step + 1, min(total, step + int((budget_s - elapsed_s) / max(per_step_s, 1e-9))))
 
 
 def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | Path | None = None, *,
@@ -639,12 +638,16 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
                dynamic_ncols=True, file=sys.stderr)
     t_start, tokens_seen = time.perf_counter(), 0
     per_step = world * cfg.grad_accum
-    fit_at = start + FIT_STEPS if cfg.time_budget_s is not None and not resume else None
+    fit_from = start + FIT_SKIP if cfg.time_budget_s is not None and not resume else None
+    t_fit = t_start
     step = start
     while step < total:
-        if step == fit_at:
-            fitted = torch.tensor([fitted_total(step, total, time.perf_counter() - t_start, cfg.time_budget_s, start)],
-                                  device=trainer.device)
+        if step == fit_from:
+            t_fit = time.perf_counter()
+        if fit_from is not None and step == fit_from + FIT_STEPS:
+            now = time.perf_counter()
+            fitted = torch.tensor([fitted_total(step, total, now - t_start, cfg.time_budget_s,
+                                                (now - t_fit) / FIT_STEPS)], device=trainer.device)
             if _dist():  # every rank runs rank 0's schedule
                 _dist().broadcast(fitted, 0)
             total = int(fitted.item())
