@@ -99,3 +99,22 @@ def test_bench_cli_flags_and_bad_methods():
     from eaglespec.cli import main
 
     assert main(["bench", "--methods", "hf,warp-drive"]) == 2
+
+
+def test_ratios_vs_hf_use_only_the_prompts_hf_ran():
+    """--hf-limit: HF runs on the first prompts only; the ratio compares the same prompts (a method twice
+    as fast on those but slow on the rest must still read 2.0x vs HF)."""
+    hf = Run("hf", token_ids=[[1] * 10, [1] * 10], seconds=[1.0, 1.0])
+    fast = Run("fast-plain", token_ids=[[1] * 10, [1] * 10, [1] * 10], seconds=[0.5, 0.5, 10.0])
+    runs = {"hf": hf, "fast-plain": fast}
+    summaries = {m: summarize_run(r) for m, r in runs.items()}
+    add_ratios(summaries, runs)
+    assert summaries["fast-plain"]["speedup_vs_hf"] == 2.0
+    assert summaries["fast-plain"]["median_speedup_vs_hf"] == 2.0
+    assert summaries["fast-plain"]["tokens_per_second"] == round(30 / 11, 2)  # its own tok/s: all prompts
+    report = {"environment": {"date": "d", "device": "cpu", "torch": "t", "transformers": "x", "commit": "c"},
+              "config": {"target": "t", "dataset": "mtbench", "prompts": 3, "hf_prompts": 2, "max_new_tokens": 10,
+                         "dtype": "bfloat16", "temperature": 0.0, "draft": "d", "k": 5, "depth": 8, "top_k": 10,
+                         "budget": 60},
+              "methods": summaries}
+    assert "HF generate on the first 2 prompts only" in markdown(report)
