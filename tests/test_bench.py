@@ -118,3 +118,5 @@ def test_ratios_vs_hf_use_only_the_prompts_hf_ran():
                          "budget": 60},
               "methods": summaries}
     assert "HF generate on the first 2 prompts only" in markdown(report)
+    ag = agreement(Run("hf", token_ids=[[1, 2], [3, 4]]), Run("x", token_ids=[[1, 2], [3, 4], [5, 6]]))
+    assert ag["sequences"] == 2 and ag["identical_rate"] == 1.0

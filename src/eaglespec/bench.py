@@ -272,7 +272,7 @@ def agreement(ref: Run, run: Run, dtype: torch.dtype = torch.bfloat16) -> dict:
                      "gap_in_ulps": None if gap is None or top is None else round(gap / _ulp(top, dtype), 2),
                      "ref_token": a[p] if p < len(a) else None, "token": b[p] if p < len(b) else None,
                      "took_ref_runner_up": second is not None and p < len(b) and b[p] == second})
-    n = len(run.token_ids)
+    n = min(len(ref.token_ids), len(run.token_ids))  # the prompts both ran (--hf-limit)
     near = sum(1 for d in divs if d["ref_top2_gap"] is not None and d["ref_top2_gap"] < NEAR_TIE)
     ulp1 = sum(1 for d in divs if d["gap_in_ulps"] is not None and d["gap_in_ulps"] <= 1.0)
     return {"sequences": n, "identical": same, "identical_rate": round(same / n, 4) if n else 0.0,
