@@ -27,3 +27,37 @@ def test_train_bad_config_and_values(tmp_path, capsys):
     assert "--steps must be > 0" in capsys.readouterr().err
     assert main(["train", "--out", "o"]) == 2
     assert "--data is required" in capsys.readouterr().err
+
+
+def test_train_init_end_to_end_and_refusals(tmp_path, capsys):
+    """--init DIR: a CLI run starts from a drafter the CLI trained; mismatches are one line, exit 2."""
+    import json
+
+    import torch
+
+    from eaglespec.checkpoint.drafter import load_drafter
+
+    from conftest import BYTE_VOCAB, byte_tokenizer, tiny_target
+
+    target = tmp_path / "target"
+    tiny_target(vocab=BYTE_VOCAB).save_pretrained(target)
+    byte_tokenizer().save_pretrained(target)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"conversations": [{"from": "human", "value": f"question {i}"},
+                                                          {"from": "gpt", "value": f"an answer number {i}"}]}) + "\n"
+                            for i in range(6)))
+    common = ["train", "--target", str(target), "--data", str(data), "--device", "cpu", "--steps", "2",
+              "--batch-size", "2", "--max-length", "64", "--ttt-steps", "2", "--eval-fraction", "0"]
+    assert main([*common, "--out", str(tmp_path / "a"), "--draft-vocab", "40"]) == 0
+    assert main([*common, "--out", str(tmp_path / "b"), "--init", str(tmp_path / "a"), "--lr", "0"]) == 0
+    a = load_drafter(tmp_path / "a", target_num_layers=4)
+    b = load_drafter(tmp_path / "b", target_num_layers=4)
+    assert b.cfg.draft_vocab_size == 40 and all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
+    assert b.manifest["hyperparameters"]["init_from"] == str(tmp_path / "a")
+    capsys.readouterr()
+    assert main([*common, "--out", str(tmp_path / "c"), "--init", str(tmp_path / "a"), "--draft-vocab", "50"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (after the target's loading bar)
+    assert err.startswith("eaglespec: error: ") and "config.json: draft_vocab_size 40 differs from --draft-vocab 50" in err
+    assert not (tmp_path / "c").exists()
+    assert main([*common, "--out", str(tmp_path / "b"), "--init", str(tmp_path / "a"), "--resume"]) == 2
+    assert "--init and --resume together" in capsys.readouterr().err

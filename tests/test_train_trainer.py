@@ -215,3 +215,97 @@ def test_time_budget_shortens_the_schedule(tmp_path):
     assert state["total_steps"] == 11 and state["step"] == 11
     resumed = train(model, samples, small_cfg(steps=500, time_budget_s=1e-3), tmp_path / "budget", resume=True)
     assert resumed.steps == 11  # the saved schedule is kept on resume
+
+
+# -- --init: warm start from a drafter checkpoint ------------------------------------------------
+def _trained(tmp_path, model, samples, **kw):
+    """A drafter checkpoint trained for a few steps on `samples` (EAGLE-3, draft vocab 64)."""
+    cfg = small_cfg(**({"steps": 6, "draft_vocab": 64, "lr": 5e-3} | kw))
+    train(model, samples, cfg, tmp_path / "init")
+    return tmp_path / "init"
+
+
+def test_init_with_zero_lr_reproduces_the_checkpoint(tmp_path):
+    from eaglespec.checkpoint.drafter import save_drafter
+
+    model = sharp_target()
+    samples = greedy_samples(model, 24, new=10, seed=2)
+    src = _trained(tmp_path, model, samples)
+    ref = load_drafter(src, target_num_layers=4)
+    res = train(model, samples, small_cfg(steps=3, lr=0.0, weight_decay=0.1, init_from=str(src)), tmp_path / "b")
+    got = res.drafter.state_dict()
+    assert res.history and set(got) == set(ref.state_dict())
+    assert all(torch.equal(ref.state_dict()[k], got[k]) for k in got)  # d2t / t2d included
+    assert res.drafter.cfg.draft_vocab_size == 64
+    manifest = load_drafter(tmp_path / "b", target_num_layers=4).manifest
+    assert manifest["hyperparameters"]["init_from"] == str(src)
+    assert manifest["init"] == {"path": str(src), "trained_steps": 6, "init": None}
+    # a bf16 checkpoint is trained in fp32 (its values exactly, widened)
+    save_drafter(ref, tmp_path / "bf16", manifest=ref.manifest, dtype=torch.bfloat16)
+    res = train(model, samples, small_cfg(steps=1, lr=0.0, init_from=str(tmp_path / "bf16")))
+    for k, v in res.drafter.state_dict().items():
+        if v.is_floating_point():
+            assert v.dtype == torch.float32 and torch.equal(v, ref.state_dict()[k].to(torch.bfloat16).float()), k
+
+
+def test_init_continues_from_a_better_loss(tmp_path):
+    model = sharp_target()
+    samples = greedy_samples(model, 48, new=16, seed=4)
+    src = _trained(tmp_path, model, samples, steps=40)
+    cfg = dict(steps=3, draft_vocab=64, lr=1e-3)
+    scratch = train(model, samples, small_cfg(**cfg))
+    warm = train(model, samples, small_cfg(**cfg, init_from=str(src)))
+    assert warm.history[0]["loss"] < 0.8 * scratch.history[0]["loss"]
+    assert warm.history[0]["acc_by_step"][0] > scratch.history[0]["acc_by_step"][0] + 0.2
+
+
+def test_init_run_killed_and_resumed_equals_uninterrupted(tmp_path):
+    model = sharp_target()
+    samples = greedy_samples(model, 24, new=10, seed=2)
+    src = _trained(tmp_path, model, samples)
+    cfg = small_cfg(steps=5, save_every=2, init_from=str(src))
+    full = train(model, samples, cfg, tmp_path / "a")
+    train(model, samples, cfg, tmp_path / "b", stop_after=3)
+    resumed = train(model, samples, small_cfg(steps=5, save_every=2), tmp_path / "b", resume=True)
+    a, b = full.drafter.state_dict(), resumed.drafter.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert load_drafter(tmp_path / "b", target_num_layers=4).manifest["hyperparameters"]["init_from"] == str(src)
+    with pytest.raises(EagleSpecError, match="--init and --resume together"):
+        train(model, samples, cfg, tmp_path / "b", resume=True)
+
+
+def test_init_refuses_a_checkpoint_that_does_not_fit(tmp_path):
+    from dataclasses import replace
+
+    from eaglespec.checkpoint.drafter import build_drafter, save_drafter
+    from eaglespec.train.trainer import drafter_config, init_drafter
+
+    from conftest import tiny_target
+
+    model = sharp_target()
+    samples = greedy_samples(model, 8, new=8)
+    src = _trained(tmp_path, model, samples, steps=1)
+
+    def refused(path, match, target=model, **kw):
+        with pytest.raises(EagleSpecError, match=match) as err:
+            init_drafter(path, target, small_cfg(**kw))
+        assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+    refused(src, r"config.json: method eagle3 does not match --method hass", method="hass")
+    refused(src, r"draft_vocab_size 64 differs from --draft-vocab 50", draft_vocab=50)
+    init_drafter(src, model, small_cfg(draft_vocab=64))  # the same size is fine
+    refused(src, r"eaglespec_manifest.json: .*weight_digest.*--init refuses it", target=sharp_target(seed=5))
+    refused(src, r"'vocab_size' \(96\) does not match the target's vocabulary size 128", target=tiny_target(vocab=128))
+    refused(src, r"eagle_aux_hidden_state_layer_ids.*out of range", target=sharp_target(layers=2))
+    base = drafter_config(model, "eagle3", 96)  # the full vocabulary: identity d2t / t2d
+    for name, cfg, match in [("wide", replace(base, hidden_size=48, head_dim=12), "hidden_size 48 does not match the "
+                              "target's 32"),
+                             ("other", replace(base, hidden_size=48, head_dim=12, target_hidden_size=48),
+                              "'target_hidden_size' \\(48\\) does not match")]:
+        save_drafter(build_drafter(cfg), tmp_path / name)
+        refused(tmp_path / name, match)
+    e1 = tmp_path / "e1"
+    train(model, samples, small_cfg(method="eagle1", steps=1), e1)
+    refused(e1, r"config.json: method eagle1 does not match --method eagle3")
+    d = init_drafter(e1, model, small_cfg(method="hass"))  # HASS trains the EAGLE-1 architecture
+    assert not d.embed_tokens.weight.requires_grad  # the file's copy of the target embedding stays frozen

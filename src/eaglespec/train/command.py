@@ -11,7 +11,8 @@ from ..errors import EagleSpecError
 
 TRAIN_FLAGS = ("target", "data", "method", "out", "steps", "epochs", "max_length", "batch_size", "lr", "ttt_steps",
                "draft_vocab", "device", "dtype", "grad_accum", "limit", "seed", "save_every", "eval_every",
-               "eval_fraction", "warmup_steps", "hass_steps", "noise", "weight_decay", "log_every", "feature_cache", "time_budget")
+               "eval_fraction", "warmup_steps", "hass_steps", "noise", "weight_decay", "log_every", "feature_cache", "time_budget",
+               "init")
 
 
 def _log(msg: str) -> None:
@@ -51,6 +52,9 @@ def add_parser(subparsers) -> None:
                    help="fit the schedule (warmup + cosine) into this many seconds of training steps, timed over "
                         "the first steps (never more steps than --steps / --epochs give)")
     t.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    t.add_argument("--init", default=None, metavar="DIR",
+                   help="start from this drafter checkpoint (its weights and draft vocabulary) with a fresh "
+                        "optimizer and schedule; it must fit the target (refused otherwise)")
     t.add_argument("--feature-cache", default=None,
                    help="offline features: a directory of cached target features (written from --data on "
                         "first use, refused when its manifest names another target or other layer ids)")
@@ -95,19 +99,29 @@ def _options(args: argparse.Namespace) -> dict:
 def cmd_train(args: argparse.Namespace) -> int:
     from ..target.loading import load_target, resolve_device
     from .data import read_conversations, tokenize_all
-    from .trainer import TrainConfig, init_distributed, train, world_rank
+    from .trainer import TrainConfig, init_distributed, init_drafter, train, world_rank
 
     o = _options(args)
     for req in ("data", "out"):
         if not o.get(req):
             raise EagleSpecError(f"train: --{req} is required")
+    if o.get("init") and o["resume"]:
+        raise EagleSpecError("train: --init and --resume together: --resume continues the run saved in --out, "
+                             "which remembers its --init")
     for k in ("steps", "batch_size", "max_length", "ttt_steps", "draft_vocab", "grad_accum", "hass_steps",
               "time_budget"):
         if o.get(k) is not None and o[k] <= 0:
             raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {o[k]}")
+    fields = {k: o[k] for k in ("steps", "epochs", "batch_size", "grad_accum", "max_length", "lr", "ttt_steps",
+                                "hass_steps", "draft_vocab", "seed", "save_every", "eval_every", "eval_fraction",
+                                "warmup_steps", "noise", "weight_decay", "log_every") if o.get(k) is not None}
+    if o.get("time_budget") is not None:
+        fields["time_budget_s"] = float(o["time_budget"])
     device = init_distributed(resolve_device(o.get("device")))
     _, rank = world_rank()
+    cfg = TrainConfig(method=o.get("method") or "eagle3", device=device, init_from=o.get("init"), **fields)
     model, tok = load_target(o.get("target"), device=device, dtype=o.get("dtype"))
+    drafter = init_drafter(cfg.init_from, model, cfg, tok) if cfg.init_from else None  # refused before the data
     convs = read_conversations(o["data"], o.get("limit"))
     max_length = o.get("max_length") or 2048
     samples = tokenize_all(tok, convs, max_length, progress=rank == 0)
@@ -115,19 +129,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         n_tok = sum(s.ids.numel() for s in samples)
         n_loss = sum(int(s.loss_mask.sum()) for s in samples)
         _log(f"eaglespec train: {len(samples)} conversations, {n_tok} tokens ({n_loss} assistant) from {o['data']}")
-    fields = {k: o[k] for k in ("steps", "epochs", "batch_size", "grad_accum", "max_length", "lr", "ttt_steps",
-                                "hass_steps", "draft_vocab", "seed", "save_every", "eval_every", "eval_fraction",
-                                "warmup_steps", "noise", "weight_decay", "log_every") if o.get(k) is not None}
-    if o.get("time_budget") is not None:
-        fields["time_budget_s"] = float(o["time_budget"])
-    cfg = TrainConfig(method=o.get("method") or "eagle3", device=device, **fields)
     if o.get("feature_cache"):
         from .features import attach_feature_cache
         from .trainer import drafter_config
 
-        ids = drafter_config(model, cfg.method, 1).aux_layer_ids
+        ids = drafter.feature_layer_ids if drafter is not None else drafter_config(model, cfg.method, 1).aux_layer_ids
         samples = attach_feature_cache(o["feature_cache"], model, tok, samples, ids, rank=rank)
-    res = train(model, samples, cfg, o["out"], tokenizer=tok, resume=o["resume"])
+    res = train(model, samples, cfg, o["out"], tokenizer=tok, resume=o["resume"], drafter=drafter)
     if rank == 0 and res.history:
         last = res.history[-1]
         _log(f"eaglespec train: done, {res.steps} steps; last train top-1 by step "

@@ -23,7 +23,7 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,11 +33,11 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..checkpoint.config import DraftConfig, default_aux_layer_ids
-from ..checkpoint.drafter import build_drafter, save_drafter
+from ..checkpoint.drafter import MANIFEST, build_drafter, load_drafter, save_drafter
 from ..checkpoint.io import replace_dir
-from ..checkpoint.manifest import build_manifest
+from ..checkpoint.manifest import build_manifest, manifest_mismatches
 from ..checkpoint.rope import resolve_rope_theta
-from ..errors import EagleSpecError
+from ..errors import CheckpointError, EagleSpecError
 from . import losses
 from .data import Packed, Sample, group_for_packing, pack, split_eval
 from .features import TargetBatch, TargetFeatures, soft_labels
@@ -73,6 +73,7 @@ class TrainConfig:
     noise: str = "uniform"  # uniform | length-scaled | none (EAGLE-1 / HASS feature noise)
     noise_scale: float | None = None  # None: 0.1 (uniform) / 0.2 (length-scaled)
     draft_vocab: int | None = None  # None: 32000 capped at the target vocabulary
+    init_from: str | None = None  # a drafter checkpoint to start from (its weights and draft vocabulary)
     seed: int = 0
     eval_fraction: float = 0.02
     eval_every: int = 0  # 0: only at the end
@@ -170,6 +171,11 @@ def new_drafter(model, method: str, draft_ids: torch.Tensor | None, seed: int) -
         d2t, t2d = vocab_maps(draft_ids, vocab)
         drafter.d2t.copy_(d2t)
         drafter.t2d.copy_(t2d)
+    return attach_target(drafter, model)
+
+
+def attach_target(drafter: nn.Module, model) -> nn.Module:
+    """Wire the frozen target's embedding (EAGLE-1 / HASS: also its final norm and lm_head) into `drafter`."""
     drafter.set_target_embedding(model.get_input_embeddings())
     if hasattr(drafter, "set_target_head"):
         from ..draft.eagle1 import target_head
@@ -177,6 +183,40 @@ def new_drafter(model, method: str, draft_ids: torch.Tensor | None, seed: int) -
         norm, head = target_head(SimpleNamespace(model=model))  # it takes a backend holding `.model`
         drafter.set_target_head(norm, head, _text_config(model).num_hidden_layers)
     return drafter
+
+
+def init_drafter(path: str | Path, model, cfg: TrainConfig, tokenizer=None) -> nn.Module:
+    """The drafter saved at `path` (any layout load_drafter reads) in fp32, to train on (`--init`).
+
+    It must fit the target and `cfg`: method, hidden size, aux layer ids, vocabulary, the draft
+    vocabulary (it comes from the checkpoint) and, when it carries a manifest, the target fingerprint;
+    every refusal is one line naming the file and the field.
+    """
+    path = Path(path)
+    c = _text_config(model)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    # range of the aux ids, target_hidden_size and vocab_size are checked by load_drafter
+    drafter = load_drafter(path, target_num_layers=c.num_hidden_layers, target_hidden_size=c.hidden_size,
+                           target_vocab_size=vocab, dtype=torch.float32)
+    dc, cfile = drafter.cfg, path / "config.json"
+    want = "eagle3" if cfg.method == "eagle3" else "eagle1"  # HASS trains the EAGLE-1 architecture
+    if dc.method != want:
+        raise CheckpointError(cfile, f"method {dc.method} does not match --method {cfg.method}")
+    if drafter.embed_tokens is None and dc.hidden_size != c.hidden_size:
+        raise CheckpointError(cfile, f"hidden_size {dc.hidden_size} does not match the target's {c.hidden_size}")
+    if dc.method == "eagle3" and min(dc.aux_layer_ids) < 2:
+        raise CheckpointError(cfile, f"aux layer ids {list(dc.aux_layer_ids)} start below 2: the trainer writes "
+                                     "entering-layer ids >= 2")
+    if dc.method == "eagle3" and cfg.draft_vocab is not None and min(cfg.draft_vocab, vocab) != dc.draft_vocab_size:
+        raise CheckpointError(cfile, f"draft_vocab_size {dc.draft_vocab_size} differs from --draft-vocab "
+                                     f"{cfg.draft_vocab}: --init takes the draft vocabulary from the checkpoint")
+    bad = manifest_mismatches(drafter.manifest, model, tokenizer)
+    if bad:
+        raise CheckpointError(path / MANIFEST, f"the drafter was trained against another target ({'; '.join(bad)}): "
+                                               "--init refuses it")
+    if drafter.embed_tokens is not None:  # a copy of the target's embedding (EAGLE-1 files): frozen, like it
+        drafter.embed_tokens.requires_grad_(False)
+    return attach_target(drafter, model)
 
 
 # -- schedule / data order ----------------------------------------------------------------------
@@ -584,21 +624,46 @@ def fitted_total(step: int, total: int, elapsed_s: float, budget_s: float, per_s
     return max(step + 1, min(total, step + int((budget_s - elapsed_s) / max(per_step_s, 1e-9))))
 
 
+def _init_record(cfg: TrainConfig, drafter: nn.Module) -> dict[str, Any] | None:
+    """Manifest entry of a run started from a checkpoint: its path, its steps and its own init (lineage)."""
+    if cfg.init_from is None:
+        return None
+    prev = getattr(drafter, "manifest", None) or {}
+    return {"init": {"path": str(cfg.init_from), "trained_steps": prev.get("trained_steps"),
+                     "init": prev.get("init")}}
+
+
 def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | Path | None = None, *,
           tokenizer=None, resume: bool = False, drafter: nn.Module | None = None,
           stop_after: int | None = None) -> TrainResult:
     """Train a drafter for the frozen `model` on tokenized samples; checkpoints go to `out` (rank 0).
 
+    drafter: train this module (wired to the target) instead of a new one or `cfg.init_from`'s.
     stop_after: stop (as if killed) after this many steps of the run, without the final save.
     """
     world, rank = world_rank()
     if cfg.method not in ("eagle3", "hass", "eagle1"):
         raise EagleSpecError(f"--method {cfg.method!r} is not one of eagle1, hass, eagle3")
     out = Path(out) if out is not None else None
+    st = None
+    if resume:
+        if cfg.init_from is not None:
+            raise EagleSpecError("--init and --resume together: --resume continues the run saved in --out, "
+                                 "which remembers its --init")
+        if out is None:
+            raise EagleSpecError("--resume needs --out")
+        st = read_training_state(out)
+        if st["config"].get("init_from"):  # the saved run started from a checkpoint: same shapes and vocabulary
+            cfg = replace(cfg, init_from=st["config"]["init_from"])
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     train_s, eval_s = split_eval(samples, cfg.eval_fraction, cfg.seed)
     vocab = model.get_output_embeddings().weight.shape[0]
+    if drafter is None and cfg.init_from is not None:
+        drafter = init_drafter(cfg.init_from, model, cfg, tokenizer)
+    if cfg.init_from is not None and rank == 0 and not resume:
+        _log(f"eaglespec train: starting from {cfg.init_from} (draft vocab {drafter.cfg.draft_vocab_size}, "
+             f"{(getattr(drafter, 'manifest', None) or {}).get('trained_steps', '?')} steps trained there)")
     if drafter is None:
         draft_ids = None
         if cfg.method == "eagle3":
@@ -611,10 +676,7 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
     trainer = Trainer(model, drafter, cfg, tokenizer)
     total = total_steps(cfg, len(train_s), world)
     start = 0
-    if resume:
-        if out is None:
-            raise EagleSpecError("--resume needs --out")
-        st = read_training_state(out)
+    if st is not None:
         if cfg.time_budget_s is not None:  # the saved run already fitted its schedule to its budget
             total = st["total_steps"]
         if st["total_steps"] != total:
@@ -628,7 +690,7 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
             _log(f"eaglespec train: resuming {out} at step {start}/{total}")
     manifest = build_manifest(model, tokenizer, method=cfg.method, feature_layer_ids=drafter.feature_layer_ids,
                               normalisation="none", dtype=str(next(model.parameters()).dtype).replace("torch.", ""),
-                              hyperparameters=cfg.to_dict())
+                              hyperparameters=cfg.to_dict(), extra=_init_record(cfg, drafter))
     batches = MicroBatches(train_s, cfg.batch_size, cfg.seed)
     eval_batches = [eval_s[i:i + cfg.batch_size] for i in range(0, len(eval_s), cfg.batch_size)][: cfg.eval_batches]
     history: list[dict[str, Any]] = []
