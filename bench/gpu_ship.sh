@@ -19,6 +19,9 @@
 #   2. part01 + .gpu/install.sh                            bash bench/gpu_ship.sh stash   (3. the same: part02)
 #   4. part03 + WHEEL_NAME + .gpu/whl + .gpu/install.sh    bash .gpu/install.sh
 #   5. nothing                                             TRAIN_S=420 bash bench/gpu_ship.sh continue
+# (Session 2 used two calls instead: it took the drafter out of the index for the GPU calls only —
+#  `git rm -r -q --cached models/smollm2-135m-instruct-eagle3` + the path in .git/info/exclude — then the
+#  48 MiB part00 fits; undo with `git reset -q models/` and the exclude line removed, before any commit.)
 set -euo pipefail
 stage=${1:?stage}
 W=$HOME/ship; mkdir -p "$W"
@@ -41,10 +44,13 @@ case "$stage" in
     bash .gpu/install.sh >/dev/null
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-    timeout ${REGEN_S:-420} python3 -m eaglespec.cli regenerate --data .gpu/train/prompts.jsonl --out "$W/regen.jsonl" \
-      --batch-size ${REGEN_BS:-512} --max-new-tokens ${REGEN_TOKENS:-384} --max-turns 1 --device cuda --dtype bfloat16 \
-      || echo "regenerate stopped (timeout or error): $? ; resumable"
-    wc -l "$W/regen.jsonl"; cp "$W/regen.jsonl" "$OUT/"
+    # more data: PROMPTS from `make_prompts.py --turns 2 --id-suffix=-t2` (REGEN_TURNS=2), or the same prompts
+    # with --id-suffix=-s1 answered at REGEN_TEMP=1; REGEN_OUT names the file (then: cat both > DATA for training)
+    out=${REGEN_OUT:-$W/regen.jsonl}
+    timeout ${REGEN_S:-420} python3 -m eaglespec.cli regenerate --data ${PROMPTS:-.gpu/train/prompts.jsonl} --out "$out" \
+      --batch-size ${REGEN_BS:-512} --max-new-tokens ${REGEN_TOKENS:-384} --max-turns ${REGEN_TURNS:-1} \
+      --temperature ${REGEN_TEMP:-0} --device cuda --dtype bfloat16 || echo "regenerate stopped (timeout or error): $? ; resumable"
+    wc -l "$out"; cp "$out" "$OUT/"
     timeout 120 python3 -m eaglespec.cli train --data "$W/regen.jsonl" --method eagle3 --out "$W/smoke" --steps 20 \
       --batch-size 16 --max-length 1024 --draft-vocab 16000 --device cuda --log-every 5 2>&1 | tr '\r' '\n' | tail -8 || true
     ;;
@@ -71,9 +77,10 @@ case "$stage" in
     # TRAIN_S covers the steps only (+ ~1 min of loading, tokenizing, eval, convert): keep it <= 420 in a 600 s call.
     [ -d "$HOME/site" ] || bash .gpu/install.sh >/dev/null
     [ -f "$W/regen.jsonl" ] || cp .gpu/trainset/regen.jsonl "$W/regen.jsonl"
+    data=${DATA:-$W/regen.jsonl}  # e.g. DATA=$W/all.jsonl after `cat regen.jsonl regen_t1.jsonl > all.jsonl`
     start="--init models/smollm2-135m-instruct-eagle3"
     [ -f "$W/cont/training_state.pt" ] && start=--resume
-    timeout $(( ${TRAIN_S:-420} + 150 )) python3 -m eaglespec.cli train --data "$W/regen.jsonl" --method eagle3 \
+    timeout $(( ${TRAIN_S:-420} + 150 )) python3 -m eaglespec.cli train --data "$data" --method eagle3 \
       $start --out "$W/cont" --batch-size ${BS:-64} --max-length ${MAXLEN:-2048} --lr ${LR:-3e-4} --epochs 20 \
       --time-budget ${TRAIN_S:-420} --save-every 100 --log-every 20 --device cuda 2>&1 \
       | tr '\r' '\n' | grep -v '^\s*$' | grep -v 'it/s\]$' | tail -25 || true
