@@ -122,3 +122,37 @@ def test_unsupported_models_are_refused():
     assert "gpt2" in unsupported_reason(model)
     with pytest.raises(EagleSpecError, match="fast backend"):
         FastTarget(model)
+
+
+def test_staging_reuses_buckets_without_stale_inputs():
+    """One bucket (4 rows) serves causal steps of 1-4 rows and trees in turn: every switch must
+    restage the positions, the base and the mask (a causal pattern left over from another t, a tree
+    mask left over in a causal step, padding rows holding older tokens), and commits that keep every
+    pending row (moved nothing) or a subset (gathered) must leave the same cache as HF's."""
+    ref, fast = _pair("llama", buckets=(4,), max_len=64)
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, 90, (6,), generator=gen)
+    _close(ref.forward(prompt), fast.forward(prompt))  # 6 > 4: the eager path
+    for b in (ref, fast):
+        b.commit(torch.arange(6))
+    tree_vis = ancestry(torch.tensor([-1, 0, 0]))
+    steps = [  # (rows, depths, visible, keep)
+        (4, None, None, [0, 1, 2, 3]),  # causal, no padding, all kept
+        (3, None, None, [0, 1, 2]),  # causal of 3 rows: row 3 pads and holds an older token
+        (3, torch.tensor([0, 1, 1]), tree_vis, [0, 2]),  # a tree right after a causal step, subset kept
+        (3, None, None, [0, 1]),  # causal of 3 rows right after the tree (no stale tree mask)
+        (3, None, None, [0, 1, 2]),  # the same causal pattern again (the mask copy is skipped)
+        (2, None, None, [0, 1]),  # causal of 2 rows (no stale 3-row pattern)
+        (1, None, None, [0]),  # one row: plain decoding
+        (3, torch.tensor([0, 1, 1]), tree_vis, [0]),  # the root only
+        (2, None, None, [0, 1]),
+    ]
+    for t, depths, vis, keep in steps:
+        toks = torch.randint(3, 90, (t,), generator=gen)
+        _close(ref.forward(toks, depths, vis), fast.forward(toks, depths, vis))
+        for b in (ref, fast):
+            b.commit(torch.tensor(keep))
+    assert ref.committed_len == fast.committed_len
+    toks = torch.randint(3, 90, (4,), generator=gen)
+    _close(ref.forward(toks), fast.forward(toks))
+

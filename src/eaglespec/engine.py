@@ -18,7 +18,7 @@ from .draft.proposer import Proposer, shifted_tokens
 from .metrics import round_detail
 from .sampling import SamplingConfig, process_logits, sample
 from .target.base import TargetBackend
-from .tree import DraftTree, TreeSpec, chain_tree, flatten
+from .tree import DraftTree, TreeSpec, flatten
 from .verify import greedy_accept, sample_accept
 
 
@@ -62,6 +62,15 @@ class GenerationResult:
         }
 
 
+class _PlainRows:
+    """Constant row tensors of a plain-decoding round (one tree-less row per round)."""
+
+    def __init__(self, device: torch.device):
+        self.rows = torch.zeros(1, dtype=torch.long, device=device)  # the kept (and accepted) row
+        self.parents = torch.full((1,), -1, dtype=torch.long, device=device)
+        self.depths = torch.zeros(1, dtype=torch.long, device=device)
+
+
 class SpeculativeEngine:
     """Speculative decoding (greedy, or lossless sampling) of one sequence with a target backend and an
     optional drafter."""
@@ -103,25 +112,31 @@ class SpeculativeEngine:
         if self.proposer is not None:
             self.proposer.reset()
         self._begin_sampling(sampling, dev)
-        ids = torch.tensor(list(prompt_ids), dtype=torch.long, device=dev)
         if max_new_tokens <= 0:
             result.seconds = time.perf_counter() - start
             return
 
         # prefill: commit the prompt; its last logits give the first token (the first root)
-        out = target.forward(ids)
-        target.commit(torch.arange(ids.numel(), device=dev))
-        pending_feats = out.features  # [n, F]: features not yet consumed by the drafter
-        first = self._next_token(out.logits[-1])
-        ids = torch.cat([ids, ids.new_tensor([first])])
+        prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=dev)
+        out = target.forward(prompt)
+        target.commit(torch.arange(prompt.numel(), device=dev))
+        root = self._next_token(out.logits[-1])  # [1] on the device: the next round's root row
+        first = int(root)
         result.token_ids.append(first)
         yield [first]
         if first in eos:
             result.finish_reason = "stop"
+        speculating = self.speculating
+        if speculating:  # every token on the device, and the features the drafter has not consumed yet
+            ids, pending_feats = torch.cat([prompt, root]), out.features
+        else:
+            plain_rows = _PlainRows(dev)
         while result.finish_reason != "stop" and len(result.token_ids) < max_new_tokens:
-            emitted, pending_feats = self._round(ids, pending_feats, result)
+            if speculating:
+                emitted, ids, pending_feats = self._round(ids, pending_feats, result)
+            else:
+                emitted, root = self._plain_round(root, plain_rows, result)
             emitted = self._cut(emitted, eos, max_new_tokens - len(result.token_ids), result)
-            ids = torch.cat([ids, ids.new_tensor(emitted)])
             result.token_ids.extend(emitted)
             result.rounds[-1].emitted = len(emitted)
             yield emitted
@@ -136,11 +151,12 @@ class SpeculativeEngine:
             self.proposer.sampling = self._sampling.draft_params if self._sampling is not None else None
             self.proposer.generator = self._generator
 
-    def _next_token(self, logits: torch.Tensor) -> int:
-        """The token after one row's logits [V]: argmax, or a sample of the processed target distribution."""
+    def _next_token(self, logits: torch.Tensor) -> torch.Tensor:
+        """The token after one row's logits [V], as a [1] device tensor (no host sync): argmax, or a
+        sample of the processed target distribution."""
         if self._sampling is None:
-            return int(logits.argmax())
-        return int(sample(process_logits(logits, self._sampling.target), self._generator))
+            return logits.argmax(-1, keepdim=True)
+        return sample(process_logits(logits, self._sampling.target), self._generator).reshape(1)
 
     @staticmethod
     def _cut(emitted: list[int], eos: set[int], room: int, result: GenerationResult) -> list[int]:
@@ -151,17 +167,28 @@ class SpeculativeEngine:
                 return emitted[: i + 1]
         return emitted[:room]
 
+    def _plain_round(self, root: torch.Tensor, rows: _PlainRows, result: GenerationResult
+                     ) -> tuple[list[int], torch.Tensor]:
+        """Plain decoding, no tree: the root [1] -> one forward -> the next token (ONE host sync)."""
+        t0 = time.perf_counter()
+        out = self.target.forward(root)
+        nxt = self._next_token(out.logits[-1])  # [1]: the next round's root, still on the device
+        token = int(nxt)
+        t1 = time.perf_counter()
+        self.target.commit(rows.rows)
+        detail = round_detail(DraftTree(tokens=root, parents=rows.parents, depths=rows.depths), rows.rows)
+        result.rounds.append(RoundStats(drafted=0, accepted=0, emitted=1, verify_s=t1 - t0,
+                                        commit_s=time.perf_counter() - t1, detail=detail))
+        return [token], nxt
+
     def _round(self, ids: torch.Tensor, pending_feats: torch.Tensor, result: GenerationResult):
+        """One speculative round. ids [N+1]: every token so far (the last is the root) on the device;
+        pending_feats [n, F]: target features the drafter has not consumed yet (the last n rows)."""
         target = self.target
         root = result.token_ids[-1]  # ids[-1]: emitted, not yet in the target's KV (the tree's root row)
         t0 = time.perf_counter()
-        if self.speculating:
-            d0 = self.proposer.committed
-            next_tokens = shifted_tokens(ids, d0, pending_feats.shape[0])
-            tree: DraftTree = self.proposer.propose(root, pending_feats, next_tokens)
-            pending_feats = pending_feats[:0]
-        else:
-            tree = chain_tree(root, ids.new_empty(0))
+        next_tokens = shifted_tokens(ids, self.proposer.committed, pending_feats.shape[0])  # x_{t+1}, contract 4
+        tree: DraftTree = self.proposer.propose(root, pending_feats, next_tokens)
         flat = flatten(tree)
         t1 = time.perf_counter()
         out = target.forward(flat.tokens, flat.depths, flat.visible)
@@ -172,14 +199,14 @@ class SpeculativeEngine:
             acc = sample_accept(flat, p, tree.draft_probs, self._generator)
         t2 = time.perf_counter()
         target.commit(acc.rows)  # contract 7: gathered by the flatten map, never by token equality
-        if self.speculating:
-            pending_feats = torch.cat([pending_feats, out.features[acc.rows]])
+        pending_feats = out.features[acc.rows]
+        ids = torch.cat([ids, acc.path_tokens[1:], acc.bonus_token])  # on the device: no host->device copy
         emitted = [*acc.tokens[1:], acc.bonus]  # read in acceptance's single host sync
         t3 = time.perf_counter()
         result.rounds.append(RoundStats(drafted=tree.size - 1, accepted=acc.accepted, emitted=len(emitted),
                                         draft_s=t1 - t0, verify_s=t2 - t1, commit_s=t3 - t2,
                                         detail=round_detail(tree, acc.rows)))
-        return emitted, pending_feats
+        return emitted, ids, pending_feats
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int = 128,
                  eos_token_ids: Sequence[int] = (), sampling: SamplingConfig | None = None) -> GenerationResult:

@@ -11,33 +11,39 @@ from .tree import FlatTree
 
 @dataclass
 class Acceptance:
-    rows: torch.Tensor  # [m+1] flattened-row indices of the accepted path, root first
+    rows: torch.Tensor  # [m+1] flattened-row indices of the accepted path, root first (device, a view)
     bonus: int  # the target's token after the last accepted row
     accepted: int  # m: draft tokens accepted
     tokens: list[int]  # the path's tokens, root first (read in the same host sync)
+    path_tokens: torch.Tensor  # [m+1] the path's tokens on the device, root first (a view)
+    bonus_token: torch.Tensor  # [1] the bonus token on the device
 
 
 def _read_path(flat: FlatTree, on_path: torch.Tensor, bonus: torch.Tensor) -> Acceptance:
-    """Everything the host needs about an accepted path in ONE device->host copy.
+    """Everything the host needs about an accepted path in ONE device->host copy, and nothing else
+    (the rows and tokens stay on the device as views: no host->device copy back).
 
     on_path [T] bool marks the path's rows; rows in index order are in depth order (flatten's order).
     """
-    t = on_path.shape[0]
     order = torch.argsort((~on_path).to(torch.int8), stable=True)  # path rows first, in index order
-    vals = torch.cat([bonus.reshape(1), on_path.sum().reshape(1), order, flat.tokens[order]]).tolist()
-    m = vals[1]
-    rows = torch.tensor(vals[2:2 + m], dtype=torch.long, device=on_path.device)
-    return Acceptance(rows=rows, bonus=vals[0], accepted=m - 1, tokens=vals[2 + t:2 + t + m])
+    path = flat.tokens[order]  # [T]: the path's tokens first
+    bonus = bonus.reshape(1)
+    vals = torch.cat([on_path.sum().reshape(1), bonus, path]).tolist()
+    m = vals[0]
+    return Acceptance(rows=order[:m], bonus=vals[1], accepted=m - 1, tokens=vals[2:2 + m],
+                      path_tokens=path[:m], bonus_token=bonus)
 
 
 def greedy_accept(flat: FlatTree, logits: torch.Tensor) -> Acceptance:
-    """Longest root path whose every token equals the target's argmax at its parent row."""
+    """Longest root path whose every token equals the target's argmax at its parent row.
+
+    One host sync (in _read_path); indices stay tensors (indexing with a 0-d tensor would sync).
+    """
     target_next = logits.argmax(dim=-1)  # [T]
-    match = flat.tokens == target_next[flat.parents.clamp(min=0)]
-    match[0] = True  # the root is already emitted
-    ok = ~(flat.visible & ~match[None, :]).any(dim=-1)  # every ancestor-or-self matches
-    best = torch.where(ok, flat.depths, -1).argmax()  # deepest; siblings never both match
-    return _read_path(flat, flat.visible[best], target_next[best])
+    match = (flat.tokens == target_next[flat.parents.clamp(min=0)]) | (flat.parents < 0)  # the root is emitted
+    ok = (flat.visible <= match).all(dim=-1)  # visible implies match: every ancestor-or-self matches
+    best = torch.where(ok, flat.depths, -1).argmax().reshape(1)  # deepest; siblings never both match
+    return _read_path(flat, flat.visible[best][0], target_next[best])
 
 
 # -- sampling (DESIGN.md contract 2; the schemes and the losslessness argument: sampling.py) ------

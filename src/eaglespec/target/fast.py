@@ -112,11 +112,14 @@ class _Layer:
 @dataclass
 class _Graph:
     tokens: torch.Tensor  # [B] long
-    positions: torch.Tensor  # [B] long
+    positions: torch.Tensor  # [B] long: a view of pos_base
     visible: torch.Tensor  # [B, B] bool
-    base: torch.Tensor  # [] long: committed length
-    eye: torch.Tensor  # [B, B] bool constants for filling `visible`
-    causal: torch.Tensor
+    base: torch.Tensor  # [] long: committed length (a view of pos_base)
+    pos_base: torch.Tensor  # [B + 1] long: positions, then base (one add stages both)
+    offsets: torch.Tensor  # [B + 1] long: 0..B-1, then 0 (causal positions relative to base)
+    eye: torch.Tensor  # [B, B] bool: padding rows see themselves only
+    causal: dict  # t -> [B, B] bool: the causal block of t rows, padding rows on the diagonal
+    visible_t: int  # t of the causal pattern `visible` holds now (0 = another pattern)
     logits: torch.Tensor  # [B, V]
     features: torch.Tensor  # [B, F]
     graph: object | None  # torch.cuda.CUDAGraph (None on CPU: the step runs eagerly)
@@ -238,6 +241,7 @@ class FastTarget:
 
     def reset(self) -> None:
         self.committed_len = 0
+        self._pending = 0  # rows of the last forward, not committed yet
 
     # -- the step (graph-captured on CUDA) ------------------------------------------------------
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
@@ -297,9 +301,9 @@ class FastTarget:
             return run
         dev = self.device
         tokens = torch.zeros(b, dtype=torch.long, device=dev)
-        positions = torch.full((b,), self.committed_len, dtype=torch.long, device=dev)
+        pos_base = torch.full((b + 1,), self.committed_len, dtype=torch.long, device=dev)
+        positions, base = pos_base[:b], pos_base[b]
         visible = torch.eye(b, dtype=torch.bool, device=dev)
-        base = torch.tensor(self.committed_len, dtype=torch.long, device=dev)
         graph = None
         if self.use_graphs:
             # warm-up on a side stream (writes only pending slots), then capture
@@ -316,49 +320,79 @@ class FastTarget:
                 logits, features = self._step_fn(tokens, positions, visible, base)
         else:
             logits, features = tokens.new_empty(0), tokens.new_empty(0)
-        run = _Graph(tokens, positions, visible, base, visible.clone(), visible.new_ones(b, b).tril(), logits,
-                     features, graph)
+        offsets = torch.cat([torch.arange(b, device=dev), torch.zeros(1, dtype=torch.long, device=dev)])
+        run = _Graph(tokens, positions, visible, base, pos_base, offsets, visible.clone(), {}, 0, logits, features,
+                     graph)
         self._graphs[b] = run
         return run
+
+    def _stage(self, run: _Graph, tokens: torch.Tensor, depths: torch.Tensor | None,
+               visible: torch.Tensor | None) -> None:
+        """Write one forward's t rows into bucket B's static buffers: a causal step (depths and visible
+        None, as in plain decoding) is 2 small kernels, a tree 3-4.
+
+        Padding rows (t..B-1) keep whatever valid ids they held and see only themselves: real rows
+        never see them and their outputs and KV slots are never read.
+        """
+        t, b = tokens.shape[0], run.tokens.shape[0]
+        (run.tokens if t == b else run.tokens[:t]).copy_(tokens)
+        torch.add(run.offsets, self.committed_len, out=run.pos_base)  # causal positions and the base
+        if depths is not None:
+            torch.add(depths, self.committed_len, out=run.positions[:t])
+        if visible is None:
+            if run.visible_t != t:  # unchanged since the last causal step of t rows: nothing to copy
+                mask = run.causal.get(t)
+                if mask is None:
+                    mask = run.causal[t] = run.eye.clone()
+                    mask[:t, :t] = torch.ones(t, t, dtype=torch.bool, device=mask.device).tril()
+                run.visible.copy_(mask)
+                run.visible_t = t
+            return
+        if t < b:
+            run.visible.copy_(run.eye)
+        run.visible[:t, :t].copy_(visible)
+        run.visible_t = 0
 
     # -- the contract ---------------------------------------------------------------------------
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, depths: torch.Tensor | None = None,
                 visible: torch.Tensor | None = None) -> TargetOutput:
         t, base, dev = tokens.shape[0], self.committed_len, self.device
-        tokens = tokens.to(dev)
-        depths = torch.arange(t, device=dev) if depths is None else depths.to(dev)
+        self._pending = t
         b = smallest_bucket(self.buckets, t)
         if b is None:  # prefill or an oversized tree: one eager pass at its exact size
             self.reserve(base + t)
+            tokens = tokens.to(dev)
+            depths = torch.arange(t, device=dev) if depths is None else depths.to(dev)
             visible = torch.ones(t, t, dtype=torch.bool, device=dev).tril() if visible is None else visible.to(dev)
             base_t = torch.tensor(base, dtype=torch.long, device=dev)
             logits, features = self._step(tokens, base + depths, visible, base_t)  # eager: no recompile per length
             return TargetOutput(logits=logits, features=features)
         self.reserve(base + b)
         run = self._runner(b)
-        run.tokens.zero_()
-        run.tokens[:t].copy_(tokens)
-        run.positions.fill_(base)
-        run.positions[:t].copy_(depths + base)
-        run.visible.copy_(run.eye)  # padding rows see themselves only
-        run.visible[:t, :t].copy_(run.causal[:t, :t] if visible is None else visible)
-        run.base.fill_(base)
-        if run.graph is not None:
-            run.graph.replay()
-            logits, features = run.logits, run.features
-        else:
+        self._stage(run, tokens, depths, visible)
+        if run.graph is None:  # eager: fresh outputs
             logits, features = self._step_fn(run.tokens, run.positions, run.visible, run.base)
-        return TargetOutput(logits=logits[:t].clone(), features=features[:t].clone())
+        else:  # the static outputs are overwritten by the next replay: hand out copies
+            run.graph.replay()
+            logits, features = run.logits.clone(), run.features.clone()
+        if t < b:
+            logits, features = logits[:t], features[:t]
+        return TargetOutput(logits=logits, features=features)
 
     @torch.no_grad()
     def commit(self, keep: torch.Tensor) -> None:
-        """Move the kept pending rows' KV to slots committed..committed+m-1 (one gather + one copy)."""
+        """Move the kept pending rows' KV to slots committed..committed+m-1 (one gather + one copy).
+
+        Keeping every pending row (m == rows forwarded: plain decoding, prefill, a fully accepted
+        chain) moves nothing: the rows are distinct and in order, so keep is 0..m-1, already in place.
+        """
         base, m = self.committed_len, keep.shape[0]
-        if m:
-            src = self.cache.index_select(3, base + keep.to(self.device))  # [L, 2, Hkv, m, D]
-            self.cache[:, :, :, base: base + m] = src
+        if m and m != self._pending:
+            src = self.cache.narrow(3, base, self.max_len - base).index_select(3, keep.to(self.device))
+            self.cache.narrow(3, base, m).copy_(src)  # src: [L, 2, Hkv, m, D]
         self.committed_len = base + m
+        self._pending = 0
 
 
 def make_target(model: nn.Module, backend: str = "auto", feature_layer_ids: tuple[int, ...] = (), **fast_kw):
