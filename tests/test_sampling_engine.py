@@ -153,3 +153,53 @@ def test_cli_sampling_flags():
     assert sampling_options(parse(["generate", "--prompt", "x", "--temperature", "0"]), GenerationConfig()) == {}
     sampled = GenerationConfig(do_sample=True, temperature=0.5, top_k=0)
     assert sampling_options(parse(["generate", "--prompt", "x"]), sampled)["temperature"] == 0.5
+
+
+def _random_flat(kind: str, gen: torch.Generator, n: int = 12, vocab: int = 9):
+    """A FlatTree in flatten's order: a chain, or a random tree (distinct sibling tokens), depths sorted."""
+    from eaglespec.tree import FlatTree, ancestry
+
+    if kind == "chain":
+        parents = list(range(-1, n - 1))
+    else:
+        parents = [-1]
+        depth = [0]
+        for i in range(1, n):  # parents among earlier nodes keep depths non-decreasing when sorted below
+            parents.append(int(torch.randint(0, i, (1,), generator=gen)))
+            depth.append(depth[parents[-1]] + 1)
+        order = sorted(range(n), key=lambda i: (depth[i], i))
+        new = {old: k for k, old in enumerate(order)}
+        parents = [-1 if parents[o] < 0 else new[parents[o]] for o in order]
+    par = torch.tensor(parents)
+    depths = torch.zeros(n, dtype=torch.long)
+    for i in range(1, n):
+        depths[i] = depths[par[i]] + 1
+    tokens = torch.zeros(n, dtype=torch.long)
+    for u in range(n):  # distinct tokens among each node's children
+        kids = (par == u).nonzero().flatten()
+        tokens[kids] = torch.randperm(vocab, generator=gen)[: kids.numel()]
+    return FlatTree(tokens=tokens, depths=depths, parents=par, visible=ancestry(par).bool())
+
+
+@pytest.mark.parametrize("kind,with_q", [("chain", True), ("chain", False), ("tree", False), ("tree", True)])
+def test_sample_accept_equals_the_vector_rejection_loop(kind, with_q):
+    """The host walk (point mass, or chains with real q) and its vector-loop fallback (trees with real q)
+    take exactly tree_rejection_sample's decisions and bonus for the same random stream."""
+    from eaglespec.verify import _read_path, tree_rejection_sample
+
+    gen = torch.Generator().manual_seed(11)
+    accepted = 0
+    for seed in range(150):
+        flat = _random_flat(kind, gen)
+        t, v = flat.tokens.shape[0], 9
+        p = torch.softmax(3 * torch.randn(t, v, generator=gen), -1)
+        q = torch.softmax(3 * torch.randn(t, v, generator=gen), -1) if with_q else None
+        got = sample_accept(flat, p, q, torch.Generator().manual_seed(seed))
+        path, _, bonus = tree_rejection_sample(flat.tokens[None], flat.parents[None], flat.depths, p[None],
+                                               None if q is None else q[None], torch.Generator().manual_seed(seed))
+        on_path = torch.zeros(t, dtype=torch.bool)
+        on_path[path[0].clamp(min=0)] = True
+        want = _read_path(flat, on_path, bonus[0])
+        assert got.rows.tolist() == want.rows.tolist() and got.bonus == want.bonus, seed
+        accepted += got.accepted
+    assert accepted > 10  # the draws exercise acceptance as well as rejection

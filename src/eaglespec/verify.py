@@ -50,8 +50,8 @@ def greedy_accept(flat: FlatTree, logits: torch.Tensor) -> Acceptance:
 
 def tree_rejection_sample(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
                           target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
-                          generator: torch.Generator | None = None, replacement: bool = False
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          generator: torch.Generator | None = None, replacement: bool = False,
+                          coins: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Lossless multi-draft rejection sampling over a batch of trees that share a node order.
 
     tokens [B, N] (node 0 = root), parents [B, N] (-1 at the root; a node absent from sample b
@@ -60,6 +60,7 @@ def tree_rejection_sample(tokens: torch.Tensor, parents: torch.Tensor, depths: t
     draft_probs [B, N, V] or None: the distribution each node's children were drawn from, without
     replacement, in node order (chains: one child per node); None = point-mass scheme (q = 1).
     replacement=True: siblings were drawn i.i.d. WITH replacement (SpecInfer's original setting).
+    coins [B, N] uniform: node j is accepted iff coins[:, j] * q(x_j) < r(x_j) (None: drawn here).
     Returns (path [B, D+1] accepted node indices root first, -1 padded; accepted [B] draft tokens
     accepted; next_token [B] the correction / bonus token, drawn from the final residual).
     """
@@ -73,7 +74,8 @@ def tree_rejection_sample(tokens: torch.Tensor, parents: torch.Tensor, depths: t
     walking = torch.ones(b, dtype=torch.bool, device=dev)
     residual = target_probs[:, 0].float().clone()  # [B, V]: r_i at the current node
     q_left = draft_probs[:, 0].float().clone() if draft_probs is not None else None  # q minus drawn siblings
-    coins = torch.rand((b, n), generator=generator, device=dev)
+    if coins is None:
+        coins = torch.rand((b, n), generator=generator, device=dev)
     depth_list = depths.tolist()
     for j in range(1, n):
         d = depth_list[j]
@@ -112,12 +114,69 @@ def tree_rejection_sample(tokens: torch.Tensor, parents: torch.Tensor, depths: t
     return path, cur_depth, next_token
 
 
+def _scalar_walk(parents: list[int], depths: list[int], px: list[float], qx: list[float] | None,
+                 coins: list[float]) -> tuple[list[int], list[int]]:
+    """tree_rejection_sample's walk for ONE tree when each test needs only scalars: the point-mass
+    scheme (any tree: after rejecting siblings x_1..x_k the residual is p with them removed, so
+    r(x) = p(x) / (1 - sum p(x_i))), or real q where no node has two children (chains: r = p, q).
+
+    px[j] = p_parent(j)(x_j), qx[j] = q_parent(j)(x_j) (None: point mass). Returns (accepted path
+    root first, the rejected children of its last node).
+    """
+    path, rejected, removed = [0], [], 0.0
+    for j in range(1, len(parents)):
+        if depths[path[-1]] < depths[j] - 1:
+            break  # no candidate left one level below the current node
+        if parents[j] != path[-1]:
+            continue
+        left = 1.0 - removed
+        r = px[j] / left if left > 1e-12 else px[j]  # tree_rejection_sample keeps r when no mass is left
+        if coins[j] * (1.0 if qx is None else qx[j]) < r:
+            path.append(j)
+            rejected, removed = [], 0.0
+        else:
+            rejected.append(j)
+            removed += px[j] if left > 1e-12 else 0.0
+    return path, rejected
+
+
 def sample_accept(flat: FlatTree, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
                   generator: torch.Generator | None = None) -> Acceptance:
-    """One round's acceptance under sampling: target_probs [T, V] processed; draft_probs [T, V] or None."""
-    path, _, bonus = tree_rejection_sample(
-        flat.tokens[None], flat.parents[None], flat.depths, target_probs[None],
-        None if draft_probs is None else draft_probs[None], generator)
-    on_path = torch.zeros(flat.tokens.shape[0], dtype=torch.bool, device=flat.tokens.device)
-    on_path[path[0].clamp(min=0)] = True  # the -1 padding lands on the root, which is on the path anyway
-    return _read_path(flat, on_path, bonus[0])
+    """One round's acceptance under sampling: target_probs [T, V] processed; draft_probs [T, V] or None.
+
+    The per-node tests read only p_parent(x_j) (and q_parent(x_j)): they are gathered in one device->host
+    copy and walked on the host (_scalar_walk); the bonus is drawn on the device from the final residual,
+    and the path read in one more sync. Trees with real q and siblings (sampled static trees) need the
+    full residual vectors: they take tree_rejection_sample's loop, with the same coins.
+    """
+    t, dev = flat.tokens.shape[0], flat.tokens.device
+    coins = torch.rand((1, t), generator=generator, device=dev)
+    par = flat.parents.clamp(min=0)
+    cols = [flat.parents, flat.depths, flat.tokens, target_probs[par, flat.tokens], coins[0]]
+    if draft_probs is not None:  # q normalised as tree_rejection_sample does
+        cols.append(draft_probs[par, flat.tokens] / draft_probs.sum(-1).clamp_min(1e-30)[par])
+    host = torch.stack([c.double() for c in cols]).tolist()  # [5 or 6, T]: ONE sync
+    parents, depths = [int(v) for v in host[0]], [int(v) for v in host[1]]
+    siblings = len(set(parents[1:])) < t - 1
+    repeated = len({(a, int(x)) for a, x in zip(parents[1:], host[2][1:])}) < t - 1  # a token twice under a node
+    if (draft_probs is not None and siblings) or repeated:  # the residual vectors matter: the vector loop
+        path, _, bonus = tree_rejection_sample(flat.tokens[None], flat.parents[None], flat.depths, target_probs[None],
+                                               draft_probs[None], generator, coins=coins)
+        on_path = torch.zeros(t, dtype=torch.bool, device=dev)
+        on_path[path[0].clamp(min=0)] = True  # the -1 padding lands on the root, which is on the path anyway
+        return _read_path(flat, on_path, bonus[0])
+    path, rejected = _scalar_walk(parents, depths, host[3], host[5] if draft_probs is not None else None, host[4])
+    last = path[-1]
+    r = target_probs[last].float()  # [V]
+    if rejected:  # the residual after the last node's rejected children
+        if draft_probs is None:
+            rest = r.index_fill(0, flat.tokens[rejected], 0.0)
+        else:  # chains: one rejected child, drawn from q_last
+            q = draft_probs[last].float()
+            rest = (r - q / q.sum().clamp_min(1e-30)).clamp_min(0)
+        mass = rest.sum()
+        r = torch.where(mass > 1e-12, rest / mass.clamp_min(1e-30), r)
+    bonus = torch.multinomial(r[None], 1, generator=generator)[0, 0]
+    on_path = torch.zeros(t, dtype=torch.bool, device=dev)
+    on_path[path] = True
+    return _read_path(flat, on_path, bonus)
