@@ -1,4 +1,4 @@
-"""GPU check of the static drafter path (draft/fast.py, issue 6; UNVALIDATED ON GPU until this runs):
+"""GPU check of the static drafter path (draft/fast.py, issue 6; first passed on an H200 in session 2, bench/RESULTS.md):
 
 1. correctness, fp32 (TF32 off) and bf16, default target + drafter (shipped one, else random EAGLE-3):
    a. one drafter step: CUDA-graph replay == the same static step run eagerly (max abs diff, expect 0.0)

@@ -139,8 +139,9 @@ def test_cuda_graphs_need_cuda():
         StaticDraftRunner(tiny_drafter(model), max_len=16, cuda_graphs=True)
 
 
-def test_api_and_cli_are_opt_in():
-    """Off by default; EagleSpec(draft_graphs=True) / --draft-graphs switch the proposer's runner."""
+def test_api_and_cli_default_to_graphs_only_with_the_fast_backend_on_cuda():
+    """Default (None): on only where the target runs the fast backend on CUDA, so off here (CPU);
+    EagleSpec(draft_graphs=True) / --draft-graphs switch the proposer's runner, --no-draft-graphs keeps it eager."""
     from eaglespec import EagleSpec
     from eaglespec.cli import build_parser
 
@@ -157,5 +158,13 @@ def test_api_and_cli_are_opt_in():
     assert es.generate("hi", 8, raw=True).token_ids == plain.generate("hi", 8, raw=True).token_ids
     for cmd in ("generate", "bench"):
         base = [cmd, "--prompt", "x"] if cmd == "generate" else [cmd]
-        assert build_parser().parse_args(base).draft_graphs is False
+        assert build_parser().parse_args(base).draft_graphs is None
         assert build_parser().parse_args([*base, "--draft-graphs"]).draft_graphs is True
+        assert build_parser().parse_args([*base, "--no-draft-graphs"]).draft_graphs is False
+    from types import SimpleNamespace
+
+    from eaglespec.api import draft_graphs_default
+
+    assert not draft_graphs_default(plain.target)  # CPU
+    assert draft_graphs_default(SimpleNamespace(name="fast", device=torch.device("cuda")))
+    assert not draft_graphs_default(SimpleNamespace(name="hf", device=torch.device("cuda")))

@@ -68,17 +68,24 @@ def tree_spec(tree: str = "chain", k: int | None = None, top_k: int | None = Non
     raise EagleSpecError(f"--tree {tree!r} is not one of chain, static, dynamic")
 
 
+def draft_graphs_default(target) -> bool:
+    """Graph-captured drafting is the default where the target itself runs in CUDA graphs."""
+    return target.name == "fast" and getattr(target, "device", torch.device("cpu")).type == "cuda"
+
+
 class EagleSpec:
     """A loaded target + drafter pair."""
 
     def __init__(self, model, tokenizer, drafter, spec: TreeSpec | None = None, draft_note: str = "",
-                 backend: str = "auto", draft_graphs: bool = False, draft_max_len: int | None = None):
+                 backend: str = "auto", draft_graphs: bool | None = None, draft_max_len: int | None = None):
         self.model, self.tokenizer, self.drafter = model, tokenizer, drafter
         self.target = make_target(model, backend)  # "auto": the fast backend on CUDA when supported
         self.spec = spec or TreeSpec()
         self.draft_note = draft_note
         self.engine = SpeculativeEngine(self.target, drafter, self.spec)
-        if draft_graphs:  # opt-in, UNVALIDATED ON GPU (draft/fast.py): static drafter KV + CUDA graphs
+        if draft_graphs is None:  # default: with the fast target backend on CUDA
+            draft_graphs = draft_graphs_default(self.target)
+        if draft_graphs:  # draft/fast.py: static drafter KV + CUDA graphs (validated on an H200, bench/RESULTS.md)
             from .draft.fast import enable_draft_graphs
 
             enable_draft_graphs(self.engine, max_len=draft_max_len or min(self.context_length, 8192) + 512)
@@ -88,11 +95,11 @@ class EagleSpec:
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str | None = None,
                         dtype: str | torch.dtype | None = None, spec: TreeSpec | None = None,
                         aux_rule: str = "auto", backend: str = "auto", strict: bool = False,
-                        draft_graphs: bool = False, draft_max_len: int | None = None) -> EagleSpec:
+                        draft_graphs: bool | None = None, draft_max_len: int | None = None) -> EagleSpec:
         """Load target + drafter. `strict` refuses a drafter whose manifest names another target.
 
-        `draft_graphs` (opt-in, unvalidated on GPU): draft through draft/fast.py's StaticDraftRunner
-        (static drafter KV of `draft_max_len` rows, CUDA graphs on CUDA).
+        `draft_graphs`: draft through draft/fast.py's StaticDraftRunner (static drafter KV of
+        `draft_max_len` rows, CUDA graphs); None = on with the fast target backend on CUDA.
         """
         model, tok = load_target(target, device=device, dtype=dtype)
         c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -116,7 +123,7 @@ class EagleSpec:
         """from_pretrained with the shared CLI model flags (cli.add_model_args)."""
         kw = dict(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype, spec=spec,
                   aux_rule=args.aux_rule, strict=getattr(args, "strict", False),
-                  draft_graphs=getattr(args, "draft_graphs", False))
+                  draft_graphs=getattr(args, "draft_graphs", None))
         kw.update(overrides)
         return cls.from_pretrained(**kw)
 

@@ -147,7 +147,7 @@ class Bench:
 
     def engine(self, method: str):
         """(engine, None) or (None, reason to skip)."""
-        from .api import tree_spec
+        from .api import draft_graphs_default, tree_spec
         from .engine import SpeculativeEngine
         from .target.hf import HFTarget
         from .tree import TreeSpec
@@ -168,7 +168,8 @@ class Bench:
         except (EagleSpecError, NotImplementedError, ValueError) as exc:
             return None, f"{kind} trees unavailable: {exc}"
         engine = SpeculativeEngine(target, self.drafter, spec)
-        if getattr(a, "draft_graphs", False):  # opt-in, unvalidated on GPU (draft/fast.py)
+        graphs = getattr(a, "draft_graphs", None)
+        if graphs or (graphs is None and draft_graphs_default(self.fast)):  # default on CUDA (api.py)
             from .draft.fast import enable_draft_graphs
 
             enable_draft_graphs(engine, max_len=a.max_len)
@@ -483,7 +484,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "dtype": str(es.model.dtype).replace("torch.", ""), "temperature": args.temperature,
                    "k": args.k, "depth": args.depth, "top_k": args.top_k, "budget": args.budget,
                    "methods": methods, "compile": args.compile, "max_len": args.max_len,
-                   "draft_graphs": bool(getattr(args, "draft_graphs", False))},
+                   "draft_graphs": getattr(args, "draft_graphs", None)},  # None: the default (on CUDA)
         "methods": summaries,
     }
     if args.check_fp32 and not args.temperature:

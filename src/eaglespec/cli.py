@@ -30,8 +30,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "output (output-of-layer ids, +1), entering (as written)")
     p.add_argument("--strict", action="store_true",
                    help="refuse a drafter whose manifest names a different target (default: warn)")
-    p.add_argument("--draft-graphs", action="store_true",
-                   help="draft with a static drafter KV + CUDA graphs (opt-in; experimental, unvalidated on GPU)")
+    p.add_argument("--draft-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="draft with a static drafter KV + CUDA graphs (default: on with the fast backend on CUDA)")
 
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
