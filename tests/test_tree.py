@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -273,3 +275,86 @@ def test_static_layout_mc_sim():
 def test_static_layout_validation(choices, match):
     with pytest.raises(EagleSpecError, match=match):
         TreeSpec("static", choices=choices)
+
+
+# -- the grower against EAGLE-2 written out in plain Python ----------------------------------------
+
+PRIMES = (5, 7, 11, 13, 17)  # the confidences at depth d are 0, 1/p_d or 1/p_d^2
+
+
+def _prime_conf(path: tuple[int, ...], n_children: int, seed: int) -> list[float]:
+    """Deterministic per path, with ties among siblings (and between cousins on equal paths), zeros,
+    and no accidental ties between different paths: a path value is a product of distinct prime
+    powers per depth (or the 1e-12 floor), so float32 and float64 order it alike."""
+    g = torch.Generator().manual_seed(hash((seed, *path)) % (2**31))
+    p = PRIMES[len(path)]
+    levels = torch.tensor([0.0, 1 / p, 1 / p**2])
+    return levels[torch.randint(0, 3, (n_children,), generator=g)].tolist()
+
+
+def _reference_eagle2(root_conf: list[float], conf_of, tokens_of, top_k: int, depth: int, budget: int):
+    """EAGLE-2 by the definition, in Python floats: stable sorts on explicit keys, ties to the lower id.
+
+    Returns the selected candidates as (token path, value) in depth order, then candidate id order.
+    """
+    def top(ids, k, values):
+        return sorted(ids, key=lambda i: -values[i])[:k]  # sorted() is stable: ties keep id order
+
+    cands = []  # dicts: path (tokens), depth, logv
+    for j in top(range(len(root_conf)), top_k, root_conf):
+        cands.append({"path": (tokens_of(())[j],), "logv": math.log(max(root_conf[j], 1e-12))})
+    newest = list(range(len(cands)))
+    for _ in range(1, depth):
+        logv = [c["logv"] for c in cands]
+        layer = top(newest, top_k, logv)
+        start = len(cands)
+        for i in layer:
+            path = cands[i]["path"]
+            conf, toks = conf_of(path), tokens_of(path)
+            for j in top(range(len(conf)), top_k, conf):
+                cands.append({"path": (*path, toks[j]), "logv": logv[i] + math.log(max(conf[j], 1e-12))})
+        newest = list(range(start, len(cands)))
+    chosen = sorted(top(range(len(cands)), budget, [c["logv"] for c in cands]))
+    return [(cands[i]["path"], cands[i]["logv"]) for i in chosen]
+
+
+@pytest.mark.parametrize("sorted_children", [False, True])
+@pytest.mark.parametrize("seed", range(40))
+def test_dynamic_tree_equals_plain_python_reference(seed, sorted_children):
+    """Same nodes, parents and values as the definition, with sibling ties, zero confidences and a
+    budget that cuts through ties; `sorted_children` (the proposer's top-k input) changes nothing."""
+    g = torch.Generator().manual_seed(seed)
+    width, depth, n_children = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 5), (1, 6), (1, 6)))
+    budget = int(torch.randint(0, 40, (1,), generator=g))
+
+    def tokens_of(path):  # distinct per parent; depend on the path so that paths are tokens
+        return [100 * len(path) + 10 * (path[-1] % 7 if path else 0) + j for j in range(n_children)]
+
+    def conf_of(path):
+        return _prime_conf(path, n_children, seed)
+
+    def as_input(path):
+        """The children of `path` as tensors, sorted (top-k, stable) when `sorted_children`."""
+        tok, conf = torch.tensor(tokens_of(path)), torch.tensor(conf_of(path))
+        if sorted_children:
+            order = conf.sort(descending=True, stable=True).indices[:width]
+            tok, conf = tok[order], conf[order]
+        return tok, conf
+
+    def expand(nodes, cand, d):
+        rows = []
+        for i in nodes.tolist():
+            path = []
+            while i >= 0:
+                path.append(int(cand.tokens[i]))
+                i = int(cand.parents[i])
+            rows.append(as_input(tuple(reversed(path))))
+        return torch.stack([t for t, _ in rows]), torch.stack([c for _, c in rows])
+
+    root_tok, root_conf = as_input(())
+    tree = dynamic_tree(0, root_tok, root_conf, expand, width, depth, budget, sorted_children=sorted_children)
+    ref = _reference_eagle2(conf_of(()), conf_of, tokens_of, width, depth, budget)
+    assert [p for p, _ in ref] == _paths(tree)
+    logq = tree.logq[1:] if tree.logq is not None else torch.zeros(0)  # budget 0: the bare root
+    assert torch.allclose(logq.double(), torch.tensor([v for _, v in ref], dtype=torch.float64), rtol=1e-6, atol=1e-5)
+    assert torch.equal(tree.depths[1:], torch.tensor([len(p) for p, _ in ref], dtype=torch.long))

@@ -13,7 +13,7 @@ from eaglespec.draft.eagle1 import Eagle1Drafter
 from eaglespec.draft.proposer import Proposer
 from eaglespec.engine import SpeculativeEngine
 from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec
+from eaglespec.tree import TreeSpec, dynamic_tree, static_layout
 
 from conftest import reference_greedy, tiny_draft_config, tiny_drafter, tiny_target
 
@@ -159,3 +159,95 @@ def test_agreeing_chain_every_k_with_eos_and_length_edges(arch, k):
             assert out.token_ids == ref
             accepted += sum(r.accepted for r in out.rounds)
     assert accepted > 0 or k == 1  # (the fitted qwen3 drafter's first guess can miss on these prompts)
+
+
+# -- the proposer's batched trees against naive drafting, one path at a time ----------------------
+
+@torch.no_grad()
+def _naive_probs(drafter, feats, next_tokens, path: list[int]) -> torch.Tensor:
+    """Draft probabilities [Vd] after the target-id `path` below the root: catch-up, then one row per
+    path token over a fresh KV cache (no tree mask, no batching, no reuse)."""
+    ref = Proposer(drafter, TreeSpec("chain", depth=1))
+    logits, state = ref.catch_up(feats, next_tokens)
+    for d, tok in enumerate(path, start=1):
+        out, st = drafter(state[None], torch.tensor([tok]), torch.tensor([ref.committed + d - 1]), ref.cache)
+        logits, state = out[0], st[0]
+    return torch.softmax(logits.float(), -1)
+
+
+def _rounds(model, drafter) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """[(root, features, next tokens)] of two propose() calls: the prompt, then a 5-row catch-up."""
+    engine = SpeculativeEngine(HFTarget(model), drafter, TreeSpec("chain", depth=1))  # wiring
+    seq = torch.tensor([4, 8, 15, 16, 23, 42, 9, 31, 77, 5, 60, 13])
+    feats = engine.target.forward(seq).features
+    return [(int(seq[6]), feats[:6], seq[1:7]), (int(seq[11]), feats[6:11], seq[7:12])]
+
+
+def _naive_dynamic(drafter, feats, next_tokens, root: int, spec: TreeSpec):
+    """tree.dynamic_tree over an expand callback that drafts every node's path from scratch."""
+    def expand(nodes, cand, depth):
+        rows = []
+        for i in nodes.tolist():
+            path = []
+            while i >= 0:
+                path.append(int(drafter.to_target_ids(cand.tokens[i])))
+                i = int(cand.parents[i])
+            rows.append(_naive_probs(drafter, feats, next_tokens, path[::-1]).topk(spec.top_k))
+        return torch.stack([t for _, t in rows]), torch.stack([c for c, _ in rows])
+
+    conf, tok = _naive_probs(drafter, feats, next_tokens, []).topk(spec.top_k)
+    tree = dynamic_tree(root, tok, conf, expand, spec.top_k, spec.depth, spec.budget)
+    tree.tokens[1:] = drafter.to_target_ids(tree.tokens[1:])
+    return tree
+
+
+@pytest.mark.parametrize("budget", [12, 30], ids=["selected", "every-candidate"])
+@pytest.mark.parametrize("method", ["eagle1", "eagle3", "eagle3-d2t"])
+def test_dynamic_tree_equals_naive_drafting(method, budget):
+    """Each round's dynamic tree == the same selection over naive per-path drafting: the batched rows,
+    parent arithmetic, drafter mask, KV bookkeeping across rounds and d2t mapping change nothing.
+    Budget 30 keeps all 3 + 9 + 9 + 9 candidates (every expansion's rows are checked); the EAGLE-3
+    heads are sharpened so that budget 12 selects nodes of depth 3 and 4 too."""
+    model = tiny_target("llama", seed=6)
+    if method == "eagle3-d2t":
+        drafter = tiny_drafter(model, seed=3, draft_vocab_size=40)
+        with torch.no_grad():
+            drafter.d2t.copy_(torch.arange(40) + 7)  # draft i -> target 2i + 7
+    else:
+        drafter = make_drafter(model, method, seed=4)
+    if method != "eagle1":
+        with torch.no_grad():
+            drafter.lm_head.weight.mul_(8.0)
+    spec = TreeSpec("dynamic", depth=4, top_k=3, budget=budget)
+    proposer = Proposer(drafter, spec)
+    rounds = _rounds(model, drafter)
+    seen_f, seen_t = rounds[0][1][:0], rounds[0][2][:0]
+    for root, feats, next_tokens in rounds:
+        tree = proposer.propose(root, feats, next_tokens)
+        seen_f, seen_t = torch.cat([seen_f, feats]), torch.cat([seen_t, next_tokens])
+        ref = _naive_dynamic(drafter, seen_f, seen_t, root, spec)
+        assert torch.equal(tree.tokens, ref.tokens) and torch.equal(tree.parents, ref.parents)
+        assert torch.equal(tree.depths, ref.depths) and tree.size == spec.budget + 1
+        torch.testing.assert_close(tree.logq, ref.logq, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["eagle1", "eagle3"])
+def test_static_and_chain_equal_naive_drafting(method):
+    """Static tree: node = the rank-r child of its parent's naive draft distribution; chain: argmax."""
+    model = tiny_target("llama", seed=6)
+    drafter = make_drafter(model, method, seed=4)
+    rounds = _rounds(model, drafter)
+    for spec in (TreeSpec("static", depth=4), TreeSpec("chain", depth=4)):
+        proposer = Proposer(drafter, spec)
+        seen_f, seen_t = rounds[0][1][:0], rounds[0][2][:0]
+        for root, feats, next_tokens in rounds:
+            tree = proposer.propose(root, feats, next_tokens)
+            seen_f, seen_t = torch.cat([seen_f, feats]), torch.cat([seen_t, next_tokens])
+            assert int(tree.tokens[0]) == root and int(tree.parents[0]) == -1
+            ranks = static_layout(spec.static_choices()).ranks if spec.kind == "static" else [-1] + [0] * spec.depth
+            for i in range(1, tree.size):
+                parent_path = _path(tree, int(tree.parents[i]))
+                conf, tok = _naive_probs(drafter, seen_f, seen_t, parent_path).topk(ranks[i] + 1)
+                assert int(tree.tokens[i]) == int(tok[ranks[i]]), (spec.kind, i)
+                expected = float(tree.logq[int(tree.parents[i])]) + float(conf[ranks[i]].clamp(min=1e-12).log())
+                assert abs(float(tree.logq[i]) - expected) < 1e-5

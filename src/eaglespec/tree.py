@@ -3,7 +3,8 @@
 A DraftTree lists nodes in depth order; node 0 is the ROOT: the pending token (the last emitted
 token, which has no target KV yet). Every other node is a draft token whose parent comes earlier.
 Flattening gives what one verification forward needs: tokens, depths (positions = committed +
-depth), the ancestry mask (a row sees its ancestors and itself only), and retrieve indices.
+depth) and the ancestry mask (a row sees its ancestors and itself only), with no host sync for a
+tree whose builder guarantees depth order (`DraftTree.ordered`); retrieve indices on demand.
 
 EAGLE-2 dynamic trees (`grow_dynamic` + `select_tree`) are pure tensor logic over a callback that
 returns the children of a layer of nodes, so they are testable without a drafter:
@@ -95,6 +96,7 @@ class DraftTree:
     logq: torch.Tensor | None = None  # [N] float: log path value (sum of log draft confidences)
     draft_probs: torch.Tensor | None = None  # [N, V] draft distribution each node's children came from
     stats: dict = field(default_factory=dict)
+    ordered: bool = False  # the builder guarantees parents[i] < i: flatten skips its (host-syncing) check
 
     @property
     def size(self) -> int:
@@ -107,23 +109,43 @@ class FlatTree:
     depths: torch.Tensor  # [T]: positions are committed_len + depth
     parents: torch.Tensor  # [T]
     visible: torch.Tensor  # [T, T] bool: visible[i, j] <=> j is i or an ancestor of i
-    retrieve: torch.Tensor  # [P, D+1] long: root-to-leaf row paths, padded with -1
+
+    @property
+    def retrieve(self) -> torch.Tensor:
+        """[P, D+1] long: root-to-leaf row paths (one per leaf), padded with -1. Host-syncing: on demand."""
+        n, dev = self.tokens.shape[0], self.tokens.device
+        has_child = torch.zeros(n, dtype=torch.bool, device=dev)
+        has_child[self.parents[1:]] = True
+        leaves = (~has_child).nonzero().flatten()
+        max_depth = int(self.depths.max()) if n else 0
+        retrieve = torch.full((leaves.numel(), max_depth + 1), -1, dtype=torch.long, device=dev)
+        path, node = self.visible[leaves].nonzero(as_tuple=True)  # each ancestor has a distinct depth
+        retrieve[path, self.depths[node]] = node
+        return retrieve
+
+
+def root_tensor(root: int | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The root token as a [1] long tensor on `device` (an int is written by a fill: no host->device copy)."""
+    if isinstance(root, torch.Tensor):
+        return root.reshape(1).to(device=device, dtype=torch.long)
+    return torch.full((1,), int(root), dtype=torch.long, device=device)
 
 
 def chain_tree(root: int | torch.Tensor, drafts: torch.Tensor) -> DraftTree:
     """A chain: root, then `drafts` [k] each the child of the previous."""
     device = drafts.device
     k = drafts.shape[0]
-    root_t = torch.as_tensor(root, dtype=torch.long, device=device).reshape(1)
     return DraftTree(
-        tokens=torch.cat([root_t, drafts.long()]),
+        tokens=torch.cat([root_tensor(root, device), drafts.long()]),
         parents=torch.arange(-1, k, device=device),
         depths=torch.arange(0, k + 1, device=device),
+        ordered=True,
     )
 
 
-def ancestry(parents: torch.Tensor) -> torch.Tensor:
-    """[N, N] bool: row i sees itself and its ancestors. Requires parents[i] < i (depth order).
+def ancestry(parents: torch.Tensor, check: bool = True) -> torch.Tensor:
+    """[N, N] bool: row i sees itself and its ancestors. Requires parents[i] < i (depth order),
+    checked with one host sync unless `check=False` (the caller guarantees it).
 
     Transitive closure of the parent relation by repeated squaring: ceil(log2 N) small matmuls,
     no per-node loop.
@@ -131,36 +153,28 @@ def ancestry(parents: torch.Tensor) -> torch.Tensor:
     n = parents.shape[0]
     dev = parents.device
     idx = torch.arange(n, device=dev)
-    if n and bool(((parents >= idx) | ((parents < 0) & (idx > 0))).any()):
+    if check and n and bool(((parents >= idx) | ((parents < 0) & (idx > 0))).any()):
         raise ValueError("tree nodes must be in depth order: every parent must come before its child")
-    reach = torch.eye(n, dtype=torch.float32, device=dev)
-    if n > 1:
-        reach[idx[1:], parents[1:]] = 1.0
+    reach = ((parents[:, None] == idx) | (idx[:, None] == idx)).float()  # [N, N] parent or self
     for _ in range(max(1, math.ceil(math.log2(max(n, 2))))):
         reach = (reach @ reach).clamp_(max=1.0)
     return reach > 0
 
 
 def flatten(tree: DraftTree) -> FlatTree:
-    """Tokens, depths, parents, ancestry mask and retrieve indices (one row per root-to-leaf path)."""
-    visible = ancestry(tree.parents)
-    n, dev = tree.size, tree.tokens.device
-    has_child = torch.zeros(n, dtype=torch.bool, device=dev)
-    has_child[tree.parents[1:]] = True
-    leaves = (~has_child).nonzero().flatten()
-    max_depth = int(tree.depths.max()) if n else 0
-    retrieve = torch.full((leaves.numel(), max_depth + 1), -1, dtype=torch.long, device=dev)
-    path, node = visible[leaves].nonzero(as_tuple=True)  # each ancestor has a distinct depth
-    retrieve[path, tree.depths[node]] = node
-    return FlatTree(tokens=tree.tokens, depths=tree.depths, parents=tree.parents, visible=visible,
-                    retrieve=retrieve)
+    """Tokens, depths, parents and the ancestry mask; no host sync when `tree.ordered`."""
+    visible = ancestry(tree.parents, check=not tree.ordered)
+    return FlatTree(tokens=tree.tokens, depths=tree.depths, parents=tree.parents, visible=visible)
 
 
 # -- EAGLE-2 dynamic trees: pure selection logic ----------------------------------------------------
 
 @dataclass
 class Candidates:
-    """Every node generated while growing a dynamic tree, in generation (= depth) order."""
+    """Every node generated while growing a dynamic tree, in generation (= depth) order.
+
+    The children of one expansion ([n, c] from the callback) take the next n*c ids, row-major.
+    """
 
     tokens: torch.Tensor  # [M] long (draft-vocab ids)
     parents: torch.Tensor  # [M] long: candidate index of the parent, -1 = the root
@@ -188,6 +202,14 @@ def _child_flags(tokens: torch.Tensor, conf: torch.Tensor) -> torch.Tensor:
     return torch.stack([bad_conf, dup, mass])
 
 
+def _all_child_flags(tokens: list[torch.Tensor], conf: list[torch.Tensor]) -> torch.Tensor:
+    """_child_flags over every expansion's [n_i, c_i] children at once: one batch per width c."""
+    widths = sorted({t.shape[1] for t in tokens})
+    flags = [_child_flags(torch.cat([t for t in tokens if t.shape[1] == c]),
+                          torch.cat([x for x in conf if x.shape[1] == c])) for c in widths]
+    return flags[0] if len(flags) == 1 else torch.stack(flags).any(dim=0)
+
+
 _FLAG_MESSAGES = (
     "draft confidences must be finite and in [0, 1]",
     "a parent has the same child token twice",
@@ -212,36 +234,60 @@ def _keep_top_children(tokens: torch.Tensor, conf: torch.Tensor, k: int) -> tupl
     return tokens.gather(-1, order), conf.gather(-1, order)
 
 
+def _log_value(conf: torch.Tensor) -> torch.Tensor:
+    """log(max(c, 1e-12)) in float32."""
+    return conf.float().clamp(min=CONF_FLOOR).log()
+
+
+def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, top_k: int, depth: int,
+          sorted_children: bool) -> tuple[Candidates, torch.Tensor]:
+    """grow_dynamic without reading anything back: (candidates, [3] bool validation flags on the device).
+
+    Per depth: one stable sort of the newest layer's values, the callback, and ~10 small ops
+    (fixed shapes: the layer has min(top_k, size of the newest layer) nodes).
+    """
+    dev = root_tokens.device
+    tok, conf = root_tokens.long()[None], root_conf[None]  # [1, c]
+    if not sorted_children:
+        tok, conf = _keep_top_children(tok, conf, top_k)
+    all_tok, all_conf = [tok], [conf]
+    newest_logv = _log_value(conf[0])  # [m] values of the newest layer: ids start..start+m-1
+    cand = Candidates(tokens=tok[0], parents=torch.full_like(tok[0], -1), depths=torch.ones_like(tok[0]),
+                      logv=newest_logv)
+    start = 0
+    for d in range(1, depth):
+        values, order = newest_logv.sort(descending=True, stable=True)  # ties to the lower id
+        layer = order[:top_k] + start  # [n] the highest-value nodes of depth d (candidate ids)
+        cand.expanded.append(layer)
+        ctok, cconf = expand(layer, cand, d)  # [n, c]
+        ctok = ctok.long()
+        if not sorted_children:
+            ctok, cconf = _keep_top_children(ctok, cconf, top_k)
+        all_tok.append(ctok)
+        all_conf.append(cconf)
+        n, c = ctok.shape
+        newest_logv = (values[:top_k, None] + _log_value(cconf)).reshape(-1)  # [n * c]
+        start = cand.size
+        cand.tokens = torch.cat([cand.tokens, ctok.reshape(-1)])
+        cand.parents = torch.cat([cand.parents, layer[:, None].expand(n, c).reshape(-1)])
+        cand.depths = torch.cat([cand.depths, torch.full((n * c,), d + 1, dtype=torch.long, device=dev)])
+        cand.logv = torch.cat([cand.logv, newest_logv])
+    return cand, _all_child_flags(all_tok, all_conf)
+
+
 def grow_dynamic(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, top_k: int, depth: int,
-                 validate: bool = True) -> tuple[Candidates, list[bool]]:
+                 validate: bool = True, sorted_children: bool = False) -> tuple[Candidates, list[bool]]:
     """EAGLE-2 expansion. root_tokens/root_conf: [c] the root's children (any c >= 1).
 
     Depth d+1 candidates come from ONE call `expand(layer, candidates, d)` for the `top_k`
-    highest-value candidates of depth d. Returns the candidates and the validation flags (one
-    host sync for the whole growth; raised here when `validate`).
+    highest-value candidates of depth d. `sorted_children`: the root's and every callback's
+    children are already at most top_k per row, sorted by confidence (descending; the order of
+    ties is kept), e.g. the output of Tensor.topk: the top-k re-sort is skipped. Returns the
+    candidates and the validation flags (one host sync for the whole growth; raised here when
+    `validate`).
     """
-    dev = root_tokens.device
-    tok, conf = _keep_top_children(root_tokens.long()[None], root_conf[None], top_k)
-    flags = [_child_flags(tok, conf)]
-    tok, conf = tok[0], conf[0].float()
-    cand = Candidates(tokens=tok, parents=torch.full_like(tok, -1), depths=torch.ones_like(tok),
-                      logv=conf.clamp(min=CONF_FLOOR).log())
-    newest = torch.arange(tok.numel(), device=dev)  # candidate ids of the newest layer
-    for d in range(1, depth):
-        layer = newest[_top(cand.logv[newest], top_k)]  # [n] the highest-value nodes of depth d
-        cand.expanded.append(layer)
-        ctok, cconf = expand(layer, cand, d)  # [n, c]
-        ctok, cconf = _keep_top_children(ctok.long(), cconf, top_k)
-        flags.append(_child_flags(ctok, cconf))
-        n, c = ctok.shape
-        logv = cand.logv[layer, None] + cconf.float().clamp(min=CONF_FLOOR).log()  # [n, c]
-        start = cand.size
-        cand.tokens = torch.cat([cand.tokens, ctok.reshape(-1)])
-        cand.parents = torch.cat([cand.parents, layer.repeat_interleave(c)])
-        cand.depths = torch.cat([cand.depths, torch.full((n * c,), d + 1, dtype=torch.long, device=dev)])
-        cand.logv = torch.cat([cand.logv, logv.reshape(-1)])
-        newest = torch.arange(start, start + n * c, device=dev)
-    flag_list = torch.stack(flags).any(dim=0).tolist()
+    cand, flags = _grow(root_tokens, root_conf, expand, top_k, depth, sorted_children)
+    flag_list = flags.tolist()
     if validate:
         _raise_flags(flag_list)
     return cand, flag_list
@@ -256,41 +302,59 @@ def select_nodes(cand: Candidates, budget: int) -> torch.Tensor:
     return chosen.sort().values
 
 
-def select_tree(root: int | torch.Tensor, cand: Candidates, budget: int) -> DraftTree:
-    """The selected candidates as a DraftTree (node 0 = root). Asserts ancestor closure."""
+def _select(root: int | torch.Tensor, cand: Candidates, budget: int) -> tuple[DraftTree, torch.Tensor]:
+    """select_tree without reading anything back: (tree, 0-dim bool "ancestor-closed" on the device)."""
     dev = cand.tokens.device
-    root_t = torch.as_tensor(root, dtype=torch.long, device=dev).reshape(1)
+    root_t = root_tensor(root, dev)
     if budget <= 0 or cand.size == 0:
         tree = chain_tree(root_t, cand.tokens[:0])
         tree.logq = torch.zeros(1, device=dev)
-        return tree
+        return tree, torch.ones((), dtype=torch.bool, device=dev)
     chosen = select_nodes(cand, budget)  # [B]
     node_of = torch.full((cand.size,), -1, dtype=torch.long, device=dev)
     node_of[chosen] = torch.arange(1, chosen.numel() + 1, device=dev)
     par = cand.parents[chosen]
     parents = torch.where(par >= 0, node_of[par.clamp(min=0)], 0)
-    closed = (par < 0) | (parents > 0)
-    assert bool(closed.all()), "dynamic tree selection is not ancestor-closed"  # monotone values
+    closed = ((par < 0) | (parents > 0)).all()
     zero = torch.zeros(1, dtype=torch.long, device=dev)
-    return DraftTree(
+    tree = DraftTree(
         tokens=torch.cat([root_t, cand.tokens[chosen]]),
         parents=torch.cat([zero - 1, parents]),
         depths=torch.cat([zero, cand.depths[chosen]]),
         logq=torch.cat([torch.zeros(1, device=dev), cand.logv[chosen]]),
         stats={"candidates": cand.size},
+        ordered=True,  # chosen ids ascend and every parent id is below its child's: once closed, in order
     )
+    return tree, closed
+
+
+_NOT_CLOSED = "dynamic tree selection is not ancestor-closed"  # impossible from valid (monotone) values
+
+
+def select_tree(root: int | torch.Tensor, cand: Candidates, budget: int) -> DraftTree:
+    """The selected candidates as a DraftTree (node 0 = root). Asserts ancestor closure."""
+    tree, closed = _select(root, cand, budget)
+    assert bool(closed), _NOT_CLOSED
+    return tree
 
 
 def dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand,
-                 top_k: int, depth: int, budget: int) -> DraftTree:
-    """EAGLE-2: grow (validated) then select. budget 0 or depth 0 = the root alone."""
+                 top_k: int, depth: int, budget: int, sorted_children: bool = False) -> DraftTree:
+    """EAGLE-2: grow then select, validated in ONE host sync at the end. budget 0 or depth 0 = the root alone.
+
+    `sorted_children`: see grow_dynamic.
+    """
     _check_int("width (top-k)", top_k, 1)
     _check_int("depth", depth, 0)
     _check_int("budget", budget, 0)
     if depth == 0 or budget == 0:
         return chain_tree(root, root_tokens.new_empty(0).long())
-    cand, _ = grow_dynamic(root_tokens, root_conf, expand, top_k, depth)
-    return select_tree(root, cand, budget)
+    cand, flags = _grow(root_tokens, root_conf, expand, top_k, depth, sorted_children)
+    tree, closed = _select(root, cand, budget)
+    *flag_list, is_closed = torch.cat([flags, closed[None]]).tolist()
+    _raise_flags(flag_list)
+    assert is_closed, _NOT_CLOSED
+    return tree
 
 
 # -- static trees -----------------------------------------------------------------------------------

@@ -167,11 +167,10 @@ class StaticDraftRunner:
         b = smallest_bucket(self.buckets, n)
         rows = self._runner(b) if b is not None else self._buffers(n)  # oversized (prefill): eager, exact size
         b = rows.tokens.shape[0]
-        rows.state.zero_()
+        # padding rows keep stale (finite) inputs: their outputs are dropped, and the KV slots they write
+        # (start+n..start+b-1) stay hidden from every live row until real rows overwrite them
         rows.state[:n].copy_(state)
-        rows.tokens.zero_()
         rows.tokens[:n].copy_(tokens)
-        rows.positions.fill_(start)
         rows.positions[:n].copy_(positions)
         rows.slots.copy_(self.cols[start: start + b])
         vis = rows.visible

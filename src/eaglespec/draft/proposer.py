@@ -8,11 +8,22 @@ at depth d (token y_d at sequence position n+d) is the drafter row n+d-1.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from ..sampling import SamplingParams, process_logits, sample, sample_without_replacement
-from ..tree import Candidates, DraftTree, TreeSpec, chain_tree, dynamic_tree, static_layout
+from ..tree import (
+    Candidates,
+    DraftTree,
+    StaticLayout,
+    TreeSpec,
+    chain_tree,
+    dynamic_tree,
+    root_tensor,
+    static_layout,
+)
 
 
 def shifted_tokens(ids: torch.Tensor, start: int, count: int) -> torch.Tensor:
@@ -91,7 +102,7 @@ class Proposer:
         self.runner.crop(self.committed)
 
     @torch.no_grad()
-    def propose(self, root: int, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
+    def propose(self, root: int | torch.Tensor, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
         """Catch up on verified rows, then grow the tree below `root` (the pending token)."""
         logits, state = self.catch_up(features, next_tokens)
         try:
@@ -103,31 +114,34 @@ class Proposer:
         finally:
             self._discard_tree_rows()
 
-    def _chain(self, root: int, logits: torch.Tensor, state: torch.Tensor) -> DraftTree:
-        """Greedy chain of spec.depth tokens: one drafter row per depth, causal over the chain."""
-        k = self.spec.depth
-        drafts = torch.empty(k, dtype=torch.long, device=self.device)
-        logq = torch.zeros(k + 1, device=self.device)  # log path value (telemetry: draft confidence)
+    def _chain(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor) -> DraftTree:
+        """Greedy chain of spec.depth tokens: one drafter row per depth, causal over the chain.
+
+        No host sync and a handful of ops per depth besides the drafter step; the chain and its log
+        values are assembled once at the end.
+        """
+        k, dev = self.spec.depth, self.device
+        positions = torch.arange(self.committed, self.committed + k, device=dev)  # depth d's row: committed+d-1
         sampled = self.sampling is not None and not self.sampling.greedy
-        draft_probs = torch.zeros(k + 1, self.drafter.cfg.vocab_size, device=self.device) if sampled else None
+        tokens, logps, probs_rows = [], [], []
         for d in range(1, k + 1):
             if sampled:  # x_d ~ q_d (processed draft distribution), recorded for rejection sampling
                 probs = self.draft_dist(logits)  # [Vd]
                 draft_id = sample(probs, self.generator).reshape(1)
-                draft_probs[d - 1] = self.to_target_probs(probs)
+                probs_rows.append(probs)
             else:
                 draft_id = logits.argmax(-1, keepdim=True)  # [1]
-            logq[d] = logq[d - 1] + torch.log_softmax(logits.float(), -1)[draft_id[0]]
-            token = self.drafter.to_target_ids(draft_id)  # [1]
-            drafts[d - 1] = token[0]
+            logps.append(torch.log_softmax(logits.float(), -1).gather(-1, draft_id))  # [1]
+            tokens.append(self.drafter.to_target_ids(draft_id))  # [1]
             if d == k:
                 break
-            position = torch.tensor([self.committed + d - 1], device=self.device)
-            out, st = self.runner.run(state[None], token, position)
+            out, st = self.runner.run(state[None], tokens[-1], positions[d - 1: d])
             logits, state = out[0], st[0]
-        tree = chain_tree(root, drafts)
-        tree.logq = logq
-        tree.draft_probs = draft_probs
+        tree = chain_tree(root, torch.cat(tokens))
+        tree.logq = torch.cat([logps[0].new_zeros(1), torch.cat(logps).cumsum(0)])  # log path value (telemetry)
+        if sampled:  # [k+1, V]: row d-1 = q_d; the last node has no children
+            probs = torch.stack(probs_rows)
+            tree.draft_probs = self.to_target_probs(torch.cat([probs, probs.new_zeros(1, probs.shape[-1])]))
         return tree
 
     # -- sampling helpers (issue 4): the draft processors, shared by every tree policy -------------
@@ -159,54 +173,59 @@ class Proposer:
         return self.drafter.to_target_ids(draft_ids), self.to_target_probs(probs)
 
     # -- trees: one drafter forward per depth over the nodes of that depth --------------------------
-    def _tree_forward(self, tokens: torch.Tensor, parent_rows: torch.Tensor, states: torch.Tensor,
-                      depth: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append drafter rows for `tokens` [n] (target ids) at tree depth `depth`.
+    def _tree_visible(self, tree_part: torch.Tensor) -> torch.Tensor:
+        """[R, committed + R] bool drafter mask of R tree rows: every committed row, then `tree_part`
+        [R, R] (row i sees its ancestor rows and itself). A depth's rows r0..r0+n-1 use the view
+        [r0:r0+n, :committed + r0 + n]."""
+        return torch.cat([tree_part.new_ones(tree_part.shape[0], self.committed), tree_part], dim=1)
 
-        parent_rows: [n] tree-row index of each node's parent (-1 = the root, i.e. the last
-        committed row); states: [n, H] the states that predicted the nodes. Each new row sees the
-        committed rows, its ancestors' tree rows and itself (mask over the drafter's KV).
-        Returns (draft probabilities [n, Vd] of the children, output states [n, H]).
+    def _run_tree_rows(self, states: torch.Tensor, tokens: torch.Tensor, visible: torch.Tensor,
+                       depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drafter rows for `tokens` [n] (target ids) at tree depth `depth`, fed the states [n, H] that
+        predicted them, under `visible` [n, committed + rows so far + n].
+
+        Returns (draft probabilities [n, Vd] of the children, ranked under the draft processors
+        (issue 4), output states [n, H]).
         """
-        n, dev = tokens.shape[0], self.device
-        past = self._tree_vis.shape[0]
-        anc = torch.where((parent_rows >= 0)[:, None], self._tree_vis[parent_rows.clamp(min=0)],
-                          False) if past else self._tree_vis.new_zeros(n, 0)  # [n, past]
-        eye = torch.eye(n, dtype=torch.bool, device=dev)
-        self._tree_vis = torch.cat([torch.cat([self._tree_vis, self._tree_vis.new_zeros(past, n)], dim=1),
-                                    torch.cat([anc, eye], dim=1)])
-        visible = torch.cat([torch.ones(n, self.committed, dtype=torch.bool, device=dev), anc, eye], dim=1)
-        positions = torch.full((n,), self.committed + depth - 1, dtype=torch.long, device=dev)
+        positions = torch.full((tokens.shape[0],), self.committed + depth - 1, dtype=torch.long, device=self.device)
         logits, out = self.runner.run(states, tokens, positions, visible)
-        return self.draft_dist(logits), out  # ranked under the draft processors (issue 4)
+        return self.draft_dist(logits), out
 
-    def _dynamic(self, root: int, logits: torch.Tensor, state: torch.Tensor) -> DraftTree:
-        """EAGLE-2 dynamic tree (tree.dynamic_tree) with the drafter as the expansion callback."""
-        spec, dev = self.spec, self.device
+    def _dynamic(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor) -> DraftTree:
+        """EAGLE-2 dynamic tree (tree.dynamic_tree) with the drafter as the expansion callback.
+
+        Fixed shapes: every expansion runs min(top_k, newest layer) rows. A node's parent is found by
+        arithmetic (the newest layer holds the previous expansion's children, row-major) and its
+        drafter mask row by copying its parent's row within one [R, committed + R] buffer. No host
+        sync until dynamic_tree's single validation read.
+        """
+        spec = self.spec
         k = min(spec.top_k, logits.shape[-1])
-        self._tree_vis = torch.zeros(0, 0, dtype=torch.bool, device=dev)
-        n_max = k + max(spec.depth - 2, 0) * k * k  # candidates that can ever be expanded
-        row_of = torch.full((n_max,), -1, dtype=torch.long, device=dev)  # candidate -> tree row
-        out_states = [state[None]]  # row r's output state is out_states_cat[r + 1]; [0] = root state
+        committed = self.committed
+        vis = self._tree_visible(torch.eye(max(spec.depth - 1, 0) * spec.top_k, dtype=torch.bool,
+                                           device=self.device))  # rows ever run: <= top_k per expansion
+        prev = _Expansion(out=state[None], row0=0, rows=0)  # depth 0: the catch-up row (not a tree row)
 
         def expand(nodes: torch.Tensor, cand: Candidates, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
-            par = cand.parents[nodes]
-            parent_rows = torch.where(par >= 0, row_of[par.clamp(min=0)], -1)
-            states = torch.cat(out_states)[parent_rows + 1]  # the parent row's output (root: catch-up)
-            rows = torch.arange(self._tree_vis.shape[0], self._tree_vis.shape[0] + nodes.numel(), device=dev)
-            probs, out = self._tree_forward(self.drafter.to_target_ids(cand.tokens[nodes]), parent_rows, states,
-                                            depth)
-            row_of[nodes] = rows
-            out_states.append(out)
-            conf, tok = probs.topk(k, dim=-1)
+            n, r0 = nodes.numel(), prev.row0 + prev.rows  # this expansion's rows: r0..r0+n-1
+            if depth == 1:  # the root's children: their parent is the last committed row
+                states = prev.out.expand(n, -1)
+            else:
+                slot = (nodes - (cand.size - prev.rows * k)) // k  # [n] parent's index in the previous expansion
+                states = prev.out[slot]
+                vis[r0: r0 + n, committed: committed + r0] = vis[slot + prev.row0, committed: committed + r0]
+            tokens = self.drafter.to_target_ids(cand.tokens[nodes])
+            probs, out = self._run_tree_rows(states, tokens, vis[r0: r0 + n, : committed + r0 + n], depth)
+            prev.out, prev.row0, prev.rows = out, r0, n
+            conf, tok = probs.topk(k, dim=-1)  # [n, k] sorted: dynamic_tree skips its re-sort
             return tok, conf
 
         root_conf, root_tok = self.draft_dist(logits).topk(k)
-        tree = dynamic_tree(root, root_tok, root_conf, expand, k, spec.depth, spec.budget)
+        tree = dynamic_tree(root, root_tok, root_conf, expand, k, spec.depth, spec.budget, sorted_children=True)
         tree.tokens[1:] = self.drafter.to_target_ids(tree.tokens[1:])  # draft ids -> target ids (d2t)
         return tree
 
-    def _static(self, root: int, logits: torch.Tensor, state: torch.Tensor) -> DraftTree:
+    def _static(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor) -> DraftTree:
         """A fixed tree of child-rank paths (EAGLE-1 `choices`): one drafter forward per depth.
 
         Greedy drafting: the child of rank r is the parent's r-th most likely draft token
@@ -215,77 +234,118 @@ class Proposer:
         from its processed draft distribution q, in node order, and q is recorded in draft_probs
         (recursive rejection sampling with real q). Children beyond q's support are dropped
         (with their subtrees): that depends on q only, never on the drawn values.
+
+        Every index is precomputed per layout (_StaticPlan): no host sync and no host->device copy
+        (greedy); the nodes of each depth are gathered in one op.
         """
-        dev = self.device
-        layout = self._layout()
         sampled = self.sampling is not None and not self.sampling.greedy
-        parents = torch.tensor(layout.parents, device=dev)
-        # greedy: the child's rank; sampled: its index among its siblings (= its draw number)
-        sibling = _sibling_index(layout.parents)
-        ranks = torch.tensor(sibling if sampled else layout.ranks, device=dev)
-        depths = torch.tensor(layout.depths, device=dev)
-        n = parents.shape[0]
-        n_ranks = (max(sibling) if sampled else layout.max_rank) + 1
-        if n_ranks > logits.shape[-1]:
-            raise ValueError(f"static tree rank {n_ranks - 1} exceeds the draft vocabulary")
-        tokens = torch.full((n,), -1, dtype=torch.long, device=dev)  # target ids
-        logq = torch.zeros(n, device=dev)
-        row_of = torch.full((n,), -1, dtype=torch.long, device=dev)
-        self._tree_vis = torch.zeros(0, 0, dtype=torch.bool, device=dev)
-        has_child = torch.zeros(n, dtype=torch.bool)
-        has_child[list(layout.parents[1:])] = True
-        draft_probs = torch.zeros(n, self.drafter.cfg.vocab_size, device=dev) if sampled else None
-        alive = torch.ones(n, dtype=torch.bool, device=dev)  # sampled: the draw was inside q's support
+        plan = self._static_plan(sampled)
+        if plan.n_ranks > logits.shape[-1]:
+            raise ValueError(f"static tree rank {plan.n_ranks - 1} exceeds the draft vocabulary")
+        vis = self._tree_visible(plan.tree_visible)
 
         def children(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             """[rows, Vd] -> (confidences [rows, R], draft ids [rows, R]): top-R, or R draws in order."""
             if not sampled:
-                return probs.topk(n_ranks, dim=-1)
-            draws = sample_without_replacement(probs, n_ranks, self.generator)  # zero-q tokens come last
+                return probs.topk(plan.n_ranks, dim=-1)
+            draws = sample_without_replacement(probs, plan.n_ranks, self.generator)  # zero-q tokens come last
             return probs.gather(-1, draws), draws
 
-        # children of the root come from the catch-up row
+        # children of the root come from the catch-up row; lists hold one [m] entry per depth
         root_probs = self.draft_dist(logits)[None]  # [1, Vd]
         batch_conf, batch_top = children(root_probs)  # [rows expanded at d-1, R]
-        if sampled:
-            draft_probs[0] = self.to_target_probs(root_probs[0])
-        slot_of = torch.zeros(n, dtype=torch.long, device=dev)  # node -> its row in that batch
-        max_depth = max(layout.depths)
-        state_rows = state[None]  # [1, H] states of the expanded nodes at the previous depth
-        for d in range(1, max_depth + 1):
-            nodes = [i for i in range(n) if layout.depths[i] == d]
-            idx = torch.tensor(nodes, device=dev)
-            slot = slot_of[parents[idx]]
-            draft_ids = batch_top[slot, ranks[idx]]
-            conf = batch_conf[slot, ranks[idx]]
-            tokens[idx] = self.drafter.to_target_ids(draft_ids)
-            logq[idx] = logq[parents[idx]] + conf.clamp(min=1e-12).log()
+        tokens, logq = [root_tensor(root, self.device)], [root_probs.new_zeros(1)]
+        alive = [torch.ones(1, dtype=torch.bool, device=self.device)]  # sampled: the draw was inside q's support
+        draft_probs = [self.to_target_probs(root_probs)] if sampled else []
+        states = state[None]  # [1, H] states of the expanded nodes at the previous depth
+        for d, level in enumerate(plan.levels, start=1):
+            conf = batch_conf[level.slot, level.rank]  # [m]
+            tokens.append(self.drafter.to_target_ids(batch_top[level.slot, level.rank]))
+            logq.append(logq[-1][level.parent] + conf.clamp(min=1e-12).log())
             if sampled:
-                alive[idx] = alive[parents[idx]] & (conf > 0)
-            if d == max_depth:
+                alive.append(alive[-1][level.parent] & (conf > 0))
+                draft_probs.append(root_probs.new_zeros(conf.shape[0], self.drafter.cfg.vocab_size))
+            if level.expand is None:  # leaves only: the deepest level
                 break
-            exp_nodes = [i for i in nodes if has_child[i]]
-            if not exp_nodes:
-                break
-            eidx = torch.tensor(exp_nodes, device=dev)
-            eslot = slot_of[parents[eidx]]
-            parent_rows = row_of[parents[eidx]]
-            start = self._tree_vis.shape[0]
-            probs, out = self._tree_forward(tokens[eidx], parent_rows, state_rows[eslot], d)
-            row_of[eidx] = torch.arange(start, start + len(exp_nodes), device=dev)
-            slot_of[eidx] = torch.arange(len(exp_nodes), device=dev)
+            r0, n = level.rows
+            probs, states = self._run_tree_rows(states[level.expand_slot], tokens[-1][level.expand],
+                                                vis[r0: r0 + n, : self.committed + r0 + n], d)
             batch_conf, batch_top = children(probs)
             if sampled:
-                draft_probs[eidx] = self.to_target_probs(probs)
-            state_rows = out
-        tokens[0] = root
-        tree = DraftTree(tokens=tokens, parents=parents, depths=depths, logq=logq, draft_probs=draft_probs)
-        return _keep_nodes(tree, alive) if sampled else tree
+                draft_probs[-1][level.expand] = self.to_target_probs(probs)
+        tree = DraftTree(tokens=torch.cat(tokens), parents=plan.parents, depths=plan.depths, logq=torch.cat(logq),
+                         draft_probs=torch.cat(draft_probs) if sampled else None, ordered=True)
+        return _keep_nodes(tree, torch.cat(alive)) if sampled else tree
 
-    def _layout(self):
-        if getattr(self, "_layout_cache", None) is None or self._layout_cache[0] != self.spec:
-            self._layout_cache = (self.spec, static_layout(self.spec.static_choices()))
-        return self._layout_cache[1]
+    def _static_plan(self, sampled: bool) -> _StaticPlan:
+        key = (self.spec, sampled, self.device)
+        if getattr(self, "_plan_cache", (None,))[0] != key:
+            self._plan_cache = (key, _StaticPlan.build(static_layout(self.spec.static_choices()), sampled,
+                                                       self.device))
+        return self._plan_cache[1]
+
+
+class _Expansion:
+    """The previous dynamic-tree expansion: output states [rows, H], first tree row, row count."""
+
+    def __init__(self, out: torch.Tensor, row0: int, rows: int):
+        self.out, self.row0, self.rows = out, row0, rows
+
+
+@dataclass
+class _Level:
+    """The nodes of one depth d >= 1 of a static tree (node order = depth order: a contiguous range)."""
+
+    slot: torch.Tensor  # [m] each node's parent's row in the batch expanded at depth d-1
+    rank: torch.Tensor  # [m] the node's rank (greedy) or draw number (sampled) among its siblings
+    parent: torch.Tensor  # [m] each node's parent's index among the nodes of depth d-1
+    expand: torch.Tensor | None  # [e] indices (among depth d's nodes) of the nodes with children
+    expand_slot: torch.Tensor | None  # [e] their parents' rows in the batch expanded at depth d-1
+    rows: tuple[int, int]  # (first drafter tree row, e): the expanded nodes' rows
+
+
+@dataclass
+class _StaticPlan:
+    """Every index a static tree needs, as device tensors built once per (layout, sampled, device)."""
+
+    parents: torch.Tensor  # [N]
+    depths: torch.Tensor  # [N]
+    n_ranks: int  # children ranked / drawn per expanded row
+    levels: list[_Level]
+    tree_visible: torch.Tensor  # [R, R] bool over the expanded nodes' drafter rows: ancestors and self
+
+    @staticmethod
+    def build(layout: StaticLayout, sampled: bool, device: torch.device) -> _StaticPlan:
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        parents, depths = layout.parents, layout.depths
+        # greedy: the child's rank; sampled: its index among its siblings (= its draw number)
+        ranks = _sibling_index(parents) if sampled else layout.ranks
+        has_child = set(parents[1:])
+        by_depth = [[i for i in range(len(parents)) if depths[i] == d] for d in range(max(depths) + 1)]
+        local = {i: j for nodes in by_depth for j, i in enumerate(nodes)}  # index within its depth
+        slot = {0: 0}  # expanded node -> its row in its depth's batch
+        row_of: dict[int, int] = {}  # expanded node -> its drafter tree row
+        levels = []
+        for nodes in by_depth[1:]:
+            expanded = [i for i in nodes if i in has_child]
+            levels.append(_Level(
+                slot=tensor([slot[parents[i]] for i in nodes]), rank=tensor([ranks[i] for i in nodes]),
+                parent=tensor([local[parents[i]] for i in nodes]),
+                expand=tensor([local[i] for i in expanded]) if expanded else None,
+                expand_slot=tensor([slot[parents[i]] for i in expanded]) if expanded else None,
+                rows=(len(row_of), len(expanded))))
+            for j, i in enumerate(expanded):
+                slot[i] = j
+                row_of[i] = len(row_of)
+        visible = torch.zeros(len(row_of), len(row_of), dtype=torch.bool)
+        for i, row in row_of.items():
+            while i > 0:  # itself, then every ancestor (all expanded) but the root
+                visible[row, row_of[i]] = True
+                i = parents[i]
+        return _StaticPlan(parents=tensor(list(parents)), depths=tensor(list(depths)), n_ranks=max(ranks) + 1,
+                           levels=levels, tree_visible=visible.to(device))
 
 
 def _sibling_index(parents: tuple[int, ...]) -> list[int]:
@@ -299,12 +359,15 @@ def _sibling_index(parents: tuple[int, ...]) -> list[int]:
 
 
 def _keep_nodes(tree: DraftTree, keep: torch.Tensor) -> DraftTree:
-    """The subtree of the nodes in `keep` [N] bool (ancestor-closed, root kept), renumbered in order."""
-    if bool(keep.all()):
-        return tree
+    """The subtree of the nodes in `keep` [N] bool (ancestor-closed, root kept), renumbered in order.
+
+    One host sync (the number of nodes kept)."""
     kept = keep.nonzero()[:, 0]  # [M] old node ids, in node order
+    if kept.numel() == keep.numel():
+        return tree
     new_id = torch.cumsum(keep.long(), 0) - 1  # old id -> new id (for kept nodes)
     parents = torch.where(tree.parents[kept] >= 0, new_id[tree.parents[kept].clamp(min=0)], -1)
     return DraftTree(tokens=tree.tokens[kept], parents=parents, depths=tree.depths[kept],
                      logq=None if tree.logq is None else tree.logq[kept],
-                     draft_probs=None if tree.draft_probs is None else tree.draft_probs[kept], stats=tree.stats)
+                     draft_probs=None if tree.draft_probs is None else tree.draft_probs[kept], stats=tree.stats,
+                     ordered=True)
