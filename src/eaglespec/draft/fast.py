@@ -1,11 +1,12 @@
-"""Static drafter rows for CUDA graphs (issue 6). OPT-IN, and UNVALIDATED ON GPU so far.
+"""Static drafter rows for CUDA graphs (issue 6): the default drafting path where the target runs the fast
+backend on CUDA (api.draft_graphs_default); first validated on an H200 in session 2 (bench/RESULTS.md).
 
-Validated: on CPU the very same padded static step equals the eager Proposer (tests/test_draft_static.py:
-same DraftTrees, greedy output identical to HF generate). NOT yet run: the CUDA-graph capture/replay
-below; it mirrors target/fast.py (static buffers per bucket, warm-up on a side stream, capture into a
-shared pool), and bench/draft_check.py is the device check to run first (graph replay == eager step,
-ms per drafter step and per round). Enable with `EagleSpec.from_pretrained(..., draft_graphs=True)`,
-`--draft-graphs` (generate / bench) or `enable_draft_graphs(engine)`; it is never on by default.
+On CPU the very same padded static step equals the eager Proposer (tests/test_draft_static.py: same
+DraftTrees, greedy output identical to HF generate). The CUDA-graph capture/replay mirrors target/fast.py
+(static buffers per bucket, warm-up on a side stream, capture into a shared pool); bench/draft_check.py is
+its device check (graph replay == eager step, trees vs the eager Proposer, ms per step and per round).
+Control it with `EagleSpec.from_pretrained(..., draft_graphs=True/False)`, `--draft-graphs` /
+`--no-draft-graphs` (generate / bench) or `enable_draft_graphs(engine)`.
 
     KV       per drafter layer [1, Hkv, S, D] preallocated, S = max_len + the largest bucket (room for
              the padding rows), rounded up to a multiple of 64; slots 0..length-1 hold the live rows, exactly where the eager
@@ -75,7 +76,7 @@ class StaticDraftRunner:
     """Drafter-row runner over a static KV with fixed row buckets (see module docstring).
 
     Same interface as proposer.EagerRows: reset(), length, run(state, tokens, positions, visible),
-    crop(n). UNVALIDATED ON GPU: the CUDA-graph path has not been run yet (bench/draft_check.py).
+    crop(n). On an H200, bench/draft_check.py found graph replay == the eager step exactly.
     """
 
     def __init__(self, drafter: nn.Module, max_len: int = 4096, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
@@ -192,7 +193,7 @@ class StaticDraftRunner:
 
 def enable_draft_graphs(engine, max_len: int = 4096, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
                         cuda_graphs: bool | None = None) -> StaticDraftRunner | None:
-    """Switch `engine`'s proposer to a StaticDraftRunner (opt-in; UNVALIDATED ON GPU). None without a drafter."""
+    """Switch `engine`'s proposer to a StaticDraftRunner. None without a drafter."""
     proposer = getattr(engine, "proposer", None)
     if proposer is None:
         return None
