@@ -44,8 +44,9 @@ case "$stage" in
     bash .gpu/install.sh >/dev/null
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-    # more data: PROMPTS from `make_prompts.py --turns 2 --id-suffix=-t2` (REGEN_TURNS=2), or the same prompts
-    # with --id-suffix=-s1 answered at REGEN_TEMP=1; REGEN_OUT names the file (then: cat both > DATA for training)
+    # more data: PROMPTS=.gpu/train/prompts_more.jsonl (`make_prompts.py --starts model`: 5,902 other prompts), or
+    # `make_prompts.py --turns 2 --id-suffix=-t2` (REGEN_TURNS=2), or the same prompts with --id-suffix=-s1
+    # answered at REGEN_TEMP=1; REGEN_OUT names the file (then: cat them > DATA for training)
     out=${REGEN_OUT:-$W/regen.jsonl}
     timeout ${REGEN_S:-420} python3 -m eaglespec.cli regenerate --data ${PROMPTS:-.gpu/train/prompts.jsonl} --out "$out" \
       --batch-size ${REGEN_BS:-512} --max-new-tokens ${REGEN_TOKENS:-384} --max-turns ${REGEN_TURNS:-1} \
