@@ -203,3 +203,24 @@ def test_sample_accept_equals_the_vector_rejection_loop(kind, with_q):
         assert got.rows.tolist() == want.rows.tolist() and got.bonus == want.bonus, seed
         accepted += got.accepted
     assert accepted > 10  # the draws exercise acceptance as well as rejection
+
+
+def test_sample_accept_with_a_repeated_sibling_token_takes_the_vector_loop():
+    """Point mass with one token twice under a node: the host walk's closed form does not hold there, so
+    sample_accept must defer to the vector loop (same decisions and bonus for the same stream)."""
+    from eaglespec.tree import FlatTree, ancestry
+    from eaglespec.verify import _read_path, tree_rejection_sample
+
+    parents = torch.tensor([-1, 0, 0, 0, 1])
+    flat = FlatTree(tokens=torch.tensor([5, 2, 2, 4, 1]), depths=torch.tensor([0, 1, 1, 1, 2]), parents=parents,
+                    visible=ancestry(parents))
+    gen = torch.Generator().manual_seed(3)
+    for seed in range(60):
+        p = torch.softmax(2 * torch.randn(5, 6, generator=gen), -1)
+        got = sample_accept(flat, p, None, torch.Generator().manual_seed(seed))
+        path, _, bonus = tree_rejection_sample(flat.tokens[None], flat.parents[None], flat.depths, p[None], None,
+                                               torch.Generator().manual_seed(seed))
+        on_path = torch.zeros(5, dtype=torch.bool)
+        on_path[path[0].clamp(min=0)] = True
+        want = _read_path(flat, on_path, bonus[0])
+        assert got.rows.tolist() == want.rows.tolist() and got.bonus == want.bonus, seed

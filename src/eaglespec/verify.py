@@ -161,10 +161,10 @@ def sample_accept(flat: FlatTree, target_probs: torch.Tensor, draft_probs: torch
     repeated = len({(a, int(x)) for a, x in zip(parents[1:], host[2][1:])}) < t - 1  # a token twice under a node
     if (draft_probs is not None and siblings) or repeated:  # the residual vectors matter: the vector loop
         path, _, bonus = tree_rejection_sample(flat.tokens[None], flat.parents[None], flat.depths, target_probs[None],
-                                               draft_probs[None], generator, coins=coins)
-        on_path = torch.zeros(t, dtype=torch.bool, device=dev)
-        on_path[path[0].clamp(min=0)] = True  # the -1 padding lands on the root, which is on the path anyway
-        return _read_path(flat, on_path, bonus[0])
+                                               None if draft_probs is None else draft_probs[None], generator,
+                                               coins=coins)
+        last = path[0].max().reshape(1)  # [1]: the deepest accepted node (path ids ascend; -1 is padding)
+        return _read_path(flat, flat.visible[last][0], bonus[0])
     path, rejected = _scalar_walk(parents, depths, host[3], host[5] if draft_probs is not None else None, host[4])
     last = path[-1]
     r = target_probs[last].float()  # [V]
@@ -177,6 +177,4 @@ def sample_accept(flat: FlatTree, target_probs: torch.Tensor, draft_probs: torch
         mass = rest.sum()
         r = torch.where(mass > 1e-12, rest / mass.clamp_min(1e-30), r)
     bonus = torch.multinomial(r[None], 1, generator=generator)[0, 0]
-    on_path = torch.zeros(t, dtype=torch.bool, device=dev)
-    on_path[path] = True
-    return _read_path(flat, on_path, bonus)
+    return _read_path(flat, flat.visible[last], bonus)  # the path = the last node's ancestors and itself
