@@ -15,8 +15,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from eaglespec.verify import _read_path, sample_accept, tree_rejection_sample
-from test_sampling_engine import _random_flat
+from eaglespec.verify import sample_accept
+from test_sampling_engine import _random_flat, vector_accept
 
 SYNC_OPS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
 
@@ -35,14 +35,6 @@ class Count(TorchDispatchMode):
             self.ops += 1
             self.syncs += func in SYNC_OPS
         return func(*args, **(kwargs or {}))
-
-
-def vector_loop(flat, p, q, gen):
-    path, _, bonus = tree_rejection_sample(flat.tokens[None], flat.parents[None], flat.depths, p[None],
-                                           None if q is None else q[None], gen)
-    on_path = torch.zeros(flat.tokens.shape[0], dtype=torch.bool)
-    on_path[path[0].clamp(min=0)] = True
-    return _read_path(flat, on_path, bonus[0])
 
 
 def main() -> None:
@@ -67,7 +59,7 @@ def main() -> None:
         flat.tokens = torch.randint(0, vocab, (n,), generator=gen)
         p = torch.softmax(torch.randn(n, vocab, generator=gen), -1)
         q = torch.softmax(torch.randn(n, vocab, generator=gen), -1) if real_q else None
-        for name, fn in (("per-node vector loop", vector_loop), ("sample_accept", sample_accept)):
+        for name, fn in (("per-node vector loop", vector_accept), ("sample_accept", sample_accept)):
             c = Count()
             counter.append(c)
             with c:

@@ -155,6 +155,18 @@ def test_cli_sampling_flags():
     assert sampling_options(parse(["generate", "--prompt", "x"]), sampled)["temperature"] == 0.5
 
 
+def vector_accept(flat, target_probs, draft_probs, generator=None, replacement: bool = False):
+    """The per-node vector loop (verify.tree_rejection_sample) as an Acceptance: the reference for sample_accept."""
+    from eaglespec.verify import _read_path, tree_rejection_sample
+
+    path, _, bonus = tree_rejection_sample(flat.tokens[None], flat.parents[None], flat.depths, target_probs[None],
+                                           None if draft_probs is None else draft_probs[None], generator,
+                                           replacement=replacement)
+    on_path = torch.zeros(flat.tokens.shape[0], dtype=torch.bool, device=flat.tokens.device)
+    on_path[path[0].clamp(min=0)] = True  # the -1 padding lands on the root, which is on the path anyway
+    return _read_path(flat, on_path, bonus[0])
+
+
 def _random_flat(kind: str, gen: torch.Generator, n: int = 12, vocab: int = 9):
     """A FlatTree in flatten's order: a chain, or a random tree (distinct sibling tokens), depths sorted."""
     from eaglespec.tree import FlatTree, ancestry
@@ -185,8 +197,6 @@ def _random_flat(kind: str, gen: torch.Generator, n: int = 12, vocab: int = 9):
 def test_sample_accept_equals_the_vector_rejection_loop(kind, with_q):
     """The host walk (point mass, or chains with real q) and its vector-loop fallback (trees with real q)
     take exactly tree_rejection_sample's decisions and bonus for the same random stream."""
-    from eaglespec.verify import _read_path, tree_rejection_sample
-
     gen = torch.Generator().manual_seed(11)
     accepted = 0
     for seed in range(150):
@@ -195,11 +205,7 @@ def test_sample_accept_equals_the_vector_rejection_loop(kind, with_q):
         p = torch.softmax(3 * torch.randn(t, v, generator=gen), -1)
         q = torch.softmax(3 * torch.randn(t, v, generator=gen), -1) if with_q else None
         got = sample_accept(flat, p, q, torch.Generator().manual_seed(seed))
-        path, _, bonus = tree_rejection_sample(flat.tokens[None], flat.parents[None], flat.depths, p[None],
-                                               None if q is None else q[None], torch.Generator().manual_seed(seed))
-        on_path = torch.zeros(t, dtype=torch.bool)
-        on_path[path[0].clamp(min=0)] = True
-        want = _read_path(flat, on_path, bonus[0])
+        want = vector_accept(flat, p, q, torch.Generator().manual_seed(seed))
         assert got.rows.tolist() == want.rows.tolist() and got.bonus == want.bonus, seed
         accepted += got.accepted
     assert accepted > 10  # the draws exercise acceptance as well as rejection
@@ -209,7 +215,6 @@ def test_sample_accept_with_a_repeated_sibling_token_takes_the_vector_loop():
     """Point mass with one token twice under a node: the host walk's closed form does not hold there, so
     sample_accept must defer to the vector loop (same decisions and bonus for the same stream)."""
     from eaglespec.tree import FlatTree, ancestry
-    from eaglespec.verify import _read_path, tree_rejection_sample
 
     parents = torch.tensor([-1, 0, 0, 0, 1])
     flat = FlatTree(tokens=torch.tensor([5, 2, 2, 4, 1]), depths=torch.tensor([0, 1, 1, 1, 2]), parents=parents,
@@ -218,9 +223,5 @@ def test_sample_accept_with_a_repeated_sibling_token_takes_the_vector_loop():
     for seed in range(60):
         p = torch.softmax(2 * torch.randn(5, 6, generator=gen), -1)
         got = sample_accept(flat, p, None, torch.Generator().manual_seed(seed))
-        path, _, bonus = tree_rejection_sample(flat.tokens[None], flat.parents[None], flat.depths, p[None], None,
-                                               torch.Generator().manual_seed(seed))
-        on_path = torch.zeros(5, dtype=torch.bool)
-        on_path[path[0].clamp(min=0)] = True
-        want = _read_path(flat, on_path, bonus[0])
+        want = vector_accept(flat, p, None, torch.Generator().manual_seed(seed))
         assert got.rows.tolist() == want.rows.tolist() and got.bonus == want.bonus, seed

@@ -16,9 +16,8 @@ from eaglespec.engine import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.target.hf import HFTarget
 from eaglespec.tree import TreeSpec
-from eaglespec.verify import _read_path, tree_rejection_sample
 from test_sampling import first3_pvalue
-from test_sampling_engine import PROMPT, V, _exact_first3, sharp_target  # noqa: F401 (fixture)
+from test_sampling_engine import PROMPT, V, _exact_first3, sharp_target, vector_accept  # noqa: F401 (fixture)
 
 from conftest import reference_greedy, tiny_drafter
 
@@ -64,11 +63,7 @@ def test_static_sampled_children_match_target(sharp_target, engine, params, runs
 
 def _accept_as_if_with_replacement(flat, target_probs, draft_probs, generator=None):
     """The classic bug: siblings drawn without replacement, verified as i.i.d. draws from q."""
-    path, _, bonus = tree_rejection_sample(flat.tokens[None], flat.parents[None], flat.depths, target_probs[None],
-                                           draft_probs[None], generator, replacement=True)
-    on_path = torch.zeros(flat.tokens.shape[0], dtype=torch.bool)
-    on_path[path[0].clamp(min=0)] = True
-    return _read_path(flat, on_path, bonus[0])
+    return vector_accept(flat, target_probs, draft_probs, generator, replacement=True)
 
 
 def test_negative_control_with_replacement_verification_is_biased(sharp_target, engine, monkeypatch):  # noqa: F811
