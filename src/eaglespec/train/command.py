@@ -99,15 +99,13 @@ def _options(args: argparse.Namespace) -> dict:
 def cmd_train(args: argparse.Namespace) -> int:
     from ..target.loading import load_target, resolve_device
     from .data import read_conversations, tokenize_all
-    from .trainer import TrainConfig, init_distributed, init_drafter, train, world_rank
+    from .trainer import TrainConfig, check_start, init_distributed, init_drafter, train, world_rank
 
     o = _options(args)
     for req in ("data", "out"):
         if not o.get(req):
             raise EagleSpecError(f"train: --{req} is required")
-    if o.get("init") and o["resume"]:
-        raise EagleSpecError("train: --init and --resume together: --resume continues the run saved in --out, "
-                             "which remembers its --init")
+    check_start(o.get("init"), o["resume"])  # before loading the target
     for k in ("steps", "batch_size", "max_length", "ttt_steps", "draft_vocab", "grad_accum", "hass_steps",
               "time_budget"):
         if o.get(k) is not None and o[k] <= 0:

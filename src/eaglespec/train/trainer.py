@@ -624,6 +624,13 @@ def fitted_total(step: int, total: int, elapsed_s: float, budget_s: float, per_s
     return max(step + 1, min(total, step + int((budget_s - elapsed_s) / max(per_step_s, 1e-9))))
 
 
+def check_start(init_from: str | None, resume: bool) -> None:
+    """A run starts new, from a checkpoint (--init), or where a saved run stopped (--resume): one of them."""
+    if init_from is not None and resume:
+        raise EagleSpecError("--init and --resume together: --resume continues the run saved in --out, "
+                             "which remembers its --init")
+
+
 def _init_record(cfg: TrainConfig, drafter: nn.Module) -> dict[str, Any] | None:
     """Manifest entry of a run started from a checkpoint: its path, its steps and its own init (lineage)."""
     if cfg.init_from is None:
@@ -647,9 +654,7 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
     out = Path(out) if out is not None else None
     st = None
     if resume:
-        if cfg.init_from is not None:
-            raise EagleSpecError("--init and --resume together: --resume continues the run saved in --out, "
-                                 "which remembers its --init")
+        check_start(cfg.init_from, resume)
         if out is None:
             raise EagleSpecError("--resume needs --out")
         st = read_training_state(out)
