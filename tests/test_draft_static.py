@@ -163,8 +163,10 @@ def test_api_and_cli_default_to_graphs_only_with_the_fast_backend_on_cuda():
         assert build_parser().parse_args([*base, "--no-draft-graphs"]).draft_graphs is False
     from types import SimpleNamespace
 
-    from eaglespec.api import draft_graphs_default
+    from eaglespec.api import use_draft_graphs
 
-    assert not draft_graphs_default(plain.target)  # CPU
-    assert draft_graphs_default(SimpleNamespace(name="fast", device=torch.device("cuda")))
-    assert not draft_graphs_default(SimpleNamespace(name="hf", device=torch.device("cuda")))
+    assert not use_draft_graphs(None, plain.target)  # CPU
+    assert use_draft_graphs(None, SimpleNamespace(name="fast", device=torch.device("cuda")))
+    assert not use_draft_graphs(None, SimpleNamespace(name="hf", device=torch.device("cuda")))
+    assert not use_draft_graphs(False, SimpleNamespace(name="fast", device=torch.device("cuda")))
+    assert use_draft_graphs(True, plain.target)

@@ -68,8 +68,11 @@ def tree_spec(tree: str = "chain", k: int | None = None, top_k: int | None = Non
     raise EagleSpecError(f"--tree {tree!r} is not one of chain, static, dynamic")
 
 
-def draft_graphs_default(target) -> bool:
-    """Graph-captured drafting is the default where the target itself runs in CUDA graphs."""
+def use_draft_graphs(flag: bool | None, target) -> bool:
+    """--draft-graphs / --no-draft-graphs as given; by default (None) on where the target itself runs in
+    CUDA graphs (the fast backend on CUDA)."""
+    if flag is not None:
+        return flag
     return target.name == "fast" and getattr(target, "device", torch.device("cpu")).type == "cuda"
 
 
@@ -83,9 +86,7 @@ class EagleSpec:
         self.spec = spec or TreeSpec()
         self.draft_note = draft_note
         self.engine = SpeculativeEngine(self.target, drafter, self.spec)
-        if draft_graphs is None:  # default: with the fast target backend on CUDA
-            draft_graphs = draft_graphs_default(self.target)
-        if draft_graphs:  # draft/fast.py: static drafter KV + CUDA graphs (validated on an H200, bench/RESULTS.md)
+        if use_draft_graphs(draft_graphs, self.target):  # draft/fast.py: static drafter KV + CUDA graphs (validated on an H200, bench/RESULTS.md)
             from .draft.fast import enable_draft_graphs
 
             enable_draft_graphs(self.engine, max_len=draft_max_len or min(self.context_length, 8192) + 512)

@@ -147,7 +147,7 @@ class Bench:
 
     def engine(self, method: str):
         """(engine, None) or (None, reason to skip)."""
-        from .api import draft_graphs_default, tree_spec
+        from .api import tree_spec, use_draft_graphs
         from .engine import SpeculativeEngine
         from .target.hf import HFTarget
         from .tree import TreeSpec
@@ -168,8 +168,7 @@ class Bench:
         except (EagleSpecError, NotImplementedError, ValueError) as exc:
             return None, f"{kind} trees unavailable: {exc}"
         engine = SpeculativeEngine(target, self.drafter, spec)
-        graphs = getattr(a, "draft_graphs", None)
-        if graphs or (graphs is None and draft_graphs_default(self.fast)):  # default on CUDA (api.py)
+        if use_draft_graphs(getattr(a, "draft_graphs", None), self.fast):
             from .draft.fast import enable_draft_graphs
 
             enable_draft_graphs(engine, max_len=a.max_len)

@@ -1,5 +1,5 @@
 """Static drafter rows for CUDA graphs (issue 6): the default drafting path where the target runs the fast
-backend on CUDA (api.draft_graphs_default); first validated on an H200 in session 2 (bench/RESULTS.md).
+backend on CUDA (api.use_draft_graphs); first validated on an H200 in session 2 (bench/RESULTS.md).
 
 On CPU the very same padded static step equals the eager Proposer (tests/test_draft_static.py: same
 DraftTrees, greedy output identical to HF generate). The CUDA-graph capture/replay mirrors target/fast.py
