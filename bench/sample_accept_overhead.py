@@ -1,6 +1,7 @@
 """Host syncs and host->device copies (as bench/propose_overhead.py's HostCounter counts them), aten ops
 and CPU time of one sampling acceptance (verify.sample_accept) against the per-node vector loop it replaced
-(verify.tree_rejection_sample), on a 6-node chain with real q and a 61-node tree with point-mass q (the dynamic tree's scheme), vocabulary 49152.
+(verify.tree_rejection_sample), on a 6-node chain with real q and a 61-node tree with point-mass q (the
+dynamic tree's scheme), vocabulary 49152.
 
     PYTHONPATH=src python bench/sample_accept_overhead.py
 """
