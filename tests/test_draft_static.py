@@ -55,16 +55,18 @@ def same_tree(a, b) -> None:
     torch.testing.assert_close(a.logq, b.logq, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("tree_graphs", [False, True], ids=["per-step", "whole-tree"])
 @pytest.mark.parametrize("buckets", [(1, 2, 4, 8, 16, 32, 64), (1, 4)], ids=["default-buckets", "small-buckets"])
 @pytest.mark.parametrize("method", ["eagle1", "eagle3"])
 @pytest.mark.parametrize("kind", list(SPECS))
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_static_runner_equals_eager_proposer(arch, kind, method, buckets):
+def test_static_runner_equals_eager_proposer(arch, kind, method, buckets, tree_graphs):
+    """tree_graphs: the tree after catch-up grows in one function (draft/tree_graph.py) or row by row."""
     model, drafter = agreeing(arch, method)
     spec = SPECS[kind]
     eager = SpeculativeEngine(HFTarget(model), drafter, spec)
     static = SpeculativeEngine(HFTarget(model), drafter, spec)
-    runner = enable_draft_graphs(static, max_len=96, buckets=buckets)
+    runner = enable_draft_graphs(static, max_len=96, buckets=buckets, tree_graphs=tree_graphs)
     assert isinstance(eager.proposer.runner, EagerRows) and static.proposer.runner is runner
     assert not runner.use_graphs  # CPU: the captured step runs eagerly, same code
     t_eager, t_static = record(eager), record(static)
@@ -78,6 +80,7 @@ def test_static_runner_equals_eager_proposer(arch, kind, method, buckets):
             non_prefix += not torch.equal(rows, torch.arange(rows.numel()))  # a branch other than the first
         assert runner.length == static.proposer.committed  # tree rows discarded after each round
     assert len(t_eager) == len(t_static) > 4
+    assert bool(runner.trees) == tree_graphs
     for ta, tb in zip(t_eager, t_static):
         same_tree(ta, tb)
     assert accepted > 0  # multi-row catch-ups after accepted drafts are exercised

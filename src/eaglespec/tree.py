@@ -338,22 +338,38 @@ def select_tree(root: int | torch.Tensor, cand: Candidates, budget: int) -> Draf
     return tree
 
 
+def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand,
+                      top_k: int, depth: int, budget: int, sorted_children: bool = False
+                      ) -> tuple[DraftTree, torch.Tensor]:
+    """dynamic_tree without reading anything back (CUDA-graph capturable when `expand` is):
+    (tree, [4] bool flags on the device: invalid input x3, not ancestor-closed). check_dynamic_flags reads them.
+    """
+    _check_int("width (top-k)", top_k, 1)
+    _check_int("depth", depth, 0)
+    _check_int("budget", budget, 0)
+    if depth == 0 or budget == 0:
+        tree = chain_tree(root, root_tokens.new_empty(0).long())
+        return tree, torch.zeros(4, dtype=torch.bool, device=root_tokens.device)
+    cand, flags = _grow(root_tokens, root_conf, expand, top_k, depth, sorted_children)
+    tree, closed = _select(root, cand, budget)
+    return tree, torch.cat([flags, ~closed[None]])
+
+
+def check_dynamic_flags(flags: torch.Tensor) -> None:
+    """Raise on grow_dynamic_tree's [4] flags: ONE host read."""
+    *bad, not_closed = flags.tolist()
+    _raise_flags(bad)
+    assert not not_closed, _NOT_CLOSED
+
+
 def dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand,
                  top_k: int, depth: int, budget: int, sorted_children: bool = False) -> DraftTree:
     """EAGLE-2: grow then select, validated in ONE host sync at the end. budget 0 or depth 0 = the root alone.
 
     `sorted_children`: see grow_dynamic.
     """
-    _check_int("width (top-k)", top_k, 1)
-    _check_int("depth", depth, 0)
-    _check_int("budget", budget, 0)
-    if depth == 0 or budget == 0:
-        return chain_tree(root, root_tokens.new_empty(0).long())
-    cand, flags = _grow(root_tokens, root_conf, expand, top_k, depth, sorted_children)
-    tree, closed = _select(root, cand, budget)
-    *flag_list, is_closed = torch.cat([flags, closed[None]]).tolist()
-    _raise_flags(flag_list)
-    assert is_closed, _NOT_CLOSED
+    tree, flags = grow_dynamic_tree(root, root_tokens, root_conf, expand, top_k, depth, budget, sorted_children)
+    check_dynamic_flags(flags)
     return tree
 
 

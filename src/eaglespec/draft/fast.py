@@ -27,7 +27,9 @@ on CPU); the CPU tests get identical tree tokens and logq within 1e-5.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -37,6 +39,7 @@ from ..target.fast import smallest_bucket
 from .layers import Attention
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+T = TypeVar("T")
 
 
 class StaticKV:
@@ -80,7 +83,7 @@ class StaticDraftRunner:
     """
 
     def __init__(self, drafter: nn.Module, max_len: int = 4096, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, tree_graphs: bool = True):
         if max_len < 1:
             raise EagleSpecError(f"draft max_len must be >= 1, got {max_len}")
         self.drafter = drafter
@@ -103,6 +106,10 @@ class StaticDraftRunner:
             raise EagleSpecError("draft cuda_graphs=True needs the drafter on a CUDA device")
         self._graphs: dict[int, _Rows] = {}
         self._pool = None
+        # whole-tree growth after catch-up as one function of static buffers (draft/tree_graph.py; one CUDA
+        # graph per (tree spec, draft processors) on CUDA); False: every tree row goes through run()
+        self.tree_graphs = tree_graphs
+        self.trees: dict = {}  # (TreeSpec, SamplingParams | None) -> TreeGraph
         self.reset()
 
     def reset(self) -> None:
@@ -129,28 +136,41 @@ class StaticDraftRunner:
                      cache=[StaticKV(k, v, slots) for k, v in zip(self.k, self.v)],
                      eye=eye, causal=eye.new_ones(b, b).tril())
 
+    def capture(self, fn: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+        """Warm `fn` up twice on a side stream, then capture it into one CUDA graph on the shared pool
+        (as target/fast.py). Every graph's outputs are consumed right after its replay, before another
+        graph of the pool replays. Returns (graph, the outputs of the captured call: static tensors)."""
+        dev = self.device
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = fn()
+        return graph, out
+
     def _runner(self, b: int) -> _Rows:
-        """Static buffers for bucket b, with its CUDA graph captured on first use (as target/fast.py)."""
+        """Static buffers for bucket b, with its CUDA graph captured on first use."""
         rows = self._graphs.get(b)
         if rows is not None:
             return rows
         rows = self._buffers(b)
         if self.use_graphs:
-            dev = self.device
-            stream = torch.cuda.Stream(dev)
-            stream.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self._step(rows)
-            torch.cuda.current_stream(dev).wait_stream(stream)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                rows.logits, rows.states = self._step(rows)
-            rows.graph = graph
+            rows.graph, (rows.logits, rows.states) = self.capture(lambda: self._step(rows))
         self._graphs[b] = rows
         return rows
+
+    def check_room(self, end: int) -> None:
+        """Raise unless rows up to `end` (exclusive) fit in the static KV."""
+        if end > self.max_len:
+            raise EagleSpecError(f"the drafter needs {end} KV rows but its static KV holds max_len="
+                                 f"{self.max_len} (prompt + generated tokens + draft tree rows): pass a larger "
+                                 "draft_max_len, or run without draft_graphs")
 
     # -- the runner interface -------------------------------------------------------------------
     @torch.no_grad()
@@ -161,10 +181,7 @@ class StaticDraftRunner:
         Returns (draft logits [n, Vd], states [n, H]); no host sync.
         """
         n, start = tokens.shape[0], self.length
-        if start + n > self.max_len:
-            raise EagleSpecError(f"the drafter needs {start + n} KV rows but its static KV holds max_len="
-                                 f"{self.max_len} (prompt + generated tokens + draft tree rows): pass a larger "
-                                 "draft_max_len, or run without draft_graphs")
+        self.check_room(start + n)
         b = smallest_bucket(self.buckets, n)
         rows = self._runner(b) if b is not None else self._buffers(n)  # oversized (prefill): eager, exact size
         b = rows.tokens.shape[0]
@@ -192,12 +209,13 @@ class StaticDraftRunner:
 
 
 def enable_draft_graphs(engine, max_len: int = 4096, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
-                        cuda_graphs: bool | None = None) -> StaticDraftRunner | None:
+                        cuda_graphs: bool | None = None, tree_graphs: bool = True) -> StaticDraftRunner | None:
     """Switch `engine`'s proposer to a StaticDraftRunner. None without a drafter."""
     proposer = getattr(engine, "proposer", None)
     if proposer is None:
         return None
-    runner = StaticDraftRunner(proposer.drafter, max_len=max_len, buckets=buckets, cuda_graphs=cuda_graphs)
+    runner = StaticDraftRunner(proposer.drafter, max_len=max_len, buckets=buckets, cuda_graphs=cuda_graphs,
+                               tree_graphs=tree_graphs)
     proposer.runner = runner
     proposer.reset()
     return runner

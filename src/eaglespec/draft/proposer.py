@@ -20,10 +20,13 @@ from ..tree import (
     StaticLayout,
     TreeSpec,
     chain_tree,
-    dynamic_tree,
+    check_dynamic_flags,
+    grow_dynamic_tree,
     root_tensor,
     static_layout,
 )
+from .fast import StaticDraftRunner
+from .tree_graph import NewRows, TreeGraph
 
 
 def shifted_tokens(ids: torch.Tensor, start: int, count: int) -> torch.Tensor:
@@ -58,6 +61,28 @@ class EagerRows:
     def crop(self, n: int) -> None:
         for layer in self.cache:
             layer.crop(n)
+
+
+class TreeRows:
+    """A draft tree's drafter rows, run through the row runner right after the `committed` rows.
+
+    vis [R, R] bool: tree row i sees tree row j (its ancestors' rows and itself); the growth may rewrite
+    a row before running it. run(states [n, H], tokens [n], depth, r0): tree rows r0..r0+n-1 (run in
+    order) at position committed + depth - 1 -> (draft logits [n, Vd], states [n, H]).
+    tree_graph.DeviceTreeRows is the same over a static KV with the committed length on the device.
+    """
+
+    def __init__(self, runner, committed: int, tree_part: torch.Tensor):
+        self.runner, self.committed = runner, committed
+        # [R, committed + R]: every committed row, then the tree part; rows r0..r0+n-1 use a prefix view
+        self._mask = torch.cat([tree_part.new_ones(tree_part.shape[0], committed), tree_part], dim=1)
+        self.vis = self._mask[:, committed:]
+
+    def run(self, states: torch.Tensor, tokens: torch.Tensor, depth: int, r0: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = tokens.shape[0]
+        positions = torch.full((n,), self.committed + depth - 1, dtype=torch.long, device=tokens.device)
+        return self.runner.run(states, tokens, positions, self._mask[r0: r0 + n, : self.committed + r0 + n])
 
 
 class Proposer:
@@ -103,25 +128,67 @@ class Proposer:
 
     @torch.no_grad()
     def propose(self, root: int | torch.Tensor, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
-        """Catch up on verified rows, then grow the tree below `root` (the pending token)."""
+        """Catch up on verified rows, then grow the tree below `root` (the pending token): in one
+        whole-tree graph where one applies (_tree_graph), else one runner call per depth."""
         logits, state = self.catch_up(features, next_tokens)
+        whole = self._tree_graph(logits.shape[-1])
+        if whole is not None:
+            tree = whole.run(root, logits, state, self.committed)
+            if tree is not None:  # None: its capture failed (warned once); the per-step path below
+                return tree
         try:
-            if self.spec.kind == "chain":
-                return self._chain(root, logits, state)
-            if self.spec.kind == "dynamic":
-                return self._dynamic(root, logits, state)
-            return self._static(root, logits, state)
+            tree, flags = self._grow(root, logits, state, lambda part: TreeRows(self.runner, self.committed, part))
+            if flags is not None:
+                check_dynamic_flags(flags)
+            return tree
         finally:
             self._discard_tree_rows()
 
-    def _chain(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor) -> DraftTree:
-        """Greedy chain of spec.depth tokens: one drafter row per depth, causal over the chain.
+    def _grow(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows
+              ) -> tuple[DraftTree, torch.Tensor | None]:
+        """The tree below `root` from the catch-up row's logits [Vd] and state [H]; new_rows(tree_part
+        [R, R] bool) gives the tree-row runner (TreeRows, or tree_graph.DeviceTreeRows). Returns the tree
+        and, for dynamic trees, its [4] validation flags still on the device (else None)."""
+        if self.spec.kind == "chain":
+            return self._chain(root, logits, state, new_rows), None
+        if self.spec.kind == "dynamic":
+            return self._dynamic(root, logits, state, new_rows)
+        return self._static(root, logits, state, new_rows), None
+
+    def _tree_graph(self, draft_vocab: int) -> TreeGraph | None:
+        """The whole-tree graph (draft/tree_graph.py) for this spec and draft processors, where the runner is
+        a StaticDraftRunner with tree_graphs on and the growth draws no random numbers: chains and static
+        trees with greedy drafting, dynamic trees always (children by top-k). None: the per-step path."""
+        runner = self.runner
+        if not isinstance(runner, StaticDraftRunner) or not runner.tree_graphs or not self.spec.speculates:
+            return None
+        sampled = self.sampling is not None and not self.sampling.greedy
+        if sampled and self.spec.kind != "dynamic":
+            return None  # sampled children: RNG
+        key = (self.spec, self.sampling if sampled else None)
+        graph = runner.trees.get(key)
+        if graph is None:
+            graph = runner.trees[key] = TreeGraph(runner, self._grow, self._tree_rows(draft_vocab), draft_vocab)
+        return None if graph.failed else graph
+
+    def _tree_rows(self, draft_vocab: int) -> int:
+        """Drafter rows one tree runs after the committed ones."""
+        spec = self.spec
+        if spec.kind == "chain":
+            return spec.depth - 1
+        if spec.kind == "dynamic":  # every expansion runs min(top_k, Vd) rows
+            return (spec.depth - 1) * min(spec.top_k, draft_vocab)
+        return self._static_plan(False).tree_visible.shape[0]
+
+    def _chain(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows
+               ) -> DraftTree:
+        """Chain of spec.depth tokens: one drafter row per depth, causal over the chain.
 
         No host sync and a handful of ops per depth besides the drafter step; the chain and its log
         values are assembled once at the end.
         """
-        k, dev = self.spec.depth, self.device
-        positions = torch.arange(self.committed, self.committed + k, device=dev)  # depth d's row: committed+d-1
+        k = self.spec.depth
+        rows = new_rows(torch.ones(k - 1, k - 1, dtype=torch.bool, device=logits.device).tril())  # depth d: row d-1
         sampled = self.sampling is not None and not self.sampling.greedy
         tokens, logps, probs_rows = [], [], []
         for d in range(1, k + 1):
@@ -135,7 +202,7 @@ class Proposer:
             tokens.append(self.drafter.to_target_ids(draft_id))  # [1]
             if d == k:
                 break
-            out, st = self.runner.run(state[None], tokens[-1], positions[d - 1: d])
+            out, st = rows.run(state[None], tokens[-1], d, d - 1)
             logits, state = out[0], st[0]
         tree = chain_tree(root, torch.cat(tokens))
         tree.logq = torch.cat([logps[0].new_zeros(1), torch.cat(logps).cumsum(0)])  # log path value (telemetry)
@@ -173,37 +240,19 @@ class Proposer:
         return self.drafter.to_target_ids(draft_ids), self.to_target_probs(probs)
 
     # -- trees: one drafter forward per depth over the nodes of that depth --------------------------
-    def _tree_visible(self, tree_part: torch.Tensor) -> torch.Tensor:
-        """[R, committed + R] bool drafter mask of R tree rows: every committed row, then `tree_part`
-        [R, R] (row i sees its ancestor rows and itself). A depth's rows r0..r0+n-1 use the view
-        [r0:r0+n, :committed + r0 + n]."""
-        return torch.cat([tree_part.new_ones(tree_part.shape[0], self.committed), tree_part], dim=1)
+    def _dynamic(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows
+                 ) -> tuple[DraftTree, torch.Tensor]:
+        """EAGLE-2 dynamic tree (tree.grow_dynamic_tree) with the drafter as the expansion callback.
 
-    def _run_tree_rows(self, states: torch.Tensor, tokens: torch.Tensor, visible: torch.Tensor,
-                       depth: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Drafter rows for `tokens` [n] (target ids) at tree depth `depth`, fed the states [n, H] that
-        predicted them, under `visible` [n, committed + rows so far + n].
-
-        Returns (draft probabilities [n, Vd] of the children, ranked under the draft processors
-        (issue 4), output states [n, H]).
-        """
-        positions = torch.full((tokens.shape[0],), self.committed + depth - 1, dtype=torch.long, device=self.device)
-        logits, out = self.runner.run(states, tokens, positions, visible)
-        return self.draft_dist(logits), out
-
-    def _dynamic(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor) -> DraftTree:
-        """EAGLE-2 dynamic tree (tree.dynamic_tree) with the drafter as the expansion callback.
-
-        Fixed shapes: every expansion runs min(top_k, newest layer) rows. A node's parent is found by
-        arithmetic (the newest layer holds the previous expansion's children, row-major) and its
-        drafter mask row by copying its parent's row within one [R, committed + R] buffer. No host
-        sync until dynamic_tree's single validation read.
+        Fixed shapes: every expansion runs k = min(top_k, Vd) rows (the newest layer always has >= k
+        nodes). A node's parent is found by arithmetic (the newest layer holds the previous expansion's
+        children, row-major) and its tree mask row by copying its parent's row within one [R, R] buffer.
+        No host sync: returns (tree, [4] validation flags on the device).
         """
         spec = self.spec
         k = min(spec.top_k, logits.shape[-1])
-        committed = self.committed
-        vis = self._tree_visible(torch.eye(max(spec.depth - 1, 0) * spec.top_k, dtype=torch.bool,
-                                           device=self.device))  # rows ever run: <= top_k per expansion
+        rows = new_rows(torch.eye(max(spec.depth - 1, 0) * k, dtype=torch.bool, device=logits.device))
+        vis = rows.vis  # [R, R]
         prev = _Expansion(out=state[None], row0=0, rows=0)  # depth 0: the catch-up row (not a tree row)
 
         def expand(nodes: torch.Tensor, cand: Candidates, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,19 +262,21 @@ class Proposer:
             else:
                 slot = (nodes - (cand.size - prev.rows * k)) // k  # [n] parent's index in the previous expansion
                 states = prev.out[slot]
-                vis[r0: r0 + n, committed: committed + r0] = vis[slot + prev.row0, committed: committed + r0]
+                vis[r0: r0 + n, :r0] = vis[slot + prev.row0, :r0]
             tokens = self.drafter.to_target_ids(cand.tokens[nodes])
-            probs, out = self._run_tree_rows(states, tokens, vis[r0: r0 + n, : committed + r0 + n], depth)
+            logits, out = rows.run(states, tokens, depth, r0)
             prev.out, prev.row0, prev.rows = out, r0, n
-            conf, tok = probs.topk(k, dim=-1)  # [n, k] sorted: dynamic_tree skips its re-sort
+            conf, tok = self.draft_dist(logits).topk(k, dim=-1)  # [n, k] sorted: the growth skips its re-sort
             return tok, conf
 
         root_conf, root_tok = self.draft_dist(logits).topk(k)
-        tree = dynamic_tree(root, root_tok, root_conf, expand, k, spec.depth, spec.budget, sorted_children=True)
+        tree, flags = grow_dynamic_tree(root, root_tok, root_conf, expand, k, spec.depth, spec.budget,
+                                        sorted_children=True)
         tree.tokens[1:] = self.drafter.to_target_ids(tree.tokens[1:])  # draft ids -> target ids (d2t)
-        return tree
+        return tree, flags
 
-    def _static(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor) -> DraftTree:
+    def _static(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows
+                ) -> DraftTree:
         """A fixed tree of child-rank paths (EAGLE-1 `choices`): one drafter forward per depth.
 
         Greedy drafting: the child of rank r is the parent's r-th most likely draft token
@@ -242,7 +293,7 @@ class Proposer:
         plan = self._static_plan(sampled)
         if plan.n_ranks > logits.shape[-1]:
             raise ValueError(f"static tree rank {plan.n_ranks - 1} exceeds the draft vocabulary")
-        vis = self._tree_visible(plan.tree_visible)
+        rows = new_rows(plan.tree_visible)
 
         def children(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             """[rows, Vd] -> (confidences [rows, R], draft ids [rows, R]): top-R, or R draws in order."""
@@ -267,9 +318,8 @@ class Proposer:
                 draft_probs.append(root_probs.new_zeros(conf.shape[0], self.drafter.cfg.vocab_size))
             if level.expand is None:  # leaves only: the deepest level
                 break
-            r0, n = level.rows
-            probs, states = self._run_tree_rows(states[level.expand_slot], tokens[-1][level.expand],
-                                                vis[r0: r0 + n, : self.committed + r0 + n], d)
+            out, states = rows.run(states[level.expand_slot], tokens[-1][level.expand], d, level.rows[0])
+            probs = self.draft_dist(out)  # [e, Vd] ranked under the draft processors (issue 4)
             batch_conf, batch_top = children(probs)
             if sampled:
                 draft_probs[-1][level.expand] = self.to_target_probs(probs)

@@ -1,0 +1,127 @@
+"""One CUDA graph per draft tree: the whole growth after catch-up, replayed once per round.
+
+With the per-step draft graphs (draft/fast.py) a drafter step replays in 0.29 ms on the H200, yet propose()
+took 3.0 ms (chain k=5) and 10.3 ms (dynamic, budget 60, depth 8, top-k 10): the ~320 eager ops around the
+steps (top-k, gathers, masks, tree.grow_dynamic_tree). Here the growth of a chain with greedy drafting, of an
+EAGLE-2 dynamic tree (children by top-k: no RNG, so at any temperature) or of a greedy static tree is ONE
+function of static buffers (root [1], catch-up logits [Vd], state [H], committed length `base` []), whose
+shapes and host ints never depend on the committed length:
+
+    slots      base + r0 + arange(n) for tree rows r0..r0+n-1 (where the per-step path writes them)
+    positions  base + depth - 1
+    mask       [n, S] over every static KV column: the committed ones (cols < base), the tree block
+               (cols - base in 0..R-1) through the [R, R] tree-row visibility, every later column hidden
+
+The growth itself is the eager Proposer's (Proposer._grow over a DeviceTreeRows instead of proposer.TreeRows,
+tree.grow_dynamic_tree, Proposer.draft_dist) and each step is the drafter's own forward over StaticKV. It has
+no host sync (tests/test_tree_graph.py counts them); a dynamic tree's validation flags are an output, read
+after the replay. On CPU the same function runs eagerly over the same buffers (what the CPU tests check); on
+CUDA it is captured on first use on the StaticDraftRunner's KV and graph pool (warm-up on a side stream). A
+capture that raises warns once and that tree goes back to the per-step path; `tree_graphs=False` on the
+runner (enable_draft_graphs) turns the whole-tree graphs off.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from ..tree import DraftTree, check_dynamic_flags
+from .fast import StaticDraftRunner, StaticKV
+
+
+class Rows(Protocol):
+    """A tree-row runner: proposer.TreeRows (eager, host committed length) or DeviceTreeRows."""
+
+    vis: torch.Tensor  # [R, R] bool
+
+    def run(self, states: torch.Tensor, tokens: torch.Tensor, depth: int, r0: int
+            ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+NewRows = Callable[[torch.Tensor], Rows]  # tree part [R, R] bool -> the rows runner of one tree
+# (root [1], logits [Vd], state [H], new_rows) -> (tree, dynamic trees' [4] flags or None): Proposer._grow
+Grow = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, NewRows], tuple[DraftTree, torch.Tensor | None]]
+
+
+class DeviceTreeRows:
+    """proposer.TreeRows over a StaticDraftRunner's KV, the committed length a device tensor `base` []."""
+
+    def __init__(self, runner: StaticDraftRunner, base: torch.Tensor, tree_part: torch.Tensor):
+        r = tree_part.shape[0]
+        self.runner, self.base = runner, base
+        self.vis = tree_part.clone()  # [R, R]: tree row i sees tree row j
+        rel = runner.cols - base  # [S]: static KV column relative to the first tree row
+        self._committed = rel < 0
+        self._col = rel.clamp(0, max(r - 1, 0))
+        self._in_tree = rel < r  # (and >= 0: the columns below are committed ones)
+
+    def run(self, states: torch.Tensor, tokens: torch.Tensor, depth: int, r0: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tree rows r0..r0+n-1 -> (draft logits [n, Vd], states [n, H])."""
+        n = tokens.shape[0]
+        visible = self._committed | (self.vis[r0: r0 + n].index_select(1, self._col) & self._in_tree)  # [n, S]
+        positions = (self.base + (depth - 1)).expand(n)
+        slots = self.base + r0 + torch.arange(n, device=tokens.device)
+        cache = [StaticKV(k, v, slots) for k, v in zip(self.runner.k, self.runner.v)]
+        return self.runner.drafter(states, tokens, positions, cache, visible=visible)
+
+
+class TreeGraph:
+    """One tree policy's growth over static inputs (see module docstring); `grow` is Proposer._grow."""
+
+    def __init__(self, runner: StaticDraftRunner, grow: Grow, rows: int, draft_vocab: int):
+        dev, dtype = runner.device, runner.dtype
+        self.runner, self._grow, self.rows = runner, grow, rows
+        self.root = torch.zeros(1, dtype=torch.long, device=dev)
+        self.logits = torch.zeros(draft_vocab, dtype=dtype, device=dev)
+        self.state = torch.zeros(runner.hidden_size, dtype=dtype, device=dev)
+        self.base = torch.zeros((), dtype=torch.long, device=dev)  # the committed length
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: tuple[DraftTree, torch.Tensor | None] | None = None  # the captured call's outputs
+        self.failed = False  # the capture raised: the proposer takes the per-step path
+
+    def grow(self) -> tuple[DraftTree, torch.Tensor | None]:
+        """The growth over the static buffers: what the CUDA graph captures (no host sync)."""
+        return self._grow(self.root, self.logits, self.state,
+                          lambda part: DeviceTreeRows(self.runner, self.base, part))
+
+    def run(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, committed: int
+            ) -> DraftTree | None:
+        """The tree below `root` from the catch-up row's logits [Vd] / state [H], `committed` drafter rows
+        live. None when the capture fails (warned once). The tree rows are left stale past `committed`."""
+        self.runner.check_room(committed + self.rows)
+        if isinstance(root, torch.Tensor):
+            self.root.copy_(root.reshape(1))
+        else:
+            self.root.fill_(root)  # a fill: no host->device copy
+        self.logits.copy_(logits)
+        self.state.copy_(state)
+        self.base.fill_(committed)
+        if not self.runner.use_graphs:
+            tree, flags = self.grow()
+        else:
+            if self.graph is None and not self._capture():
+                return None
+            self.graph.replay()
+            tree, flags = self.out
+        if flags is not None:
+            check_dynamic_flags(flags)  # the one host read
+        # the next replay rewrites the graph's outputs: the caller keeps its own tree
+        return DraftTree(tokens=tree.tokens.clone(), parents=tree.parents.clone(), depths=tree.depths.clone(),
+                         logq=tree.logq.clone(), stats=dict(tree.stats), ordered=True)
+
+    def _capture(self) -> bool:
+        """Capture grow() (inputs staged: the warm-up writes the pending KV slots only)."""
+        try:
+            self.graph, self.out = self.runner.capture(self.grow)
+        except Exception as exc:  # any failure: the per-step path still works
+            self.failed = True
+            first = (str(exc).splitlines() or [""])[0]
+            warnings.warn(f"whole-tree draft graph: capture failed ({type(exc).__name__}: {first}); "
+                          "this tree keeps the per-step draft graphs", RuntimeWarning, stacklevel=3)
+            return False
+        return True

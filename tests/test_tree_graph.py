@@ -1,0 +1,226 @@
+"""The whole-tree draft graph (draft/tree_graph.py) run eagerly on CPU: the same DraftTrees as the eager
+Proposer over whole generations (greedy output identical to HF generate), zero host syncs inside the growth
+(the CPU proxy for CUDA-graph capturability), one function object correct for every committed length, the
+fallback to the per-step path when a capture fails, and the switches that keep the per-step path."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from _hostcount import HostCounter
+from eaglespec.draft.fast import StaticDraftRunner, enable_draft_graphs
+from eaglespec.draft.proposer import EagerRows, Proposer
+from eaglespec.draft.tree_graph import TreeGraph
+from eaglespec.engine import SpeculativeEngine
+from eaglespec.sampling import SamplingConfig, SamplingParams
+from eaglespec.target.hf import HFTarget
+from eaglespec.tree import TreeSpec
+from test_draft_static import agreeing, record, same_tree
+
+from conftest import reference_greedy, tiny_drafter, tiny_target
+
+SPECS = {
+    "chain": TreeSpec("chain", depth=5),
+    "dynamic": TreeSpec("dynamic", depth=5, top_k=4, budget=12),
+    "static": TreeSpec("static", depth=4),
+}
+PROMPTS = ([4, 8, 15, 16, 23, 42, 7], [11, 3, 9, 27, 5, 60, 13, 21, 8, 40, 33])
+T07 = SamplingConfig(SamplingParams(temperature=0.7, top_p=0.9, top_k=20), seed=3)
+
+
+def count_grows(runner: StaticDraftRunner) -> list[int]:
+    """Counts TreeGraph.grow calls of this runner's tree graphs (patched on the class for the test)."""
+    calls: list[int] = []
+    orig = TreeGraph.grow
+
+    def grow(self):
+        if self.runner is runner:
+            calls.append(int(self.base))
+        return orig(self)
+
+    TreeGraph.grow = grow
+    return calls
+
+
+def pair(model, drafter, spec: TreeSpec, max_len: int = 128):
+    """(eager engine, whole-tree engine, its runner, grow() bases, trees each proposed): recorders attached."""
+    eager = SpeculativeEngine(HFTarget(model), drafter, spec)
+    whole = SpeculativeEngine(HFTarget(model), drafter, spec)
+    runner = enable_draft_graphs(whole, max_len=max_len)
+    return eager, whole, runner, count_grows(runner), record(eager), record(whole)
+
+
+@pytest.fixture
+def restore_grow():
+    orig = TreeGraph.grow
+    yield
+    TreeGraph.grow = orig
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_whole_tree_equals_eager_proposer(arch, kind, restore_grow):
+    model, drafter = agreeing(arch, "eagle3")
+    spec = SPECS[kind]
+    eager, whole, runner, grows, t_eager, t_whole = pair(model, drafter, spec)
+    accepted = 0
+    for prompt in PROMPTS:
+        a, b = eager.generate(prompt, 24), whole.generate(prompt, 24)
+        assert a.token_ids == b.token_ids == reference_greedy(model, prompt, 24)
+        accepted += sum(r.accepted for r in b.rounds)
+        assert runner.length == whole.proposer.committed  # the tree rows never count as live
+    assert len(t_eager) == len(t_whole) == len(grows) > 4  # every round grew through the tree graph
+    assert len(set(grows)) > 4  # ... at many committed lengths
+    assert list(runner.trees) == [(spec, None)]
+    for ta, tb in zip(t_eager, t_whole):
+        same_tree(ta, tb)
+    assert accepted > 0
+
+
+def test_wide_dynamic_random_drafter(restore_grow):
+    """The benchmark's shape (top-k 10, budget 60, depth 8) with a random drafter: 70 tree rows."""
+    model = tiny_target("llama", seed=12)
+    drafter = tiny_drafter(model, seed=5)
+    spec = TreeSpec("dynamic", depth=8, top_k=10, budget=60)
+    eager, whole, _, grows, t_eager, t_whole = pair(model, drafter, spec, max_len=256)
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    assert eager.generate(prompt, 12).token_ids == whole.generate(prompt, 12).token_ids == \
+        reference_greedy(model, prompt, 12)
+    assert len(grows) == len(t_whole) == len(t_eager)
+    for ta, tb in zip(t_eager, t_whole):
+        same_tree(ta, tb)
+
+
+def test_sampled_dynamic_uses_the_graph_sampled_chain_does_not(restore_grow):
+    """Dynamic trees pick children by top-k under the draft processors (no RNG): whole-tree graph at T>0,
+    same trees and same sampled tokens for the same seed. Sampled chains draw: the per-step path."""
+    model, drafter = agreeing("llama", "eagle3")
+    for kind, graphed in (("dynamic", True), ("chain", False), ("static", False)):
+        spec = SPECS[kind]
+        eager, whole, runner, grows, t_eager, t_whole = pair(model, drafter, spec)
+        a = eager.generate(PROMPTS[0], 20, sampling=T07)
+        b = whole.generate(PROMPTS[0], 20, sampling=T07)
+        assert a.token_ids == b.token_ids
+        assert (len(grows) == len(t_whole)) if graphed else not grows
+        assert list(runner.trees) == ([(spec, T07.draft_params)] if graphed else [])
+        for ta, tb in zip(t_eager, t_whole):
+            same_tree(ta, tb)
+
+
+def _rounds(model, drafter, lengths: list[int]) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """(features, next tokens, root) per catch-up: rows committed..length-1 of one token sequence."""
+    seq = torch.tensor([4, 8, 15, 16, 23, 42, 9, 31, 77, 5, 60, 13, 21, 8, 40, 33, 17, 50, 6, 29])
+    feats = SpeculativeEngine(HFTarget(model), drafter, SPECS["chain"]).target.forward(seq).features  # wiring
+    out, start = [], 0
+    for end in lengths:
+        out.append((feats[start:end], seq[start + 1: end + 1], int(seq[end])))
+        start = end
+    return out
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_one_graph_object_for_every_committed_length(kind):
+    """A committed length baked in anywhere (a host int read at trace time, the proposer's or the runner's
+    counters) would make the one function object wrong at the next length: the proposer's and the runner's
+    host counters are poisoned while it runs, and every tree must still equal the eager Proposer's."""
+    model, drafter = agreeing("llama", "eagle3")
+    spec = SPECS[kind]
+    eager = Proposer(drafter, spec)
+    static = Proposer(drafter, spec, runner=StaticDraftRunner(drafter, max_len=64))
+    graph = None
+    for lengths in ([6, 9, 10, 14], [3, 4]):  # a second sequence after reset: bases 6, 9, 10, 3, 4
+        eager.reset()
+        static.reset()
+        for feats, next_tokens, root in _rounds(model, drafter, lengths):
+            ref = eager.propose(root, feats, next_tokens)
+            logits, state = static.catch_up(feats, next_tokens)
+            g = static._tree_graph(logits.shape[-1])
+            graph = graph or g
+            assert g is graph  # the same function object (one CUDA graph on the device)
+            committed = static.committed
+            static.committed = static.runner.length = 10_000  # poisoned: nothing may read them now
+            try:
+                tree = g.run(root, logits, state, committed)
+            finally:
+                static.committed = static.runner.length = committed
+            same_tree(ref, tree)
+
+
+@pytest.mark.parametrize("sampling", [None, SamplingParams(0.7, top_k=20, min_p=0.05), SamplingParams(0.7, top_p=0.9)],
+                         ids=["greedy", "t0.7-topk-minp", "t0.7-topp"])
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_growth_has_no_host_sync(kind, sampling):
+    """The growth the CUDA graph captures: zero syncs (item, nonzero, bool masks, tolist) and zero
+    host->device copies, with the draft processors for dynamic trees. (top-p's `drop[..., -1] = False`
+    lifts a CPU scalar on CPU, counted as a copy; on CUDA that scalar is made on the device by a fill.)"""
+    if sampling is not None and kind != "dynamic":
+        pytest.skip("sampled chains / static trees draw children: the per-step path")
+    model, drafter = agreeing("llama", "eagle3")
+    prop = Proposer(drafter, SPECS[kind], runner=StaticDraftRunner(drafter, max_len=64))
+    prop.sampling = sampling
+    (feats, next_tokens, root), = _rounds(model, drafter, [8])
+    logits, state = prop.catch_up(feats, next_tokens)
+    graph = prop._tree_graph(logits.shape[-1])
+    graph.run(root, logits, state, prop.committed)  # stages the inputs (and builds a static plan once)
+    with HostCounter() as c:
+        tree, flags = graph.grow()
+    assert c.syncs == 0, c.names
+    if sampling is None or sampling.top_p == 1:
+        assert c.h2d == 0
+    assert c.ops > 50  # the counter saw the growth
+    assert tree.size > 1 and (flags is not None) == (kind == "dynamic")
+
+
+def test_capture_failure_warns_once_and_falls_back(monkeypatch):
+    """A whole-tree capture that raises: one warning, then the per-step path for that tree (output exact)."""
+    model, drafter = agreeing("llama", "eagle3")
+    engine = SpeculativeEngine(HFTarget(model), drafter, SPECS["dynamic"])
+    runner = enable_draft_graphs(engine, max_len=128)
+    runner.use_graphs = True  # CPU stand-in: per-step "graphs" replay eagerly, the tree capture raises
+
+    class Eager:
+        def __init__(self, fn):
+            self.fn, self.out = fn, fn()
+
+        def replay(self):
+            for o, n in zip(self.out, self.fn()):
+                o.copy_(n)
+
+    def capture(fn):
+        if getattr(fn, "__self__", None).__class__ is TreeGraph:
+            raise RuntimeError("operation not permitted when stream is capturing\nsecond line")
+        g = Eager(fn)
+        return g, g.out
+
+    monkeypatch.setattr(runner, "capture", capture)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = engine.generate(PROMPTS[0], 24)
+    assert out.token_ids == reference_greedy(model, PROMPTS[0], 24)
+    assert len(out.rounds) > 2
+    assert [str(w.message).count("\n") for w in caught] == [0]  # once, one line
+    assert "capture failed (RuntimeError: operation not permitted" in str(caught[0].message)
+    assert all(g.failed for g in runner.trees.values())
+
+
+def test_tree_graphs_off_keeps_the_per_step_path(restore_grow):
+    model, drafter = agreeing("llama", "eagle3")
+    engine = SpeculativeEngine(HFTarget(model), drafter, SPECS["dynamic"])
+    runner = enable_draft_graphs(engine, max_len=128, tree_graphs=False)
+    grows = count_grows(runner)
+    assert engine.generate(PROMPTS[0], 16).token_ids == reference_greedy(model, PROMPTS[0], 16)
+    assert not grows and not runner.trees
+    eager = SpeculativeEngine(HFTarget(model), drafter, SPECS["dynamic"])
+    assert isinstance(eager.proposer.runner, EagerRows) and eager.generate(PROMPTS[0], 4).token_ids
+
+
+def test_overflow_is_checked_before_the_tree_rows():
+    """The whole tree's rows are checked against max_len before anything is written (no OOB index on CUDA)."""
+    model, drafter = agreeing("llama", "eagle3")
+    prop = Proposer(drafter, SPECS["dynamic"], runner=StaticDraftRunner(drafter, max_len=20))
+    (feats, next_tokens, root), = _rounds(model, drafter, [8])  # 8 rows + (5-1)*4 tree rows > 20
+    with pytest.raises(Exception, match=r"needs 24 KV rows .*max_len=20"):
+        prop.propose(root, feats, next_tokens)
