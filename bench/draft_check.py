@@ -1,15 +1,20 @@
-"""GPU check of the static drafter path (draft/fast.py, issue 6; first passed on an H200 in session 2, bench/RESULTS.md):
+"""GPU check of the static drafter path (draft/fast.py, issue 6; first passed on an H200 in session 2, bench/RESULTS.md)
+and of the whole-tree draft graph (draft/tree_graph.py: one CUDA graph per tree after catch-up):
 
 1. correctness, fp32 (TF32 off) and bf16, default target + drafter (shipped one, else random EAGLE-3):
    a. one drafter step: CUDA-graph replay == the same static step run eagerly (max abs diff, expect 0.0)
       at buckets 1 and 16 after a 300-row catch-up;
-   b. whole generations (fast target backend) for chain k=5, dynamic (depth 8, top-k 10, budget 60) and
-      static trees: trees of the graphed runner vs the eager Proposer (tokens identical share, max |logq|
-      diff) and the emitted tokens (identical sequences);
+   b. whole generations (fast target backend) for chain k=5, dynamic (depth 8, top-k 10, budget 60), static
+      trees and a sampled dynamic tree (T=0.7, top-p 0.9, top-k 50, seeded) with three proposers: the eager
+      Proposer, per-step draft graphs (tree_graphs=False) and the whole-tree graph: trees of each pair
+      (tokens/parents identical share, max |logq| diff), emitted sequences identical, whether the tree graph
+      was captured (and any capture warning);
 2. cost, bf16: ms per drafter step (CUDA events, median) eager KVCache vs static eager vs graph, and
-   ms per propose() round (synchronized wall time, median over real rounds) eager vs graph.
+   ms per propose() round (synchronized wall time, median over real rounds) eager vs per-step graphs vs
+   whole-tree graph, plus the tree graph's own ms (staging + replay + output copies).
 
-    PYTHONPATH=src python bench/draft_check.py [--draft DIR] [--json OUT] [--device cuda]
+    PYTHONPATH=src python bench/draft_check.py [--draft DIR] [--json OUT] [--device cuda] [--prompts 2]
+        [--max-new-tokens 64]
 """
 
 from __future__ import annotations
@@ -18,16 +23,21 @@ import argparse
 import json
 import statistics
 import time
+import warnings
 
 import torch
 
 from eaglespec.api import EagleSpec, tree_spec
 from eaglespec.draft.fast import StaticDraftRunner, enable_draft_graphs
 from eaglespec.draft.proposer import EagerRows
+from eaglespec.draft.tree_graph import TreeGraph
 from eaglespec.engine import SpeculativeEngine
+from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.target.fast import FastTarget
 
-SPECS = {"chain": ("chain", 5), "dynamic": ("dynamic", None), "static": ("static", None)}
+# (tree, k, sampling): dynamic trees take the whole-tree graph at T > 0 too (children by top-k, no RNG)
+SPECS = {"chain": ("chain", 5, None), "dynamic": ("dynamic", None, None), "static": ("static", None, None),
+         "dynamic_t07": ("dynamic", None, SamplingConfig(SamplingParams(0.7, top_p=0.9, top_k=50), seed=0))}
 
 
 def _sync(dev: torch.device) -> None:
@@ -79,48 +89,85 @@ def step_check(drafter, dev: torch.device, graphs: bool) -> dict:
     return out
 
 
+ENGINES = ("eager", "steps", "tree")  # EagerRows; StaticDraftRunner per-step graphs; + whole-tree graph
+
+
+def _compare(trees_a: list, trees_b: list) -> dict:
+    """Trees of two engines round by round, up to where their sequences diverge."""
+    same, logq_diff, compared = 0, 0.0, 0
+    for a, b in zip(trees_a, trees_b):
+        if a.tokens.shape != b.tokens.shape:
+            break  # the sequences diverged (counted separately)
+        compared += 1
+        same += bool(torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents))
+        logq_diff = max(logq_diff, (a.logq.float() - b.logq.float()).abs().max().item())
+    return {"rounds_compared": compared, "trees_identical": same, "max_abs_logq": logq_diff}
+
+
 def engine_check(es: EagleSpec, prompts: list[list[int]], max_new: int, graphs: bool) -> dict:
-    """Eager Proposer vs the graphed runner over whole generations on the fast backend."""
+    """The eager Proposer vs the per-step draft graphs vs the whole-tree graph (draft/tree_graph.py) over
+    whole generations on the fast backend: trees, emitted sequences, propose() ms and the tree graph's own
+    ms (TreeGraph.run: staging, one replay, output copies, the dynamic tree's one flag read)."""
     dev = es.model.device
     out: dict = {}
-    for kind, (tree, k) in SPECS.items():
+    for kind, (tree, k, sampling) in SPECS.items():
         spec = tree_spec(tree, k)
         target = FastTarget(es.model, tuple(es.drafter.feature_layer_ids), max_len=2048)
-        engines = {"eager": SpeculativeEngine(target, es.drafter, spec),
-                   "graph": SpeculativeEngine(target, es.drafter, spec)}
-        enable_draft_graphs(engines["graph"], max_len=2048, cuda_graphs=graphs)
+        engines = {name: SpeculativeEngine(target, es.drafter, spec) for name in ENGINES}
+        runners = {name: enable_draft_graphs(engines[name], max_len=2048, cuda_graphs=graphs,
+                                             tree_graphs=name == "tree") for name in ENGINES[1:]}
         trees: dict[str, list] = {name: [] for name in engines}
         round_ms: dict[str, list] = {name: [] for name in engines}
+        tree_ms: list[float] = []
         tokens: dict[str, list] = {name: [] for name in engines}
-        for name, eng in engines.items():
-            orig = eng.proposer.propose
+        run_tree = TreeGraph.run
 
-            def timed(*a, _orig=orig, _name=name, _ms=round_ms, _trees=trees):
-                _sync(dev)
-                t0 = time.perf_counter()
-                tr = _orig(*a)
-                _sync(dev)
-                _ms[_name].append(1e3 * (time.perf_counter() - t0))
-                _trees[_name].append(tr)
-                return tr
+        def timed_tree(self, *a, _ms=tree_ms, _run=run_tree):
+            _sync(dev)
+            t0 = time.perf_counter()
+            tr = _run(self, *a)
+            _sync(dev)
+            _ms.append(1e3 * (time.perf_counter() - t0))
+            return tr
 
-            eng.proposer.propose = timed
-            eng.generate(prompts[0], 32, es.eos_ids())  # warm-up: captures the buckets
-            trees[name].clear()
-            round_ms[name].clear()
-            for p in prompts:
-                tokens[name].append(eng.generate(p, max_new, es.eos_ids()).token_ids)
-        same_tok, logq_diff, compared = 0, 0.0, 0
-        for a, b in zip(trees["eager"], trees["graph"]):
-            if a.tokens.shape != b.tokens.shape:
-                break  # the sequences diverged (compared below)
-            compared += 1
-            same_tok += bool(torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents))
-            logq_diff = max(logq_diff, (a.logq.float() - b.logq.float()).abs().max().item())
-        out[kind] = {"rounds_compared": compared, "trees_identical": same_tok, "max_abs_logq": logq_diff,
-                     "sequences_identical": sum(x == y for x, y in zip(tokens["eager"], tokens["graph"])),
-                     "sequences": len(prompts),
-                     "propose_ms_median": {n: round(statistics.median(v), 3) for n, v in round_ms.items() if v}}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            TreeGraph.run = timed_tree
+            try:
+                for name, eng in engines.items():
+                    orig = eng.proposer.propose
+
+                    def timed(*a, _orig=orig, _name=name, _ms=round_ms, _trees=trees):
+                        _sync(dev)
+                        t0 = time.perf_counter()
+                        tr = _orig(*a)
+                        _sync(dev)
+                        _ms[_name].append(1e3 * (time.perf_counter() - t0))
+                        _trees[_name].append(tr)
+                        return tr
+
+                    eng.proposer.propose = timed
+                    eng.generate(prompts[0], 32, es.eos_ids(), sampling=sampling)  # warm-up: captures the graphs
+                    trees[name].clear()
+                    round_ms[name].clear()
+                    tree_ms.clear()
+                    for p in prompts:
+                        tokens[name].append(eng.generate(p, max_new, es.eos_ids(), sampling=sampling).token_ids)
+            finally:
+                TreeGraph.run = run_tree
+        graphs_built = list(runners["tree"].trees.values())
+        out[kind] = {
+            "steps_vs_eager": _compare(trees["eager"], trees["steps"]),
+            "tree_vs_eager": _compare(trees["eager"], trees["tree"]),
+            "tree_vs_steps": _compare(trees["steps"], trees["tree"]),
+            "sequences_identical": {f"{n}_vs_eager": sum(x == y for x, y in zip(tokens["eager"], tokens[n]))
+                                    for n in ENGINES[1:]},
+            "sequences": len(prompts),
+            "tree_graph": {"built": len(graphs_built), "captured": sum(g.graph is not None for g in graphs_built),
+                           "failed": sum(g.failed for g in graphs_built), "runs": len(tree_ms),
+                           "warnings": [str(w.message) for w in caught]},
+            "propose_ms_median": {n: round(statistics.median(v), 3) for n, v in round_ms.items() if v},
+            "tree_graph_run_ms_median": round(statistics.median(tree_ms), 3) if tree_ms else None}
     return out
 
 
@@ -128,8 +175,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--draft", default=None)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     dev = torch.device(a.device)

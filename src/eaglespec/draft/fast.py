@@ -6,7 +6,9 @@ DraftTrees, greedy output identical to HF generate). The CUDA-graph capture/repl
 (static buffers per bucket, warm-up on a side stream, capture into a shared pool); bench/draft_check.py is
 its device check (graph replay == eager step, trees vs the eager Proposer, ms per step and per round).
 Control it with `EagleSpec.from_pretrained(..., draft_graphs=True/False)`, `--draft-graphs` /
-`--no-draft-graphs` (generate / bench) or `enable_draft_graphs(engine)`.
+`--no-draft-graphs` (generate / bench) or `enable_draft_graphs(engine)`. With it, the tree growth after the
+catch-up runs as ONE CUDA graph per tree over this runner's KV and pool (draft/tree_graph.py; `tree_graphs=False`
+keeps one run() per tree depth); catch-up stays the bucketed per-step path below.
 
     KV       per drafter layer [1, Hkv, S, D] preallocated, S = max_len + the largest bucket (room for
              the padding rows), rounded up to a multiple of 64; slots 0..length-1 hold the live rows, exactly where the eager
