@@ -1,7 +1,9 @@
 """Where the GPU time of one round goes: kernel profile of the fast target step and of one drafter propose().
 
 For the default target (SmolLM2-135M-Instruct, bf16) on the fast backend it reports
-1. target step, rows 1 and 64, static cache of 512 and 2048 slots: graph replay ms (CUDA events, median)
+1. target step, rows 1 and 64, 2048 static cache slots, attending over the default span (200 committed + the rows,
+   rounded up to 256 slots) or over the whole cache (span_step=2048, the pre-span behaviour): graph replay ms (CUDA
+   events, median)
    and, from torch.profiler over the same step run eagerly, the kernels per step and the CUDA time by kernel
    family (top 12): the share of attention, matmuls, norms, rope, copies;
 2. one propose() per tree kind (chain k=5, dynamic 60/8/10) with the shipped drafter, draft graphs on and off:
@@ -78,19 +80,20 @@ def target_profile(model, ids) -> dict:
     out = {}
     dev = model.device
     prompt = torch.randint(100, 40000, (200,), generator=torch.Generator().manual_seed(0)).to(dev)
-    for max_len in (512, 2048):
+    for span_step in (256, 2048):
         for rows in (1, 64):
-            fast = FastTarget(model, ids, max_len=max_len)
+            fast = FastTarget(model, ids, max_len=2048, span_step=span_step)
             fast.forward(prompt)
             fast.commit(torch.arange(200, device=dev))
             toks = prompt[:rows]
             parents = torch.arange(-1, rows - 1)
             depths, vis = torch.arange(rows, device=dev), ancestry(parents).to(dev)
-            run = fast._runner(rows)
+            run = fast._runner(rows, fast.span(200 + rows))
             fast._stage(run, toks, depths, vis)
-            key = f"S{max_len}/rows{rows}"
+            key = f"span{run.span}/rows{rows}"
             out[key] = {"graph_ms": event_ms(run.graph.replay),
-                        "eager": kernel_profile(lambda r=run, f=fast: f._step(r.tokens, r.positions, r.visible, r.base))}
+                        "eager": kernel_profile(lambda r=run, f=fast: f._step(r.tokens, r.positions, r.visible, r.base,
+                                                                                  r.span))}
             print(key, json.dumps(out[key]), flush=True)
     return out
 

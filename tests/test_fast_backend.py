@@ -156,3 +156,42 @@ def test_staging_reuses_buckets_without_stale_inputs():
     toks = torch.randint(3, 90, (4,), generator=gen)
     _close(ref.forward(toks), fast.forward(toks))
 
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_attention_spans_cross_boundaries(arch):
+    """Steps attend over the first span slots only (committed + bucket rounded up to span_step): every
+    step whose rows cross a span boundary must still see the whole prefix and its own rows (a span taken
+    from the committed length alone, or rounded down, drops them), trees and non-prefix commits included."""
+    ref, fast = _pair(arch, buckets=(1, 4, 8), max_len=64, span_step=4)
+    gen = torch.Generator().manual_seed(7)
+    prompt = torch.randint(3, 90, (5,), generator=gen)  # bucket 8: a bucketed step, not the eager prefill
+    _close(ref.forward(prompt), fast.forward(prompt))
+    for b in (ref, fast):
+        b.commit(torch.arange(5))
+    tree_vis = ancestry(torch.tensor([-1, 0, 0, 1, 2]))
+    tree_depths = torch.tensor([0, 1, 1, 2, 2])
+    for step in range(14):
+        if step % 3 == 2:  # a tree of 5 rows (bucket 8), a non-prefix path kept
+            toks = torch.randint(3, 90, (5,), generator=gen)
+            _close(ref.forward(toks, tree_depths, tree_vis), fast.forward(toks, tree_depths, tree_vis))
+            keep = torch.tensor([0, 2, 4])
+        else:  # causal steps of 1-3 rows
+            t = 1 + step % 3
+            toks = torch.randint(3, 90, (t,), generator=gen)
+            _close(ref.forward(toks), fast.forward(toks))
+            keep = torch.arange(t)
+        for b in (ref, fast):
+            b.commit(keep)
+    spans = {span for _, span in fast._graphs}
+    assert len(spans) >= 4 and max(spans) < fast.max_len  # several spans, none the whole cache
+    assert fast.span(fast.committed_len + 1) == -(-(fast.committed_len + 1) // 4) * 4
+
+
+def test_compiled_steps_attend_over_the_whole_cache():
+    model = tiny_target("llama", seed=1)
+    assert FastTarget(model, max_len=64, compile=True).span(3) == 64
+    assert FastTarget(model, max_len=64).span(3) == 64  # default span_step 256 > the cache
+    assert FastTarget(model, max_len=1024, span_step=256).span(257) == 512
+    with pytest.raises(EagleSpecError, match="span_step"):
+        FastTarget(model, max_len=64, span_step=0)

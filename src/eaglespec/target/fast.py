@@ -5,13 +5,16 @@ Qwen2 with q/k/v bias, Qwen3 with q_norm/k_norm, Mistral without an active slidi
 
     cache      [L, 2, Hkv, S, D]  preallocated; slots 0..committed-1 hold the committed prefix
     forward    T rows -> slots committed..committed+T-1, padded to a bucket B (1, 2, 4, ..., 128);
-               positions = committed + depth; mask [B, S]: prefix slots + the ancestry block
-               (padding rows and unused slots masked); logits and aux features in one pass
+               positions = committed + depth; attention over the first `span` slots only, span =
+               committed + B rounded up to a multiple of span_step (256): mask [B, span] = prefix slots +
+               the ancestry block (padding rows and unused slots masked); logits and aux features in one pass
     commit     index copy of the kept rows' KV into committed..committed+m-1 (all layers at once)
 
-On CUDA each bucket's step is captured once in a torch.cuda.CUDAGraph over static input buffers
-(optionally torch.compile'd first); prefill (T > largest bucket) and the CPU path run the very
+On CUDA each (bucket, span) step is captured once in a torch.cuda.CUDAGraph over static input buffers
+(optionally torch.compile'd first: then span = the whole cache, one compile per bucket); prefill (T > largest bucket) and the CPU path run the very
 same `_step` eagerly, which is what the CPU tests compare against HFTarget.
+Attending over the span instead of the whole static cache matters: on an H200 the cuDNN attention kernel cost
+32 us per layer over 2048 slots and 10 us over 512 (bench/RESULTS.md, session 3), whatever the context.
 Rope comes from the HF model's own rotary module (rope_scaling such as llama3 included), evaluated
 once for every slot position into a cos/sin table.
 """
@@ -30,6 +33,7 @@ from .capture import decoder_layers
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+SPAN_STEP = 256  # attention spans are multiples of this many cache slots
 
 
 def smallest_bucket(buckets: tuple[int, ...], n: int) -> int | None:
@@ -120,6 +124,7 @@ class _Graph:
     eye: torch.Tensor  # [B, B] bool: padding rows see themselves only
     causal: dict  # t -> [B, B] bool: the causal block of t rows, padding rows on the diagonal
     visible_t: int  # t of the causal pattern `visible` holds now (0 = another pattern)
+    span: int  # cache slots the step attends over (static per graph)
     logits: torch.Tensor  # [B, V]
     features: torch.Tensor  # [B, F]
     graph: object | None  # torch.cuda.CUDAGraph (None on CPU: the step runs eagerly)
@@ -132,7 +137,7 @@ class FastTarget:
 
     def __init__(self, model: nn.Module, feature_layer_ids: tuple[int, ...] = (), max_len: int = 2048,
                  buckets: tuple[int, ...] = DEFAULT_BUCKETS, cuda_graphs: bool | None = None,
-                 compile: bool = False):
+                 compile: bool = False, span_step: int = SPAN_STEP):
         reason = unsupported_reason(model)
         if reason is not None:
             raise EagleSpecError(f"the fast backend cannot run this target: {reason} (use backend='hf')")
@@ -163,8 +168,12 @@ class FastTarget:
         self.use_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise EagleSpecError("cuda_graphs=True needs the target on a CUDA device")
+        if span_step < 1:
+            raise EagleSpecError(f"span_step must be >= 1, got {span_step}")
+        self.span_step = span_step
+        self.compiled = compile  # compiled steps attend over the whole cache (no recompile per span)
         self._step_fn = torch.compile(self._step, fullgraph=True, dynamic=False) if compile else self._step
-        self._graphs: dict[int, _Graph] = {}
+        self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None
         self.feature_layer_ids: tuple[int, ...] = ()
         self.max_len = 0
@@ -225,6 +234,12 @@ class FastTarget:
         self.max_len = max_len
         self._graphs.clear()
 
+    def span(self, n: int) -> int:
+        """Cache slots a step over slots 0..n-1 attends over: n rounded up to span_step, capped at the cache."""
+        if self.compiled:
+            return self.max_len
+        return min(self.max_len, -(-n // self.span_step) * self.span_step)
+
     def reserve(self, n: int) -> None:
         """Make room for n slots (doubling; drops captured graphs when it grows)."""
         if n > self.max_len:
@@ -245,18 +260,19 @@ class FastTarget:
 
     # -- the step (graph-captured on CUDA) ------------------------------------------------------
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
-              base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens/positions [B], visible [B, B] bool, base [] long -> (logits [B, V], features [B, F])."""
+              base: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens/positions [B], visible [B, B] bool, base [] long -> (logits [B, V], features [B, F]),
+        attending over cache slots 0..span-1 (span >= base + B: the caller's contract)."""
         b = tokens.shape[0]
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
         g = hq // hk
-        rel = self.cols - base  # [S]: slot index relative to the first pending slot
+        rel = self.cols[:span] - base  # [span]: slot index relative to the first pending slot
         in_block = (rel >= 0) & (rel < b)
         block = visible[:, rel.clamp(0, b - 1)] & in_block  # [B, S]
         allowed = block | (rel < 0)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=tokens.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        mask = mask.repeat(g, 1)[None, None]  # [1, 1, G*B, S]: rows of the grouped queries
+        mask = mask.repeat(g, 1)[None, None]  # [1, 1, G*B, span]: rows of the grouped queries
         slots = base + torch.arange(b, device=tokens.device)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [B, 1, D]
 
@@ -268,13 +284,13 @@ class FastTarget:
                 feats[i] = h
             x = _rms(h, w.in_norm, self.eps)
             qkv = F.linear(x, w.qkv_w, w.qkv_b)
-            q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
-            q, k, v = q.view(b, hq, d), k.view(b, hk, d), v.view(b, hk, d)
+            qk, v = qkv.view(b, hq + 2 * hk, d).split([hq + hk, hk], dim=1)
             if w.q_norm is not None:
-                q, k = _rms(q, w.q_norm, self.eps), _rms(k, w.k_norm, self.eps)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            kc, vc = self.cache[i, 0], self.cache[i, 1]  # [Hkv, S, D]
+                q, k = qk.split([hq, hk], dim=1)
+                qk = torch.cat([_rms(q, w.q_norm, self.eps), _rms(k, w.k_norm, self.eps)], dim=1)
+            qk = qk * cos + _rotate_half(qk) * sin  # rope on q and k at once (element-wise: same values)
+            q, k = qk.split([hq, hk], dim=1)
+            kc, vc = self.cache[i, 0, :, :span], self.cache[i, 1, :, :span]  # [Hkv, span, D]
             kc.index_copy_(1, slots, k.transpose(0, 1))
             vc.index_copy_(1, slots, v.transpose(0, 1))
             # GQA without repeating the cache: the G query heads of a kv head become G*B query rows
@@ -294,9 +310,9 @@ class FastTarget:
             features = h.new_empty(b, 0)
         return logits, features
 
-    def _runner(self, b: int) -> _Graph:
-        """Static buffers for bucket b, with its CUDA graph captured on first use."""
-        run = self._graphs.get(b)
+    def _runner(self, b: int, span: int) -> _Graph:
+        """Static buffers for bucket b attending over `span` slots, with its CUDA graph captured on first use."""
+        run = self._graphs.get((b, span))
         if run is not None:
             return run
         dev = self.device
@@ -311,19 +327,19 @@ class FastTarget:
             stream.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(stream):
                 for _ in range(2):
-                    self._step_fn(tokens, positions, visible, base)
+                    self._step_fn(tokens, positions, visible, base, span)
             torch.cuda.current_stream(dev).wait_stream(stream)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                logits, features = self._step_fn(tokens, positions, visible, base)
+                logits, features = self._step_fn(tokens, positions, visible, base, span)
         else:
             logits, features = tokens.new_empty(0), tokens.new_empty(0)
         offsets = torch.cat([torch.arange(b, device=dev), torch.zeros(1, dtype=torch.long, device=dev)])
-        run = _Graph(tokens, positions, visible, base, pos_base, offsets, visible.clone(), {}, 0, logits, features,
-                     graph)
-        self._graphs[b] = run
+        run = _Graph(tokens, positions, visible, base, pos_base, offsets, visible.clone(), {}, 0, span, logits,
+                     features, graph)
+        self._graphs[(b, span)] = run
         return run
 
     def _stage(self, run: _Graph, tokens: torch.Tensor, depths: torch.Tensor | None,
@@ -366,13 +382,13 @@ class FastTarget:
             depths = torch.arange(t, device=dev) if depths is None else depths.to(dev)
             visible = torch.ones(t, t, dtype=torch.bool, device=dev).tril() if visible is None else visible.to(dev)
             base_t = torch.tensor(base, dtype=torch.long, device=dev)
-            logits, features = self._step(tokens, base + depths, visible, base_t)  # eager: no recompile per length
+            logits, features = self._step(tokens, base + depths, visible, base_t, base + t)  # eager, exact span
             return TargetOutput(logits=logits, features=features)
         self.reserve(base + b)
-        run = self._runner(b)
+        run = self._runner(b, self.span(base + b))
         self._stage(run, tokens, depths, visible)
         if run.graph is None:  # eager: fresh outputs
-            logits, features = self._step_fn(run.tokens, run.positions, run.visible, run.base)
+            logits, features = self._step_fn(run.tokens, run.positions, run.visible, run.base, run.span)
         else:  # the static outputs are overwritten by the next replay: hand out copies
             run.graph.replay()
             logits, features = run.logits.clone(), run.features.clone()
