@@ -120,7 +120,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         sorted_x, order = x.sort(dim=-1)  # ascending
         cum = sorted_x.softmax(-1).cumsum(-1)
         drop = cum <= 1 - params.top_p
-        drop[..., -1] = False  # keep at least the top token
+        drop[..., -1].fill_(False)  # keep at least the top token
         x = x.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     if params.min_p > 0.0:
         p = x.softmax(-1)

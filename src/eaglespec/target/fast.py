@@ -76,16 +76,15 @@ def unsupported_reason(model: nn.Module) -> str | None:
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF LlamaRMSNorm, op for op: fp32 statistics, cast back, then scale."""
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    """HF LlamaRMSNorm's rounding: normalised in fp32, cast back, then scaled in the model's dtype. The fp32
+    part is F.rms_norm (one fused kernel on CUDA where torch has it, instead of pow/mean/add/rsqrt/mul)."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """HF's x * cos + rotate_half(x) * sin in 4 kernels: rotate_half(x) * sin == roll(x, D/2) * sin_signed with
+    sin_signed = [-sin_1, sin_2] (the same products: a sign flip is exact)."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed
 
 
 def _cat_bias(*mods: nn.Linear) -> torch.Tensor | None:
@@ -229,7 +228,9 @@ class FastTarget:
         if cos.shape[-1] != self.head_dim:
             raise EagleSpecError(f"partial rotary ({cos.shape[-1]} of {self.head_dim}) is not supported "
                                  "by the fast backend")
-        self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)  # [S, D], cast as HF does
+        self.cos, sin = cos[0].to(self.dtype), sin[0].to(self.dtype)  # [S, D], cast as HF does
+        half = sin.shape[-1] // 2
+        self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # for _rope
         self.cols = torch.arange(max_len, device=self.device)
         self.max_len = max_len
         self._graphs.clear()
@@ -274,7 +275,7 @@ class FastTarget:
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         mask = mask.repeat(g, 1)[None, None]  # [1, 1, G*B, span]: rows of the grouped queries
         slots = base + torch.arange(b, device=tokens.device)
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [B, 1, D]
+        cos, sin = self.cos[positions][:, None], self.sin_signed[positions][:, None]  # [B, 1, D]
 
         h = F.embedding(tokens, self.embed_w)  # [B, H]
         feats: dict[int, torch.Tensor] = {}
@@ -288,7 +289,7 @@ class FastTarget:
             if w.q_norm is not None:
                 q, k = qk.split([hq, hk], dim=1)
                 qk = torch.cat([_rms(q, w.q_norm, self.eps), _rms(k, w.k_norm, self.eps)], dim=1)
-            qk = qk * cos + _rotate_half(qk) * sin  # rope on q and k at once (element-wise: same values)
+            qk = _rope(qk, cos, sin)  # q and k at once (element-wise: the same values as one by one)
             q, k = qk.split([hq, hk], dim=1)
             kc, vc = self.cache[i, 0, :, :span], self.cache[i, 1, :, :span]  # [Hkv, span, D]
             kc.index_copy_(1, slots, k.transpose(0, 1))
