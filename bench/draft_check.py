@@ -163,8 +163,9 @@ def engine_check(es: EagleSpec, prompts: list[list[int]], max_new: int, graphs: 
             "sequences_identical": {f"{n}_vs_eager": sum(x == y for x, y in zip(tokens["eager"], tokens[n]))
                                     for n in ENGINES[1:]},
             "sequences": len(prompts),
-            "tree_graph": {"built": len(graphs_built), "captured": sum(g.graph is not None for g in graphs_built),
-                           "failed": sum(g.failed for g in graphs_built), "runs": len(tree_ms),
+            "tree_graph": {"built": len(graphs_built), "failed": sum(g.failed for g in graphs_built),
+                           "runs": len(tree_ms), "captured": sum(len(g.graphs) for g in graphs_built),  # one per (tree, span)
+                           "spans": sorted({s for g in graphs_built for s in g.graphs}),
                            "warnings": [str(w.message) for w in caught]},
             "propose_ms_median": {n: round(statistics.median(v), 3) for n, v in round_ms.items() if v},
             "tree_graph_run_ms_median": round(statistics.median(tree_ms), 3) if tree_ms else None}

@@ -55,6 +55,17 @@ def same_tree(a, b) -> None:
     torch.testing.assert_close(a.logq, b.logq, rtol=1e-5, atol=1e-5)
 
 
+def same_runs(model, eager: SpeculativeEngine, other: SpeculativeEngine, prompts, new: int = 24) -> None:
+    """Both engines' greedy output == HF generate, with the same DraftTrees round by round."""
+    t_eager, t_other = record(eager), record(other)
+    for prompt in prompts:
+        assert eager.generate(prompt, new).token_ids == other.generate(prompt, new).token_ids == \
+            reference_greedy(model, prompt, new)
+    assert len(t_eager) == len(t_other) > 4
+    for ta, tb in zip(t_eager, t_other):
+        same_tree(ta, tb)
+
+
 @pytest.mark.parametrize("tree_graphs", [False, True], ids=["per-step", "whole-tree"])
 @pytest.mark.parametrize("buckets", [(1, 2, 4, 8, 16, 32, 64), (1, 4)], ids=["default-buckets", "small-buckets"])
 @pytest.mark.parametrize("method", ["eagle1", "eagle3"])
@@ -86,6 +97,34 @@ def test_static_runner_equals_eager_proposer(arch, kind, method, buckets, tree_g
     assert accepted > 0  # multi-row catch-ups after accepted drafts are exercised
     if kind != "chain":
         assert non_prefix > 0  # catch-up after a non-prefix accepted path rewrites the right slots
+
+
+@pytest.mark.parametrize("tree_graphs", [False, True], ids=["per-step", "whole-tree"])
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_attention_spans_cross_boundaries(kind, tree_graphs):
+    """span_step 4: the steps attend over the first span slots only (length + bucket rounded up to 4), so
+    whole generations cross many span boundaries; every step must still see the committed rows and its
+    own (a span from the live rows alone, or rounded down, drops them: other trees, another output)."""
+    model, drafter = agreeing("llama", "eagle3")
+    spec = SPECS[kind]
+    eager = SpeculativeEngine(HFTarget(model), drafter, spec)
+    static = SpeculativeEngine(HFTarget(model), drafter, spec)
+    runner = enable_draft_graphs(static, max_len=96, buckets=(1, 2, 4, 8), tree_graphs=tree_graphs, span_step=4)
+    same_runs(model, eager, static, PROMPTS)
+    spans = {span for _, span in runner._graphs}
+    assert len(spans) >= 4 and max(spans) < runner.size  # several spans, none the whole static KV
+    assert all(span % 4 == 0 for span in spans)
+
+
+def test_span_rounds_up_and_is_capped():
+    model = tiny_target("llama", seed=1)
+    drafter = tiny_drafter(model, seed=2)
+    runner = StaticDraftRunner(drafter, max_len=100, buckets=(1, 4), span_step=8)
+    assert runner.size == 128 and [runner.span(n) for n in (1, 8, 9, 121, 128)] == [8, 8, 16, 128, 128]
+    assert StaticDraftRunner(drafter, max_len=1000).span(257) == 512  # default span_step 256, as the target
+    assert StaticDraftRunner(drafter, max_len=100).span(3) == 192  # 256 > the static KV: all of it
+    with pytest.raises(EagleSpecError, match="span_step"):
+        StaticDraftRunner(drafter, max_len=16, span_step=0)
 
 
 def test_random_drafter_dynamic_defaults():

@@ -6,6 +6,7 @@ fallback to the per-step path when a capture fails, and the switches that keep t
 from __future__ import annotations
 
 import warnings
+from dataclasses import fields, is_dataclass
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from eaglespec.engine import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.target.hf import HFTarget
 from eaglespec.tree import TreeSpec
-from test_draft_static import agreeing, record, same_tree
+from test_draft_static import agreeing, record, same_runs, same_tree
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
 
@@ -51,6 +52,28 @@ def pair(model, drafter, spec: TreeSpec, max_len: int = 128):
     whole = SpeculativeEngine(HFTarget(model), drafter, spec)
     runner = enable_draft_graphs(whole, max_len=max_len)
     return eager, whole, runner, count_grows(runner), record(eager), record(whole)
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    """The tensors of a captured call's outputs: tensors, tuples of them, DraftTrees."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    if is_dataclass(out):
+        return [t for f in fields(out) for t in _tensors(getattr(out, f.name))]
+    return []
+
+
+class EagerGraph:
+    """CPU stand-in for a captured CUDA graph: replay() reruns fn into the first call's output tensors."""
+
+    def __init__(self, fn):
+        self.fn, self.out = fn, fn()
+
+    def replay(self):
+        for o, n in zip(_tensors(self.out), _tensors(self.fn())):
+            o.copy_(n)
 
 
 @pytest.fixture
@@ -181,18 +204,10 @@ def test_capture_failure_warns_once_and_falls_back(monkeypatch):
     runner = enable_draft_graphs(engine, max_len=128)
     runner.use_graphs = True  # CPU stand-in: per-step "graphs" replay eagerly, the tree capture raises
 
-    class Eager:
-        def __init__(self, fn):
-            self.fn, self.out = fn, fn()
-
-        def replay(self):
-            for o, n in zip(self.out, self.fn()):
-                o.copy_(n)
-
     def capture(fn):
         if getattr(fn, "__self__", None).__class__ is TreeGraph:
             raise RuntimeError("operation not permitted when stream is capturing\nsecond line")
-        g = Eager(fn)
+        g = EagerGraph(fn)
         return g, g.out
 
     monkeypatch.setattr(runner, "capture", capture)
@@ -204,6 +219,34 @@ def test_capture_failure_warns_once_and_falls_back(monkeypatch):
     assert [str(w.message).count("\n") for w in caught] == [0]  # once, one line
     assert "capture failed (RuntimeError: operation not permitted" in str(caught[0].message)
     assert all(g.failed for g in runner.trees.values())
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_one_tree_graph_per_span(kind, monkeypatch):
+    """span_step 4: every tree attends over committed + its rows rounded up to 4 slots, one "captured" graph
+    per span (CPU stand-in: replay reruns the growth); whole generations cross many span boundaries with
+    the same trees as the eager Proposer (a span from the committed length alone, or rounded down, hides
+    tree rows from the rows below them)."""
+    model, drafter = agreeing("llama", "eagle3")
+    spec = SPECS[kind]
+    eager = SpeculativeEngine(HFTarget(model), drafter, spec)
+    whole = SpeculativeEngine(HFTarget(model), drafter, spec)
+    runner = enable_draft_graphs(whole, max_len=128, span_step=4)
+    runner.use_graphs = True
+    captured: list[str] = []
+
+    def capture(fn):
+        captured.append(type(getattr(fn, "__self__", None)).__name__)
+        g = EagerGraph(fn)
+        return g, g.out
+
+    monkeypatch.setattr(runner, "capture", capture)
+    same_runs(model, eager, whole, PROMPTS)
+    (graph,) = runner.trees.values()
+    spans = sorted(graph.graphs)
+    assert not graph.failed and len(spans) >= 4 and spans[-1] < runner.size
+    assert all(span % 4 == 0 for span in spans)
+    assert captured.count("TreeGraph") == len(spans)  # captured once per span, replayed after
 
 
 def test_tree_graphs_off_keeps_the_per_step_path(restore_grow):

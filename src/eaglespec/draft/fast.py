@@ -14,14 +14,18 @@ keeps one run() per tree depth); catch-up stays the bucketed per-step path below
              the padding rows), rounded up to a multiple of 64; slots 0..length-1 hold the live rows, exactly where the eager
              KVCache would hold them, so the proposer's masks over the KV are unchanged
     run      n rows -> slots length..length+n-1, padded to a bucket B (1, 2, 4, ..., 64): state/tokens/
-             positions/slots [B] and a bool mask [B, S] over the whole static KV (the caller's
-             mask in the first length+n columns, padding rows see only their own slot, every
-             unused slot hidden); rows past the largest bucket (the prompt's catch-up) run the
-             same step eagerly at their exact size
+             positions/slots [B] and a bool mask [B, span] over the first `span` KV slots only, span =
+             length + B rounded up to a multiple of span_step (256, target/fast.py's SPAN_STEP), capped at
+             S (the caller's mask in the first length+n columns, padding rows see only their own slot,
+             every unused slot hidden); one step (and CUDA graph) per (bucket, span); rows past the
+             largest bucket (the prompt's catch-up) run the same step eagerly at their exact size
     crop     length = n (the stale slots stay masked and are overwritten by the next rows)
 
 The step is the drafter's own forward (same modules, weights and op order) over `StaticKV`, a
-KVCache stand-in whose `append` writes by index into the static buffers: no re-implemented layers.
+KVCache stand-in whose `append` writes by index into the whole static buffers and returns their first
+`span` slots: no re-implemented layers. Attention over a span instead of all S slots matters: a cuDNN
+attention over a static KV costs in proportion to the slots it is given (bench/RESULTS.md), and S is
+sized for the longest context (api.py: 8704 slots for SmolLM2) while the live rows are a few hundred.
 Masked slots add exp(finfo.min - max) = 0 to the softmax, so the rows equal the eager ones up to float
 rounding (padded matmuls and the longer attention row reduce in another order: ~1e-7 relative in fp32
 on CPU); the CPU tests get identical tree tokens and logq within 1e-5.
@@ -37,7 +41,7 @@ import torch
 from torch import nn
 
 from ..errors import EagleSpecError
-from ..target.fast import smallest_bucket
+from ..target.fast import SPAN_STEP, smallest_bucket
 from .layers import Attention
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -45,19 +49,20 @@ T = TypeVar("T")
 
 
 class StaticKV:
-    """KVCache stand-in over preallocated [1, Hkv, S, D] buffers: append writes the rows at `slots` [B]."""
+    """KVCache stand-in over preallocated [1, Hkv, S, D] buffers: append writes the rows at `slots` [B]
+    (all < span) and returns the first `span` slots, the ones the step attends over."""
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):
-        self.k, self.v, self.slots = k, v, slots
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, span: int):
+        self.k, self.v, self.slots, self.span = k, v, slots, span
 
     @property
     def length(self) -> int:
-        return self.k.shape[2]  # the whole static length (the runner always passes a full mask)
+        return self.span  # the attended slots (the callers always pass a full [B, span] mask)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.k.index_copy_(2, self.slots, k)  # k, v: [1, Hkv, B, D]
         self.v.index_copy_(2, self.slots, v)
-        return self.k, self.v
+        return self.k[:, :, : self.span], self.v[:, :, : self.span]  # [1, Hkv, span, D] views
 
 
 @dataclass
@@ -68,7 +73,7 @@ class _Rows:
     tokens: torch.Tensor  # [B] long, target ids
     positions: torch.Tensor  # [B] long
     slots: torch.Tensor  # [B] long: KV slots written
-    visible: torch.Tensor  # [B, S] bool
+    visible: torch.Tensor  # [B, span] bool
     cache: list[StaticKV]
     eye: torch.Tensor  # [B, B] bool constants for filling `visible`
     causal: torch.Tensor
@@ -82,12 +87,15 @@ class StaticDraftRunner:
 
     Same interface as proposer.EagerRows: reset(), length, run(state, tokens, positions, visible),
     crop(n). On an H200, bench/draft_check.py found graph replay == the eager step exactly.
+    span_step: steps attend over the first span(length + rows) KV slots (a multiple of span_step).
     """
 
     def __init__(self, drafter: nn.Module, max_len: int = 4096, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
-                 cuda_graphs: bool | None = None, tree_graphs: bool = True):
+                 cuda_graphs: bool | None = None, tree_graphs: bool = True, span_step: int = SPAN_STEP):
         if max_len < 1:
             raise EagleSpecError(f"draft max_len must be >= 1, got {max_len}")
+        if span_step < 1:
+            raise EagleSpecError(f"span_step must be >= 1, got {span_step}")
         self.drafter = drafter
         p = next(drafter.parameters())
         self.device, self.dtype = p.device, p.dtype
@@ -97,7 +105,7 @@ class StaticDraftRunner:
             raise EagleSpecError(f"{type(drafter).__name__}: {len(attn)} attention modules for "
                                  f"{len(drafter.new_cache())} KV caches")
         self.buckets = tuple(sorted(buckets))
-        self.max_len = max_len
+        self.max_len, self.span_step = max_len, span_step
         self.size = -(-(max_len + self.buckets[-1]) // 64) * 64  # room for padding rows; aligned mask rows
         self.k = [torch.zeros(1, a.kv_heads, self.size, a.head_dim, device=self.device, dtype=self.dtype)
                   for a in attn]
@@ -106,7 +114,7 @@ class StaticDraftRunner:
         self.use_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise EagleSpecError("draft cuda_graphs=True needs the drafter on a CUDA device")
-        self._graphs: dict[int, _Rows] = {}
+        self._graphs: dict[tuple[int, int], _Rows] = {}  # (bucket, span) -> its buffers / graph
         self._pool = None
         # whole-tree growth after catch-up as one function of static buffers (draft/tree_graph.py; one CUDA
         # graph per (tree spec, draft processors) on CUDA); False: every tree row goes through run()
@@ -120,22 +128,26 @@ class StaticDraftRunner:
     def crop(self, n: int) -> None:
         self.length = min(self.length, n)
 
+    def span(self, n: int) -> int:
+        """KV slots a step writing slots below n attends over: n rounded up to span_step, capped at the KV."""
+        return min(self.size, -(-n // self.span_step) * self.span_step)
+
     # -- the step (graph-captured on CUDA) ------------------------------------------------------
     def _step(self, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
         """The drafter's own forward over the static buffers: (logits [B, Vd], states [B, H])."""
         return self.drafter(rows.state, rows.tokens, rows.positions, rows.cache, visible=rows.visible)
 
-    def _buffers(self, b: int) -> _Rows:
+    def _buffers(self, b: int, span: int) -> _Rows:
         dev = self.device
         slots = self.cols[self.length: self.length + b].clone()  # warm-up/capture writes pending slots only
-        visible = torch.zeros(b, self.size, dtype=torch.bool, device=dev)
+        visible = torch.zeros(b, span, dtype=torch.bool, device=dev)
         eye = torch.eye(b, dtype=torch.bool, device=dev)
         visible[:, self.length: self.length + b] = eye
         return _Rows(state=torch.zeros(b, self.hidden_size, device=dev, dtype=self.dtype),
                      tokens=torch.zeros(b, dtype=torch.long, device=dev),
                      positions=torch.full((b,), self.length, dtype=torch.long, device=dev),
                      slots=slots, visible=visible,
-                     cache=[StaticKV(k, v, slots) for k, v in zip(self.k, self.v)],
+                     cache=[StaticKV(k, v, slots, span) for k, v in zip(self.k, self.v)],
                      eye=eye, causal=eye.new_ones(b, b).tril())
 
     def capture(self, fn: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
@@ -156,15 +168,15 @@ class StaticDraftRunner:
             out = fn()
         return graph, out
 
-    def _runner(self, b: int) -> _Rows:
-        """Static buffers for bucket b, with its CUDA graph captured on first use."""
-        rows = self._graphs.get(b)
+    def _runner(self, b: int, span: int) -> _Rows:
+        """Static buffers for bucket b attending over `span` slots, with its CUDA graph captured on first use."""
+        rows = self._graphs.get((b, span))
         if rows is not None:
             return rows
-        rows = self._buffers(b)
+        rows = self._buffers(b, span)
         if self.use_graphs:
             rows.graph, (rows.logits, rows.states) = self.capture(lambda: self._step(rows))
-        self._graphs[b] = rows
+        self._graphs[(b, span)] = rows
         return rows
 
     def check_room(self, end: int) -> None:
@@ -185,7 +197,10 @@ class StaticDraftRunner:
         n, start = tokens.shape[0], self.length
         self.check_room(start + n)
         b = smallest_bucket(self.buckets, n)
-        rows = self._runner(b) if b is not None else self._buffers(n)  # oversized (prefill): eager, exact size
+        if b is None:  # oversized (prefill): eager, exact size
+            rows = self._buffers(n, self.span(start + n))
+        else:  # the padding rows' slots start+n..start+b-1 lie inside the span too
+            rows = self._runner(b, self.span(start + b))
         b = rows.tokens.shape[0]
         # padding rows keep stale (finite) inputs: their outputs are dropped, and the KV slots they write
         # (start+n..start+b-1) stay hidden from every live row until real rows overwrite them
@@ -211,13 +226,14 @@ class StaticDraftRunner:
 
 
 def enable_draft_graphs(engine, max_len: int = 4096, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
-                        cuda_graphs: bool | None = None, tree_graphs: bool = True) -> StaticDraftRunner | None:
+                        cuda_graphs: bool | None = None, tree_graphs: bool = True,
+                        span_step: int = SPAN_STEP) -> StaticDraftRunner | None:
     """Switch `engine`'s proposer to a StaticDraftRunner. None without a drafter."""
     proposer = getattr(engine, "proposer", None)
     if proposer is None:
         return None
     runner = StaticDraftRunner(proposer.drafter, max_len=max_len, buckets=buckets, cuda_graphs=cuda_graphs,
-                               tree_graphs=tree_graphs)
+                               tree_graphs=tree_graphs, span_step=span_step)
     proposer.runner = runner
     proposer.reset()
     return runner

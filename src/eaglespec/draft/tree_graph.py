@@ -9,15 +9,17 @@ shapes and host ints never depend on the committed length:
 
     slots      base + r0 + arange(n) for tree rows r0..r0+n-1 (where the per-step path writes them)
     positions  base + depth - 1
-    mask       [n, S] over every static KV column: the committed ones (cols < base), the tree block
-               (cols - base in 0..R-1) through the [R, R] tree-row visibility, every later column hidden
+    mask       [n, span] over the first `span` static KV columns: the committed ones (cols < base), the
+               tree block (cols - base in 0..R-1) through the [R, R] tree-row visibility, every later
+               column hidden; span = committed + R rounded up to the runner's span_step (runner.span), the
+               one host int that depends on the committed length: one CUDA graph per (tree, span)
 
 The growth itself is the eager Proposer's (Proposer._grow over a DeviceTreeRows instead of proposer.TreeRows,
 tree.grow_dynamic_tree, Proposer.draft_dist) and each step is the drafter's own forward over StaticKV. It has
 no host sync (tests/test_tree_graph.py counts them); a dynamic tree's validation flags are an output, read
 after the replay. On CPU the same function runs eagerly over the same buffers (what the CPU tests check); on
-CUDA it is captured on first use on the StaticDraftRunner's KV and graph pool (warm-up on a side stream). A
-capture that raises warns once and that tree goes back to the per-step path; `tree_graphs=False` on the
+CUDA it is captured on first use of each span on the StaticDraftRunner's KV and graph pool (warm-up on a side
+stream; every span's graph reads the same static inputs). A capture that raises warns once and that tree goes back to the per-step path; `tree_graphs=False` on the
 runner (enable_draft_graphs) turns the whole-tree graphs off.
 """
 
@@ -48,13 +50,14 @@ Grow = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, NewRows], tuple[Draft
 
 
 class DeviceTreeRows:
-    """proposer.TreeRows over a StaticDraftRunner's KV, the committed length a device tensor `base` []."""
+    """proposer.TreeRows over a StaticDraftRunner's KV, the committed length a device tensor `base` [],
+    attending over the first `span` KV slots (span >= base + R: the caller's contract)."""
 
-    def __init__(self, runner: StaticDraftRunner, base: torch.Tensor, tree_part: torch.Tensor):
+    def __init__(self, runner: StaticDraftRunner, base: torch.Tensor, tree_part: torch.Tensor, span: int):
         r = tree_part.shape[0]
-        self.runner, self.base = runner, base
+        self.runner, self.base, self.span = runner, base, span
         self.vis = tree_part.clone()  # [R, R]: tree row i sees tree row j
-        rel = runner.cols - base  # [S]: static KV column relative to the first tree row
+        rel = runner.cols[:span] - base  # [span]: KV column relative to the first tree row
         self._committed = rel < 0
         self._col = rel.clamp(0, max(r - 1, 0))
         self._in_tree = rel < r  # (and >= 0: the columns below are committed ones)
@@ -63,10 +66,10 @@ class DeviceTreeRows:
             ) -> tuple[torch.Tensor, torch.Tensor]:
         """Tree rows r0..r0+n-1 -> (draft logits [n, Vd], states [n, H])."""
         n = tokens.shape[0]
-        visible = self._committed | (self.vis[r0: r0 + n].index_select(1, self._col) & self._in_tree)  # [n, S]
+        visible = self._committed | (self.vis[r0: r0 + n].index_select(1, self._col) & self._in_tree)  # [n, span]
         positions = (self.base + (depth - 1)).expand(n)
         slots = self.base + r0 + torch.arange(n, device=tokens.device)
-        cache = [StaticKV(k, v, slots) for k, v in zip(self.runner.k, self.runner.v)]
+        cache = [StaticKV(k, v, slots, self.span) for k, v in zip(self.runner.k, self.runner.v)]
         return self.runner.drafter(states, tokens, positions, cache, visible=visible)
 
 
@@ -80,14 +83,17 @@ class TreeGraph:
         self.logits = torch.zeros(draft_vocab, dtype=dtype, device=dev)
         self.state = torch.zeros(runner.hidden_size, dtype=dtype, device=dev)
         self.base = torch.zeros((), dtype=torch.long, device=dev)  # the committed length
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.out: tuple[DraftTree, torch.Tensor | None] | None = None  # the captured call's outputs
-        self.failed = False  # the capture raised: the proposer takes the per-step path
+        self.span = runner.span(rows)  # KV slots attended (set by run() from the committed length)
+        # span -> (CUDA graph, the captured call's outputs): every span's graph reads the inputs above
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[DraftTree, torch.Tensor | None]]] = {}
+        self.failed = False  # a capture raised: the proposer takes the per-step path
 
     def grow(self) -> tuple[DraftTree, torch.Tensor | None]:
-        """The growth over the static buffers: what the CUDA graph captures (no host sync)."""
+        """The growth over the static buffers, attending over self.span slots: what a CUDA graph captures
+        (no host sync)."""
+        span = self.span
         return self._grow(self.root, self.logits, self.state,
-                          lambda part: DeviceTreeRows(self.runner, self.base, part))
+                          lambda part: DeviceTreeRows(self.runner, self.base, part, span))
 
     def run(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, committed: int
             ) -> DraftTree | None:
@@ -101,13 +107,14 @@ class TreeGraph:
         self.logits.copy_(logits)
         self.state.copy_(state)
         self.base.fill_(committed)
+        self.span = self.runner.span(committed + self.rows)  # a host int: no sync
         if not self.runner.use_graphs:
             tree, flags = self.grow()
         else:
-            if self.graph is None and not self._capture():
+            if self.span not in self.graphs and not self._capture():
                 return None
-            self.graph.replay()
-            tree, flags = self.out
+            graph, (tree, flags) = self.graphs[self.span]
+            graph.replay()
         if flags is not None:
             check_dynamic_flags(flags)  # the one host read
         # the next replay rewrites the graph's outputs: the caller keeps its own tree
@@ -115,9 +122,9 @@ class TreeGraph:
                          logq=tree.logq.clone(), stats=dict(tree.stats), ordered=True)
 
     def _capture(self) -> bool:
-        """Capture grow() (inputs staged: the warm-up writes the pending KV slots only)."""
+        """Capture grow() at self.span (inputs staged: the warm-up writes the pending KV slots only)."""
         try:
-            self.graph, self.out = self.runner.capture(self.grow)
+            self.graphs[self.span] = self.runner.capture(self.grow)
         except Exception as exc:  # any failure: the per-step path still works
             self.failed = True
             first = (str(exc).splitlines() or [""])[0]
