@@ -163,9 +163,11 @@ def by_depth(lengths: list[int] | torch.Tensor, k: int) -> list[float]:
     return [round(reach[d] / reach[d - 1], 4) if reach[d - 1] else 0.0 for d in range(1, k + 1)]
 
 
-def analyse(trainer: Trainer, target, drafter, samples: list[Sample], steps: int, k: int) -> dict:
+def analyse(trainer: Trainer, target, drafter, samples: list[Sample], steps: int, k: int, chains: bool = True) -> dict:
     """ttt (trainer eval) vs tf (teacher-forced Proposer) vs chain (Proposer chains) on `samples`."""
     ttt = ttt_eval(trainer, samples)
+    if not chains:
+        return {"conversations": len(samples), "ttt": ttt}
     correct = torch.zeros(steps)
     rows = torch.zeros(steps)
     label_vs_truth = chain_vs_tf = chain_checked = data_vs_truth = data_n = 0
@@ -267,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=30, help="held-out conversations used (evenly spaced)")
     ap.add_argument("--k", type=int, default=5, help="engine chain length")
     ap.add_argument("--ttt-steps", type=int, default=7)
-    ap.add_argument("--max-new-tokens", type=int, default=384, help="engine answers (the regeneration's cap)")
+    ap.add_argument("--max-new-tokens", type=int, default=384,
+                    help="engine answers (the regeneration's cap); held-out answers are cut there too")
     ap.add_argument("--max-length", type=int, default=2048, help="as the drafter was trained (--max-length)")
     ap.add_argument("--eval-fraction", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=0)
@@ -276,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mtbench", type=int, default=0, help="also the first N MT-bench questions")
     ap.add_argument("--full-eval", action="store_true", help="trainer eval over the whole held-out split too")
     ap.add_argument("--no-engine", action="store_true", help="skip generation (and the fp32-greedy set)")
+    ap.add_argument("--no-chains", action="store_true", help="trainer eval only (no Proposer analysis)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="bfloat16: target and inference drafter in bf16 (the GPU engine's setting); the trainer "
                          "eval then uses an fp32 drafter under bf16 autocast, as training did")
@@ -303,13 +307,16 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(model, drafter_in(torch.float32) if bf16 else drafter, cfg, tok)  # bf16: fp32 + autocast
 
     train_s, eval_s, conv_of = held_out(tok, args.data, args.max_length, args.eval_fraction, args.seed)
-    chosen = spaced(eval_s, args.limit)
+    # answers cut at --max-new-tokens: the regenerated and the engine's answers cover the same positions
+    picked = spaced(eval_s, args.limit)
+    chosen = [Sample(s.ids[:answer_start(s) + args.max_new_tokens], s.loss_mask[:answer_start(s) + args.max_new_tokens])
+              for s in picked]
     prompts = [s.ids[:answer_start(s)].tolist() for s in chosen]
     # chat template: the engine's own encoding of the conversation up to the answer is the training prompt
     template_differs = None if not conv_of else sum(
-        es.encode(conv_of[id(s)]["messages"][:1]) != p for s, p in zip(chosen, prompts))
+        es.encode(conv_of[id(s)]["messages"][:1]) != p for s, p in zip(picked, prompts))
     train_answers = {tuple(s.ids[s.loss_mask].tolist()) for s in train_s}
-    dup = [tuple(s.ids[s.loss_mask].tolist()) in train_answers for s in chosen]
+    dup = [tuple(s.ids[s.loss_mask].tolist()) in train_answers for s in picked]
     log(f"held out {len(eval_s)} of {len(train_s) + len(eval_s)} conversations; using {len(chosen)} "
         f"({sum(dup)} with an answer identical to a training answer)")
     report: dict = {"environment": environment(torch.device("cpu")) | {"threads": torch.get_num_threads(),
@@ -325,11 +332,11 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  {report['ttt_full_split']['acc_by_step']}")
 
     log("regen answers: ttt vs teacher-forced Proposer vs chains ...")
-    report["regen"] = analyse(trainer, es.target, drafter, chosen, steps, k)
+    report["regen"] = analyse(trainer, es.target, drafter, chosen, steps, k, not args.no_chains)
     fresh = [s for s, d in zip(chosen, dup) if not d]
     if len(fresh) < len(chosen):
         report["regen"]["ttt_without_train_duplicates"] = ttt_eval(trainer, fresh)
-    log(json.dumps({key: report["regen"][key] for key in ("ttt", "tf", "chain")}))
+    log(json.dumps({key: v for key, v in report["regen"].items() if key in ("ttt", "tf", "chain")}))
 
     if not args.no_engine:
         log("engine (greedy chain) on the held-out prompts ...")
@@ -341,15 +348,16 @@ def main(argv: list[str] | None = None) -> int:
             sum(common_prefix(a, r) for a, r in zip(answers, regen)) / len(answers), 1)
         log(json.dumps(report["engine"]))
         log("fp32 greedy answers: ttt vs teacher-forced Proposer vs chains ...")
-        report["fp32_greedy"] = analyse(trainer, es.target, drafter, greedy_samples(prompts, answers), steps, k)
-        log(json.dumps({key: report["fp32_greedy"][key] for key in ("ttt", "tf", "chain")}))
+        report["fp32_greedy"] = analyse(trainer, es.target, drafter, greedy_samples(prompts, answers), steps, k,
+                                       not args.no_chains)
+        log(json.dumps({key: v for key, v in report["fp32_greedy"].items() if key in ("ttt", "tf", "chain")}))
     if args.mtbench:
         prompts = [es.encode(p) for p in load_prompts("mtbench", args.mtbench)]
         log(f"MT-bench, {len(prompts)} questions: engine ...")
         report["mtbench_engine"], answers = run_engine(es, prompts, args.max_new_tokens)
         report["mtbench_fp32_greedy"] = analyse(trainer, es.target, drafter, greedy_samples(prompts, answers),
-                                                steps, k)
-        log(json.dumps({key: report["mtbench_fp32_greedy"][key] for key in ("ttt", "tf", "chain")}))
+                                                steps, k, not args.no_chains)
+        log(json.dumps({key: v for key, v in report["mtbench_fp32_greedy"].items() if key in ("ttt", "tf", "chain")}))
     report["seconds"] = round(time.perf_counter() - t_start, 1)
     text = json.dumps(report, indent=1)
     if args.json:
