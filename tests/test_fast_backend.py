@@ -195,3 +195,20 @@ def test_compiled_steps_attend_over_the_whole_cache():
     assert FastTarget(model, max_len=1024, span_step=256).span(257) == 512
     with pytest.raises(EagleSpecError, match="span_step"):
         FastTarget(model, max_len=64, span_step=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rms_norm_rounds_like_hf(dtype):
+    """The fast backend's RMSNorm must round as HF LlamaRMSNorm does: fp32 statistics and product, one cast to
+    the model's dtype, then the weight in that dtype (scaling before the cast would round differently)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from eaglespec.target.fast import _rms
+
+    gen = torch.Generator().manual_seed(0)
+    norm = LlamaRMSNorm(96, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(96, generator=gen) * 2)
+    norm = norm.to(dtype)
+    x = (torch.randn(16, 96, generator=gen) * 7).to(dtype)
+    assert torch.equal(_rms(x, norm.weight, 1e-5), norm(x))

@@ -76,9 +76,11 @@ def unsupported_reason(model: nn.Module) -> str | None:
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF LlamaRMSNorm's rounding: normalised in fp32, cast back, then scaled in the model's dtype. The fp32
-    part is F.rms_norm (one fused kernel on CUDA where torch has it, instead of pow/mean/add/rsqrt/mul)."""
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+    """HF LlamaRMSNorm's rounding: normalised in fp32, cast back, then scaled in the model's dtype. F.rms_norm
+    without a weight does the first two in one fused kernel on CUDA (statistics and product in fp32 for bf16/fp16
+    inputs; bitwise equal to HF's x.float() * rsqrt(...) -> .to(dtype) on CPU) instead of float/pow/mean/add/rsqrt/
+    mul/cast."""
+    return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
