@@ -86,7 +86,8 @@ class EagleSpec:
         self.spec = spec or TreeSpec()
         self.draft_note = draft_note
         self.engine = SpeculativeEngine(self.target, drafter, self.spec)
-        if use_draft_graphs(draft_graphs, self.target):  # draft/fast.py: static drafter KV + CUDA graphs (validated on an H200, bench/RESULTS.md)
+        # draft/fast.py: static drafter KV + CUDA graphs (validated on an H200, bench/RESULTS.md)
+        if use_draft_graphs(draft_graphs, self.target):
             from .draft.fast import enable_draft_graphs
 
             enable_draft_graphs(self.engine, max_len=draft_max_len or min(self.context_length, 8192) + 512)

@@ -11,8 +11,8 @@ catch-up runs as ONE CUDA graph per tree over this runner's KV and pool (draft/t
 keeps one run() per tree depth); catch-up stays the bucketed per-step path below.
 
     KV       per drafter layer [1, Hkv, S, D] preallocated, S = max_len + the largest bucket (room for
-             the padding rows), rounded up to a multiple of 64; slots 0..length-1 hold the live rows, exactly where the eager
-             KVCache would hold them, so the proposer's masks over the KV are unchanged
+             the padding rows), rounded up to a multiple of 64; slots 0..length-1 hold the live rows,
+             exactly where the eager KVCache would hold them, so the proposer's masks over the KV are unchanged
     run      n rows -> slots length..length+n-1, padded to a bucket B (1, 2, 4, ..., 64): state/tokens/
              positions/slots [B] and a bool mask [B, span] over the first `span` KV slots only, span =
              length + B rounded up to a multiple of span_step (256, target/fast.py's SPAN_STEP), capped at

@@ -19,8 +19,9 @@ tree.grow_dynamic_tree, Proposer.draft_dist) and each step is the drafter's own 
 no host sync (tests/test_tree_graph.py counts them); a dynamic tree's validation flags are an output, read
 after the replay. On CPU the same function runs eagerly over the same buffers (what the CPU tests check); on
 CUDA it is captured on first use of each span on the StaticDraftRunner's KV and graph pool (warm-up on a side
-stream; every span's graph reads the same static inputs). A capture that raises warns once and that tree goes back to the per-step path; `tree_graphs=False` on the
-runner (enable_draft_graphs) turns the whole-tree graphs off.
+stream; every span's graph reads the same static inputs). A capture that raises warns once and that tree
+goes back to the per-step path; `tree_graphs=False` on the runner (enable_draft_graphs) turns the whole-tree
+graphs off.
 """
 
 from __future__ import annotations

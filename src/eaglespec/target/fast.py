@@ -11,8 +11,8 @@ Qwen2 with q/k/v bias, Qwen3 with q_norm/k_norm, Mistral without an active slidi
     commit     index copy of the kept rows' KV into committed..committed+m-1 (all layers at once)
 
 On CUDA each (bucket, span) step is captured once in a torch.cuda.CUDAGraph over static input buffers
-(optionally torch.compile'd first: then span = the whole cache, one compile per bucket); prefill (T > largest bucket) and the CPU path run the very
-same `_step` eagerly, which is what the CPU tests compare against HFTarget.
+(optionally torch.compile'd first: then span = the whole cache, one compile per bucket); prefill
+(T > largest bucket) and the CPU path run the very same `_step` eagerly, which is what the CPU tests compare against HFTarget.
 Attending over the span instead of the whole static cache matters: on an H200 the cuDNN attention kernel cost
 32 us per layer over 2048 slots and 10 us over 512 (bench/RESULTS.md, session 3), whatever the context.
 Rope comes from the HF model's own rotary module (rope_scaling such as llama3 included), evaluated
