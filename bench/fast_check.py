@@ -3,7 +3,8 @@
 1. correctness: CUDA-graph replay == the same step run eagerly (exact), and fast vs HFTarget
    logits/features on a prompt + a tree verify + a non-prefix commit, in fp32 (TF32 off) and bf16;
 2. cost of one target forward (ms, median of CUDA-event timings) at 1, 8 and 64 rows: HFTarget,
-   fast eager, fast graph (and fast compiled+graph with --compile).
+   fast eager, fast graph (and fast compiled+graph with --compile), with the span (cache slots attended) of
+   each fast step and the graph / compiled outputs' difference from the eager step on the same inputs.
 
     PYTHONPATH=src python bench/fast_check.py [--compile] [--json OUT]
 """
@@ -16,7 +17,7 @@ import statistics
 
 import torch
 
-from eaglespec.target.fast import FastTarget
+from eaglespec.target.fast import FastTarget, smallest_bucket
 from eaglespec.target.hf import HFTarget
 from eaglespec.target.loading import load_target
 from eaglespec.tree import ancestry
@@ -65,33 +66,49 @@ def compare(model, dtype_name: str) -> dict:
 
 
 def timings(model, use_compile: bool) -> dict:
+    """Median forward ms per backend and row count, the span each fast step attends over, and (the same inputs
+    in the same order for every backend) the last outputs' max abs difference from the eager fast step."""
     dev = model.device
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(100, 40000, (300,), generator=gen).to(dev)
+    inputs = {}
+    for n in (1, 8, 64):
+        _, depths, vis = tree(n, gen, dev)
+        inputs[n] = (torch.randint(100, 40000, (n,), generator=gen).to(dev), depths, vis)
     backends = {"hf": HFTarget(model, IDS), "fast_eager": FastTarget(model, IDS, max_len=1024, cuda_graphs=False),
                 "fast_graph": FastTarget(model, IDS, max_len=1024)}
     if use_compile:
         backends["fast_compiled_graph"] = FastTarget(model, IDS, max_len=1024, compile=True)
-    res: dict = {}
+    res: dict = {"ms": {}, "span": {}, "vs_eager_max_abs": {}, "vs_eager_argmax_agree": {}}
+    last: dict = {}
     for name, b in backends.items():
         b.forward(prompt)
         b.commit(torch.arange(300, device=dev))
-        for n in (1, 8, 64):
-            _, depths, vis = tree(n, gen, dev)
-            toks = torch.randint(100, 40000, (n,), generator=gen).to(dev)
+        for n, (toks, depths, vis) in inputs.items():
             for _ in range(3):
                 b.forward(toks, depths, vis)
             times = []
             for _ in range(20):
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s.record()
-                b.forward(toks, depths, vis)
+                out = b.forward(toks, depths, vis)
                 e.record()
                 torch.cuda.synchronize()
                 times.append(s.elapsed_time(e))
-            res[f"{name}/{n}"] = round(statistics.median(times), 3)
-            print(f"forward ms {name}/{n}: {res[f'{name}/{n}']}", flush=True)
+            key = f"{name}/{n}"
+            last[key] = out.logits.float()
+            res["ms"][key] = round(statistics.median(times), 3)
+            span = None
+            if isinstance(b, FastTarget):  # the attended slots of this step's bucket (of max_len)
+                span = b.span(b.committed_len + smallest_bucket(b.buckets, n))
+                res["span"][key] = span
+            print(f"forward ms {key}: {res['ms'][key]} (span {span})", flush=True)
             b.commit(torch.tensor([0], device=dev))
+    for key, logits in last.items():
+        if key.startswith(("fast_graph", "fast_compiled")):
+            ref = last["fast_eager/" + key.split("/")[1]]
+            res["vs_eager_max_abs"][key] = (logits - ref).abs().max().item()
+            res["vs_eager_argmax_agree"][key] = (logits.argmax(-1) == ref.argmax(-1)).float().mean().item()
     return res
 
 
@@ -108,7 +125,7 @@ def main() -> None:
     del m32
     m16, _ = load_target(None, "cuda", "bfloat16")
     report["bf16"] = compare(m16, "bfloat16")
-    report["forward_ms_bf16"] = timings(m16, a.compile)
+    report["forward_bf16"] = timings(m16, a.compile)
     print(json.dumps(report, indent=1))
     if a.json:
         with open(a.json, "w") as f:

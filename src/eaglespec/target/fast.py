@@ -11,7 +11,7 @@ Qwen2 with q/k/v bias, Qwen3 with q_norm/k_norm, Mistral without an active slidi
     commit     index copy of the kept rows' KV into committed..committed+m-1 (all layers at once)
 
 On CUDA each (bucket, span) step is captured once in a torch.cuda.CUDAGraph over static input buffers
-(optionally torch.compile'd first: then span = the whole cache, one compile per bucket); prefill
+(optionally torch.compile'd first: one compile per bucket, the span a dynamic dimension); prefill
 (T > largest bucket) and the CPU path run the very same `_step` eagerly, which is what the CPU tests compare against HFTarget.
 Attending over the span instead of the whole static cache matters: on an H200 the cuDNN attention kernel cost
 32 us per layer over 2048 slots and 10 us over 512 (bench/RESULTS.md, session 3), whatever the context.
@@ -126,6 +126,7 @@ class _Graph:
     causal: dict  # t -> [B, B] bool: the causal block of t rows, padding rows on the diagonal
     visible_t: int  # t of the causal pattern `visible` holds now (0 = another pattern)
     span: int  # cache slots the step attends over (static per graph)
+    cols: torch.Tensor  # [span] long: self.cols[:span], its length marked dynamic for torch.compile
     logits: torch.Tensor  # [B, V]
     features: torch.Tensor  # [B, F]
     graph: object | None  # torch.cuda.CUDAGraph (None on CPU: the step runs eagerly)
@@ -172,7 +173,10 @@ class FastTarget:
         if span_step < 1:
             raise EagleSpecError(f"span_step must be >= 1, got {span_step}")
         self.span_step = span_step
-        self.compiled = compile  # compiled steps attend over the whole cache (no recompile per span)
+        self.compiled = compile
+        # the bucket is static (one compile each), the span dynamic (cols' length); a torch without
+        # maybe_mark_dynamic would recompile per span: its compiled steps attend over the whole cache
+        self._whole_cache = compile and not hasattr(torch._dynamo, "maybe_mark_dynamic")
         self._step_fn = torch.compile(self._step, fullgraph=True, dynamic=False) if compile else self._step
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None
@@ -220,7 +224,9 @@ class FastTarget:
             max_len = self.window
         max_len = -(-max_len // 64) * 64
         old = getattr(self, "cache", None)
-        self.cache = torch.zeros(self.num_layers, 2, self.n_kv, max_len, self.head_dim,
+        # one spare slot: no [Hkv, span, D] view is contiguous, even span == max_len, so a compiled step keeps
+        # the span dynamic (view contiguity is a shape guard: span == max_len would recompile)
+        self.cache = torch.zeros(self.num_layers, 2, self.n_kv, max_len + 1, self.head_dim,
                                  device=self.device, dtype=self.dtype)
         if old is not None and self.committed_len:
             self.cache[:, :, :, : self.committed_len] = old[:, :, :, : self.committed_len]
@@ -239,7 +245,7 @@ class FastTarget:
 
     def span(self, n: int) -> int:
         """Cache slots a step over slots 0..n-1 attends over: n rounded up to span_step, capped at the cache."""
-        if self.compiled:
+        if self._whole_cache:
             return self.max_len
         return min(self.max_len, -(-n // self.span_step) * self.span_step)
 
@@ -263,13 +269,14 @@ class FastTarget:
 
     # -- the step (graph-captured on CUDA) ------------------------------------------------------
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
-              base: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens/positions [B], visible [B, B] bool, base [] long -> (logits [B, V], features [B, F]),
-        attending over cache slots 0..span-1 (span >= base + B: the caller's contract)."""
-        b = tokens.shape[0]
+              base: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens/positions [B], visible [B, B] bool, base [] long, cols [span] = 0..span-1 (self.cols[:span])
+        -> (logits [B, V], features [B, F]), attending over cache slots 0..span-1 (span >= base + B: the
+        caller's contract). The span is cols' length: a dynamic dimension when compiled."""
+        b, span = tokens.shape[0], cols.shape[0]
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
         g = hq // hk
-        rel = self.cols[:span] - base  # [span]: slot index relative to the first pending slot
+        rel = cols - base  # [span]: slot index relative to the first pending slot
         in_block = (rel >= 0) & (rel < b)
         block = visible[:, rel.clamp(0, b - 1)] & in_block  # [B, S]
         allowed = block | (rel < 0)
@@ -293,7 +300,7 @@ class FastTarget:
                 qk = torch.cat([_rms(q, w.q_norm, self.eps), _rms(k, w.k_norm, self.eps)], dim=1)
             qk = _rope(qk, cos, sin)  # q and k at once (element-wise: the same values as one by one)
             q, k = qk.split([hq, hk], dim=1)
-            kc, vc = self.cache[i, 0, :, :span], self.cache[i, 1, :, :span]  # [Hkv, span, D]
+            kc, vc = self.cache[i, 0].narrow(1, 0, span), self.cache[i, 1].narrow(1, 0, span)  # [Hkv, span, D]
             kc.index_copy_(1, slots, k.transpose(0, 1))
             vc.index_copy_(1, slots, v.transpose(0, 1))
             # GQA without repeating the cache: the G query heads of a kv head become G*B query rows
@@ -323,6 +330,9 @@ class FastTarget:
         pos_base = torch.full((b + 1,), self.committed_len, dtype=torch.long, device=dev)
         positions, base = pos_base[:b], pos_base[b]
         visible = torch.eye(b, dtype=torch.bool, device=dev)
+        cols = self.cols[:span]
+        if self.compiled and not self._whole_cache:
+            torch._dynamo.maybe_mark_dynamic(cols, 0)  # every span of this bucket shares one compile
         graph = None
         if self.use_graphs:
             # warm-up on a side stream (writes only pending slots), then capture
@@ -330,18 +340,18 @@ class FastTarget:
             stream.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(stream):
                 for _ in range(2):
-                    self._step_fn(tokens, positions, visible, base, span)
+                    self._step_fn(tokens, positions, visible, base, cols)
             torch.cuda.current_stream(dev).wait_stream(stream)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                logits, features = self._step_fn(tokens, positions, visible, base, span)
+                logits, features = self._step_fn(tokens, positions, visible, base, cols)
         else:
             logits, features = tokens.new_empty(0), tokens.new_empty(0)
         offsets = torch.cat([torch.arange(b, device=dev), torch.zeros(1, dtype=torch.long, device=dev)])
-        run = _Graph(tokens, positions, visible, base, pos_base, offsets, visible.clone(), {}, 0, span, logits,
-                     features, graph)
+        run = _Graph(tokens, positions, visible, base, pos_base, offsets, visible.clone(), {}, 0, span, cols,
+                     logits, features, graph)
         self._graphs[(b, span)] = run
         return run
 
@@ -385,13 +395,13 @@ class FastTarget:
             depths = torch.arange(t, device=dev) if depths is None else depths.to(dev)
             visible = torch.ones(t, t, dtype=torch.bool, device=dev).tril() if visible is None else visible.to(dev)
             base_t = torch.tensor(base, dtype=torch.long, device=dev)
-            logits, features = self._step(tokens, base + depths, visible, base_t, base + t)  # eager, exact span
+            logits, features = self._step(tokens, base + depths, visible, base_t, self.cols[: base + t])  # eager
             return TargetOutput(logits=logits, features=features)
         self.reserve(base + b)
         run = self._runner(b, self.span(base + b))
         self._stage(run, tokens, depths, visible)
         if run.graph is None:  # eager: fresh outputs
-            logits, features = self._step_fn(run.tokens, run.positions, run.visible, run.base, run.span)
+            logits, features = self._step_fn(run.tokens, run.positions, run.visible, run.base, run.cols)
         else:  # the static outputs are overwritten by the next replay: hand out copies
             run.graph.replay()
             logits, features = run.logits.clone(), run.features.clone()
