@@ -188,9 +188,10 @@ def test_attention_spans_cross_boundaries(arch):
     assert fast.span(fast.committed_len + 1) == -(-(fast.committed_len + 1) // 4) * 4
 
 
-def test_compiled_steps_attend_over_the_whole_cache():
+def test_span_rounds_up_to_span_step_and_is_capped_by_the_cache():
     model = tiny_target("llama", seed=1)
-    assert FastTarget(model, max_len=64, compile=True).span(3) == 64
+    assert FastTarget(model, max_len=64, span_step=16).span(3) == 16
+    assert FastTarget(model, max_len=64, span_step=16, compile=True).span(17) == 32  # compiled steps too
     assert FastTarget(model, max_len=64).span(3) == 64  # default span_step 256 > the cache
     assert FastTarget(model, max_len=1024, span_step=256).span(257) == 512
     with pytest.raises(EagleSpecError, match="span_step"):

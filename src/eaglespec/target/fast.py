@@ -177,6 +177,11 @@ class FastTarget:
         # the bucket is static (one compile each), the span dynamic (cols' length); a torch without
         # maybe_mark_dynamic would recompile per span: its compiled steps attend over the whole cache
         self._whole_cache = compile and not hasattr(torch._dynamo, "maybe_mark_dynamic")
+        if compile:  # one compile per bucket (8 by default) plus one per cache growth: past dynamo's default
+            # limit of 8 per code object, which fullgraph=True turns into an error; only ever raised here
+            cfg = torch._dynamo.config
+            name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+            setattr(cfg, name, max(getattr(cfg, name), 64))
         self._step_fn = torch.compile(self._step, fullgraph=True, dynamic=False) if compile else self._step
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None
