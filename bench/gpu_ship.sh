@@ -19,6 +19,10 @@
 #   2. part01 + .gpu/install.sh                            bash bench/gpu_ship.sh stash   (3. the same: part02)
 #   4. part03 + WHEEL_NAME + .gpu/whl + .gpu/install.sh    bash .gpu/install.sh
 #   5. nothing                                             TRAIN_S=420 bash bench/gpu_ship.sh continue
+# Session 3 did exactly that (4 parts of 23 MiB: `split -d -b 23M`), and ran HEAD, not the working tree: before the
+# calls `rm -rf .gpu/snap && mkdir -p .gpu/snap && git archive HEAD src bench | tar -x -C .gpu/snap`, carry
+# .gpu/snap, and start each command with `rm -rf src bench && cp -r .gpu/snap/src .gpu/snap/bench .` (helpers'
+# uncommitted edits never reach the device; EAGLESPEC_COMMIT=<HEAD> names it in the results).
 # (Session 2 used two calls instead: it took the drafter out of the index for the GPU calls only —
 #  `git rm -r -q --cached models/smollm2-135m-instruct-eagle3` + the path in .git/info/exclude — then the
 #  48 MiB part00 fits; undo with `git reset -q models/` and the exclude line removed, before any commit.)
