@@ -117,20 +117,61 @@ def test_wide_dynamic_random_drafter(restore_grow):
         same_tree(ta, tb)
 
 
-def test_sampled_dynamic_uses_the_graph_sampled_chain_does_not(restore_grow):
-    """Dynamic trees pick children by top-k under the draft processors (no RNG): whole-tree graph at T>0,
-    same trees and same sampled tokens for the same seed. Sampled chains draw: the per-step path."""
+def same_sampled_tree(a, b) -> None:
+    """same_tree, and the recorded q (verify.sample_accept's real-q scheme) equal too."""
+    same_tree(a, b)
+    assert (a.draft_probs is None) == (b.draft_probs is None)
+    if a.draft_probs is not None:
+        torch.testing.assert_close(a.draft_probs, b.draft_probs, rtol=1e-5, atol=1e-6)
+
+
+def test_sampled_chain_and_dynamic_use_the_graph_static_does_not(restore_grow):
+    """At T>0 dynamic trees pick children by top-k (no RNG) and sampled chains race over noise drawn before
+    the growth: whole-tree graph, the same trees (tokens, parents, q) and the same sampled tokens as the
+    eager Proposer for the same seed, over whole generations at many committed lengths. Sampled static
+    trees draw inside the growth and prune children outside q's support (a host sync): the per-step path."""
     model, drafter = agreeing("llama", "eagle3")
-    for kind, graphed in (("dynamic", True), ("chain", False), ("static", False)):
+    for kind, graphed in (("dynamic", True), ("chain", True), ("static", False)):
         spec = SPECS[kind]
         eager, whole, runner, grows, t_eager, t_whole = pair(model, drafter, spec)
-        a = eager.generate(PROMPTS[0], 20, sampling=T07)
-        b = whole.generate(PROMPTS[0], 20, sampling=T07)
-        assert a.token_ids == b.token_ids
-        assert (len(grows) == len(t_whole)) if graphed else not grows
+        for prompt in PROMPTS:
+            a = eager.generate(prompt, 20, sampling=T07)
+            b = whole.generate(prompt, 20, sampling=T07)
+            assert a.token_ids == b.token_ids
+        assert (len(grows) == len(t_whole) and len(set(grows)) > 4) if graphed else not grows
         assert list(runner.trees) == ([(spec, T07.draft_params)] if graphed else [])
+        assert len(t_eager) == len(t_whole) > 4
+        assert all((t.draft_probs is not None) == (kind != "dynamic") for t in t_whole)
         for ta, tb in zip(t_eager, t_whole):
-            same_tree(ta, tb)
+            same_sampled_tree(ta, tb)
+
+
+def test_sampled_chain_replays_read_fresh_noise(monkeypatch):
+    """CPU stand-in for CUDA-graph replays (span_step 4: several graphs): each replay reads the noise the
+    proposer drew into TreeGraph.noise for that round (noise drawn anywhere else never reaches the graph:
+    the trees would leave the eager Proposer's). test_growth_has_no_host_sync checks the growth draws nothing."""
+    model, drafter = agreeing("llama", "eagle3")
+    spec = SPECS["chain"]
+    eager = SpeculativeEngine(HFTarget(model), drafter, spec)
+    whole = SpeculativeEngine(HFTarget(model), drafter, spec)
+    runner = enable_draft_graphs(whole, max_len=128, span_step=4)
+    runner.use_graphs = True
+
+    def capture(fn):
+        g = EagerGraph(fn)
+        return g, g.out
+
+    monkeypatch.setattr(runner, "capture", capture)
+    t_eager, t_whole = record(eager), record(whole)
+    for seed, prompt in enumerate(PROMPTS):
+        cfg = SamplingConfig(SamplingParams(temperature=1.0), seed=seed)
+        assert eager.generate(prompt, 24, sampling=cfg).token_ids == whole.generate(prompt, 24, sampling=cfg).token_ids
+    (graph,) = runner.trees.values()
+    assert not graph.failed and len(graph.graphs) >= 3
+    assert len(t_eager) == len(t_whole) > 4
+    for ta, tb in zip(t_eager, t_whole):
+        same_sampled_tree(ta, tb)
+    assert len({tuple(t.tokens.tolist()) for t in t_whole}) > 4
 
 
 def _rounds(model, drafter, lengths: list[int]) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
@@ -144,15 +185,21 @@ def _rounds(model, drafter, lengths: list[int]) -> list[tuple[torch.Tensor, torc
     return out
 
 
-@pytest.mark.parametrize("kind", list(SPECS))
-def test_one_graph_object_for_every_committed_length(kind):
+CASES = [("chain", None), ("dynamic", None), ("static", None), ("chain", T07.draft_params)]
+
+
+@pytest.mark.parametrize("kind,sampling", CASES, ids=["chain", "dynamic", "static", "chain-t0.7"])
+def test_one_graph_object_for_every_committed_length(kind, sampling):
     """A committed length baked in anywhere (a host int read at trace time, the proposer's or the runner's
     counters) would make the one function object wrong at the next length: the proposer's and the runner's
-    host counters are poisoned while it runs, and every tree must still equal the eager Proposer's."""
+    host counters are poisoned while it runs, and every tree must still equal the eager Proposer's (a
+    sampled chain: its noise drawn into the graph's buffer from a generator seeded like the eager one's)."""
     model, drafter = agreeing("llama", "eagle3")
     spec = SPECS[kind]
     eager = Proposer(drafter, spec)
     static = Proposer(drafter, spec, runner=StaticDraftRunner(drafter, max_len=64))
+    for prop in (eager, static):
+        prop.sampling, prop.generator = sampling, torch.Generator().manual_seed(5)
     graph = None
     for lengths in ([6, 9, 10, 14], [3, 4]):  # a second sequence after reset: bases 6, 9, 10, 3, 4
         eager.reset()
@@ -163,13 +210,14 @@ def test_one_graph_object_for_every_committed_length(kind):
             g = static._tree_graph(logits.shape[-1])
             graph = graph or g
             assert g is graph  # the same function object (one CUDA graph on the device)
+            assert static._chain_noise(logits.shape[-1], g.noise) is g.noise  # None unless a sampled chain
             committed = static.committed
             static.committed = static.runner.length = 10_000  # poisoned: nothing may read them now
             try:
                 tree = g.run(root, logits, state, committed)
             finally:
                 static.committed = static.runner.length = committed
-            same_tree(ref, tree)
+            same_sampled_tree(ref, tree)
 
 
 @pytest.mark.parametrize("sampling", [None, SamplingParams(0.7, top_k=20, min_p=0.05), SamplingParams(0.7, top_p=0.9)],
@@ -177,24 +225,65 @@ def test_one_graph_object_for_every_committed_length(kind):
 @pytest.mark.parametrize("kind", list(SPECS))
 def test_growth_has_no_host_sync(kind, sampling):
     """The growth the CUDA graph captures: zero syncs (item, nonzero, bool masks, tolist) and zero
-    host->device copies, with the draft processors for dynamic trees. (top-p's `drop[..., -1] = False`
-    lifts a CPU scalar on CPU, counted as a copy; on CUDA that scalar is made on the device by a fill.)"""
-    if sampling is not None and kind != "dynamic":
-        pytest.skip("sampled chains / static trees draw children: the per-step path")
+    host->device copies, with the draft processors for dynamic trees and sampled chains (their noise is
+    drawn before the growth). (top-p's `drop[..., -1] = False` lifts a CPU scalar on CPU, counted as a
+    copy; on CUDA that scalar is made on the device by a fill.)"""
+    if sampling is not None and kind == "static":
+        pytest.skip("sampled static trees draw children and prune them (a host sync): the per-step path")
     model, drafter = agreeing("llama", "eagle3")
     prop = Proposer(drafter, SPECS[kind], runner=StaticDraftRunner(drafter, max_len=64))
-    prop.sampling = sampling
+    prop.sampling, prop.generator = sampling, torch.Generator().manual_seed(0)
     (feats, next_tokens, root), = _rounds(model, drafter, [8])
     logits, state = prop.catch_up(feats, next_tokens)
     graph = prop._tree_graph(logits.shape[-1])
+    prop._chain_noise(logits.shape[-1], graph.noise)
     graph.run(root, logits, state, prop.committed)  # stages the inputs (and builds a static plan once)
+    rng = prop.generator.get_state()
     with HostCounter() as c:
         tree, flags = graph.grow()
     assert c.syncs == 0, c.names
+    assert torch.equal(prop.generator.get_state(), rng)  # nothing drawn inside: a CUDA graph can replay it
     if sampling is None or sampling.top_p == 1:
         assert c.h2d == 0
     assert c.ops > 50  # the counter saw the growth
     assert tree.size > 1 and (flags is not None) == (kind == "dynamic")
+    sampled_chain = sampling is not None and kind == "chain"
+    assert (graph.noise is not None) == sampled_chain == (tree.draft_probs is not None)
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["race", "negative-control-argmax"])
+def test_sampled_chain_first_draft_is_q_distributed(broken, monkeypatch):
+    """The chain's draw through the whole-tree graph: x_1 ~ q_1 (chi-square over 3000 rounds, fresh noise
+    drawn into TreeGraph.noise each round), and q_1 recorded in draft_probs. Negative control: argmax q
+    instead of the race must fail."""
+    import eaglespec.draft.proposer as proposer_mod
+    from test_sampling import V, first3_pvalue
+
+    if broken:
+        monkeypatch.setattr(proposer_mod, "race_argmax", lambda probs, noise: probs.argmax(-1))
+    model = tiny_target("llama", seed=12)
+    drafter = tiny_drafter(model, seed=5)  # random: a spread q
+    prop = Proposer(drafter, TreeSpec("chain", depth=1), runner=StaticDraftRunner(drafter, max_len=32))
+    prop.sampling, prop.generator = SamplingParams(temperature=1.0, top_k=12), torch.Generator().manual_seed(9)
+    (feats, next_tokens, root), = _rounds(model, drafter, [8])
+    logits, state = prop.catch_up(feats, next_tokens)
+    q = prop.to_target_probs(prop.draft_dist(logits))  # [V]
+    graph, n = prop._tree_graph(logits.shape[-1]), 3000
+    draws = []
+    for _ in range(n):
+        prop._chain_noise(logits.shape[-1], graph.noise)
+        tree = graph.run(root, logits, state, prop.committed)
+        draws.append(int(tree.tokens[1]))
+    torch.testing.assert_close(tree.draft_probs[0], q)
+    # first3_pvalue codes (y1, y2, y3) as y1 V^2 + y2 V + y3: (0, 0, y) is cell y of a flat table
+    flat = torch.zeros(V**3, dtype=torch.float64)
+    flat[: q.numel()] = q.double()
+    emitted = torch.stack([torch.zeros(n, dtype=torch.long)] * 2 + [torch.tensor(draws)], dim=1)
+    p, impossible = first3_pvalue(emitted, flat)
+    if broken:
+        assert p < 1e-3
+    else:
+        assert impossible == 0 and p > 1e-3, p
 
 
 def test_capture_failure_warns_once_and_falls_back(monkeypatch):

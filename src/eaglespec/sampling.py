@@ -141,9 +141,21 @@ def sample_without_replacement(probs: torch.Tensor, n: int, generator: torch.Gen
     order gives the sequence of sequential without-replacement draws. n must not exceed the
     support size of any row (callers clamp with `(probs > 0).sum(-1).min()`).
     """
-    race = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
+    race = exponential_noise(torch.empty_like(probs, dtype=torch.float32), generator)
     keys = probs.float() / race
     return keys.topk(n, dim=-1, sorted=True).indices
+
+
+def exponential_noise(out: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Fill `out` with i.i.d. Exp(1) draws (one generator call), floored at the smallest normal float so
+    a zero-probability token never wins a race (0 / 0 = nan would win an argmax)."""
+    return out.exponential_(generator=generator).clamp_min_(torch.finfo(out.dtype).tiny)
+
+
+def race_argmax(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """One categorical draw per row by the exponential race: argmax(probs / E), E ~ Exp(1) i.i.d.
+    probs [..., V], noise [..., V] (exponential_noise) -> [...] long: P(i) = probs[i] / sum(probs)."""
+    return (probs.float() / noise).argmax(-1)
 
 
 def from_generation_config(gen_config, temperature: float | None = None, top_k: int | None = None,

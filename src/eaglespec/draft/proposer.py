@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..sampling import SamplingParams, process_logits, sample, sample_without_replacement
+from ..sampling import (
+    SamplingParams,
+    exponential_noise,
+    process_logits,
+    race_argmax,
+    sample_without_replacement,
+)
 from ..tree import (
     Candidates,
     DraftTree,
@@ -132,44 +138,65 @@ class Proposer:
         whole-tree graph where one applies (_tree_graph), else one runner call per depth."""
         logits, state = self.catch_up(features, next_tokens)
         whole = self._tree_graph(logits.shape[-1])
+        # a sampled chain's noise, drawn before the growth (into the tree graph's static input when there is one)
+        noise = self._chain_noise(logits.shape[-1], None if whole is None else whole.noise)
         if whole is not None:
             tree = whole.run(root, logits, state, self.committed)
             if tree is not None:  # None: its capture failed (warned once); the per-step path below
                 return tree
         try:
-            tree, flags = self._grow(root, logits, state, lambda part: TreeRows(self.runner, self.committed, part))
+            tree, flags = self._grow(root, logits, state, lambda part: TreeRows(self.runner, self.committed, part),
+                                     noise)
             if flags is not None:
                 check_dynamic_flags(flags)
             return tree
         finally:
             self._discard_tree_rows()
 
-    def _grow(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows
-              ) -> tuple[DraftTree, torch.Tensor | None]:
+    def _grow(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows,
+              noise: torch.Tensor | None = None) -> tuple[DraftTree, torch.Tensor | None]:
         """The tree below `root` from the catch-up row's logits [Vd] and state [H]; new_rows(tree_part
-        [R, R] bool) gives the tree-row runner (TreeRows, or tree_graph.DeviceTreeRows). Returns the tree
-        and, for dynamic trees, its [4] validation flags still on the device (else None)."""
+        [R, R] bool) gives the tree-row runner (TreeRows, or tree_graph.DeviceTreeRows); noise: a sampled
+        chain's Exp(1) draws [k, Vd] (_chain_noise), else None. Returns the tree and, for dynamic trees,
+        its [4] validation flags still on the device (else None)."""
         if self.spec.kind == "chain":
-            return self._chain(root, logits, state, new_rows), None
+            return self._chain(root, logits, state, new_rows, noise), None
         if self.spec.kind == "dynamic":
             return self._dynamic(root, logits, state, new_rows)
         return self._static(root, logits, state, new_rows), None
 
+    @property
+    def _sampled(self) -> bool:
+        """Drafting under sampling processors (temperature > 0)."""
+        return self.sampling is not None and not self.sampling.greedy
+
     def _tree_graph(self, draft_vocab: int) -> TreeGraph | None:
         """The whole-tree graph (draft/tree_graph.py) for this spec and draft processors, where the runner is
-        a StaticDraftRunner with tree_graphs on and the growth draws no random numbers: chains and static
-        trees with greedy drafting, dynamic trees always (children by top-k). None: the per-step path."""
+        a StaticDraftRunner with tree_graphs on and the growth draws no random numbers inside: chains (a
+        sampled chain's noise is drawn before the replay into TreeGraph.noise), dynamic trees always
+        (children by top-k), static trees with greedy drafting. None: the per-step path (sampled static
+        trees: their draws and the pruning of children outside q's support, one host sync)."""
         runner = self.runner
         if not isinstance(runner, StaticDraftRunner) or not runner.tree_graphs or not self.spec.speculates:
             return None
-        sampled = self.sampling is not None and not self.sampling.greedy
-        if sampled and self.spec.kind != "dynamic":
-            return None  # sampled children: RNG
-        key = (self.spec, self.sampling if sampled else None)
+        if self._sampled and self.spec.kind == "static":
+            return None
+        key = (self.spec, self.sampling if self._sampled else None)
         graph = runner.trees.get(key)
         if graph is None:
-            graph = runner.trees[key] = TreeGraph(runner, self._grow, self._tree_rows(draft_vocab), draft_vocab)
+            noise_rows = self.spec.depth if self._sampled and self.spec.kind == "chain" else 0
+            graph = runner.trees[key] = TreeGraph(runner, self._grow, self._tree_rows(draft_vocab), draft_vocab,
+                                                  noise_rows)
         return None if graph.failed else graph
+
+    def _chain_noise(self, draft_vocab: int, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """A sampled chain's Exp(1) noise [k, Vd] for its k draws, in ONE generator call (into `out` when
+        given: the tree graph's static input); None for every other growth (no draw before it)."""
+        if not self._sampled or self.spec.kind != "chain":
+            return None
+        if out is None:
+            out = torch.empty(self.spec.depth, draft_vocab, dtype=torch.float32, device=self.device)
+        return exponential_noise(out, self.generator)
 
     def _tree_rows(self, draft_vocab: int) -> int:
         """Drafter rows one tree runs after the committed ones."""
@@ -180,21 +207,23 @@ class Proposer:
             return (spec.depth - 1) * min(spec.top_k, draft_vocab)
         return self._static_plan(False).tree_visible.shape[0]
 
-    def _chain(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows
-               ) -> DraftTree:
+    def _chain(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows,
+               noise: torch.Tensor | None) -> DraftTree:
         """Chain of spec.depth tokens: one drafter row per depth, causal over the chain.
 
+        Sampled drafting: x_d ~ q_d by the exponential race argmax(q_d / E_d) over noise [k, Vd] drawn
+        before the growth (_chain_noise), so the growth draws nothing and a CUDA graph can replay it.
         No host sync and a handful of ops per depth besides the drafter step; the chain and its log
         values are assembled once at the end.
         """
         k = self.spec.depth
         rows = new_rows(torch.ones(k - 1, k - 1, dtype=torch.bool, device=logits.device).tril())  # depth d: row d-1
-        sampled = self.sampling is not None and not self.sampling.greedy
+        sampled = self._sampled
         tokens, logps, probs_rows = [], [], []
         for d in range(1, k + 1):
             if sampled:  # x_d ~ q_d (processed draft distribution), recorded for rejection sampling
                 probs = self.draft_dist(logits)  # [Vd]
-                draft_id = sample(probs, self.generator).reshape(1)
+                draft_id = race_argmax(probs, noise[d - 1]).reshape(1)
                 probs_rows.append(probs)
             else:
                 draft_id = logits.argmax(-1, keepdim=True)  # [1]
@@ -289,7 +318,7 @@ class Proposer:
         Every index is precomputed per layout (_StaticPlan): no host sync and no host->device copy
         (greedy); the nodes of each depth are gathered in one op.
         """
-        sampled = self.sampling is not None and not self.sampling.greedy
+        sampled = self._sampled
         plan = self._static_plan(sampled)
         if plan.n_ranks > logits.shape[-1]:
             raise ValueError(f"static tree rank {plan.n_ranks - 1} exceeds the draft vocabulary")

@@ -2,10 +2,12 @@
 
 With the per-step draft graphs (draft/fast.py) a drafter step replays in 0.29 ms on the H200, yet propose()
 took 3.0 ms (chain k=5) and 10.3 ms (dynamic, budget 60, depth 8, top-k 10): the ~320 eager ops around the
-steps (top-k, gathers, masks, tree.grow_dynamic_tree). Here the growth of a chain with greedy drafting, of an
-EAGLE-2 dynamic tree (children by top-k: no RNG, so at any temperature) or of a greedy static tree is ONE
+steps (top-k, gathers, masks, tree.grow_dynamic_tree). Here the growth of a chain (greedy, or sampled by an
+exponential race over noise drawn before the replay), of an EAGLE-2 dynamic tree (children by top-k: no RNG,
+so at any temperature) or of a greedy static tree is ONE
 function of static buffers (root [1], catch-up logits [Vd], state [H], committed length `base` []), whose
-shapes and host ints never depend on the committed length:
+shapes and host ints never depend on the committed length (a sampled chain also reads its Exp(1) noise
+[k, Vd], drawn by the proposer into TreeGraph.noise before the replay: the graph itself draws nothing):
 
     slots      base + r0 + arange(n) for tree rows r0..r0+n-1 (where the per-step path writes them)
     positions  base + depth - 1
@@ -46,8 +48,10 @@ class Rows(Protocol):
 
 
 NewRows = Callable[[torch.Tensor], Rows]  # tree part [R, R] bool -> the rows runner of one tree
-# (root [1], logits [Vd], state [H], new_rows) -> (tree, dynamic trees' [4] flags or None): Proposer._grow
-Grow = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, NewRows], tuple[DraftTree, torch.Tensor | None]]
+# (root [1], logits [Vd], state [H], new_rows, sampled chains' noise [k, Vd] or None)
+#   -> (tree, dynamic trees' [4] flags or None): Proposer._grow
+Grow = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, NewRows, torch.Tensor | None],
+                tuple[DraftTree, torch.Tensor | None]]
 
 
 class DeviceTreeRows:
@@ -77,13 +81,15 @@ class DeviceTreeRows:
 class TreeGraph:
     """One tree policy's growth over static inputs (see module docstring); `grow` is Proposer._grow."""
 
-    def __init__(self, runner: StaticDraftRunner, grow: Grow, rows: int, draft_vocab: int):
+    def __init__(self, runner: StaticDraftRunner, grow: Grow, rows: int, draft_vocab: int, noise_rows: int = 0):
         dev, dtype = runner.device, runner.dtype
         self.runner, self._grow, self.rows = runner, grow, rows
         self.root = torch.zeros(1, dtype=torch.long, device=dev)
         self.logits = torch.zeros(draft_vocab, dtype=dtype, device=dev)
         self.state = torch.zeros(runner.hidden_size, dtype=dtype, device=dev)
         self.base = torch.zeros((), dtype=torch.long, device=dev)  # the committed length
+        # a sampled chain's Exp(1) noise [k, Vd], filled by the proposer before run() (else None)
+        self.noise = torch.ones(noise_rows, draft_vocab, device=dev) if noise_rows else None
         self.span = runner.span(rows)  # KV slots attended (set by run() from the committed length)
         # span -> (CUDA graph, the captured call's outputs): every span's graph reads the inputs above
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[DraftTree, torch.Tensor | None]]] = {}
@@ -94,12 +100,13 @@ class TreeGraph:
         (no host sync)."""
         span = self.span
         return self._grow(self.root, self.logits, self.state,
-                          lambda part: DeviceTreeRows(self.runner, self.base, part, span))
+                          lambda part: DeviceTreeRows(self.runner, self.base, part, span), self.noise)
 
     def run(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, committed: int
             ) -> DraftTree | None:
         """The tree below `root` from the catch-up row's logits [Vd] / state [H], `committed` drafter rows
-        live. None when the capture fails (warned once). The tree rows are left stale past `committed`."""
+        live (and self.noise already drawn, for a sampled chain). None when the capture fails (warned once).
+        The tree rows are left stale past `committed`."""
         self.runner.check_room(committed + self.rows)
         if isinstance(root, torch.Tensor):
             self.root.copy_(root.reshape(1))
@@ -119,8 +126,9 @@ class TreeGraph:
         if flags is not None:
             check_dynamic_flags(flags)  # the one host read
         # the next replay rewrites the graph's outputs: the caller keeps its own tree
+        q = None if tree.draft_probs is None else tree.draft_probs.clone()  # [N, V]: sampled chains
         return DraftTree(tokens=tree.tokens.clone(), parents=tree.parents.clone(), depths=tree.depths.clone(),
-                         logq=tree.logq.clone(), stats=dict(tree.stats), ordered=True)
+                         logq=tree.logq.clone(), draft_probs=q, stats=dict(tree.stats), ordered=True)
 
     def _capture(self) -> bool:
         """Capture grow() at self.span (inputs staged: the warm-up writes the pending KV slots only)."""
