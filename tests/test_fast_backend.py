@@ -199,11 +199,14 @@ def test_span_rounds_up_to_span_step_and_is_capped_by_the_cache():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_rms_norm_rounds_like_hf(dtype):
-    """The fast backend's RMSNorm must round as HF LlamaRMSNorm does: fp32 statistics and product, one cast to
-    the model's dtype, then the weight in that dtype (scaling before the cast would round differently)."""
+@pytest.mark.parametrize("impl", ["target", "drafter"])
+def test_rms_norm_rounds_like_hf(dtype, impl):
+    """The fast backend's and the drafters' RMSNorm must round as HF LlamaRMSNorm does: fp32 statistics and
+    product, one cast to the model's dtype, then the weight in that dtype (scaling before the cast would round
+    differently)."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+    from eaglespec.draft.layers import RMSNorm
     from eaglespec.target.fast import _rms
 
     gen = torch.Generator().manual_seed(0)
@@ -212,4 +215,9 @@ def test_rms_norm_rounds_like_hf(dtype):
         norm.weight.copy_(torch.randn(96, generator=gen) * 2)
     norm = norm.to(dtype)
     x = (torch.randn(16, 96, generator=gen) * 7).to(dtype)
-    assert torch.equal(_rms(x, norm.weight, 1e-5), norm(x))
+    if impl == "target":
+        assert torch.equal(_rms(x, norm.weight, 1e-5), norm(x))
+    else:
+        ours = RMSNorm(96, eps=1e-5).to(dtype)
+        ours.load_state_dict(norm.state_dict())
+        assert torch.equal(ours(x), norm(x))

@@ -16,10 +16,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        """Llama's rounding (fp32 statistics and product, one cast to x's dtype, then the weight), with the first
+        part as F.rms_norm: one fused kernel on CUDA instead of six (bitwise equal on CPU, tests/test_fast_backend.py)."""
+        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
 
 
 class Rotary(nn.Module):
