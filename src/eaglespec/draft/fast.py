@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from ..errors import EagleSpecError
-from ..target.fast import SPAN_STEP, smallest_bucket
+from ..target.fast import SPAN_STEP, capture_graph, round_span, smallest_bucket
 from .layers import Attention
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -130,7 +130,7 @@ class StaticDraftRunner:
 
     def span(self, n: int) -> int:
         """KV slots a step writing slots below n attends over: n rounded up to span_step, capped at the KV."""
-        return min(self.size, -(-n // self.span_step) * self.span_step)
+        return round_span(n, self.span_step, self.size)
 
     # -- the step (graph-captured on CUDA) ------------------------------------------------------
     def _step(self, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,22 +151,11 @@ class StaticDraftRunner:
                      eye=eye, causal=eye.new_ones(b, b).tril())
 
     def capture(self, fn: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
-        """Warm `fn` up twice on a side stream, then capture it into one CUDA graph on the shared pool
-        (as target/fast.py). Every graph's outputs are consumed right after its replay, before another
-        graph of the pool replays. Returns (graph, the outputs of the captured call: static tensors)."""
-        dev = self.device
-        stream = torch.cuda.Stream(dev)
-        stream.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream(dev).wait_stream(stream)
+        """target/fast.capture_graph on this runner's shared pool. Every graph's outputs are consumed right
+        after its replay, before another graph of the pool replays."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = fn()
-        return graph, out
+        return capture_graph(fn, self.device, self._pool)
 
     def _runner(self, b: int, span: int) -> _Rows:
         """Static buffers for bucket b attending over `span` slots, with its CUDA graph captured on first use."""

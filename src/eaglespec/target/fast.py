@@ -21,7 +21,9 @@ once for every slot position into a cos/sin table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -34,11 +36,33 @@ from .capture import decoder_layers
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 SPAN_STEP = 256  # attention spans are multiples of this many cache slots
+T = TypeVar("T")
 
 
 def smallest_bucket(buckets: tuple[int, ...], n: int) -> int | None:
     """The first (ascending) bucket that holds n rows, or None when n exceeds them all."""
     return next((b for b in buckets if b >= n), None)
+
+
+def round_span(n: int, step: int, cap: int) -> int:
+    """Static-cache slots a step writing slots below n attends over: n rounded up to `step`, at most `cap`."""
+    return min(cap, -(-n // step) * step)
+
+
+def capture_graph(fn: Callable[[], T], device: torch.device, pool) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Warm `fn` up twice on a side stream (it must write only scratch state: pending cache slots), then
+    capture it into one CUDA graph on `pool`. Returns (graph, the captured call's outputs: static tensors,
+    rewritten by every replay)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
 
 
 def _text_config(model: nn.Module):
@@ -252,7 +276,7 @@ class FastTarget:
         """Cache slots a step over slots 0..n-1 attends over: n rounded up to span_step, capped at the cache."""
         if self._whole_cache:
             return self.max_len
-        return min(self.max_len, -(-n // self.span_step) * self.span_step)
+        return round_span(n, self.span_step, self.max_len)
 
     def reserve(self, n: int) -> None:
         """Make room for n slots (doubling; drops captured graphs when it grows)."""
@@ -339,19 +363,11 @@ class FastTarget:
         if self.compiled and not self._whole_cache:
             torch._dynamo.maybe_mark_dynamic(cols, 0)  # every span of this bucket shares one compile
         graph = None
-        if self.use_graphs:
-            # warm-up on a side stream (writes only pending slots), then capture
-            stream = torch.cuda.Stream(dev)
-            stream.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self._step_fn(tokens, positions, visible, base, cols)
-            torch.cuda.current_stream(dev).wait_stream(stream)
+        if self.use_graphs:  # the warm-up writes only pending slots
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                logits, features = self._step_fn(tokens, positions, visible, base, cols)
+            graph, (logits, features) = capture_graph(lambda: self._step_fn(tokens, positions, visible, base, cols),
+                                                      dev, self._pool)
         else:
             logits, features = tokens.new_empty(0), tokens.new_empty(0)
         offsets = torch.cat([torch.arange(b, device=dev), torch.zeros(1, dtype=torch.long, device=dev)])
