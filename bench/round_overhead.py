@@ -92,7 +92,7 @@ def patch_forward(target, rows: int) -> None:
     logits = torch.randn(rows, target.vocab_size, generator=gen).to(target.device, target.dtype)
     feats = torch.randn(rows, feat_dim, generator=gen).to(target.device, target.dtype)
 
-    def step(tokens, positions, visible, base, span):
+    def step(tokens, positions, visible, base, cols):
         b = tokens.shape[0]
         return logits[:b], feats[:b]
 

@@ -90,10 +90,10 @@ def target_profile(model, ids) -> dict:
             depths, vis = torch.arange(rows, device=dev), ancestry(parents).to(dev)
             run = fast._runner(rows, fast.span(200 + rows))
             fast._stage(run, toks, depths, vis)
-            key = f"span{run.span}/rows{rows}"
+            key = f"span{run.cols.shape[0]}/rows{rows}"
             out[key] = {"graph_ms": event_ms(run.graph.replay),
                         "eager": kernel_profile(lambda r=run, f=fast: f._step(r.tokens, r.positions, r.visible, r.base,
-                                                                                  r.span))}
+                                                                                  r.cols))}
             print(key, json.dumps(out[key]), flush=True)
     return out
 

@@ -149,7 +149,6 @@ class _Graph:
     eye: torch.Tensor  # [B, B] bool: padding rows see themselves only
     causal: dict  # t -> [B, B] bool: the causal block of t rows, padding rows on the diagonal
     visible_t: int  # t of the causal pattern `visible` holds now (0 = another pattern)
-    span: int  # cache slots the step attends over (static per graph)
     cols: torch.Tensor  # [span] long: self.cols[:span], its length marked dynamic for torch.compile
     logits: torch.Tensor  # [B, V]
     features: torch.Tensor  # [B, F]
@@ -371,7 +370,7 @@ class FastTarget:
         else:
             logits, features = tokens.new_empty(0), tokens.new_empty(0)
         offsets = torch.cat([torch.arange(b, device=dev), torch.zeros(1, dtype=torch.long, device=dev)])
-        run = _Graph(tokens, positions, visible, base, pos_base, offsets, visible.clone(), {}, 0, span, cols,
+        run = _Graph(tokens, positions, visible, base, pos_base, offsets, visible.clone(), {}, 0, cols,
                      logits, features, graph)
         self._graphs[(b, span)] = run
         return run
