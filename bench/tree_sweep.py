@@ -1,0 +1,96 @@
+"""Which draft tree pays off for a given drafter: tok/s and tau of several chain lengths and dynamic-tree
+shapes against fast plain decoding, in one process, on the same prompts (fast backend, draft graphs on CUDA).
+
+A tree sized for a strong drafter (depth 8, width 10, 60 nodes: EAGLE-3's) costs more to draft and verify than
+a weak drafter's few accepted tokens repay; this finds the shape that maximizes tok/s for the drafter at hand.
+
+    PYTHONPATH=src python bench/tree_sweep.py [--draft DIR] [--limit 10] [--temperature 0]
+        [--configs chain:3,chain:5,dynamic:5/8/24,dynamic:8/10/60] [--compile] [--json OUT]
+
+A config is chain:K or dynamic:DEPTH/TOPK/BUDGET.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from eaglespec.bench import Bench, _load, environment, load_prompts, summarize_run
+from eaglespec.cli import add_model_args
+
+DEFAULT_CONFIGS = ("chain:2,chain:3,chain:4,chain:5,dynamic:3/4/8,dynamic:4/4/12,dynamic:4/6/16,dynamic:5/6/24,"
+                   "dynamic:5/8/32,dynamic:6/8/48,dynamic:8/10/60")
+
+
+def parse_config(text: str) -> tuple[str, dict]:
+    """'chain:3' -> ('eagle3-chain', {'k': 3}); 'dynamic:5/8/24' -> ('eagle3-dynamic', depth/top_k/budget)."""
+    kind, _, rest = text.partition(":")
+    try:
+        if kind == "chain":
+            return "eagle3-chain", {"k": int(rest)}
+        if kind == "dynamic":
+            depth, top_k, budget = (int(x) for x in rest.split("/"))
+            return "eagle3-dynamic", {"depth": depth, "top_k": top_k, "budget": budget}
+    except ValueError:
+        pass
+    raise SystemExit(f"--configs: {text!r} is not chain:K or dynamic:DEPTH/TOPK/BUDGET")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(ap)
+    ap.add_argument("--dataset", default="mtbench")
+    ap.add_argument("--limit", type=int, default=10)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--max-len", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    configs = [(c, *parse_config(c)) for c in args.configs.split(",") if c.strip()]
+    es = _load(args, args.dtype)
+    prompts = [es.encode(t) for t in load_prompts(args.dataset, args.limit)]
+    budget = max([kw.get("budget", 0) for _, _, kw in configs] + [64])
+    args.max_len = args.max_len or max(len(p) for p in prompts) + args.max_new_tokens + 2 * budget
+    args.k, args.depth, args.top_k, args.budget = 5, 8, 10, 60  # Bench.engine reads these; each config sets its own
+    bench = Bench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args)
+    rows = []
+    plain = summarize_run(bench.run("fast-plain", prompts, args.max_new_tokens, args.warmup))
+    rows.append({"config": "plain", **plain})
+    print(f"plain: {plain['tokens_per_second']:.1f} tok/s", file=sys.stderr, flush=True)
+    for name, method, kw in configs:
+        for key, value in kw.items():
+            setattr(args, key, value)
+        s = summarize_run(bench.run(method, prompts, args.max_new_tokens, args.warmup))
+        s["vs_plain"] = round(s.get("tokens_per_second", 0.0) / plain["tokens_per_second"], 3)
+        rows.append({"config": name, **s})
+        print(f"{name}: {s.get('tokens_per_second', 0):.1f} tok/s tau {s.get('tau', 0):.3f} "
+              f"x{s['vs_plain']:.2f} ms/round {s.get('ms_per_round')}", file=sys.stderr, flush=True)
+    print("| config | tok/s | tau | vs fast plain | draft / verify / accept+commit / other (ms per round) |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        ms = r.get("ms_per_round") or {}
+        split = " / ".join(f"{v:.2f}" for v in ms.values()) if ms else ""
+        print(f"| {r['config']} | {r.get('tokens_per_second', 0):.1f} | {r.get('tau', 1.0):.2f} | "
+              f"{r.get('vs_plain', 1.0):.2f} | {split} |")
+    if args.json:
+        device = next(es.model.parameters()).device
+        out = {"environment": environment(device), "temperature": args.temperature, "prompts": len(prompts),
+               "dataset": args.dataset, "compile": args.compile,
+               "rows": [{k: v for k, v in r.items() if k != "acceptance_length_hist"} for r in rows]}
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    if torch.cuda.is_available():
+        print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
