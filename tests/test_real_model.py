@@ -36,3 +36,10 @@ def test_shipped_drafter_is_exact_on_smollm2(es, tree):
                             attention_mask=torch.ones(1, len(ids), dtype=torch.long))
     assert out.token_ids == ref[0, len(ids):].tolist()
     assert sum(r.accepted for r in out.rounds) > 0  # the trained drafter is accepted at times
+
+
+def test_default_pair_uses_the_shipped_drafters_tree_shapes(es):
+    """No tree flags: the shipped manifest's tree_defaults (chain k=4) replace the generic chain of 5."""
+    from eaglespec.api import tree_defaults
+
+    assert es.spec.kind == "chain" and es.spec.depth == tree_defaults(es.drafter)["chain"]["k"] == 4

@@ -57,15 +57,49 @@ def random_drafter(model, seed: int = 0) -> torch.nn.Module:
     return build_drafter(cfg)
 
 
+GENERIC_TREES: dict[str, dict[str, int]] = {"chain": {"k": 5}, "dynamic": {"depth": 8, "top_k": 10, "budget": 60},
+                                             "static": {"depth": 8, "top_k": 10, "budget": 60}}
+
+
+def tree_defaults(drafter, where: str = "drafter") -> dict[str, dict[str, int]]:
+    """The tree shapes a drafter's manifest recommends (`tree_defaults`, e.g. {"dynamic": {"depth": 5, "top_k": 6,
+    "budget": 24}}: measured with bench/tree_sweep.py for that drafter), {} when it has none."""
+    found = (getattr(drafter, "manifest", None) or {}).get("tree_defaults") or {}
+    if not isinstance(found, dict):
+        raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults must be an object")
+    out: dict[str, dict[str, int]] = {}
+    for kind, knobs in found.items():
+        if kind not in GENERIC_TREES:
+            continue  # e.g. "measured": provenance text
+        if not isinstance(knobs, dict):
+            raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.{kind} must be an object")
+        for key, value in knobs.items():
+            if key not in GENERIC_TREES[kind] or not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.{kind}.{key} must be "
+                                     f"one of {', '.join(GENERIC_TREES[kind])} with a non-negative integer value")
+        out[kind] = dict(knobs)
+    return out
+
+
 def tree_spec(tree: str = "chain", k: int | None = None, top_k: int | None = None, depth: int | None = None,
-              budget: int | None = None) -> TreeSpec:
-    """CLI/API knobs -> TreeSpec. Defaults: chain k=5; dynamic budget 60, depth 8, top-k 10."""
+              budget: int | None = None, defaults: dict[str, dict[str, int]] | None = None) -> TreeSpec:
+    """CLI/API knobs -> TreeSpec. A knob left None takes the drafter's recommendation (`defaults`, from
+    tree_defaults) and then the generic default: chain k=5; dynamic/static budget 60, depth 8, top-k 10."""
+    if tree not in GENERIC_TREES:
+        raise EagleSpecError(f"--tree {tree!r} is not one of chain, static, dynamic")
+    base = {**GENERIC_TREES[tree], **((defaults or {}).get(tree) or {})}
     if tree == "chain":
-        return TreeSpec("chain", depth=5 if k is None else k)
-    if tree in ("dynamic", "static"):
-        return TreeSpec(tree, depth=8 if depth is None else depth, top_k=10 if top_k is None else top_k,
-                        budget=60 if budget is None else budget)
-    raise EagleSpecError(f"--tree {tree!r} is not one of chain, static, dynamic")
+        return TreeSpec("chain", depth=base["k"] if k is None else k)
+    return TreeSpec(tree, depth=base["depth"] if depth is None else depth,
+                    top_k=base["top_k"] if top_k is None else top_k,
+                    budget=base["budget"] if budget is None else budget)
+
+
+def tree_label(spec: TreeSpec) -> str:
+    """'chain k=4', 'dynamic depth 5 top-k 6 budget 24': the shape a run used, for logs and reports."""
+    if spec.kind == "chain":
+        return f"chain k={spec.depth}"
+    return f"{spec.kind} depth {spec.depth} top-k {spec.top_k} budget {spec.budget}"
 
 
 def use_draft_graphs(flag: bool | None, target) -> bool:
@@ -97,8 +131,12 @@ class EagleSpec:
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str | None = None,
                         dtype: str | torch.dtype | None = None, spec: TreeSpec | None = None,
                         aux_rule: str = "auto", backend: str = "auto", strict: bool = False,
-                        draft_graphs: bool | None = None, draft_max_len: int | None = None) -> EagleSpec:
+                        draft_graphs: bool | None = None, draft_max_len: int | None = None,
+                        tree: dict[str, Any] | None = None) -> EagleSpec:
         """Load target + drafter. `strict` refuses a drafter whose manifest names another target.
+
+        `tree`: tree_spec's knobs ({"tree": "dynamic", "depth": None, ...}), resolved against the drafter's
+        recommended shapes (tree_defaults); used when `spec` is None (default: a chain of the drafter's length).
 
         `draft_graphs`: draft through draft/fast.py's StaticDraftRunner (static drafter KV of
         `draft_max_len` rows, CUDA graphs); None = on with the fast target backend on CUDA.
@@ -118,14 +156,18 @@ class EagleSpec:
             if drafter.manifest is not None:
                 check_manifest(drafter.manifest, model, tok, strict=strict, where=f"drafter {draft}")
         drafter.to(device=model.device, dtype=model.dtype)
+        if spec is None:
+            spec = tree_spec(**(tree or {}), defaults=tree_defaults(drafter, f"drafter {draft}"))
         return cls(model, tok, drafter, spec, note, backend, draft_graphs, draft_max_len)
 
     @classmethod
     def from_args(cls, args, spec: TreeSpec | None = None, **overrides) -> EagleSpec:
-        """from_pretrained with the shared CLI model flags (cli.add_model_args)."""
+        """from_pretrained with the shared CLI model flags (cli.add_model_args) and, when `spec` is None, the
+        tree flags (--tree/--k/--top-k/--depth/--budget) where the command has them."""
+        knobs = {name: getattr(args, name) for name in ("tree", "k", "top_k", "depth", "budget") if hasattr(args, name)}
         kw = dict(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype, spec=spec,
                   aux_rule=args.aux_rule, strict=getattr(args, "strict", False),
-                  draft_graphs=getattr(args, "draft_graphs", None))
+                  draft_graphs=getattr(args, "draft_graphs", None), tree=knobs)
         kw.update(overrides)
         return cls.from_pretrained(**kw)
 

@@ -439,6 +439,17 @@ def _load(args, dtype):
     return es
 
 
+def resolve_tree_args(args, drafter) -> None:
+    """--k/--depth/--top-k/--budget left out -> the drafter's recommended shapes (tree_defaults), else the
+    generic defaults; written back into args so the report names the shapes that ran."""
+    from .api import tree_defaults, tree_spec
+
+    found = tree_defaults(drafter) if drafter is not None else {}
+    chain = tree_spec("chain", args.k, defaults=found)
+    tree = tree_spec("dynamic", None, args.top_k, args.depth, args.budget, defaults=found)
+    args.k, args.depth, args.top_k, args.budget = chain.depth, tree.depth, tree.top_k, tree.budget
+
+
 def run_methods(es, prompts: list[list[int]], methods: list[str], args) -> tuple[dict, dict]:
     bench = Bench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args)
     runs: dict[str, Run] = {}
@@ -468,9 +479,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     texts = load_prompts(args.dataset, args.limit)
     es = _load(args, args.dtype)
     _log(f"bench: {es.draft_note}")
+    resolve_tree_args(args, es.drafter)
     prompts = [es.encode(t) for t in texts]
     if args.max_len is None:
-        args.max_len = max(len(p) for p in prompts) + args.max_new_tokens + 2 * max(args.budget or 60, 64)
+        args.max_len = max(len(p) for p in prompts) + args.max_new_tokens + 2 * max(args.budget, 64)
     if device.type == "cuda" and str(es.model.dtype) == "torch.float32":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -526,10 +538,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma separated, from {', '.join(ALL_METHODS)}")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--k", type=int, default=5, help="chain length (default 5)")
-    p.add_argument("--depth", type=int, default=8, help="dynamic tree depth (default 8)")
-    p.add_argument("--top-k", type=int, default=10, help="dynamic tree width (default 10)")
-    p.add_argument("--budget", type=int, default=60, help="dynamic tree budget (default 60)")
+    p.add_argument("--k", type=int, default=None, help="chain length (default: the drafter's recommendation, else 5)")
+    p.add_argument("--depth", type=int, default=None,
+                   help="dynamic tree depth (default: the drafter's recommendation, else 8)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="dynamic tree width (default: the drafter's recommendation, else 10)")
+    p.add_argument("--budget", type=int, default=None,
+                   help="dynamic tree budget (default: the drafter's recommendation, else 60)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up prompts per method (default 2)")
     p.add_argument("--hf-limit", type=int, default=None, metavar="N",
                    help="run the slow HF generate baseline on the first N prompts only (ratios vs HF use those)")

@@ -92,12 +92,11 @@ def chat_loop(es, stdin, stdout, stderr, system: str | None = None, max_new_toke
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from .api import EagleSpec, tree_spec
+    from .api import EagleSpec
     from .cli import _non_negative, sampling_options
 
     _non_negative(args, "max_new_tokens", "k", "top_k", "depth", "budget")
-    spec = tree_spec(args.tree, args.k, args.top_k, args.depth, args.budget)
-    es = EagleSpec.from_args(args, spec)
+    es = EagleSpec.from_args(args)
     if not args.quiet:
         print(f"eaglespec: {es.draft_note}", file=sys.stderr, flush=True)
     chat_loop(es, sys.stdin, sys.stdout, sys.stderr, args.system, args.max_new_tokens, args.quiet,

@@ -35,12 +35,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
+    """Tree flags. A flag left out takes the drafter's recommended shape (tree_defaults in its
+    eaglespec_manifest.json, measured with bench/tree_sweep.py), else the generic default given in the help."""
     p.add_argument("--tree", default="chain", choices=["chain", "static", "dynamic"], help="draft tree policy")
-    p.add_argument("--k", type=int, default=None, help="chain length (default 5; 0 = plain decoding)")
-    p.add_argument("--top-k", type=int, default=None, help="tree expansion width per node (default 10)")
-    p.add_argument("--depth", type=int, default=None, help="max tree depth (default 8)")
+    p.add_argument("--k", type=int, default=None,
+                   help="chain length (default: the drafter's recommendation, else 5; 0 = plain decoding)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="tree expansion width per node (default: the drafter's recommendation, else 10)")
+    p.add_argument("--depth", type=int, default=None,
+                   help="max tree depth (default: the drafter's recommendation, else 8)")
     p.add_argument("--budget", type=int, default=None,
-                   help="draft tokens verified per round (default 60; 0 = plain decoding)")
+                   help="draft tokens verified per round (default: the drafter's recommendation, else 60; "
+                        "0 = plain decoding)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -74,7 +80,7 @@ def _non_negative(args: argparse.Namespace, *names: str) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .api import EagleSpec, tree_spec
+    from .api import EagleSpec, tree_label
 
     _non_negative(args, "max_new_tokens", "k", "top_k", "depth", "budget")
     if args.prompt_file:
@@ -84,8 +90,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             raise EagleSpecError(f"{args.prompt_file}: cannot read the prompt file ({exc.strerror})") from None
     else:
         prompt = args.prompt
-    spec = tree_spec(args.tree, args.k, args.top_k, args.depth, args.budget)
-    es = EagleSpec.from_args(args, spec)
+    es = EagleSpec.from_args(args)
     _log(f"eaglespec: {es.draft_note}")
     out = es.generate(prompt, args.max_new_tokens, raw=args.raw,
                       **sampling_options(args, getattr(es.model, "generation_config", None)))
@@ -97,7 +102,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         s = out.stats
         _log(f"[{s['new_tokens']} tokens in {s['seconds']:.2f}s = {s['tokens_per_second']} tok/s | tau "
              f"{s['tau']:.2f} | {s['rounds']} rounds, {s['accepted']}/{s['drafted']} drafts accepted | "
-             f"backend {s['backend']} | tree {spec.kind}]")
+             f"backend {s['backend']} | tree {tree_label(es.spec)}]")
     return 0
 
 

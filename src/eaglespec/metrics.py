@@ -479,7 +479,7 @@ def cmd_report(args) -> int:
         if not isinstance(summary, dict) or "acceptance_length_hist" not in summary:
             raise EagleSpecError(f"{args.from_json}: not an eaglespec report summary (no acceptance_length_hist)")
     else:
-        from .api import EagleSpec, tree_spec
+        from .api import EagleSpec
         from .cli import _non_negative
 
         _non_negative(args, "max_new_tokens", "k", "top_k", "depth", "budget", "limit")
@@ -490,8 +490,7 @@ def cmd_report(args) -> int:
         prompts = prompts[: args.limit] if args.limit is not None else prompts
         if not prompts:
             raise EagleSpecError("no prompts to run (--limit 0?)")
-        spec = tree_spec(args.tree, args.k, args.top_k, args.depth, args.budget)
-        es = EagleSpec.from_args(args, spec)
+        es = EagleSpec.from_args(args)
         print(f"eaglespec: {es.draft_note}", file=sys.stderr, flush=True)
         summary = run_report(es, prompts, args.max_new_tokens, raw=args.raw,
                              **sampling_options(args, getattr(es.model, "generation_config", None)))

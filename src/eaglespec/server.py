@@ -494,7 +494,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    from .api import EagleSpec, tree_spec
+    from .api import EagleSpec
     from .target.loading import DEFAULT_TARGET
 
     if FastAPI is None:
@@ -507,8 +507,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise EagleSpecError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if not 0 <= args.port < 65536:
         raise EagleSpecError(f"--port must be in 0..65535, got {args.port}")
-    spec = tree_spec(args.tree, args.k, args.top_k, args.depth, args.budget)
-    es = EagleSpec.from_args(args, spec)
+    es = EagleSpec.from_args(args)
     print(f"eaglespec: {es.draft_note}", flush=True)
     name = args.model_name or (Path(args.target).name if args.target else DEFAULT_TARGET)
     key = args.api_key or os.environ.get("EAGLESPEC_API_KEY") or None

@@ -1,0 +1,71 @@
+"""Per-drafter tree shapes (api.tree_defaults / tree_spec): a flag left out takes the drafter's measured
+recommendation, then the generic default; a malformed manifest field is a one-line error naming it."""
+
+from __future__ import annotations
+
+import argparse
+import types
+
+import pytest
+
+from eaglespec.api import DEFAULT_DRAFT, GENERIC_TREES, tree_defaults, tree_label, tree_spec
+from eaglespec.bench import resolve_tree_args
+from eaglespec.errors import EagleSpecError
+
+
+def _drafter(manifest):
+    return types.SimpleNamespace(manifest=manifest)
+
+
+RECOMMENDED = {"chain": {"k": 3}, "dynamic": {"depth": 5, "top_k": 6, "budget": 24}, "measured": "notes"}
+
+
+def test_generic_defaults_without_a_recommendation():
+    assert tree_defaults(_drafter(None)) == {}
+    assert tree_spec("chain").depth == GENERIC_TREES["chain"]["k"] == 5
+    dyn = tree_spec("dynamic", defaults={})
+    assert (dyn.depth, dyn.top_k, dyn.budget) == (8, 10, 60)
+
+
+def test_recommendation_fills_only_the_knobs_left_out():
+    found = tree_defaults(_drafter({"tree_defaults": RECOMMENDED}))
+    assert "measured" not in found
+    assert tree_spec("chain", defaults=found).depth == 3
+    assert tree_spec("chain", k=7, defaults=found).depth == 7  # an explicit flag wins
+    dyn = tree_spec("dynamic", depth=9, defaults=found)
+    assert (dyn.depth, dyn.top_k, dyn.budget) == (9, 6, 24)
+    static = tree_spec("static", defaults=found)  # no static recommendation: generic
+    assert (static.depth, static.top_k, static.budget) == (8, 10, 60)
+    assert tree_label(dyn) == "dynamic depth 9 top-k 6 budget 24"
+    assert tree_label(tree_spec("chain", k=0)) == "chain k=0"
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"tree_defaults": [1]}, "tree_defaults must be an object"),
+    ({"tree_defaults": {"dynamic": 5}}, "tree_defaults.dynamic must be an object"),
+    ({"tree_defaults": {"dynamic": {"depth": -1}}}, "tree_defaults.dynamic.depth"),
+    ({"tree_defaults": {"dynamic": {"depth": "5"}}}, "tree_defaults.dynamic.depth"),
+    ({"tree_defaults": {"chain": {"depth": 5}}}, "tree_defaults.chain.depth"),  # chains take k
+    ({"tree_defaults": {"chain": {"k": True}}}, "tree_defaults.chain.k"),
+])
+def test_malformed_recommendation_is_named(bad, field):
+    with pytest.raises(EagleSpecError, match=field) as err:
+        tree_defaults(_drafter(bad), "drafter /x")
+    assert str(err.value).startswith("drafter /x: eaglespec_manifest.json field")
+
+
+def test_shipped_drafter_recommends_measured_shapes():
+    from eaglespec.checkpoint.config import read_json
+
+    found = tree_defaults(_drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json")))
+    assert found["chain"] == {"k": 4}
+    assert found["dynamic"] == {"depth": 5, "top_k": 6, "budget": 24}
+
+
+def test_bench_resolves_and_records_the_shapes_it_runs():
+    args = argparse.Namespace(k=None, depth=None, top_k=8, budget=None)
+    resolve_tree_args(args, _drafter({"tree_defaults": RECOMMENDED}))
+    assert (args.k, args.depth, args.top_k, args.budget) == (3, 5, 8, 24)
+    args = argparse.Namespace(k=None, depth=None, top_k=None, budget=None)
+    resolve_tree_args(args, None)  # no drafter: generic
+    assert (args.k, args.depth, args.top_k, args.budget) == (5, 8, 10, 60)
