@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import eaglespec.tree as tree_mod
 from eaglespec.errors import EagleSpecError
 from eaglespec.tree import (
     MC_SIM_7B_63,
@@ -17,6 +18,7 @@ from eaglespec.tree import (
     TreeSpec,
     ancestry,
     chain_tree,
+    draft_topk,
     dynamic_tree,
     flatten,
     grow_dynamic,
@@ -358,3 +360,36 @@ def test_dynamic_tree_equals_plain_python_reference(seed, sorted_children):
     logq = tree.logq[1:] if tree.logq is not None else torch.zeros(0)  # budget 0: the bare root
     assert torch.allclose(logq.double(), torch.tensor([v for _, v in ref], dtype=torch.float64), rtol=1e-6, atol=1e-5)
     assert torch.equal(tree.depths[1:], torch.tensor([len(p) for p, _ in ref], dtype=torch.long))
+
+
+# -- draft_topk: the two-stage top-k ----------------------------------------------------------------
+
+def force_split_topk(monkeypatch, chunk: int = 8) -> None:
+    """draft_topk's two stages on CPU too (CUDA only by default), with chunks of >= `chunk` entries."""
+    monkeypatch.setattr(tree_mod, "TOPK_SPLIT_DEVICES", ("cpu", "cuda"))
+    monkeypatch.setattr(tree_mod, "TOPK_CHUNK", chunk)
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize(("shape", "k", "chunks"), [
+    ((5, 96), 1, 12), ((5, 96), 3, 12), ((5, 96), 8, 12), ((5, 96), 10, 8), ((5, 96), 96, 1),
+    ((96,), 4, 12), ((2, 3, 96), 6, 12), ((4, 97), 3, 1), ((4, 12000), 10, 1200),
+])
+def test_draft_topk_equals_torch_topk(monkeypatch, shape, k, chunks, ties):
+    """Same values as torch.topk (sorted, descending), indices pointing at them, distinct per row, and
+    torch.topk's index set wherever the k-th value is not tied with the (k+1)-th. k = 1 and k = V; V prime
+    (no chunking)."""
+    force_split_topk(monkeypatch)
+    assert tree_mod._topk_chunks(shape[-1], k, 8) == chunks  # the two stages ran where chunks > 1
+    gen = torch.Generator().manual_seed(k + shape[-1])
+    for _ in range(20):
+        x = torch.randint(0, 6, shape, generator=gen).float() if ties else torch.rand(shape, generator=gen)
+        vals, idx = draft_topk(x, k)
+        ref_vals, ref_idx = x.topk(k, dim=-1)
+        assert torch.equal(vals, ref_vals)
+        assert torch.equal(x.gather(-1, idx), vals)
+        assert torch.equal(idx.sort(-1).values.diff(dim=-1) > 0, torch.ones_like(idx[..., 1:], dtype=torch.bool))
+        if k < shape[-1]:
+            clear = x.topk(k + 1, dim=-1).values.diff(dim=-1)[..., -1] < 0  # [...] the k-th beats the next
+            assert torch.equal(idx.sort(-1).values[clear], ref_idx.sort(-1).values[clear])
+            assert ties or bool(clear.all())

@@ -11,7 +11,9 @@ from dataclasses import fields, is_dataclass
 import pytest
 import torch
 
+import eaglespec.tree as tree_mod
 from _hostcount import HostCounter
+from _opcount import count_host_ops
 from eaglespec.draft.fast import StaticDraftRunner, enable_draft_graphs
 from eaglespec.draft.proposer import EagerRows, Proposer
 from eaglespec.draft.tree_graph import TreeGraph
@@ -20,6 +22,7 @@ from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.target.hf import HFTarget
 from eaglespec.tree import TreeSpec
 from test_draft_static import agreeing, record, same_runs, same_tree
+from test_tree import force_split_topk
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
 
@@ -356,3 +359,58 @@ def test_overflow_is_checked_before_the_tree_rows():
     (feats, next_tokens, root), = _rounds(model, drafter, [8])  # 8 rows + (5-1)*4 tree rows > 20
     with pytest.raises(Exception, match=r"needs 24 KV rows .*max_len=20"):
         prop.propose(root, feats, next_tokens)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_two_stage_topk_keeps_the_trees(kind, monkeypatch, restore_grow):
+    """tree.draft_topk's two stages (CUDA's path, forced on CPU: chunks of 8 of the 96 draft ids) in the
+    dynamic growth and the greedy static tree: the eager Proposer and the whole-tree graph build the same
+    trees as plain torch.topk does (distinct fp32 probabilities: no tie to order differently), and the
+    greedy output stays HF generate's."""
+    import eaglespec.draft.proposer as proposer_mod
+
+    model, drafter = agreeing("llama", "eagle3")
+    spec = SPECS[kind]
+    plain = SpeculativeEngine(HFTarget(model), drafter, spec)
+    t_plain = record(plain)
+    for prompt in PROMPTS:
+        plain.generate(prompt, 20)
+    force_split_topk(monkeypatch)
+    split_calls = []
+
+    def spy(x, k):
+        split_calls.append(tree_mod._topk_chunks(x.shape[-1], k, tree_mod.TOPK_CHUNK) > 1)
+        return tree_mod.draft_topk(x, k)
+
+    monkeypatch.setattr(proposer_mod, "draft_topk", spy)
+    eager, whole, _, grows, t_eager, t_whole = pair(model, drafter, spec)
+    for prompt in PROMPTS:
+        assert eager.generate(prompt, 20).token_ids == whole.generate(prompt, 20).token_ids == \
+            reference_greedy(model, prompt, 20)
+    assert split_calls and all(split_calls) and len(grows) == len(t_whole) > 4
+    assert len(t_plain) == len(t_eager) == len(t_whole)
+    for ta, tb, tc in zip(t_plain, t_eager, t_whole):
+        same_tree(ta, tb)
+        same_tree(ta, tc)
+
+
+def _growth_host_ops(model, drafter, spec: TreeSpec) -> int:
+    """Non-view aten ops outside the drafter's forward in one whole-tree growth."""
+    prop = Proposer(drafter, spec, runner=StaticDraftRunner(drafter, max_len=96))
+    (feats, next_tokens, root), = _rounds(model, drafter, [8])
+    logits, state = prop.catch_up(feats, next_tokens)
+    graph = prop._tree_graph(logits.shape[-1])
+    graph.run(root, logits, state, prop.committed)  # stages the inputs
+    _, c = count_host_ops(drafter, graph.grow)
+    return sum(c.kernels.values())
+
+
+def test_dynamic_growth_ops_per_depth():
+    """Each CUDA-graph node costs ~2-3 us on the H200 whatever it does: one more depth of a dynamic tree
+    adds a fixed handful of non-view ops outside the drafter (softmax, top-k, sort, log values, candidate
+    ids, parents, depths, parent states, mask rows, tokens: 16 kernels and an _unsafe_view) and no cat of
+    the growing candidate lists (joined once) nor mask gathers (30 before: per-depth cats, [n, span] masks
+    rebuilt from the [R, R] rows, slots by arange)."""
+    model, drafter = agreeing("llama", "eagle3")
+    ops = [_growth_host_ops(model, drafter, TreeSpec("dynamic", depth=d, top_k=4, budget=12)) for d in (4, 6)]
+    assert (ops[1] - ops[0]) / 2 <= 18, ops

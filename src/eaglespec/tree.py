@@ -22,6 +22,7 @@ rank-0 paths. All three produce the same DraftTree and flatten alike.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -167,24 +168,94 @@ def flatten(tree: DraftTree) -> FlatTree:
     return FlatTree(tokens=tree.tokens, depths=tree.depths, parents=tree.parents, visible=visible)
 
 
+# -- top-k of draft distributions ------------------------------------------------------------------
+
+TOPK_CHUNK = 512  # two-stage top-k: the least chunk length
+TOPK_SPLIT_DEVICES = ("cuda",)  # device types that take the two-stage top-k (on CPU torch.topk is faster)
+
+
+@functools.cache
+def _topk_chunks(width: int, k: int, chunk: int) -> int:
+    """Chunks of the two-stage top-k over rows of `width`: the most chunks that divide the row with at
+    least max(chunk, k) entries each (1 = plain torch.topk)."""
+    for chunks in range(width // max(chunk, k, 1), 1, -1):
+        if width % chunks == 0:
+            return chunks
+    return 1
+
+
+def draft_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.topk(x, k, dim=-1) (values sorted descending) over [..., V], in two stages on CUDA.
+
+    torch.topk of a few long rows (the draft distribution of a tree's newest nodes: [n <= 10, 12000])
+    runs one CUDA block per row. Here each row is cut into C chunks of V / C >= TOPK_CHUNK entries: the
+    top-k of every chunk (n * C small rows) gives C * k candidates per row, whose top-k is the row's. The
+    values are torch.topk's exactly; among exactly tied values the indices returned (and their order)
+    may differ from torch.topk's, so every path that must build the same tree (the eager proposer, the
+    whole-tree graph) calls this function on the same device. Plain torch.topk off TOPK_SPLIT_DEVICES, or
+    when V has no divisor giving chunks of >= max(TOPK_CHUNK, k) entries.
+    """
+    width = x.shape[-1]
+    chunks = _topk_chunks(width, k, TOPK_CHUNK) if x.device.type in TOPK_SPLIT_DEVICES else 1
+    if chunks == 1:
+        return x.topk(k, dim=-1)
+    lead, length = x.shape[:-1], width // chunks
+    vals, idx = x.reshape(*lead, chunks, length).topk(k, dim=-1)  # [..., C, k]: indices within the chunk
+    idx = idx + torch.arange(0, width, length, device=x.device)[:, None]  # [..., C, k] indices in the row
+    top, pick = vals.reshape(*lead, chunks * k).topk(k, dim=-1)  # [..., k]
+    return top, idx.reshape(*lead, chunks * k).gather(-1, pick)
+
+
 # -- EAGLE-2 dynamic trees: pure selection logic ----------------------------------------------------
 
-@dataclass
 class Candidates:
     """Every node generated while growing a dynamic tree, in generation (= depth) order.
 
-    The children of one expansion ([n, c] from the callback) take the next n*c ids, row-major.
+    The children of one expansion ([n, c] from the callback) take the next n*c ids, row-major. The
+    growth appends one layer per depth; tokens / parents / depths / logv are joined (one cat each) on
+    first read, not at every depth. For the callback: `start` (first id of the newest layer),
+    `newest_tokens` [m] (that layer's tokens) and `newest` [n] (the expanded nodes' indices within it).
     """
 
-    tokens: torch.Tensor  # [M] long (draft-vocab ids)
-    parents: torch.Tensor  # [M] long: candidate index of the parent, -1 = the root
-    depths: torch.Tensor  # [M] long, >= 1
-    logv: torch.Tensor  # [M] float: log path value
-    expanded: list[torch.Tensor] = field(default_factory=list)  # per expansion: the candidate ids expanded
+    def __init__(self, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, logv: torch.Tensor):
+        # per field, the [m] layers appended so far: tokens (draft-vocab ids), parents (candidate id of the
+        # parent, -1 = the root), depths (>= 1), logv (float: log path value)
+        self._layers = {"tokens": [tokens], "parents": [parents], "depths": [depths], "logv": [logv]}
+        self.expanded: list[torch.Tensor] = []  # per expansion: the candidate ids expanded
+        self.size = int(tokens.shape[0])
+        self.start = 0
+        self.newest_tokens = tokens
+        self.newest: torch.Tensor | None = None
+
+    def append(self, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, logv: torch.Tensor
+               ) -> None:
+        """A new layer of [m] candidates (the next m ids)."""
+        for name, part in (("tokens", tokens), ("parents", parents), ("depths", depths), ("logv", logv)):
+            self._layers[name].append(part)
+        self.start, self.newest_tokens = self.size, tokens
+        self.size += int(tokens.shape[0])
+
+    def _joined(self, name: str) -> torch.Tensor:
+        layers = self._layers[name]
+        if len(layers) > 1:
+            layers[:] = [torch.cat(layers)]
+        return layers[0]
 
     @property
-    def size(self) -> int:
-        return int(self.tokens.shape[0])
+    def tokens(self) -> torch.Tensor:  # [M] long
+        return self._joined("tokens")
+
+    @property
+    def parents(self) -> torch.Tensor:  # [M] long
+        return self._joined("parents")
+
+    @property
+    def depths(self) -> torch.Tensor:  # [M] long
+        return self._joined("depths")
+
+    @property
+    def logv(self) -> torch.Tensor:  # [M] float
+        return self._joined("logv")
 
 
 # expand(node_ids [n], candidates, depth of those nodes) -> (child tokens [n, c], child confidences [n, c])
@@ -243,8 +314,9 @@ def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, to
           sorted_children: bool) -> tuple[Candidates, torch.Tensor]:
     """grow_dynamic without reading anything back: (candidates, [3] bool validation flags on the device).
 
-    Per depth: one stable sort of the newest layer's values, the callback, and ~10 small ops
-    (fixed shapes: the layer has min(top_k, size of the newest layer) nodes).
+    Per depth: one stable sort of the newest layer's values, the callback, and 6 small ops (fixed
+    shapes: the layer has min(top_k, size of the newest layer) nodes); the layers are joined once, at
+    the first read of the candidates' fields.
     """
     dev = root_tokens.device
     tok, conf = root_tokens.long()[None], root_conf[None]  # [1, c]
@@ -254,10 +326,10 @@ def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, to
     newest_logv = _log_value(conf[0])  # [m] values of the newest layer: ids start..start+m-1
     cand = Candidates(tokens=tok[0], parents=torch.full_like(tok[0], -1), depths=torch.ones_like(tok[0]),
                       logv=newest_logv)
-    start = 0
     for d in range(1, depth):
         values, order = newest_logv.sort(descending=True, stable=True)  # ties to the lower id
-        layer = order[:top_k] + start  # [n] the highest-value nodes of depth d (candidate ids)
+        cand.newest = order[:top_k]  # [n] the highest-value nodes of depth d, within the newest layer
+        layer = cand.newest + cand.start  # [n] their candidate ids
         cand.expanded.append(layer)
         ctok, cconf = expand(layer, cand, d)  # [n, c]
         ctok = ctok.long()
@@ -267,11 +339,8 @@ def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, to
         all_conf.append(cconf)
         n, c = ctok.shape
         newest_logv = (values[:top_k, None] + _log_value(cconf)).reshape(-1)  # [n * c]
-        start = cand.size
-        cand.tokens = torch.cat([cand.tokens, ctok.reshape(-1)])
-        cand.parents = torch.cat([cand.parents, layer[:, None].expand(n, c).reshape(-1)])
-        cand.depths = torch.cat([cand.depths, torch.full((n * c,), d + 1, dtype=torch.long, device=dev)])
-        cand.logv = torch.cat([cand.logv, newest_logv])
+        cand.append(ctok.reshape(-1), layer[:, None].expand(n, c).reshape(-1),
+                    torch.full((n * c,), d + 1, dtype=torch.long, device=dev), newest_logv)
     return cand, _all_child_flags(all_tok, all_conf)
 
 

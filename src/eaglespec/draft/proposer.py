@@ -27,12 +27,13 @@ from ..tree import (
     TreeSpec,
     chain_tree,
     check_dynamic_flags,
+    draft_topk,
     grow_dynamic_tree,
     root_tensor,
     static_layout,
 )
 from .fast import StaticDraftRunner
-from .tree_graph import NewRows, TreeGraph
+from .tree_graph import MaskRows, NewRows, TreeGraph
 
 
 def shifted_tokens(ids: torch.Tensor, start: int, count: int) -> torch.Tensor:
@@ -69,26 +70,25 @@ class EagerRows:
             layer.crop(n)
 
 
-class TreeRows:
+class TreeRows(MaskRows):
     """A draft tree's drafter rows, run through the row runner right after the `committed` rows.
 
-    vis [R, R] bool: tree row i sees tree row j (its ancestors' rows and itself); the growth may rewrite
-    a row before running it. run(states [n, H], tokens [n], depth, r0): tree rows r0..r0+n-1 (run in
-    order) at position committed + depth - 1 -> (draft logits [n, Vd], states [n, H]).
+    tree_part [R, R] bool: tree row i sees tree row j (its ancestors' rows and itself); the growth may
+    widen a row before running it (inherit). run(states [n, H], tokens [n], depth, r0): tree rows
+    r0..r0+n-1 (run in order) at position committed + depth - 1 -> (draft logits [n, Vd], states [n, H]).
     tree_graph.DeviceTreeRows is the same over a static KV with the committed length on the device.
     """
 
     def __init__(self, runner, committed: int, tree_part: torch.Tensor):
         self.runner, self.committed = runner, committed
         # [R, committed + R]: every committed row, then the tree part; rows r0..r0+n-1 use a prefix view
-        self._mask = torch.cat([tree_part.new_ones(tree_part.shape[0], committed), tree_part], dim=1)
-        self.vis = self._mask[:, committed:]
+        self.mask = torch.cat([tree_part.new_ones(tree_part.shape[0], committed), tree_part], dim=1)
 
     def run(self, states: torch.Tensor, tokens: torch.Tensor, depth: int, r0: int
             ) -> tuple[torch.Tensor, torch.Tensor]:
         n = tokens.shape[0]
         positions = torch.full((n,), self.committed + depth - 1, dtype=torch.long, device=tokens.device)
-        return self.runner.run(states, tokens, positions, self._mask[r0: r0 + n, : self.committed + r0 + n])
+        return self.runner.run(states, tokens, positions, self.mask[r0: r0 + n, : self.committed + r0 + n])
 
 
 class Proposer:
@@ -275,30 +275,30 @@ class Proposer:
 
         Fixed shapes: every expansion runs k = min(top_k, Vd) rows (the newest layer always has >= k
         nodes). A node's parent is found by arithmetic (the newest layer holds the previous expansion's
-        children, row-major) and its tree mask row by copying its parent's row within one [R, R] buffer.
-        No host sync: returns (tree, [4] validation flags on the device).
+        children, row-major) and its tree mask row by OR-ing in its parent's (rows.inherit). Children by
+        tree.draft_topk. No host sync: returns (tree, [4] validation flags on the device).
         """
         spec = self.spec
         k = min(spec.top_k, logits.shape[-1])
         rows = new_rows(torch.eye(max(spec.depth - 1, 0) * k, dtype=torch.bool, device=logits.device))
-        vis = rows.vis  # [R, R]
         prev = _Expansion(out=state[None], row0=0, rows=0)  # depth 0: the catch-up row (not a tree row)
 
         def expand(nodes: torch.Tensor, cand: Candidates, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
-            n, r0 = nodes.numel(), prev.row0 + prev.rows  # this expansion's rows: r0..r0+n-1
+            local = cand.newest  # [n] the nodes' indices within the newest layer (the previous expansion's children)
+            n, r0 = local.numel(), prev.row0 + prev.rows  # this expansion's rows: r0..r0+n-1
             if depth == 1:  # the root's children: their parent is the last committed row
                 states = prev.out.expand(n, -1)
             else:
-                slot = (nodes - (cand.size - prev.rows * k)) // k  # [n] parent's index in the previous expansion
+                slot = local // k  # [n] parent's index in the previous expansion
                 states = prev.out[slot]
-                vis[r0: r0 + n, :r0] = vis[slot + prev.row0, :r0]
-            tokens = self.drafter.to_target_ids(cand.tokens[nodes])
+                rows.inherit(r0, prev.row0, slot)
+            tokens = self.drafter.to_target_ids(cand.newest_tokens[local])
             logits, out = rows.run(states, tokens, depth, r0)
             prev.out, prev.row0, prev.rows = out, r0, n
-            conf, tok = self.draft_dist(logits).topk(k, dim=-1)  # [n, k] sorted: the growth skips its re-sort
+            conf, tok = draft_topk(self.draft_dist(logits), k)  # [n, k] sorted: the growth skips its re-sort
             return tok, conf
 
-        root_conf, root_tok = self.draft_dist(logits).topk(k)
+        root_conf, root_tok = draft_topk(self.draft_dist(logits), k)
         tree, flags = grow_dynamic_tree(root, root_tok, root_conf, expand, k, spec.depth, spec.budget,
                                         sorted_children=True)
         tree.tokens[1:] = self.drafter.to_target_ids(tree.tokens[1:])  # draft ids -> target ids (d2t)
@@ -327,7 +327,7 @@ class Proposer:
         def children(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             """[rows, Vd] -> (confidences [rows, R], draft ids [rows, R]): top-R, or R draws in order."""
             if not sampled:
-                return probs.topk(plan.n_ranks, dim=-1)
+                return draft_topk(probs, plan.n_ranks)
             draws = sample_without_replacement(probs, plan.n_ranks, self.generator)  # zero-q tokens come last
             return probs.gather(-1, draws), draws
 

@@ -41,7 +41,7 @@ from .fast import StaticDraftRunner, StaticKV
 class Rows(Protocol):
     """A tree-row runner: proposer.TreeRows (eager, host committed length) or DeviceTreeRows."""
 
-    vis: torch.Tensor  # [R, R] bool
+    def inherit(self, r0: int, p0: int, slot: torch.Tensor) -> None: ...
 
     def run(self, states: torch.Tensor, tokens: torch.Tensor, depth: int, r0: int
             ) -> tuple[torch.Tensor, torch.Tensor]: ...
@@ -54,28 +54,42 @@ Grow = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, NewRows, torch.Tensor
                 tuple[DraftTree, torch.Tensor | None]]
 
 
-class DeviceTreeRows:
+class MaskRows:
+    """Tree rows whose visibility is `mask` [R, X] bool: row i = tree row i over the X KV columns."""
+
+    mask: torch.Tensor
+
+    def inherit(self, r0: int, p0: int, slot: torch.Tensor) -> None:
+        """Tree rows r0..r0+n-1 also see what tree rows p0 + slot [n] see (their parents: the growth
+        writes a row before running it). Two ops, whatever the depth."""
+        self.mask[r0: r0 + slot.shape[0]].bitwise_or_(self.mask[p0:].index_select(0, slot))
+
+
+class DeviceTreeRows(MaskRows):
     """proposer.TreeRows over a StaticDraftRunner's KV, the committed length a device tensor `base` [],
-    attending over the first `span` KV slots (span >= base + R: the caller's contract)."""
+    attending over the first `span` KV slots (span >= base + R: the caller's contract).
+
+    Built once per tree (inside the graph): the [R, span] mask and base + arange(R), which give every
+    depth's mask rows, KV slots and positions as views (tree rows r0..r0+n-1 at slots base + r0 + i;
+    depth d at position base + d - 1, d - 1 < R as every earlier depth ran at least one row)."""
 
     def __init__(self, runner: StaticDraftRunner, base: torch.Tensor, tree_part: torch.Tensor, span: int):
         r = tree_part.shape[0]
-        self.runner, self.base, self.span = runner, base, span
-        self.vis = tree_part.clone()  # [R, R]: tree row i sees tree row j
+        self.runner, self.span = runner, span
         rel = runner.cols[:span] - base  # [span]: KV column relative to the first tree row
-        self._committed = rel < 0
-        self._col = rel.clamp(0, max(r - 1, 0))
-        self._in_tree = rel < r  # (and >= 0: the columns below are committed ones)
+        col = rel.clamp(0, max(r - 1, 0))
+        in_tree = rel < r  # (and >= 0: the columns below are committed ones)
+        tree_cols = tree_part.index_select(1, col) if r else tree_part.new_zeros(0, span)  # [R, span]
+        self.mask = (rel < 0) | (tree_cols & in_tree)  # [R, span]
+        self._at = base + torch.arange(r, device=base.device)  # [R]
 
     def run(self, states: torch.Tensor, tokens: torch.Tensor, depth: int, r0: int
             ) -> tuple[torch.Tensor, torch.Tensor]:
         """Tree rows r0..r0+n-1 -> (draft logits [n, Vd], states [n, H])."""
         n = tokens.shape[0]
-        visible = self._committed | (self.vis[r0: r0 + n].index_select(1, self._col) & self._in_tree)  # [n, span]
-        positions = (self.base + (depth - 1)).expand(n)
-        slots = self.base + r0 + torch.arange(n, device=tokens.device)
+        slots, positions = self._at[r0: r0 + n], self._at[depth - 1].expand(n)
         cache = [StaticKV(k, v, slots, self.span) for k, v in zip(self.runner.k, self.runner.v)]
-        return self.runner.drafter(states, tokens, positions, cache, visible=visible)
+        return self.runner.drafter(states, tokens, positions, cache, visible=self.mask[r0: r0 + n])
 
 
 class TreeGraph:
