@@ -221,3 +221,57 @@ def test_rms_norm_rounds_like_hf(dtype, impl):
         ours = RMSNorm(96, eps=1e-5).to(dtype)
         ours.load_state_dict(norm.state_dict())
         assert torch.equal(ours(x), norm(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_equals_hf_for_any_layout(dtype):
+    """_rope (halves swapped by a flip, the sign folded into sin) must give HF's apply_rotary_pos_emb bitwise,
+    for a strided input (q/k are views of the fused qkv output) and a head-major `out` (a wrong swap or a sign
+    on the wrong half differs)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from eaglespec.target.fast import _rope
+
+    gen = torch.Generator().manual_seed(0)
+    b, h, d = 5, 6, 16
+    qkv = torch.randn(b, h + 2, d, generator=gen).to(dtype)
+    x = qkv[:, :h]  # [B, H, D], not contiguous
+    cos, sin = torch.randn(b, d, generator=gen).to(dtype), torch.randn(b, d, generator=gen).to(dtype)
+    sin_signed = torch.cat([-sin[:, : d // 2], sin[:, d // 2:]], dim=-1)
+    ref, _ = apply_rotary_pos_emb(x.transpose(0, 1), x.transpose(0, 1), cos, sin, unsqueeze_dim=0)  # [H, B, D]
+    assert torch.equal(_rope(x, cos[:, None], sin_signed[:, None]), ref.transpose(0, 1))
+    heads = torch.empty(h, b, d, dtype=dtype)
+    _rope(x.transpose(0, 1), cos[None], sin_signed[None], out=heads)
+    assert torch.equal(heads, ref)
+
+
+def test_add_linear_keeps_bias_path_and_matches_without_bias():
+    from eaglespec.target.fast import _add_linear
+
+    gen = torch.Generator().manual_seed(0)
+    h, x = torch.randn(4, 8, generator=gen), torch.randn(4, 6, generator=gen)
+    w, bias = torch.randn(8, 6, generator=gen), torch.randn(8, generator=gen)
+    assert torch.equal(_add_linear(h, x, w, bias), h + torch.nn.functional.linear(x, w, bias))
+    torch.testing.assert_close(_add_linear(h, x, w, None), h + x @ w.T, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_step_copies_only_the_attention_output(rows):
+    """Kernel-count guard: q reaches attention and k the cache as views of the head-major rope output, so a step
+    of B > 1 rows copies only the attention output back to token-major (one copy per layer), a 1-row step
+    nothing; no roll (on CUDA it copies a non-contiguous input first) and one GEMM per residual (addmm)."""
+    from _opcount import HostOps
+
+    model = tiny_target("llama", seed=1)
+    fast = FastTarget(model, max_len=64, buckets=(rows,))
+    fast.forward(torch.arange(3, 8))
+    fast.commit(torch.arange(5))
+    fast.forward(torch.arange(10, 10 + rows))  # stages the bucket's buffers
+    (run,) = fast._graphs.values()
+    with HostOps() as c, torch.no_grad():
+        fast._step(run.tokens, run.positions, run.visible, run.base, run.cols)
+    ops, layers = c.kernels, fast.num_layers
+    assert ops["aten.clone.default"] + ops["aten.copy_.default"] == (layers if rows > 1 else 0)
+    assert not any("roll" in op for op in ops)
+    assert ops["aten.addmm.default"] == 2 * layers
+    assert ops["aten.add.Tensor"] == 1  # the slots: no residual add left

@@ -107,10 +107,24 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """HF's x * cos + rotate_half(x) * sin in 4 kernels: rotate_half(x) * sin == roll(x, D/2) * sin_signed with
-    sin_signed = [-sin_1, sin_2] (the same products: a sign flip is exact)."""
-    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+          out: torch.Tensor | None = None) -> torch.Tensor:
+    """HF's x * cos + rotate_half(x) * sin in 4 kernels, into `out` when given (contiguous: dynamo refuses a
+    strided out=). rotate_half(x) * sin == swap_halves(x) * sin_signed with sin_signed = [-sin_1, sin_2] (the same
+    products: a sign flip is exact); the halves are swapped by a flip of the [2, D/2] view, one kernel for any
+    strides, where torch.roll first copies a non-contiguous x on CUDA (every step of more than one row)."""
+    swapped = x.unflatten(-1, (2, x.shape[-1] // 2)).flip(-2).flatten(-2)
+    return torch.add(x * cos, swapped * sin_signed, out=out)
+
+
+def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The residual h + x @ weight.T (+ bias). Without a bias one addmm (one GEMM kernel, the add in its epilogue)
+    instead of a GEMM then an add: the same in exact arithmetic; in bf16/fp16 the sum is rounded once instead of
+    twice (HF rounds the projection to the model dtype, then the sum), a last-bit difference that contract 1
+    allows (bf16 near-ties); fp32 differs by accumulation order only."""
+    if bias is None:
+        return torch.addmm(h, x, weight.t())
+    return h + F.linear(x, weight, bias)
 
 
 def _cat_bias(*mods: nn.Linear) -> torch.Tensor | None:
@@ -188,6 +202,9 @@ class FastTarget:
         self.lm_w, self.lm_b = head.weight, getattr(head, "bias", None)
         self.vocab_size = head.weight.shape[0]
         self._rotary = inner.rotary_emb
+        # the attention mask's values (0-dim tensors: a Python scalar in torch.where makes a tensor per step)
+        self._open = torch.zeros((), device=self.device, dtype=self.dtype)
+        self._shut = torch.full((), torch.finfo(self.dtype).min, device=self.device, dtype=self.dtype)
         self.layers = [self._fuse(layer) for layer in layers]
         self.buckets = tuple(sorted(buckets))
         self.use_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
@@ -264,9 +281,10 @@ class FastTarget:
         if cos.shape[-1] != self.head_dim:
             raise EagleSpecError(f"partial rotary ({cos.shape[-1]} of {self.head_dim}) is not supported "
                                  "by the fast backend")
-        self.cos, sin = cos[0].to(self.dtype), sin[0].to(self.dtype)  # [S, D], cast as HF does
+        cos, sin = cos[0].to(self.dtype), sin[0].to(self.dtype)  # [S, D], cast as HF does
         half = sin.shape[-1] // 2
-        self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # for _rope
+        sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # for _rope
+        self.rope_table = torch.stack([cos, sin_signed], dim=1)  # [S, 2, D]: one gather per step for both
         self.cols = torch.arange(max_len, device=self.device)
         self.max_len = max_len
         self._graphs.clear()
@@ -305,14 +323,13 @@ class FastTarget:
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
         g = hq // hk
         rel = cols - base  # [span]: slot index relative to the first pending slot
-        in_block = (rel >= 0) & (rel < b)
-        block = visible[:, rel.clamp(0, b - 1)] & in_block  # [B, S]
-        allowed = block | (rel < 0)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=tokens.device)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        mask = mask.repeat(g, 1)[None, None]  # [1, 1, G*B, span]: rows of the grouped queries
-        slots = base + torch.arange(b, device=tokens.device)
-        cos, sin = self.cos[positions][:, None], self.sin_signed[positions][:, None]  # [B, 1, D]
+        allowed = (visible[:, rel.clamp(0, b - 1)] & (rel < b)) | (rel < 0)  # [B, span]: the prefix, visible rows
+        # [1, 1, G*B, span]: the rows of the grouped queries (see below), 0 where allowed, else the dtype's min
+        mask = torch.where(allowed.expand(g, b, span), self._open, self._shut)
+        mask = mask.view(1, 1, g * b, span)
+        slots = base + cols[:b]  # [B]: this step's cache slots (cols[:b] = 0..b-1)
+        cs = self.rope_table[positions]  # [B, 2, D]
+        cos, sin = cs[None, :, 0], cs[None, :, 1]  # [1, B, D] each: broadcast over head-major [heads, B, D]
 
         h = F.embedding(tokens, self.embed_w)  # [B, H]
         feats: dict[int, torch.Tensor] = {}
@@ -326,19 +343,23 @@ class FastTarget:
             if w.q_norm is not None:
                 q, k = qk.split([hq, hk], dim=1)
                 qk = torch.cat([_rms(q, w.q_norm, self.eps), _rms(k, w.k_norm, self.eps)], dim=1)
-            qk = _rope(qk, cos, sin)  # q and k at once (element-wise: the same values as one by one)
-            q, k = qk.split([hq, hk], dim=1)
+            # rope of q and k at once (element-wise: the same values as one by one), written head-major so that
+            # q's GQA rows and k's cache rows below are views: no copy whatever the number of rows
+            qk_heads = qk.new_empty(hq + hk, b, d)
+            _rope(qk.transpose(0, 1), cos, sin, out=qk_heads)  # [Hq + Hkv, B, D]
             kc, vc = self.cache[i, 0].narrow(1, 0, span), self.cache[i, 1].narrow(1, 0, span)  # [Hkv, span, D]
-            kc.index_copy_(1, slots, k.transpose(0, 1))
+            kc.index_copy_(1, slots, qk_heads[hq:])
             vc.index_copy_(1, slots, v.transpose(0, 1))
-            # GQA without repeating the cache: the G query heads of a kv head become G*B query rows
-            qg = q.view(b, hk, g, d).permute(1, 2, 0, 3).reshape(1, hk, g * b, d)
+            # GQA without repeating the cache: the G query heads of a kv head become G*B query rows (head
+            # j*G + r, token t -> kv head j, row r*B + t): [Hq, B, D] viewed as [1, Hkv, G*B, D] (eager; a reshape
+            # because a compiled graph may lay the rope's output out otherwise)
+            qg = qk_heads[:hq].reshape(1, hk, g * b, d)
             o = F.scaled_dot_product_attention(qg, kc[None], vc[None], attn_mask=mask, scale=self.scaling)
-            o = o.view(hk, g, b, d).permute(2, 0, 1, 3).reshape(b, hq * d)
-            h = h + F.linear(o, w.o_w, w.o_b)
+            o = o.view(hk, g, b, d).permute(2, 0, 1, 3).reshape(b, hq * d)  # a copy when B > 1
+            h = _add_linear(h, o, w.o_w, w.o_b)
             x = _rms(h, w.post_norm, self.eps)
             gate, up = F.linear(x, w.gate_up_w, w.gate_up_b).chunk(2, dim=-1)
-            h = h + F.linear(w.act(gate) * up, w.down_w, w.down_b)
+            h = _add_linear(h, w.act(gate) * up, w.down_w, w.down_b)
         if self.num_layers in wanted:
             feats[self.num_layers] = h
         logits = F.linear(_rms(h, self.final_norm, self.eps), self.lm_w, self.lm_b)
