@@ -112,6 +112,8 @@ def test_spec_validation(kwargs, match):
 
 @pytest.mark.parametrize("tokens, conf, match", [
     ([A, B], [0.6, float("nan")], "finite"),
+    ([A, B], [float("inf"), 0.0], "finite"),
+    ([A, B], [0.3, float("-inf")], "finite"),
     ([A, B], [0.6, -0.1], r"\[0, 1\]"),
     ([A, B], [1.2, 0.0], r"\[0, 1\]"),
     ([A, A], [0.5, 0.4], "same child token"),

@@ -243,7 +243,7 @@ def test_growth_has_no_host_sync(kind, sampling):
     graph.run(root, logits, state, prop.committed)  # stages the inputs (and builds a static plan once)
     rng = prop.generator.get_state()
     with HostCounter() as c:
-        tree, flags = graph.grow()
+        tree, flags, _ = graph.grow()
     assert c.syncs == 0, c.names
     assert torch.equal(prop.generator.get_state(), rng)  # nothing drawn inside: a CUDA graph can replay it
     if sampling is None or sampling.top_p == 1:

@@ -266,10 +266,10 @@ def _child_flags(tokens: torch.Tensor, conf: torch.Tensor) -> torch.Tensor:
     """[3] bool, no host sync: (confidence not finite or outside [0,1], duplicate token under one
     parent, sibling mass above 1 + eps)."""
     conf = conf.float()
-    bad_conf = (~torch.isfinite(conf) | (conf < 0) | (conf > 1)).any()
+    bad_conf = (conf.clamp(0, 1) != conf).any()  # NaN != NaN; +-inf and values outside [0, 1] move
     sorted_tok = tokens.sort(dim=-1).values
     dup = (sorted_tok[..., 1:] == sorted_tok[..., :-1]).any()
-    mass = (torch.nan_to_num(conf, nan=0.0).sum(-1) > 1 + MASS_EPS).any()
+    mass = (conf.sum(-1) > 1 + MASS_EPS).any()  # a NaN sum compares False (bad_conf reports it)
     return torch.stack([bad_conf, dup, mass])
 
 
@@ -380,11 +380,12 @@ def _select(root: int | torch.Tensor, cand: Candidates, budget: int) -> tuple[Dr
         tree.logq = torch.zeros(1, device=dev)
         return tree, torch.ones((), dtype=torch.bool, device=dev)
     chosen = select_nodes(cand, budget)  # [B]
-    node_of = torch.full((cand.size,), -1, dtype=torch.long, device=dev)
-    node_of[chosen] = torch.arange(1, chosen.numel() + 1, device=dev)
-    par = cand.parents[chosen]
-    parents = torch.where(par >= 0, node_of[par.clamp(min=0)], 0)
-    closed = ((par < 0) | (parents > 0)).all()
+    # node_of[1 + candidate id] = its tree node, -1 if not chosen; node_of[0] = 0: the root (parent id -1)
+    node_of = torch.full((cand.size + 1,), -1, dtype=torch.long, device=dev)
+    node_of[chosen + 1] = torch.arange(1, chosen.numel() + 1, device=dev)
+    node_of[0].zero_()  # not `node_of[0] = 0`: that copies a host scalar to the device
+    parents = node_of[cand.parents[chosen] + 1]  # [B]
+    closed = (parents >= 0).all()
     zero = torch.zeros(1, dtype=torch.long, device=dev)
     tree = DraftTree(
         tokens=torch.cat([root_t, cand.tokens[chosen]]),

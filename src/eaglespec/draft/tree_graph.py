@@ -106,15 +106,17 @@ class TreeGraph:
         self.noise = torch.ones(noise_rows, draft_vocab, device=dev) if noise_rows else None
         self.span = runner.span(rows)  # KV slots attended (set by run() from the committed length)
         # span -> (CUDA graph, the captured call's outputs): every span's graph reads the inputs above
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[DraftTree, torch.Tensor | None]]] = {}
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[DraftTree, torch.Tensor | None, torch.Tensor]]] = {}
         self.failed = False  # a capture raised: the proposer takes the per-step path
 
-    def grow(self) -> tuple[DraftTree, torch.Tensor | None]:
+    def grow(self) -> tuple[DraftTree, torch.Tensor | None, torch.Tensor]:
         """The growth over the static buffers, attending over self.span slots: what a CUDA graph captures
-        (no host sync)."""
+        (no host sync). Returns the tree, a dynamic tree's [4] flags (else None) and ids [3, N] long: the
+        tree's tokens, parents and depths in one tensor (run() copies them out in one op)."""
         span = self.span
-        return self._grow(self.root, self.logits, self.state,
-                          lambda part: DeviceTreeRows(self.runner, self.base, part, span), self.noise)
+        tree, flags = self._grow(self.root, self.logits, self.state,
+                                 lambda part: DeviceTreeRows(self.runner, self.base, part, span), self.noise)
+        return tree, flags, torch.stack([tree.tokens, tree.parents, tree.depths])
 
     def run(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, committed: int
             ) -> DraftTree | None:
@@ -131,18 +133,19 @@ class TreeGraph:
         self.base.fill_(committed)
         self.span = self.runner.span(committed + self.rows)  # a host int: no sync
         if not self.runner.use_graphs:
-            tree, flags = self.grow()
+            tree, flags, ids = self.grow()
         else:
             if self.span not in self.graphs and not self._capture():
                 return None
-            graph, (tree, flags) = self.graphs[self.span]
+            graph, (tree, flags, ids) = self.graphs[self.span]
             graph.replay()
         if flags is not None:
             check_dynamic_flags(flags)  # the one host read
         # the next replay rewrites the graph's outputs: the caller keeps its own tree
+        tokens, parents, depths = ids.clone()  # [N] each
         q = None if tree.draft_probs is None else tree.draft_probs.clone()  # [N, V]: sampled chains
-        return DraftTree(tokens=tree.tokens.clone(), parents=tree.parents.clone(), depths=tree.depths.clone(),
-                         logq=tree.logq.clone(), draft_probs=q, stats=dict(tree.stats), ordered=True)
+        return DraftTree(tokens=tokens, parents=parents, depths=depths, logq=tree.logq.clone(), draft_probs=q,
+                         stats=dict(tree.stats), ordered=True)
 
     def _capture(self) -> bool:
         """Capture grow() at self.span (inputs staged: the warm-up writes the pending KV slots only)."""
