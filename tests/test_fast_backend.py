@@ -223,25 +223,27 @@ def test_rms_norm_rounds_like_hf(dtype, impl):
         assert torch.equal(ours(x), norm(x))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_rope_equals_hf_for_any_layout(dtype):
-    """_rope (halves swapped by a flip, the sign folded into sin) must give HF's apply_rotary_pos_emb bitwise,
-    for a strided input (q/k are views of the fused qkv output) and a head-major `out` (a wrong swap or a sign
-    on the wrong half differs)."""
+    """_rope (one product with the [[cos_1, -sin_1], [sin_2, cos_2]] table, then a sum over the pair) must give
+    HF's apply_rotary_pos_emb bitwise, for a strided input (q/k are views of the fused qkv output) and a
+    head-major `out` (swapped halves, a sign on the wrong half or a product rounded differently all differ)."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    from eaglespec.target.fast import _rope
+    from eaglespec.target.fast import _rope, _rope_table
 
     gen = torch.Generator().manual_seed(0)
     b, h, d = 5, 6, 16
-    qkv = torch.randn(b, h + 2, d, generator=gen).to(dtype)
+    qkv = (torch.randn(b, h + 2, d, generator=gen) * 3).to(dtype)
     x = qkv[:, :h]  # [B, H, D], not contiguous
-    cos, sin = torch.randn(b, d, generator=gen).to(dtype), torch.randn(b, d, generator=gen).to(dtype)
-    sin_signed = torch.cat([-sin[:, : d // 2], sin[:, d // 2:]], dim=-1)
+    angles = torch.rand(b, d // 2, generator=gen).repeat(1, 2) * 50
+    angles[:, d // 2:] += 0.1  # distinct halves: a table built from the wrong half differs
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    table = _rope_table(cos, sin)  # [B, 2, 2, D/2]
     ref, _ = apply_rotary_pos_emb(x.transpose(0, 1), x.transpose(0, 1), cos, sin, unsqueeze_dim=0)  # [H, B, D]
-    assert torch.equal(_rope(x, cos[:, None], sin_signed[:, None]), ref.transpose(0, 1))
+    assert torch.equal(_rope(x, table[:, None]), ref.transpose(0, 1))
     heads = torch.empty(h, b, d, dtype=dtype)
-    _rope(x.transpose(0, 1), cos[None], sin_signed[None], out=heads)
+    _rope(x.transpose(0, 1), table[None], out=heads)
     assert torch.equal(heads, ref)
 
 
@@ -259,7 +261,7 @@ def test_add_linear_keeps_bias_path_and_matches_without_bias():
 def test_step_copies_only_the_attention_output(rows):
     """Kernel-count guard: q reaches attention and k the cache as views of the head-major rope output, so a step
     of B > 1 rows copies only the attention output back to token-major (one copy per layer), a 1-row step
-    nothing; no roll (on CUDA it copies a non-contiguous input first) and one GEMM per residual (addmm)."""
+    nothing; rope in 2 ops (no roll: on CUDA it copies a non-contiguous input first) and one GEMM per residual."""
     from _opcount import HostOps
 
     model = tiny_target("llama", seed=1)
@@ -272,6 +274,7 @@ def test_step_copies_only_the_attention_output(rows):
         fast._step(run.tokens, run.positions, run.visible, run.base, run.cols)
     ops, layers = c.kernels, fast.num_layers
     assert ops["aten.clone.default"] + ops["aten.copy_.default"] == (layers if rows > 1 else 0)
-    assert not any("roll" in op for op in ops)
+    assert not any("roll" in op or "flip" in op for op in ops)
+    assert ops["aten.sum.IntList_out"] == layers  # the rope's pair sums
     assert ops["aten.addmm.default"] == 2 * layers
     assert ops["aten.add.Tensor"] == 1  # the slots: no residual add left

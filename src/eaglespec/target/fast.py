@@ -107,14 +107,22 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
-          out: torch.Tensor | None = None) -> torch.Tensor:
-    """HF's x * cos + rotate_half(x) * sin in 4 kernels, into `out` when given (contiguous: dynamo refuses a
-    strided out=). rotate_half(x) * sin == swap_halves(x) * sin_signed with sin_signed = [-sin_1, sin_2] (the same
-    products: a sign flip is exact); the halves are swapped by a flip of the [2, D/2] view, one kernel for any
-    strides, where torch.roll first copies a non-contiguous x on CUDA (every step of more than one row)."""
-    swapped = x.unflatten(-1, (2, x.shape[-1] // 2)).flip(-2).flatten(-2)
-    return torch.add(x * cos, swapped * sin_signed, out=out)
+def _rope_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """[..., D] cos and sin -> [..., 2, 2, D/2] = [[cos_1, -sin_1], [sin_2, cos_2]] (halves 1 and 2) for _rope."""
+    half = cos.shape[-1] // 2
+    c1, c2, s1, s2 = cos[..., :half], cos[..., half:], sin[..., :half], sin[..., half:]
+    return torch.stack([torch.stack([c1, -s1], dim=-2), torch.stack([s2, c2], dim=-2)], dim=-3)
+
+
+def _rope(x: torch.Tensor, table: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """HF's x * cos + rotate_half(x) * sin in 2 kernels, into `out` [..., D] when given (contiguous: dynamo
+    refuses a strided out=). With table = _rope_table(cos, sin), output half i = x_1 * table[i, 0] + x_2 *
+    table[i, 1]: one broadcast product (HF's products: a sign flip is exact) and a sum over the pair (two addends,
+    one rounding: HF's add), with no copy of a strided x (torch.roll, HF's rotate_half, copies one on CUDA)."""
+    d = x.shape[-1]
+    pairs = x.unflatten(-1, (1, 2, d // 2)) * table  # [..., 2 (output half), 2 (input half), D/2]
+    halves = None if out is None else out.unflatten(-1, (2, d // 2))
+    return torch.sum(pairs, dim=-2, out=halves).flatten(-2)
 
 
 def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -281,10 +289,7 @@ class FastTarget:
         if cos.shape[-1] != self.head_dim:
             raise EagleSpecError(f"partial rotary ({cos.shape[-1]} of {self.head_dim}) is not supported "
                                  "by the fast backend")
-        cos, sin = cos[0].to(self.dtype), sin[0].to(self.dtype)  # [S, D], cast as HF does
-        half = sin.shape[-1] // 2
-        sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # for _rope
-        self.rope_table = torch.stack([cos, sin_signed], dim=1)  # [S, 2, D]: one gather per step for both
+        self.rope_table = _rope_table(cos[0].to(self.dtype), sin[0].to(self.dtype))  # [S, 2, 2, D/2], cast as HF
         self.cols = torch.arange(max_len, device=self.device)
         self.max_len = max_len
         self._graphs.clear()
@@ -328,8 +333,7 @@ class FastTarget:
         mask = torch.where(allowed.expand(g, b, span), self._open, self._shut)
         mask = mask.view(1, 1, g * b, span)
         slots = base + cols[:b]  # [B]: this step's cache slots (cols[:b] = 0..b-1)
-        cs = self.rope_table[positions]  # [B, 2, D]
-        cos, sin = cs[None, :, 0], cs[None, :, 1]  # [1, B, D] each: broadcast over head-major [heads, B, D]
+        rope = self.rope_table[positions][None]  # [1, B, 2, 2, D/2]: broadcast over head-major [heads, B, D]
 
         h = F.embedding(tokens, self.embed_w)  # [B, H]
         feats: dict[int, torch.Tensor] = {}
@@ -346,7 +350,7 @@ class FastTarget:
             # rope of q and k at once (element-wise: the same values as one by one), written head-major so that
             # q's GQA rows and k's cache rows below are views: no copy whatever the number of rows
             qk_heads = qk.new_empty(hq + hk, b, d)
-            _rope(qk.transpose(0, 1), cos, sin, out=qk_heads)  # [Hq + Hkv, B, D]
+            _rope(qk.transpose(0, 1), rope, out=qk_heads)  # [Hq + Hkv, B, D]
             kc, vc = self.cache[i, 0].narrow(1, 0, span), self.cache[i, 1].narrow(1, 0, span)  # [Hkv, span, D]
             kc.index_copy_(1, slots, qk_heads[hq:])
             vc.index_copy_(1, slots, v.transpose(0, 1))
