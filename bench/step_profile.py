@@ -6,8 +6,9 @@ For the default target (SmolLM2-135M-Instruct, bf16) on the fast backend it repo
    events, median)
    and, from torch.profiler over the same step run eagerly, the kernels per step and the CUDA time by kernel
    family (top 12): the share of attention, matmuls, norms, rope, copies;
-2. one propose() per tree kind (chain k=5, dynamic 60/8/10) with the shipped drafter, draft graphs on and off:
-   wall ms (synchronized, median) and, eager, the kernel count and the CUDA time by family.
+2. one propose() per tree kind (chain k=5, dynamic 60/8/10, dynamic 24/5/6) with the shipped drafter: eager, draft
+   graphs, and draft graphs with plain torch.topk (A/B of tree.draft_topk): wall ms (synchronized, median) and,
+   eager, the kernel count and the CUDA time by family.
 
     PYTHONPATH=src python bench/step_profile.py [--json OUT]
 """
@@ -99,13 +100,23 @@ def target_profile(model, ids) -> dict:
 
 
 def propose_profile(es: EagleSpec) -> dict:
+    """propose() per tree: eager, draft graphs, and draft graphs with plain torch.topk instead of the two-stage
+    tree.draft_topk (A/B of the top-k; the graphs are captured with the setting in force)."""
+    import eaglespec.tree as tree_mod
+
     out = {}
     prompt = es.encode("Write a short story about a lighthouse keeper and explain the moral.")
-    for kind, k in (("chain", 5), ("dynamic", None)):
-        for graphs in (False, True):
+    specs = (("chain", tree_spec("chain", 5)), ("dynamic", tree_spec("dynamic")),
+             ("dynamic_5_6_24", tree_spec("dynamic", top_k=6, depth=5, budget=24)))
+    split = tree_mod.TOPK_SPLIT_DEVICES
+    for kind, spec in specs:
+        for mode in ("eager", "graphs", "graphs_plain_topk"):
+            if mode == "graphs_plain_topk" and kind == "chain":
+                continue  # a greedy chain takes no top-k
+            tree_mod.TOPK_SPLIT_DEVICES = () if mode == "graphs_plain_topk" else split
             target = FastTarget(es.model, tuple(es.drafter.feature_layer_ids), max_len=2048)
-            eng = SpeculativeEngine(target, es.drafter, tree_spec(kind, k))
-            if graphs:
+            eng = SpeculativeEngine(target, es.drafter, spec)
+            if mode != "eager":
                 enable_draft_graphs(eng, max_len=2048)
             calls = []
             orig = eng.proposer.propose
@@ -125,11 +136,12 @@ def propose_profile(es: EagleSpec) -> dict:
                 orig(*args)
                 torch.cuda.synchronize()
                 wall.append(1e3 * (time.perf_counter() - t0))
-            key = f"{kind}/{'graphs' if graphs else 'eager'}"
+            key = f"{kind}/{mode}"
             out[key] = {"wall_ms": round(statistics.median(wall[5:]), 3)}
-            if not graphs:
+            if mode == "eager":
                 out[key]["eager"] = kernel_profile(lambda a=args, o=orig: o(*a))
             print(key, json.dumps(out[key]), flush=True)
+    tree_mod.TOPK_SPLIT_DEVICES = split
     return out
 
 
