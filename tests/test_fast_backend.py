@@ -278,3 +278,21 @@ def test_step_copies_only_the_attention_output(rows):
     assert ops["aten.sum.IntList_out"] == layers  # the rope's pair sums
     assert ops["aten.addmm.default"] == 2 * layers
     assert ops["aten.add.Tensor"] == 1  # the slots: no residual add left
+
+
+def test_qwen3_q_and_k_norms_apply_per_head():
+    """Qwen3's q_norm and k_norm run as one RMSNorm over all q and k heads with a per-head weight table: with
+    distinct random weights (the tiny model's are all ones) a swapped or misaligned table differs from HF."""
+    model = tiny_target("qwen3", seed=4)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.copy_(torch.rand(norm.weight.shape, generator=gen) * 2)
+    ref, fast = HFTarget(model, (2,)), FastTarget(model, (2,), max_len=64, buckets=(4,))
+    prompt = torch.randint(3, 90, (7,), generator=gen)
+    _close(ref.forward(prompt), fast.forward(prompt))
+    for b in (ref, fast):
+        b.commit(torch.arange(7))
+    toks = torch.randint(3, 90, (3,), generator=gen)
+    _close(ref.forward(toks), fast.forward(toks))

@@ -148,8 +148,7 @@ class _Layer:
     in_norm: torch.Tensor
     qkv_w: torch.Tensor
     qkv_b: torch.Tensor | None
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
+    qk_norm: torch.Tensor | None  # [Hq + Hkv, D]: Qwen3's q_norm weight per q head, then k_norm's per k head
     o_w: torch.Tensor
     o_b: torch.Tensor | None
     post_norm: torch.Tensor
@@ -258,8 +257,8 @@ class FastTarget:
             in_norm=layer.input_layernorm.weight,
             qkv_w=torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]),
             qkv_b=_cat_bias(at.q_proj, at.k_proj, at.v_proj),
-            q_norm=qn.weight if qn is not None else None,
-            k_norm=kn.weight if kn is not None else None,
+            qk_norm=None if qn is None else torch.cat([qn.weight.expand(self.n_heads, -1),
+                                                       kn.weight.expand(self.n_kv, -1)]),
             o_w=at.o_proj.weight, o_b=at.o_proj.bias,
             post_norm=layer.post_attention_layernorm.weight,
             gate_up_w=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
@@ -344,9 +343,8 @@ class FastTarget:
             x = _rms(h, w.in_norm, self.eps)
             qkv = F.linear(x, w.qkv_w, w.qkv_b)
             qk, v = qkv.view(b, hq + 2 * hk, d).split([hq + hk, hk], dim=1)
-            if w.q_norm is not None:
-                q, k = qk.split([hq, hk], dim=1)
-                qk = torch.cat([_rms(q, w.q_norm, self.eps), _rms(k, w.k_norm, self.eps)], dim=1)
+            if w.qk_norm is not None:  # q_norm and k_norm at once (per head: the same values as one by one)
+                qk = _rms(qk, w.qk_norm, self.eps)
             # rope of q and k at once (element-wise: the same values as one by one), written head-major so that
             # q's GQA rows and k's cache rows below are views: no copy whatever the number of rows
             qk_heads = qk.new_empty(hq + hk, b, d)
