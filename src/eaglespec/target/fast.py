@@ -16,7 +16,10 @@ On CUDA each (bucket, span) step is captured once in a torch.cuda.CUDAGraph over
 Attending over the span instead of the whole static cache matters: on an H200 the cuDNN attention kernel cost
 32 us per layer over 2048 slots and 10 us over 512 (bench/RESULTS.md, session 3), whatever the context.
 Rope comes from the HF model's own rotary module (rope_scaling such as llama3 included), evaluated
-once for every slot position into a cos/sin table.
+once for every slot position into a cos/sin table (_rope_table).
+Kernels per layer of a step (CUDA, no bias): 2 per RMSNorm, the qkv GEMM, rope 2 (written head-major: q's GQA
+rows and k's cache rows are views), 2 KV index copies, SDPA, o GEMM + residual (one addmm), gate/up GEMM, silu,
+mul, down GEMM + residual; steps of more than one row add one copy (the attention output back to token-major).
 """
 
 from __future__ import annotations
