@@ -120,3 +120,22 @@ def test_ratios_vs_hf_use_only_the_prompts_hf_ran():
     assert "HF generate on the first 2 prompts only" in markdown(report)
     ag = agreement(Run("hf", token_ids=[[1, 2], [3, 4]]), Run("x", token_ids=[[1, 2], [3, 4], [5, 6]]))
     assert ag["sequences"] == 2 and ag["identical_rate"] == 1.0
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_every_prompt_is_warmed_before_any_timing(warm):
+    """--warm-prompts: each method runs every prompt once (2 tokens) before its first timed prompt, so the first
+    method does not pay the prompt lengths' first-sight costs for the others; --no-warm-prompts skips that."""
+    model = tiny_target("llama", seed=4)
+    bench = Bench(model, _Tok(), tiny_drafter(model, seed=2), [2], _args(warm_prompts=warm))
+    engine, _ = bench.engine("eagle3-chain")
+    calls: list[tuple[int, int]] = []  # (prompt length, max_new_tokens) in call order
+    orig = engine.generate
+    engine.generate = lambda ids, n, *a: calls.append((len(ids), n)) or orig(ids, n, *a)
+    bench.engine = lambda method: (engine, None)
+    prompts = [[5, 6, 7], [5, 6, 7, 8, 9], [9, 8, 7, 6]]
+    run = bench.run("eagle3-chain", prompts, 6, warmup=1)
+    timed = [c for c in calls if c[1] == 6]
+    assert timed == [(3, 6), (5, 6), (4, 6)] and len(run.token_ids) == 3
+    first_timed = calls.index(timed[0])
+    assert calls[:first_timed] == [(3, 48)] + ([(5, 2), (4, 2)] if warm else [])
