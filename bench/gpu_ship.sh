@@ -23,6 +23,11 @@
 # calls `rm -rf .gpu/snap && mkdir -p .gpu/snap && git archive HEAD src bench | tar -x -C .gpu/snap`, carry
 # .gpu/snap, and start each command with `rm -rf src bench && cp -r .gpu/snap/src .gpu/snap/bench .` (helpers'
 # uncommitted edits never reach the device; EAGLESPEC_COMMIT=<HEAD> names it in the results).
+# Session 4 did the same in one lease: 3 stash calls (part00 + .gpu/trainset/regen.jsonl, part01 +
+# .gpu/trainset/regen_more.jsonl copied into $HOME/ship, part02), then part03 + WHEEL_NAME + .gpu/whl + .gpu/snap with
+# the checks, then `cat regen.jsonl regen_more.jsonl > all.jsonl; DATA=$HOME/ship/all.jsonl TRAIN_S=420 ... continue`,
+# then the benchmark with --draft $HOME/ship/cont-bf16. A warm machine is released ~30 s after a call ends: have the
+# next command ready before the current one returns.
 # (Session 2 used two calls instead: it took the drafter out of the index for the GPU calls only —
 #  `git rm -r -q --cached models/smollm2-135m-instruct-eagle3` + the path in .git/info/exclude — then the
 #  48 MiB part00 fits; undo with `git reset -q models/` and the exclude line removed, before any commit.)
