@@ -276,8 +276,32 @@ def test_step_copies_only_the_attention_output(rows):
     assert ops["aten.clone.default"] + ops["aten.copy_.default"] == (layers if rows > 1 else 0)
     assert not any("roll" in op or "flip" in op for op in ops)
     assert ops["aten.sum.IntList_out"] == layers  # the rope's pair sums
-    assert ops["aten.addmm.default"] == 2 * layers
+    assert ops["aten.addmm_.default"] == 2 * layers  # in place: an out-of-place addmm copies h first on CUDA
+    assert ops["aten.addmm.default"] == 0
     assert ops["aten.add.Tensor"] == 1  # the slots: no residual add left
+
+
+def test_in_place_residuals_leave_the_captured_features_intact():
+    """A feature layer's input h is kept (feats[i]): that layer's first residual must not accumulate into it in
+    place, or the drafter would read the layer's output. Features and logits equal HF's; one out-of-place addmm per
+    feature layer below the last, every other residual in place."""
+    from _opcount import HostOps
+
+    model = tiny_target("llama", seed=3)
+    ids = (0, 2, model.config.num_hidden_layers)
+    ref, fast = HFTarget(model, ids), FastTarget(model, ids, max_len=64, buckets=(4,))
+    prompt = torch.randint(3, 90, (7,), generator=torch.Generator().manual_seed(5))
+    _close(ref.forward(prompt), fast.forward(prompt))
+    for backend in (ref, fast):
+        backend.commit(torch.arange(7))
+    toks = torch.tensor([11, 12, 13])
+    _close(ref.forward(toks), fast.forward(toks))
+    (run,) = fast._graphs.values()
+    with HostOps() as c, torch.no_grad():
+        fast._step(run.tokens, run.positions, run.visible, run.base, run.cols)
+    layers = fast.num_layers
+    assert c.kernels["aten.addmm.default"] == 2  # layers 0 and 2 (the last id is the final hidden state)
+    assert c.kernels["aten.addmm_.default"] == 2 * layers - 2
 
 
 def test_qwen3_q_and_k_norms_apply_per_head():

@@ -19,7 +19,8 @@ Rope comes from the HF model's own rotary module (rope_scaling such as llama3 in
 once for every slot position into a cos/sin table (_rope_table).
 Kernels per layer of a step (CUDA, no bias): 2 per RMSNorm, the qkv GEMM, rope 2 (written head-major: q's GQA
 rows and k's cache rows are views), 2 KV index copies, SDPA, o GEMM + residual (one addmm), gate/up GEMM, silu,
-mul, down GEMM + residual; steps of more than one row add one copy (the attention output back to token-major).
+mul, down GEMM + residual (addmm_ in place: no copy of h); steps of more than one row add one copy (the attention
+output back to token-major).
 """
 
 from __future__ import annotations
@@ -128,13 +129,16 @@ def _rope(x: torch.Tensor, table: torch.Tensor, out: torch.Tensor | None = None)
     return torch.sum(pairs, dim=-2, out=halves).flatten(-2)
 
 
-def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                inplace: bool = False) -> torch.Tensor:
     """The residual h + x @ weight.T (+ bias). Without a bias one addmm (one GEMM kernel, the add in its epilogue)
     instead of a GEMM then an add: the same in exact arithmetic; in bf16/fp16 the sum is rounded once instead of
     twice (HF rounds the projection to the model dtype, then the sum), a last-bit difference that contract 1
-    allows (bf16 near-ties); fp32 differs by accumulation order only."""
+    allows (bf16 near-ties); fp32 differs by accumulation order only. `inplace`: accumulate into h (addmm_), for an
+    h nothing else holds; an out-of-place addmm first copies h into its result (a device copy per call on CUDA:
+    the 60 DtoD copies of the H200 profile at 87db194)."""
     if bias is None:
-        return torch.addmm(h, x, weight.t())
+        return h.addmm_(x, weight.t()) if inplace else torch.addmm(h, x, weight.t())
     return h + F.linear(x, weight, bias)
 
 
@@ -361,10 +365,11 @@ class FastTarget:
             qg = qk_heads[:hq].reshape(1, hk, g * b, d)
             o = F.scaled_dot_product_attention(qg, kc[None], vc[None], attn_mask=mask, scale=self.scaling)
             o = o.view(hk, g, b, d).permute(2, 0, 1, 3).reshape(b, hq * d)  # a copy when B > 1
-            h = _add_linear(h, o, w.o_w, w.o_b)
+            # residuals accumulate in place, except into the h that feats[i] holds (the layer's input)
+            h = _add_linear(h, o, w.o_w, w.o_b, inplace=i not in wanted)
             x = _rms(h, w.post_norm, self.eps)
             gate, up = F.linear(x, w.gate_up_w, w.gate_up_b).chunk(2, dim=-1)
-            h = _add_linear(h, w.act(gate) * up, w.down_w, w.down_b)
+            h = _add_linear(h, w.act(gate) * up, w.down_w, w.down_b, inplace=True)
         if self.num_layers in wanted:
             feats[self.num_layers] = h
         logits = F.linear(_rms(h, self.final_norm, self.eps), self.lm_w, self.lm_b)
