@@ -9,7 +9,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from eaglespec.train.trainer import TrainConfig, init_distributed, train
+from eaglespec.train.trainer import TrainConfig, finish_distributed, init_distributed, train
 from train_helpers import greedy_samples, sharp_target
 
 
@@ -28,6 +28,4 @@ if __name__ == "__main__":
     init_distributed("cpu")
     model, samples = data()
     train(model, samples, config(grad_accum=1), sys.argv[1])
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
+    finish_distributed()

@@ -99,7 +99,15 @@ def _options(args: argparse.Namespace) -> dict:
 def cmd_train(args: argparse.Namespace) -> int:
     from ..target.loading import load_target, resolve_device
     from .data import read_conversations, tokenize_all
-    from .trainer import TrainConfig, check_start, init_distributed, init_drafter, train, world_rank
+    from .trainer import (
+        TrainConfig,
+        check_start,
+        finish_distributed,
+        init_distributed,
+        init_drafter,
+        train,
+        world_rank,
+    )
 
     o = _options(args)
     for req in ("data", "out"):
@@ -134,6 +142,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         ids = drafter.feature_layer_ids if drafter is not None else drafter_config(model, cfg.method, 1).aux_layer_ids
         samples = attach_feature_cache(o["feature_cache"], model, tok, samples, ids, rank=rank)
     res = train(model, samples, cfg, o["out"], tokenizer=tok, resume=o["resume"], drafter=drafter)
+    finish_distributed()
     if rank == 0 and res.history:
         last = res.history[-1]
         _log(f"eaglespec train: done, {res.steps} steps; last train top-1 by step "

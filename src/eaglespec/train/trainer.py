@@ -127,6 +127,16 @@ def init_distributed(device: str) -> str:
     return device
 
 
+def finish_distributed() -> None:
+    """Under torchrun, at the end: wait for every rank (rank 0 may still be writing the checkpoint), then tear the
+    process group down. A rank that exits while its peers are still busy can abort in gloo's teardown
+    ("terminate called without an active exception")."""
+    dist = _dist()
+    if dist is not None:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _all_reduce(t: torch.Tensor) -> torch.Tensor:
     d = _dist()
     if d:
