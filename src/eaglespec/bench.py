@@ -227,10 +227,9 @@ class Bench:
         sampling = self.sampling()
         try:
             for ids in prompts[:warmup]:  # captures the CUDA graphs this method's shapes need
-                engine.generate(ids, 48, self.eos, sampling) if sampling else engine.generate(ids, 48, self.eos)
+                engine.generate(ids, 48, self.eos, sampling)
             for ids in self._warm_set(prompts, warmup):  # every prompt's prefill / catch-up shape, once
-                engine.generate(ids, WARM_TOKENS, self.eos, sampling) if sampling else \
-                    engine.generate(ids, WARM_TOKENS, self.eos)
+                engine.generate(ids, WARM_TOKENS, self.eos, sampling)
         except NotImplementedError as exc:
             run.skipped = f"not implemented: {exc}"
             _log(f"bench: skipping {method}: {run.skipped}")
@@ -238,7 +237,7 @@ class Bench:
         for i, ids in enumerate(prompts):
             _sync(self.device)
             t0 = time.perf_counter()
-            res = engine.generate(ids, max_new, self.eos, sampling) if sampling else engine.generate(ids, max_new, self.eos)
+            res = engine.generate(ids, max_new, self.eos, sampling)  # sampling None: greedy
             _sync(self.device)
             run.seconds.append(time.perf_counter() - t0)
             res.seconds = run.seconds[-1]
@@ -542,7 +541,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> None:
-    from .cli import add_model_args
+    from .cli import add_model_args, add_tree_args
 
     p = subparsers.add_parser("bench", help="benchmark HF generate, plain fast decoding and EAGLE-3 in one run")
     add_model_args(p)
@@ -552,13 +551,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma separated, from {', '.join(ALL_METHODS)}")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--k", type=int, default=None, help="chain length (default: the drafter's recommendation, else 5)")
-    p.add_argument("--depth", type=int, default=None,
-                   help="dynamic tree depth (default: the drafter's recommendation, else 8)")
-    p.add_argument("--top-k", type=int, default=None,
-                   help="dynamic tree width (default: the drafter's recommendation, else 10)")
-    p.add_argument("--budget", type=int, default=None,
-                   help="dynamic tree budget (default: the drafter's recommendation, else 60)")
+    add_tree_args(p, policy=False)  # --k for the chain; --depth/--top-k/--budget for the trees
     p.add_argument("--warmup", type=int, default=2, help="warm-up prompts per method (default 2)")
     p.add_argument("--warm-prompts", action=argparse.BooleanOptionalAction, default=True,
                    help="before timing a method, run each remaining prompt for 2 tokens (its prefill and one round), "

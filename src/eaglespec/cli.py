@@ -34,10 +34,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="draft with a static drafter KV + CUDA graphs (default: on with the fast backend on CUDA)")
 
 
-def add_tree_args(p: argparse.ArgumentParser) -> None:
+def add_tree_args(p: argparse.ArgumentParser, policy: bool = True) -> None:
     """Tree flags. A flag left out takes the drafter's recommended shape (tree_defaults in its
-    eaglespec_manifest.json, measured with bench/tree_sweep.py), else the generic default given in the help."""
-    p.add_argument("--tree", default="chain", choices=["chain", "static", "dynamic"], help="draft tree policy")
+    eaglespec_manifest.json, measured with bench/tree_sweep.py), else the generic default given in the help.
+    policy=False leaves out --tree (bench runs every tree kind it is asked for)."""
+    if policy:
+        p.add_argument("--tree", default="chain", choices=["chain", "static", "dynamic"], help="draft tree policy")
     p.add_argument("--k", type=int, default=None,
                    help="chain length (default: the drafter's recommendation, else 5; 0 = plain decoding)")
     p.add_argument("--top-k", type=int, default=None,
