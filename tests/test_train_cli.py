@@ -25,6 +25,8 @@ def test_train_bad_config_and_values(tmp_path, capsys):
     assert "malformed JSON" in capsys.readouterr().err
     assert main(["train", "--data", "x", "--out", "o", "--steps", "0"]) == 2
     assert "--steps must be > 0" in capsys.readouterr().err
+    assert main(["train", "--data", "x", "--out", "o", "--stop-after", "0"]) == 2
+    assert "--stop-after must be > 0" in capsys.readouterr().err
     assert main(["train", "--out", "o"]) == 2
     assert "--data is required" in capsys.readouterr().err
 
@@ -48,7 +50,9 @@ def test_train_init_end_to_end_and_refusals(tmp_path, capsys):
                             for i in range(6)))
     common = ["train", "--target", str(target), "--data", str(data), "--device", "cpu", "--steps", "2",
               "--batch-size", "2", "--max-length", "64", "--ttt-steps", "2", "--eval-fraction", "0"]
-    assert main([*common, "--out", str(tmp_path / "a"), "--draft-vocab", "40"]) == 0
+    assert main([*common, "--out", str(tmp_path / "a"), "--draft-vocab", "40", "--stop-after", "1"]) == 0
+    assert load_drafter(tmp_path / "a", target_num_layers=4).manifest["trained_steps"] == 1  # paused, then resumed:
+    assert main([*common, "--out", str(tmp_path / "a"), "--draft-vocab", "40", "--resume"]) == 0
     assert main([*common, "--out", str(tmp_path / "b"), "--init", str(tmp_path / "a"), "--lr", "0"]) == 0
     a = load_drafter(tmp_path / "a", target_num_layers=4)
     b = load_drafter(tmp_path / "b", target_num_layers=4)

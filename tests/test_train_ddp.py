@@ -1,4 +1,5 @@
-"""Data parallel training: a 2-process torchrun (gloo, CPU) run equals one process with 2x accumulation."""
+"""Data parallel training: a 2-process torchrun (gloo, CPU) run equals one process with 2x accumulation, and a
+2-process run paused after 2 steps resumes in one process (2x accumulation) to the same drafter."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def test_torchrun_two_processes_match_single(tmp_path):
     worker = Path(__file__).with_name("train_ddp_worker.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(worker), str(tmp_path / "ddp")]
+           str(worker), str(tmp_path / "ddp"), str(tmp_path / "paused")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     model, samples = data()
@@ -31,3 +32,10 @@ def test_torchrun_two_processes_match_single(tmp_path):
     changed = [n for n, v in one.state_dict().items() if v.is_floating_point()
                and not torch.equal(v, init.drafter.state_dict()[n].to(v.dtype))]
     assert changed and single.steps == 3 and len(single.history) == 3
+    paused = load_drafter(tmp_path / "paused", target_num_layers=4)
+    assert paused.manifest["trained_steps"] == 2
+    assert not all(torch.equal(paused.state_dict()[n], v) for n, v in one.state_dict().items())
+    resumed = train(model, samples, config(grad_accum=2), tmp_path / "paused", resume=True)
+    assert resumed.steps == 3 and [m["step"] for m in resumed.history] == [3]
+    for name, ref in one.state_dict().items():
+        torch.testing.assert_close(resumed.drafter.state_dict()[name].cpu(), ref, atol=2e-5, rtol=1e-4, msg=name)

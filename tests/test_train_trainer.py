@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -96,6 +97,44 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path):
         assert all(torch.equal(la.state_dict()[k], lb.state_dict()[k]) for k in la.state_dict())
     with pytest.raises(EagleSpecError, match="no training_state"):
         train(model, samples, small_cfg(), tmp_path / "nothing", resume=True)
+
+
+def test_pause_writes_a_checkpoint_and_resume_finishes_the_same_run(tmp_path):
+    """--stop-after: the paused run is saved at the pause (not only at save_every) and resumes to the same drafter."""
+    model = sharp_target()
+    samples = greedy_samples(model, 24, new=10, seed=2)
+    cfg = small_cfg(steps=5, draft_vocab=80, log_every=1)
+    full = train(model, samples, cfg, tmp_path / "a")
+    part = train(model, samples, cfg, tmp_path / "b", pause_after=3)
+    assert part.steps == 3 and [m["step"] for m in part.history] == [1, 2, 3]
+    state = torch.load(tmp_path / "b" / "training_state.pt", weights_only=True)
+    assert (state["step"], state["total_steps"]) == (3, 5)
+    assert load_drafter(tmp_path / "b", target_num_layers=4).manifest["trained_steps"] == 3
+    resumed = train(model, samples, cfg, tmp_path / "b", resume=True)
+    assert [m["step"] for m in resumed.history] == [4, 5]
+    a, b = full.drafter.state_dict(), resumed.drafter.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    log = [json.loads(x) for x in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in log] == [1, 2, 3, 4, 5] and all(m["elapsed_s"] >= 0 for m in log)
+    # a pause past the end is no pause; with a time budget it waits until the schedule is fitted (step 11 here)
+    assert train(model, samples, cfg, tmp_path / "c", pause_after=9).steps == 5
+    budget = train(model, samples, small_cfg(steps=500, time_budget_s=1e-3), tmp_path / "d", pause_after=3)
+    assert budget.steps == 11
+
+
+def test_rng_state_from_a_machine_with_more_gpus(monkeypatch):
+    """A checkpoint written on 2 GPUs resumes on 1: only the visible devices' CUDA generators are restored."""
+    from eaglespec.train import trainer as tr
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: calls.append(device))
+    fake = type("T", (), {"noise_gen": torch.Generator()})()
+    st = {"torch": torch.get_rng_state(), "python": __import__("random").getstate(),
+          "noise": torch.Generator().get_state(), "cuda": [torch.zeros(8, dtype=torch.uint8)] * 2}
+    tr._set_rng_state(fake, st)
+    assert calls == [0]
 
 
 def test_export_round_trip_and_manifest(tmp_path):

@@ -1,4 +1,7 @@
-"""Worker for test_train_ddp: `torchrun --nproc_per_node 2 tests/train_ddp_worker.py OUT` (gloo, CPU)."""
+"""Worker for test_train_ddp: `torchrun --nproc_per_node 2 tests/train_ddp_worker.py OUT PAUSED` (gloo, CPU).
+
+OUT: a whole 3-step run; PAUSED: the same run paused (checkpoint written) after 2 steps, for a 1-process resume.
+"""
 
 from __future__ import annotations
 
@@ -28,4 +31,5 @@ if __name__ == "__main__":
     init_distributed("cpu")
     model, samples = data()
     train(model, samples, config(grad_accum=1), sys.argv[1])
+    train(model, samples, config(grad_accum=1), sys.argv[2], pause_after=2)
     finish_distributed()

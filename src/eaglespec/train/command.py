@@ -52,6 +52,9 @@ def add_parser(subparsers) -> None:
                    help="fit the schedule (warmup + cosine) into this many seconds of training steps, timed over "
                         "the first steps (never more steps than --steps / --epochs give)")
     t.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    t.add_argument("--stop-after", type=int, default=None, metavar="STEPS",
+                   help="train this many steps of the run now, write the checkpoint and stop; --resume continues "
+                        "(on any number of GPUs with the same global batch: batch-size x grad-accum x GPUs)")
     t.add_argument("--init", default=None, metavar="DIR",
                    help="start from this drafter checkpoint (its weights and draft vocabulary) with a fresh "
                         "optimizer and schedule; it must fit the target (refused otherwise)")
@@ -114,6 +117,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not o.get(req):
             raise EagleSpecError(f"train: --{req} is required")
     check_start(o.get("init"), o["resume"])  # before loading the target
+    if args.stop_after is not None and args.stop_after <= 0:
+        raise EagleSpecError(f"--stop-after must be > 0, got {args.stop_after}")
     for k in ("steps", "batch_size", "max_length", "ttt_steps", "draft_vocab", "grad_accum", "hass_steps",
               "time_budget"):
         if o.get(k) is not None and o[k] <= 0:
@@ -141,11 +146,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         ids = drafter.feature_layer_ids if drafter is not None else drafter_config(model, cfg.method, 1).aux_layer_ids
         samples = attach_feature_cache(o["feature_cache"], model, tok, samples, ids, rank=rank)
-    res = train(model, samples, cfg, o["out"], tokenizer=tok, resume=o["resume"], drafter=drafter)
+    res = train(model, samples, cfg, o["out"], tokenizer=tok, resume=o["resume"], drafter=drafter,
+                pause_after=args.stop_after)
     finish_distributed()
     if rank == 0 and res.history:
         last = res.history[-1]
-        _log(f"eaglespec train: done, {res.steps} steps; last train top-1 by step "
+        _log(f"eaglespec train: at step {res.steps}: last train top-1 by step "
              f"{[round(a, 3) for a in last['acc_by_step']]}")
     return 0
 

@@ -570,8 +570,9 @@ def _set_rng_state(trainer: Trainer, st: dict[str, Any]) -> None:
     torch.set_rng_state(st["torch"])
     random.setstate(st["python"])
     trainer.noise_gen.set_state(st["noise"])
-    if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
+    if "cuda" in st and torch.cuda.is_available():  # saved on a machine with more GPUs: keep the ones here
+        for i, state in enumerate(st["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, i)
 
 
 def write_checkpoint(out: Path, trainer: Trainer, step: int, total: int, manifest: dict[str, Any]) -> None:
@@ -652,11 +653,14 @@ def _init_record(cfg: TrainConfig, drafter: nn.Module) -> dict[str, Any] | None:
 
 def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | Path | None = None, *,
           tokenizer=None, resume: bool = False, drafter: nn.Module | None = None,
-          stop_after: int | None = None) -> TrainResult:
+          stop_after: int | None = None, pause_after: int | None = None) -> TrainResult:
     """Train a drafter for the frozen `model` on tokenized samples; checkpoints go to `out` (rank 0).
 
     drafter: train this module (wired to the target) instead of a new one or `cfg.init_from`'s.
     stop_after: stop (as if killed) after this many steps of the run, without the final save.
+    pause_after: after this many steps of this invocation, write the checkpoint and return; `resume` continues
+        (for jobs with a time limit, or to move a run to another machine or number of GPUs). With a time budget
+        the pause waits until the schedule is fitted, so that the saved run keeps it.
     """
     world, rank = world_rank()
     if cfg.method not in ("eagle3", "hass", "eagle1"):
@@ -738,6 +742,7 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
         if m is not None:
             tokens_seen += m["tokens"]
             m["step"] = step + 1
+            m["elapsed_s"] = round(time.perf_counter() - t_start, 3)
             history.append(m)
             rate = tokens_seen / max(1e-9, time.perf_counter() - t_start)
             bar.set_postfix_str(f"loss {m['loss']:.3f} acc0 {m['acc_by_step'][0]:.2f} {rate:,.0f} tok/s")
@@ -751,6 +756,15 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
                 bar.write(f"eval @ {step + 1}: {_fmt(ev)}")
         if stop_after is not None and step + 1 - start >= stop_after:
             bar.close()
+            return TrainResult(drafter, step + 1, history, {}, out)
+        fitted_yet = fit_from is None or step + 1 > fit_from + FIT_STEPS
+        if pause_after is not None and step + 1 - start >= pause_after and step + 1 < total and fitted_yet:
+            bar.close()
+            if rank == 0 and out is not None:
+                write_checkpoint(out, trainer, step + 1, total, manifest)
+                _log(f"eaglespec train: paused at step {step + 1}/{total}; continue with --resume --out {out}")
+            if _dist():
+                _dist().barrier()
             return TrainResult(drafter, step + 1, history, {}, out)
         if cfg.save_every and out is not None and (step + 1) % cfg.save_every == 0 and step + 1 < total and rank == 0:
             write_checkpoint(out, trainer, step + 1, total, manifest)
