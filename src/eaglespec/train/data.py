@@ -9,6 +9,7 @@ rendering prefixes of the conversation with the tokenizer's own chat template (n
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,52 +129,184 @@ def read_conversations(path: str | Path, limit: int | None = None) -> list[dict[
 
 
 # -- tokenizing ---------------------------------------------------------------------------------
-def _render(tokenizer, messages: Sequence[dict], generation_prompt: bool) -> list[int]:
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+PARALLEL_MIN = 200  # fewer conversations than this are tokenized in-process (a pool's start-up would not pay)
+CHUNK = 64  # conversations per pool task
+
+
+def _check_template(tokenizer) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise EagleSpecError("the tokenizer has no chat template: cannot locate the assistant turns")
+
+
+def _render_text(tokenizer, messages: Sequence[dict], generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text; one batched call for a fast tokenizer (same ids as one call per text)."""
+    if getattr(tokenizer, "is_fast", False):
+        return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case (a prefix rendering tokenizes to a prefix): one C-level compare
+        return n
     i = 0
-    while i < n and a[i] == b[i]:
+    while a[i] == b[i]:  # stops before n: a mismatch exists
         i += 1
     return i
 
 
-def tokenize_conversation(tokenizer, messages: Sequence[dict], max_length: int | None = None) -> Sample:
-    """Chat-template token ids and the assistant loss mask.
+def _conversation_texts(tokenizer, messages: Sequence[dict]) -> tuple[list[str], list[tuple[int, int]]]:
+    """The renderings one conversation needs: texts[0] is the whole conversation; for each assistant turn
+    k > 0 the indices into texts of render(messages[:k], generation prompt) and render(messages[:k+1]).
+
+    Equal texts are kept once (the last turn's closing rendering is the whole conversation).
+    """
+    texts: list[str] = []
+    where: dict[str, int] = {}
+
+    def index(text: str) -> int:
+        if text not in where:
+            where[text] = len(texts)
+            texts.append(text)
+        return where[text]
+
+    index(_render_text(tokenizer, messages, False))
+    turns = []
+    for k, msg in enumerate(messages):
+        if msg["role"] != "assistant" or k == 0:
+            continue  # an opening assistant turn has no prompt to answer: context only
+        a = index(_render_text(tokenizer, messages[:k], True))
+        b = 0 if k + 1 == len(messages) else index(_render_text(tokenizer, messages[: k + 1], False))
+        turns.append((a, b))
+    return texts, turns
+
+
+Encoded = tuple[list[int], list[tuple[int, int]]]  # full ids, assistant spans [start, end) into them
+
+
+def _encode_conversations(tokenizer, conversations: Sequence[Sequence[dict]]) -> list[Encoded]:
+    """Token ids and assistant spans of several conversations (one tokenizer call for all their renderings).
 
     Assistant turn k spans [len(render(messages[:k], generation prompt)), len(render(messages[:k+1])))
     in tokens of the full rendering (common-prefix lengths, so templates that rewrite earlier turns
     still give a conservative span).
     """
-    if not getattr(tokenizer, "chat_template", None):
-        raise EagleSpecError("the tokenizer has no chat template: cannot locate the assistant turns")
-    full = _render(tokenizer, messages, False)
-    mask = torch.zeros(len(full), dtype=torch.bool)
-    for k, msg in enumerate(messages):
-        if msg["role"] != "assistant" or k == 0:
-            continue  # an opening assistant turn has no prompt to answer: context only
-        start = _common_prefix(_render(tokenizer, messages[:k], True), full)
-        end = _common_prefix(_render(tokenizer, messages[: k + 1], False), full)
-        if end > start:
-            mask[start:end] = True
+    _check_template(tokenizer)
+    texts: list[str] = []
+    plans = []
+    for messages in conversations:
+        t, turns = _conversation_texts(tokenizer, messages)
+        plans.append((len(texts), turns))
+        texts += t
+    ids = _encode(tokenizer, texts)
+    out = []
+    for base, turns in plans:
+        full = ids[base]
+        spans = []
+        for a, b in turns:
+            start = _common_prefix(ids[base + a], full)
+            end = len(full) if b == 0 else _common_prefix(ids[base + b], full)
+            if end > start:
+                spans.append((start, end))
+        out.append((full, spans))
+    return out
+
+
+def _to_sample(full: list[int], spans: list[tuple[int, int]], max_length: int | None) -> Sample:
     ids = torch.tensor(full, dtype=torch.long)
+    mask = torch.zeros(len(full), dtype=torch.bool)
+    for start, end in spans:
+        mask[start:end] = True
     if max_length is not None:
         ids, mask = ids[:max_length], mask[:max_length]
     return Sample(ids, mask)
 
 
-def tokenize_all(tokenizer, conversations: Sequence[dict], max_length: int | None, progress: bool = False) -> list[Sample]:
+def tokenize_conversation(tokenizer, messages: Sequence[dict], max_length: int | None = None) -> Sample:
+    """Chat-template token ids and the assistant loss mask (see _encode_conversations)."""
+    return _to_sample(*_encode_conversations(tokenizer, [messages])[0], max_length)
+
+
+def _keep(full: list[int], spans: list[tuple[int, int]], max_length: int | None) -> Encoded | None:
+    """Cut to max_length; None when fewer than 3 tokens or no assistant token is left."""
+    n = len(full) if max_length is None else min(len(full), max_length)
+    spans = [(s, min(e, n)) for s, e in spans if s < n]
+    return (full[:n], spans) if n >= 3 and spans else None
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(tokenizer, conversations: Sequence[dict], max_length: int | None) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the pool is the parallelism
+    _WORKER.update(tokenizer=tokenizer, conversations=conversations, max_length=max_length)
+
+
+def _encode_range(tokenizer, conversations: Sequence[dict], max_length: int | None, lo: int, hi: int
+                  ) -> list[Encoded | None]:
+    enc = _encode_conversations(tokenizer, [c["messages"] for c in conversations[lo:hi]])
+    return [_keep(full, spans, max_length) for full, spans in enc]
+
+
+def _worker_range(lo_hi: tuple[int, int]) -> list[Encoded | None]:
+    w = _WORKER
+    return _encode_range(w["tokenizer"], w["conversations"], w["max_length"], *lo_hi)
+
+
+def default_workers(n: int) -> int:
+    """Tokenizer processes for n conversations: min(cores, 16) shared by the ranks on this node, 1 for small n."""
+    if n < PARALLEL_MIN:
+        return 1
+    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(1, min(os.cpu_count() or 1, 16) // local_ranks)
+
+
+def tokenize_all(tokenizer, conversations: Sequence[dict], max_length: int | None, progress: bool = False,
+                 workers: int | None = None) -> list[Sample]:
+    """Samples of all conversations, in order; those with < 3 tokens or no assistant token are dropped.
+
+    workers: tokenizer processes (None = default_workers); the result does not depend on it.
+    """
     from tqdm import tqdm
 
-    samples = []
-    for conv in tqdm(conversations, desc="tokenize", disable=not progress, mininterval=2.0):
-        s = tokenize_conversation(tokenizer, conv["messages"], max_length)
-        if s.ids.numel() >= 3 and bool(s.loss_mask.any()):
-            samples.append(s)
-    return samples
+    _check_template(tokenizer)
+    n = len(conversations)
+    workers = default_workers(n) if workers is None else workers
+    if workers < 1:
+        raise EagleSpecError(f"tokenize_all: workers must be >= 1, got {workers}")
+    chunk = max(1, min(CHUNK, -(-n // (workers * 4))))
+    ranges = [(lo, min(lo + chunk, n)) for lo in range(0, n, chunk)]
+    bar = tqdm(total=n, desc="tokenize", disable=not progress, mininterval=2.0)
+    encoded: list[Encoded | None] = []
+    if workers == 1:
+        for lo, hi in ranges:
+            encoded += _encode_range(tokenizer, conversations, max_length, lo, hi)
+            bar.update(hi - lo)
+    else:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
+        # forked children must not use the parent's tokenizer thread pool; set before the fork, it also keeps
+        # the tokenizers library from warning about it (restored once the workers exist)
+        saved = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        try:
+            pool = ctx.Pool(workers, _worker_init, (tokenizer, conversations, max_length))
+        finally:
+            if saved is None:
+                del os.environ["TOKENIZERS_PARALLELISM"]
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = saved
+        with pool:
+            for (lo, hi), part in zip(ranges, pool.imap(_worker_range, ranges)):
+                encoded += part
+                bar.update(hi - lo)
+    bar.close()
+    return [_to_sample(e[0], e[1], None) for e in encoded if e is not None]
 
 
 # -- packing ------------------------------------------------------------------------------------
