@@ -32,6 +32,7 @@ def test_torchrun_two_processes_match_single(tmp_path):
     changed = [n for n, v in one.state_dict().items() if v.is_floating_point()
                and not torch.equal(v, init.drafter.state_dict()[n].to(v.dtype))]
     assert changed and single.steps == 3 and len(single.history) == 3
+    assert ddp.manifest["hyperparameters"]["world_size"] == 2 and one.manifest["hyperparameters"]["world_size"] == 1
     paused = load_drafter(tmp_path / "paused", target_num_layers=4)
     assert paused.manifest["trained_steps"] == 2
     assert not all(torch.equal(paused.state_dict()[n], v) for n, v in one.state_dict().items())

@@ -709,7 +709,7 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
             _log(f"eaglespec train: resuming {out} at step {start}/{total}")
     manifest = build_manifest(model, tokenizer, method=cfg.method, feature_layer_ids=drafter.feature_layer_ids,
                               normalisation="none", dtype=str(next(model.parameters()).dtype).replace("torch.", ""),
-                              hyperparameters=cfg.to_dict(), extra=_init_record(cfg, drafter))
+                              hyperparameters=cfg.to_dict() | {"world_size": world}, extra=_init_record(cfg, drafter))
     batches = MicroBatches(train_s, cfg.batch_size, cfg.seed)
     eval_batches = [eval_s[i:i + cfg.batch_size] for i in range(0, len(eval_s), cfg.batch_size)][: cfg.eval_batches]
     history: list[dict[str, Any]] = []
