@@ -116,6 +116,7 @@ def test_default_workers_threshold_and_pool(monkeypatch, pools):
     tok = byte_tokenizer()
     convs = _conversations()
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     serial = _plain(tokenize_all(tok, convs, L))
     assert pools == []  # fewer than PARALLEL_MIN conversations: no pool
@@ -128,6 +129,7 @@ def test_default_workers_threshold_and_pool(monkeypatch, pools):
 
 def test_default_workers_shares_cores_between_local_ranks(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert data.default_workers(10_000) == 16  # capped at 16
     assert data.default_workers(10) == 1  # small input: no pool
@@ -138,6 +140,10 @@ def test_default_workers_shares_cores_between_local_ranks(monkeypatch):
     assert data.default_workers(10_000) == 1  # 12 // 8
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert data.default_workers(10_000) == 1
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert data.default_workers(10_000) == 3  # a process pinned to 3 cores
     with pytest.raises(EagleSpecError, match="workers"):
         tokenize_all(byte_tokenizer(), _conversations(), L, workers=0)
 

@@ -145,7 +145,8 @@ def _render_text(tokenizer, messages: Sequence[dict], generation_prompt: bool) -
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
     """Token ids of each text; one batched call for a fast tokenizer (same ids as one call per text)."""
     if getattr(tokenizer, "is_fast", False):
-        return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        out = tokenizer(texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)
+        return out["input_ids"]
     return [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
 
 
@@ -261,8 +262,11 @@ def default_workers(n: int) -> int:
     """Tokenizer processes for n conversations: min(cores, 16) shared by the ranks on this node, 1 for small n."""
     if n < PARALLEL_MIN:
         return 1
-    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    return max(1, min(os.cpu_count() or 1, 16) // local_ranks)
+    cores = os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        cores = min(cores, len(os.sched_getaffinity(0)))  # the cores this process may run on
+    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))  # set by torchrun
+    return max(1, min(cores, 16) // local_ranks)
 
 
 def tokenize_all(tokenizer, conversations: Sequence[dict], max_length: int | None, progress: bool = False,
@@ -280,9 +284,10 @@ def tokenize_all(tokenizer, conversations: Sequence[dict], max_length: int | Non
         raise EagleSpecError(f"tokenize_all: workers must be >= 1, got {workers}")
     chunk = max(1, min(CHUNK, -(-n // (workers * 4))))
     ranges = [(lo, min(lo + chunk, n)) for lo in range(0, n, chunk)]
-    bar = tqdm(total=n, desc="tokenize", disable=not progress, mininterval=2.0)
+    workers = min(workers, len(ranges))
     encoded: list[Encoded | None] = []
-    if workers == 1:
+    if workers <= 1:
+        bar = tqdm(total=n, desc="tokenize", disable=not progress, mininterval=2.0)
         for lo, hi in ranges:
             encoded += _encode_range(tokenizer, conversations, max_length, lo, hi)
             bar.update(hi - lo)
@@ -290,8 +295,9 @@ def tokenize_all(tokenizer, conversations: Sequence[dict], max_length: int | Non
         import multiprocessing as mp
 
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
-        # forked children must not use the parent's tokenizer thread pool; set before the fork, it also keeps
-        # the tokenizers library from warning about it (restored once the workers exist)
+        # Forked workers must not use the parent's tokenizer thread pool: the variable is set across the fork
+        # (which also keeps the tokenizers library from warning about it) and restored once the workers exist.
+        # The progress bar (a thread) starts after the fork.
         saved = os.environ.get("TOKENIZERS_PARALLELISM")
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         try:
@@ -301,6 +307,7 @@ def tokenize_all(tokenizer, conversations: Sequence[dict], max_length: int | Non
                 del os.environ["TOKENIZERS_PARALLELISM"]
             else:
                 os.environ["TOKENIZERS_PARALLELISM"] = saved
+        bar = tqdm(total=n, desc=f"tokenize ({workers} processes)", disable=not progress, mininterval=2.0)
         with pool:
             for (lo, hi), part in zip(ranges, pool.imap(_worker_range, ranges)):
                 encoded += part
