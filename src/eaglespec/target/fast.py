@@ -21,10 +21,14 @@ Kernels per layer of a step (CUDA, no bias): 2 per RMSNorm, the qkv GEMM, rope 2
 rows and k's cache rows are views), 2 KV index copies, SDPA, o GEMM + residual (one addmm), gate/up GEMM, silu,
 mul, down GEMM + residual (addmm_ in place: no copy of h); steps of more than one row add one copy (the attention
 output back to token-major).
+fused_kernels=True (or EAGLESPEC_FUSED_KERNELS=1 in the environment, read by make_target) runs the step's RMSNorms,
+rope + KV write and silu * up as Triton kernels (target/kernels.py: 2 + 4 + 2 + 2 kernels per layer become 1 + 1 +
+1 + 1, the same rounding); it needs triton and a CUDA target (or TRITON_INTERPRET=1) and is refused otherwise.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -40,6 +44,7 @@ from .capture import decoder_layers
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 SPAN_STEP = 256  # attention spans are multiples of this many cache slots
+FUSED_KERNELS_ENV = "EAGLESPEC_FUSED_KERNELS"  # "1": make_target's fast backends use the Triton kernels
 T = TypeVar("T")
 
 
@@ -129,6 +134,11 @@ def _rope(x: torch.Tensor, table: torch.Tensor, out: torch.Tensor | None = None)
     return torch.sum(pairs, dim=-2, out=halves).flatten(-2)
 
 
+def _is_silu(act: nn.Module) -> bool:
+    """HF's "silu" activation (transformers' SiLUActivation, or torch's SiLU for "swish" and older versions)."""
+    return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
 def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 inplace: bool = False) -> torch.Tensor:
     """The residual h + x @ weight.T (+ bias). Without a bias one addmm (one GEMM kernel, the add in its epilogue)
@@ -190,7 +200,7 @@ class FastTarget:
 
     def __init__(self, model: nn.Module, feature_layer_ids: tuple[int, ...] = (), max_len: int = 2048,
                  buckets: tuple[int, ...] = DEFAULT_BUCKETS, cuda_graphs: bool | None = None,
-                 compile: bool = False, span_step: int = SPAN_STEP):
+                 compile: bool = False, span_step: int = SPAN_STEP, fused_kernels: bool = False):
         reason = unsupported_reason(model)
         if reason is not None:
             raise EagleSpecError(f"the fast backend cannot run this target: {reason} (use backend='hf')")
@@ -227,6 +237,15 @@ class FastTarget:
         if span_step < 1:
             raise EagleSpecError(f"span_step must be >= 1, got {span_step}")
         self.span_step = span_step
+        self._kernels = None  # target/kernels.py when fused_kernels
+        if fused_kernels:
+            from . import kernels
+
+            if not kernels.available(self.device):
+                raise EagleSpecError("fused_kernels=True needs triton and the target on CUDA (or TRITON_INTERPRET=1)")
+            if compile:
+                raise EagleSpecError("fused_kernels=True cannot be combined with compile=True")
+            self._kernels = kernels
         self.compiled = compile
         # the bucket is static (one compile each), the span dynamic (cols' length); a torch without
         # maybe_mark_dynamic would recompile per span: its compiled steps attend over the whole cache
@@ -338,8 +357,11 @@ class FastTarget:
         # [1, 1, G*B, span]: the rows of the grouped queries (see below), 0 where allowed, else the dtype's min
         mask = torch.where(allowed.expand(g, b, span), self._open, self._shut)
         mask = mask.view(1, 1, g * b, span)
-        slots = base + cols[:b]  # [B]: this step's cache slots (cols[:b] = 0..b-1)
-        rope = self.rope_table[positions][None]  # [1, B, 2, 2, D/2]: broadcast over head-major [heads, B, D]
+        fused = self._kernels  # None: the torch code
+        norm = _rms if fused is None else fused.rms_norm_weight
+        if fused is None:
+            slots = base + cols[:b]  # [B]: this step's cache slots (cols[:b] = 0..b-1)
+            rope = self.rope_table[positions][None]  # [1, B, 2, 2, D/2]: broadcast over head-major [heads, B, D]
 
         h = F.embedding(tokens, self.embed_w)  # [B, H]
         feats: dict[int, torch.Tensor] = {}
@@ -347,32 +369,41 @@ class FastTarget:
         for i, w in enumerate(self.layers):
             if i in wanted:
                 feats[i] = h
-            x = _rms(h, w.in_norm, self.eps)
+            x = norm(h, w.in_norm, self.eps)
             qkv = F.linear(x, w.qkv_w, w.qkv_b)
             qk, v = qkv.view(b, hq + 2 * hk, d).split([hq + hk, hk], dim=1)
             if w.qk_norm is not None:  # q_norm and k_norm at once (per head: the same values as one by one)
                 qk = _rms(qk, w.qk_norm, self.eps)
-            # rope of q and k at once (element-wise: the same values as one by one), written head-major so that
-            # q's GQA rows and k's cache rows below are views: no copy whatever the number of rows
-            qk_heads = qk.new_empty(hq + hk, b, d)
-            _rope(qk.transpose(0, 1), rope, out=qk_heads)  # [Hq + Hkv, B, D]
             kc, vc = self.cache[i, 0].narrow(1, 0, span), self.cache[i, 1].narrow(1, 0, span)  # [Hkv, span, D]
-            kc.index_copy_(1, slots, qk_heads[hq:])
-            vc.index_copy_(1, slots, v.transpose(0, 1))
+            if fused is None:
+                # rope of q and k at once (element-wise: the same values as one by one), written head-major so
+                # that q's GQA rows and k's cache rows below are views: no copy whatever the number of rows
+                qk_heads = qk.new_empty(hq + hk, b, d)
+                _rope(qk.transpose(0, 1), rope, out=qk_heads)  # [Hq + Hkv, B, D]
+                kc.index_copy_(1, slots, qk_heads[hq:])
+                vc.index_copy_(1, slots, v.transpose(0, 1))
+                q = qk_heads[:hq]
+            else:  # the same in one kernel: q [Hq, B, D], k and v written at slots base..base+B-1
+                q = fused.rope_qk_kv_write(qk, v, self.rope_table, positions, base, kc, vc)
             # GQA without repeating the cache: the G query heads of a kv head become G*B query rows (head
             # j*G + r, token t -> kv head j, row r*B + t): [Hq, B, D] viewed as [1, Hkv, G*B, D] (eager; a reshape
             # because a compiled graph may lay the rope's output out otherwise)
-            qg = qk_heads[:hq].reshape(1, hk, g * b, d)
+            qg = q.reshape(1, hk, g * b, d)
             o = F.scaled_dot_product_attention(qg, kc[None], vc[None], attn_mask=mask, scale=self.scaling)
             o = o.view(hk, g, b, d).permute(2, 0, 1, 3).reshape(b, hq * d)  # a copy when B > 1
             # residuals accumulate in place, except into the h that feats[i] holds (the layer's input)
             h = _add_linear(h, o, w.o_w, w.o_b, inplace=i not in wanted)
-            x = _rms(h, w.post_norm, self.eps)
-            gate, up = F.linear(x, w.gate_up_w, w.gate_up_b).chunk(2, dim=-1)
-            h = _add_linear(h, w.act(gate) * up, w.down_w, w.down_b, inplace=True)
+            x = norm(h, w.post_norm, self.eps)
+            gate_up = F.linear(x, w.gate_up_w, w.gate_up_b)  # [B, 2I]
+            if fused is not None and _is_silu(w.act):
+                act = fused.silu_mul(gate_up)  # [B, I]
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                act = w.act(gate) * up
+            h = _add_linear(h, act, w.down_w, w.down_b, inplace=True)
         if self.num_layers in wanted:
             feats[self.num_layers] = h
-        logits = F.linear(_rms(h, self.final_norm, self.eps), self.lm_w, self.lm_b)
+        logits = F.linear(norm(h, self.final_norm, self.eps), self.lm_w, self.lm_b)
         if self.feature_layer_ids:
             features = torch.cat([feats[j] for j in self.feature_layer_ids], dim=-1)
         else:
@@ -477,7 +508,8 @@ class FastTarget:
 
 def make_target(model: nn.Module, backend: str = "auto", feature_layer_ids: tuple[int, ...] = (), **fast_kw):
     """The target backend for `model`: "fast" (static cache + CUDA graphs), "hf", or "auto"
-    (fast on CUDA when the architecture is supported, else the generic HF backend)."""
+    (fast on CUDA when the architecture is supported, else the generic HF backend). A fast backend gets
+    fused_kernels from EAGLESPEC_FUSED_KERNELS (0 or 1, default 0) unless fast_kw names it."""
     from .hf import HFTarget
 
     if backend not in ("auto", "fast", "hf"):
@@ -486,5 +518,9 @@ def make_target(model: nn.Module, backend: str = "auto", feature_layer_ids: tupl
         on_cuda = next(model.parameters()).device.type == "cuda"
         backend = "fast" if on_cuda and unsupported_reason(model) is None else "hf"
     if backend == "fast":
+        env = os.environ.get(FUSED_KERNELS_ENV, "0")
+        if env not in ("", "0", "1"):
+            raise EagleSpecError(f"{FUSED_KERNELS_ENV}={env!r}: expected 0 or 1")
+        fast_kw.setdefault("fused_kernels", env == "1")
         return FastTarget(model, feature_layer_ids, **fast_kw)
     return HFTarget(model, feature_layer_ids)

@@ -1,0 +1,230 @@
+"""Opt-in Triton kernels for the fast target's step (FastTarget(fused_kernels=True), or EAGLESPEC_FUSED_KERNELS=1
+through make_target): fewer kernels per decoder layer, the same values as the torch code they replace.
+
+    rms_norm_weight   HF LlamaRMSNorm in one kernel (F.rms_norm + the weight product: 2 kernels)
+    rope_qk_kv_write  rope of q and k, q written head-major, k and v written into the KV cache at slots
+                      base..base+B-1 in one kernel (_rope's 2 kernels + 2 index_copy_)
+    silu_mul          silu(gate) * up in one kernel (2 kernels)
+
+so a layer of a step launches 6 fewer kernels (10 -> 4 for these parts), and the step 3 fewer outside the layers
+(the final norm, the slots and the rope-table gather): 183 of SmolLM2-135M's ~555 per step. Each kernel rounds where
+the torch code rounds: the arithmetic is fp32 and every intermediate the torch code stores in the model's dtype
+is rounded to that dtype (round to nearest even) in place, by _round below. bf16 is rounded with integer bit
+operations, not a cast, because Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) stores bf16 as uint16,
+truncates fp32 -> bf16 casts and cannot do bf16 arithmetic at all; with every value pre-rounded, the final cast
+to bf16 for the store is exact in both. NaN payloads are not preserved (a NaN may round to inf); the model never
+feeds one. Launches pass enable_fp_fusion=False: torch's unfused products and sums, no FMA contraction.
+
+What cannot be bitwise on a GPU: a reduction's order (the RMSNorm's sum of squares) and rsqrt's last bit
+differ from torch's own kernel, so fp32 RMSNorm outputs may differ by an ulp; elementwise parts (rope, the KV
+write, silu with libdevice's expf and an IEEE division, the products) reproduce torch's CUDA arithmetic.
+Each kernel has a plain-torch reference beside it (*_ref): the code of fast.py it replaces.
+
+Triton is imported lazily (the first kernel call), and the kernels are jitted then: the interpreter mode is
+fixed by TRITON_INTERPRET at that moment. `available(device)` says whether they can run.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+
+
+def available(device: torch.device | str) -> bool:
+    """Triton imports, and `device` is CUDA or TRITON_INTERPRET=1 is set (the interpreter: any device)."""
+    if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# -- plain-torch references (the code of fast.py each kernel replaces) ---------------------------------------
+def rms_norm_weight_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """fast._rms: weight * F.rms_norm(x) (normalised in fp32, cast back, scaled in x's dtype)."""
+    return w * F.rms_norm(x, (x.shape[-1],), eps=eps)
+
+
+def rope_qk_kv_write_ref(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
+                         base: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    """fast._step's rope and KV write: returns q [Hq, B, D]; writes k and v into the caches at base + 0..B-1."""
+    from .fast import _rope
+
+    b, hk = v.shape[0], v.shape[1]
+    heads = qk.new_empty(qk.shape[1], b, qk.shape[2])
+    _rope(qk.transpose(0, 1), table[positions][None], out=heads)  # [Hq + Hkv, B, D]
+    slots = base + torch.arange(b, device=qk.device)
+    k_cache.index_copy_(1, slots, heads[heads.shape[0] - hk:])
+    v_cache.index_copy_(1, slots, v.transpose(0, 1))
+    return heads[: heads.shape[0] - hk]
+
+
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """F.silu(gate) * up for gate_up = [gate | up] on the last dim."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+# -- the Triton kernels (plain functions here; _load() jits them on first use) --------------------------------
+# Annotations are not evaluated (from __future__ import annotations): this module imports without triton.
+def _round(x, dtype: tl.constexpr):
+    """fp32 x -> the fp32 value of x rounded to dtype (nearest even)."""
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    elif dtype == tl.float16:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
+def _add(a, b):
+    return a + b
+
+
+def _rms_norm_weight_kernel(x_ptr, w_ptr, out_ptr, x_row_stride, eps, N: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per row: out = round(round(x * rsqrt(mean(x^2) + eps)) * w), statistics in fp32."""
+    dtype = out_ptr.dtype.element_ty
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < N
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=inside, other=0.0).to(tl.float32)
+    mean_sq = tl.reduce(x * x, 0, _add) / N  # tl.sum's reduction (not tl.sum: see _load)
+    y = _round(x * tl.math.rsqrt(mean_sq + eps), dtype)  # F.rms_norm's output, in x's dtype
+    w = tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * N + cols, _round(y * w, dtype).to(dtype), mask=inside)
+
+
+def _rope_kv_kernel(qk_ptr, v_ptr, table_ptr, pos_ptr, base_ptr, q_ptr, kc_ptr, vc_ptr,
+                    qk_s0, qk_s1, v_s0, v_s1, kc_s0, kc_s1, vc_s0, vc_s1, B,
+                    HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (t, h): head h of token t. h < HQ: rotated q -> q[h, t]; h < HQ + HKV: rotated k -> k cache
+    [h - HQ, base + t]; else v -> v cache [h - HQ - HKV, base + t]. Rope as _rope: output half i =
+    round(round(x_1 * table[i, 0]) + round(x_2 * table[i, 1]))."""
+    dtype = q_ptr.dtype.element_ty
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    i = tl.arange(0, BLOCK)
+    inside = i < HALF
+    slot = tl.load(base_ptr) + t
+    if h < HQ + HKV:
+        src = qk_ptr + t * qk_s0 + h * qk_s1
+        x1 = tl.load(src + i, mask=inside, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF + i, mask=inside, other=0.0).to(tl.float32)
+        row = table_ptr + tl.load(pos_ptr + t) * (4 * HALF)  # table [S, 2, 2, HALF], contiguous
+        c1 = tl.load(row + i, mask=inside, other=0.0).to(tl.float32)
+        ns1 = tl.load(row + HALF + i, mask=inside, other=0.0).to(tl.float32)
+        s2 = tl.load(row + 2 * HALF + i, mask=inside, other=0.0).to(tl.float32)
+        c2 = tl.load(row + 3 * HALF + i, mask=inside, other=0.0).to(tl.float32)
+        o1 = _round(_round(x1 * c1, dtype) + _round(x2 * ns1, dtype), dtype)
+        o2 = _round(_round(x1 * s2, dtype) + _round(x2 * c2, dtype), dtype)
+        if h < HQ:
+            dst = q_ptr + (h * B + t) * (2 * HALF)
+        else:
+            dst = kc_ptr + (h - HQ) * kc_s0 + slot * kc_s1
+        tl.store(dst + i, o1.to(dtype), mask=inside)
+        tl.store(dst + HALF + i, o2.to(dtype), mask=inside)
+    else:
+        src = v_ptr + t * v_s0 + (h - HQ - HKV) * v_s1
+        dst = vc_ptr + (h - HQ - HKV) * vc_s0 + slot * vc_s1
+        tl.store(dst + i, tl.load(src + i, mask=inside), mask=inside)
+        tl.store(dst + HALF + i, tl.load(src + HALF + i, mask=inside), mask=inside)
+
+
+def _silu_mul_kernel(gu_ptr, out_ptr, gu_row_stride, N, PRECISE_EXP: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (row, block): out = round(round(g / (1 + exp(-g))) * up), torch's silu then product."""
+    dtype = out_ptr.dtype.element_ty
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = cols < N
+    g = tl.load(gu_ptr + row * gu_row_stride + cols, mask=inside, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + row * gu_row_stride + N + cols, mask=inside, other=0.0).to(tl.float32)
+    if PRECISE_EXP:  # CUDA's expf, as torch's silu kernel (tl.exp is the approximate ex2-based one)
+        e = libdevice.exp(-g)
+    else:  # the interpreter has no libdevice: numpy's exp
+        e = tl.exp(-g)
+    silu = _round(tl.math.div_rn(g, 1.0 + e), dtype)
+    tl.store(out_ptr + row * N + cols, _round(silu * up, dtype).to(dtype), mask=inside)
+
+
+_JITTED = ("_round", "_add", "_rms_norm_weight_kernel", "_rope_kv_kernel", "_silu_mul_kernel")
+
+
+@functools.cache
+def _load() -> None:
+    """Import triton and jit the kernels above (replacing the plain functions in this module's namespace, where
+    the kernels look each other up). The kernels call triton's builtins only, none of its own jitted library
+    functions (tl.sum, tl.cdiv, ...): those are jitted when triton is first imported, in the mode TRITON_INTERPRET
+    said then, and a compiled-mode one cannot run in the interpreter (torch._dynamo imports triton early)."""
+    global triton, tl, libdevice
+    import triton
+    import triton.language as tl
+    from triton.language.extra import libdevice
+
+    g = globals()
+    for name in _JITTED:
+        g[name] = triton.jit(g[name])
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+# -- the launchers -----------------------------------------------------------------------------------------
+def rms_norm_weight(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., N], w [N] -> [..., N] in x's dtype: rms_norm_weight_ref in one kernel."""
+    _load()
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _rms_norm_weight_kernel[(x2.shape[0],)](x2, w, out, x2.stride(0), eps, N=n, BLOCK=_pow2(n),
+                                            enable_fp_fusion=False)
+    return out
+
+
+def rope_qk_kv_write(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
+                     base: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    """rope_qk_kv_write_ref in one kernel. qk [B, Hq + Hkv, D] and v [B, Hkv, D] (any strides but a contiguous
+    last dim: views of the qkv projection), table [S, 2, 2, D/2] contiguous (fast._rope_table), positions [B]
+    long, base [] long, k_cache / v_cache [Hkv, S', D] (last dim contiguous) -> q [Hq, B, D], rotated; rotated k
+    and v written into the caches at slots base + 0..B-1."""
+    _load()
+    b, hqk, d = qk.shape
+    hk = v.shape[1]
+    hq = hqk - hk
+    if d % 2 or table.shape[-1] * 2 != d or not table.is_contiguous():
+        raise ValueError(f"rope table {tuple(table.shape)} (contiguous: {table.is_contiguous()}) for head_dim {d}")
+    if qk.stride(-1) != 1 or v.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("rope_qk_kv_write needs a contiguous last dim in qk, v and the caches")
+    q = torch.empty(hq, b, d, dtype=qk.dtype, device=qk.device)
+    _rope_kv_kernel[(b, hqk + hk)](qk, v, table, positions, base, q, k_cache, v_cache,
+                                   qk.stride(0), qk.stride(1), v.stride(0), v.stride(1),
+                                   k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), b,
+                                   HQ=hq, HKV=hk, HALF=d // 2, BLOCK=_pow2(d // 2), enable_fp_fusion=False)
+    return q
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [R, 2I] (last dim contiguous) -> silu(gate) * up [R, I]: silu_mul_ref in one kernel."""
+    _load()
+    rows, n = gate_up.shape[0], gate_up.shape[1] // 2
+    if gate_up.stride(-1) != 1:
+        gate_up = gate_up.contiguous()
+    out = torch.empty(rows, n, dtype=gate_up.dtype, device=gate_up.device)
+    block = min(1024, _pow2(n))
+    _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, gate_up.stride(0), n,
+                                                    PRECISE_EXP=not _interpreted(), BLOCK=block,
+                                                    enable_fp_fusion=False)
+    return out

@@ -1,0 +1,274 @@
+"""The fast target's opt-in Triton kernels (target/kernels.py) under Triton's CPU interpreter (TRITON_INTERPRET=1).
+
+Bitwise against their torch references where the interpreter can be: rope + KV write in fp32 and bf16; the
+RMSNorm in fp32 and bf16 on inputs whose sum of squares is exact in any order (the interpreter sums sequentially,
+torch's CPU sum vectorised: random fp32 inputs differ by several ulps, so they get a tolerance); silu * up bitwise
+against the same arithmetic with numpy's exp (the interpreter's), and within 4 fp32 ulps / 1 bf16 ulp of F.silu
+(torch's CPU silu is a SLEEF-vectorised expression, not x / (1 + exp(-x)) with any exp numpy has).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Triton's interpreter: set before the kernels are jitted (on their first use), and stays set for the session.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from eaglespec.engine import SpeculativeEngine
+from eaglespec.errors import EagleSpecError
+from eaglespec.target import kernels as K
+from eaglespec.target.fast import FastTarget, _rope_table, make_target
+from eaglespec.target.hf import HFTarget
+from eaglespec.tree import TreeSpec, ancestry
+
+from conftest import reference_greedy, tiny_drafter, tiny_target
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The largest distance between a and b in units of the last place of their dtype."""
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16}[a.dtype]
+    ai, bi = a.view(ints).long(), b.view(ints).long()
+    ai = torch.where(ai < 0, -(ai & (2 ** (8 * a.element_size() - 1) - 1)), ai)  # sign-magnitude -> ordered
+    bi = torch.where(bi < 0, -(bi & (2 ** (8 * b.element_size() - 1) - 1)), bi)
+    return int((ai - bi).abs().max())
+
+
+# -- rms_norm_weight ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 3, 7])
+@pytest.mark.parametrize("n", [32, 64, 100, 576])
+def test_rms_norm_weight_bitwise_on_exact_sums(dtype, rows, n):
+    """Inputs k/8 (|k| <= 64): every partial sum of squares is exact, so any summation order gives the same
+    mean; the rest (rsqrt, the cast of the normalised x, the weight product rounded once) must be bitwise."""
+    gen = torch.Generator().manual_seed(rows * 1000 + n)
+    x = (torch.randint(-64, 65, (rows, n), generator=gen) / 8).to(dtype)
+    w = torch.randn(n, generator=gen).to(dtype)
+    out = K.rms_norm_weight(x, w, 1e-5)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert torch.equal(out, K.rms_norm_weight_ref(x, w, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_weight_random_inputs_within_a_few_ulps(dtype):
+    """Random inputs: the summation order (the interpreter runs tl.reduce sequentially, torch's CPU sum is
+    vectorised) moves the mean by a few ulps, which moves rsqrt, x * r and the product as much."""
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 7, 576, generator=gen) * 3).to(dtype)  # 3-d: rows flattened
+    w = torch.randn(576, generator=gen).to(dtype)
+    out, ref = K.rms_norm_weight(x, w, 1e-6), K.rms_norm_weight_ref(x, w, 1e-6)
+    assert out.shape == ref.shape
+    assert _ulps_apart(out, ref) <= (16 if dtype == torch.float32 else 1)
+    if dtype == torch.bfloat16:  # a 1-ulp fp32 difference seldom moves a bf16 rounding
+        assert (out == ref).float().mean() > 0.999
+
+
+def test_rms_norm_weight_rounds_the_normalised_x_before_the_weight():
+    """bf16: round(round(x * r) * w), not round(x * r * w) (HF's weight * hidden.to(dtype))."""
+    x = torch.full((1, 4), 1.0, dtype=torch.bfloat16)
+    x[0, 0] = 3.0  # r = 1/sqrt(3) -> x * r = 1.7320.. rounds to 1.734375 in bf16
+    w = torch.full((4,), 1.0 + 2 ** -7, dtype=torch.bfloat16)
+    out = K.rms_norm_weight(x, w, 0.0)
+    assert torch.equal(out, K.rms_norm_weight_ref(x, w, 0.0))
+    once = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True)) * w.float()).to(torch.bfloat16)
+    assert not torch.equal(out, once)  # the inputs tell the two roundings apart
+
+
+# -- rope_qk_kv_write ----------------------------------------------------------------------------------------
+def _rope_case(dtype, b, hq, hk, d, seed, contiguous_qk=False):
+    gen = torch.Generator().manual_seed(seed)
+    slots = 40
+    angles = torch.arange(slots)[:, None] * torch.rand(d // 2, generator=gen)[None] * 3
+    emb = torch.cat([angles, angles], dim=-1)
+    table = _rope_table(emb.cos().to(dtype), emb.sin().to(dtype))  # [S, 2, 2, D/2], as fast.py builds it
+    qkv = (torch.randn(b, (hq + 2 * hk) * d, generator=gen) * 2).to(dtype)
+    qk, v = qkv.view(b, hq + 2 * hk, d).split([hq + hk, hk], dim=1)  # strided views, as in _step
+    if contiguous_qk:  # Qwen3: qk comes out of the q/k norm as a new tensor
+        qk = qk.contiguous()
+    positions = torch.randint(0, slots, (b,), generator=gen)  # any order (tree depths)
+    base = torch.tensor(5 + seed % 7)
+    cache = torch.randn(2, hk, 24, d, generator=gen).to(dtype)
+    return qk, v, table, positions, base, cache
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b", [1, 3, 7])
+@pytest.mark.parametrize("heads", [(9, 3, 64), (4, 2, 32), (4, 4, 64), (6, 1, 80)])  # GQA, MHA, MQA + D/2=40
+def test_rope_qk_kv_write_bitwise(dtype, b, heads):
+    hq, hk, d = heads
+    for contiguous_qk in (False, True):
+        qk, v, table, positions, base, cache = _rope_case(dtype, b, hq, hk, d, seed=b + d, contiguous_qk=contiguous_qk)
+        ref_cache = cache.clone()
+        q = K.rope_qk_kv_write(qk, v, table, positions, base, cache[0, :, :20], cache[1, :, :20])  # span views
+        q_ref = K.rope_qk_kv_write_ref(qk, v, table, positions, base, ref_cache[0, :, :20], ref_cache[1, :, :20])
+        assert q.shape == (hq, b, d) and q.is_contiguous()
+        assert torch.equal(q, q_ref)
+        assert torch.equal(cache, ref_cache)  # k, v at base..base+b-1, every other slot untouched
+        assert not torch.equal(cache[0, :, int(base)], cache[1, :, int(base)])
+
+
+def test_rope_kv_write_goes_to_the_slots_after_base():
+    qk, v, table, positions, base, cache = _rope_case(torch.float32, 3, 4, 2, 32, seed=1)
+    cache.zero_()
+    K.rope_qk_kv_write(qk, v, table, positions, base, cache[0], cache[1])
+    written = cache.abs().sum(dim=(0, 1, 3)) > 0  # [S]
+    assert written.nonzero().flatten().tolist() == [int(base), int(base) + 1, int(base) + 2]
+    assert torch.equal(cache[1, :, int(base):int(base) + 3], v.transpose(0, 1))
+
+
+# -- silu_mul ---------------------------------------------------------------------------------------------
+def _silu_mul_numpy_exp(gate_up: torch.Tensor) -> torch.Tensor:
+    """The kernel's arithmetic in torch, with the interpreter's exp (numpy's): round(round(g / (1 + e)) * up)."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    e = torch.from_numpy(np.exp(-gate.contiguous().numpy()))
+    silu = (gate / (1 + e)).to(gate_up.dtype).float()
+    return (silu * up).to(gate_up.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 3, 7])
+@pytest.mark.parametrize("n", [64, 100, 1536])  # 1536: two blocks of 1024, the second one half masked
+def test_silu_mul(dtype, rows, n):
+    gen = torch.Generator().manual_seed(rows * 7 + n)
+    gate_up = (torch.randn(rows, 2 * n, generator=gen) * 4).to(dtype)
+    out = K.silu_mul(gate_up)
+    assert out.shape == (rows, n) and out.dtype == dtype
+    assert torch.equal(out, _silu_mul_numpy_exp(gate_up))
+    ref = K.silu_mul_ref(gate_up)
+    assert _ulps_apart(out, ref) <= (4 if dtype == torch.float32 else 1)
+
+
+def test_silu_mul_rounds_silu_before_the_product():
+    """bf16: round(round(silu(g)) * up) (torch's act(gate) * up), not round(silu(g) * up)."""
+    gen = torch.Generator().manual_seed(0)
+    gate_up = (torch.randn(4, 256, generator=gen) * 4).to(torch.bfloat16)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    once = (gate * torch.sigmoid(gate) * up).to(torch.bfloat16)
+    out = K.silu_mul(gate_up)
+    assert not torch.equal(out, once)
+    assert torch.equal(out, _silu_mul_numpy_exp(gate_up))
+
+
+# -- FastTarget(fused_kernels=True) --------------------------------------------------------------------------
+def _close(a, b, atol=1e-5) -> None:
+    torch.testing.assert_close(a.logits, b.logits, atol=atol, rtol=0)
+    torch.testing.assert_close(a.features, b.features, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_fused_target_matches_unfused_and_hf(arch):
+    """Prefill (eager, beyond the buckets), a tree with a mask, a non-prefix commit, a causal step: fused ==
+    unfused == HF in fp32 (to rounding: the fused RMSNorm sums in another order)."""
+    model = tiny_target(arch, seed=5)
+    ids = (0, 2, 4)
+    ref, plain = HFTarget(model, ids), FastTarget(model, ids, max_len=64, buckets=(1, 4, 8))
+    fused = FastTarget(model, ids, max_len=64, buckets=(1, 4, 8), fused_kernels=True)
+    backends = (ref, plain, fused)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 90, (11,), generator=gen)
+    outs = [t.forward(prompt) for t in backends]
+    _close(outs[0], outs[2])
+    _close(outs[1], outs[2], atol=2e-6)
+    for t in backends:
+        t.commit(torch.arange(11))
+    parents = torch.tensor([-1, 0, 0, 1, 1, 2, 3])
+    depths = torch.tensor([0, 1, 1, 2, 2, 2, 3])
+    toks = torch.randint(3, 90, (7,), generator=gen)
+    outs = [t.forward(toks, depths, ancestry(parents)) for t in backends]
+    _close(outs[0], outs[2])
+    _close(outs[1], outs[2], atol=2e-6)
+    for t in backends:
+        t.commit(torch.tensor([0, 2, 5]))  # a non-prefix path: the fused KV write must hold the right rows
+    for n in (1, 3):
+        toks = torch.randint(3, 90, (n,), generator=gen)
+        outs = [t.forward(toks) for t in backends]
+        _close(outs[0], outs[2])
+        _close(outs[1], outs[2], atol=2e-6)
+        for t in backends:
+            t.commit(torch.arange(n))
+    assert torch.allclose(fused.cache, plain.cache, atol=2e-6, rtol=0)
+
+
+def test_fused_step_calls_each_kernel_once_per_layer(monkeypatch):
+    """The option must take the fused path: 2L + 1 RMSNorms, L rope/KV writes, L silu * up per step."""
+    model = tiny_target("qwen3", seed=2)
+    fused = FastTarget(model, max_len=64, fused_kernels=True)
+    calls = {"rms_norm_weight": 0, "rope_qk_kv_write": 0, "silu_mul": 0}
+    for name in calls:
+        real = getattr(K, name)
+
+        def counted(*args, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(K, name, counted)
+    fused.forward(torch.tensor([5, 6, 7]))
+    layers = fused.num_layers
+    assert calls == {"rms_norm_weight": 2 * layers + 1, "rope_qk_kv_write": layers, "silu_mul": layers}
+
+
+def test_fused_target_keeps_other_activations_on_torch(monkeypatch):
+    """silu_mul is SiLU only: a gelu Llama must still run its own activation (and match HF)."""
+    import transformers as tf
+
+    torch.manual_seed(3)
+    cfg = tf.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, hidden_act="gelu", tie_word_embeddings=False)
+    model = tf.LlamaForCausalLM(cfg).eval()
+    monkeypatch.setattr(K, "silu_mul", lambda *a: pytest.fail("silu_mul on a gelu model"))
+    ref, fused = HFTarget(model, (1,)), FastTarget(model, (1,), max_len=64, fused_kernels=True)
+    prompt = torch.tensor([3, 9, 27, 81, 4])
+    _close(ref.forward(prompt), fused.forward(prompt))
+
+
+def test_fused_greedy_engine_matches_generate():
+    model = tiny_target("llama", seed=7)
+    engine = SpeculativeEngine(FastTarget(model, max_len=64, fused_kernels=True), tiny_drafter(model, seed=3),
+                               TreeSpec("chain", depth=3))
+    prompt = [5, 17, 33, 2 + 60, 8]
+    out = engine.generate(prompt, max_new_tokens=16)
+    assert out.token_ids == reference_greedy(model, prompt, 16)
+
+
+def test_fused_bf16_target_close_to_unfused():
+    """bf16 on CPU: the same GEMMs either way; only the RMSNorm's summation order and the exp differ."""
+    model = tiny_target("llama", seed=4).to(torch.bfloat16)
+    plain = FastTarget(model, (2,), max_len=64)
+    fused = FastTarget(model, (2,), max_len=64, fused_kernels=True)
+    prompt = torch.randint(3, 90, (9,), generator=torch.Generator().manual_seed(2))
+    a, b = plain.forward(prompt), fused.forward(prompt)
+    assert (a.logits.float() - b.logits.float()).abs().max() < 0.1
+    assert torch.equal(a.logits.argmax(-1), b.logits.argmax(-1))
+
+
+def test_fused_kernels_refused_when_unavailable(monkeypatch):
+    model = tiny_target("llama", seed=1)
+    monkeypatch.delenv("TRITON_INTERPRET")  # CPU without the interpreter
+    assert not K.available("cpu")
+    with pytest.raises(EagleSpecError, match="fused_kernels"):
+        FastTarget(model, max_len=64, fused_kernels=True)
+
+
+def test_fused_kernels_refused_with_compile():
+    with pytest.raises(EagleSpecError, match="compile"):
+        FastTarget(tiny_target("llama", seed=1), max_len=64, fused_kernels=True, compile=True)
+
+
+def test_make_target_reads_the_environment_switch(monkeypatch):
+    model = tiny_target("llama", seed=1)
+    monkeypatch.delenv("EAGLESPEC_FUSED_KERNELS", raising=False)
+    assert make_target(model, "fast", max_len=64)._kernels is None
+    monkeypatch.setenv("EAGLESPEC_FUSED_KERNELS", "1")
+    assert make_target(model, "fast", max_len=64)._kernels is K
+    assert make_target(model, "fast", max_len=64, fused_kernels=False)._kernels is None  # an explicit kwarg wins
+    assert isinstance(make_target(model, "hf"), HFTarget)
+    monkeypatch.setenv("EAGLESPEC_FUSED_KERNELS", "yes")
+    with pytest.raises(EagleSpecError, match="EAGLESPEC_FUSED_KERNELS"):
+        make_target(model, "fast", max_len=64)
