@@ -118,8 +118,19 @@ def test_ratios_vs_hf_use_only_the_prompts_hf_ran():
                          "budget": 60},
               "methods": summaries}
     assert "HF generate on the first 2 prompts only" in markdown(report)
+    assert "fused Triton kernels" not in markdown(report)
+    report["config"]["fused_kernels"] = True
+    assert "fused Triton kernels (EAGLESPEC_FUSED_KERNELS=1)" in markdown(report)
     ag = agreement(Run("hf", token_ids=[[1, 2], [3, 4]]), Run("x", token_ids=[[1, 2], [3, 4], [5, 6]]))
     assert ag["sequences"] == 2 and ag["identical_rate"] == 1.0
+
+
+def test_bench_builds_its_fast_target_through_make_target(monkeypatch):
+    """EAGLESPEC_FUSED_KERNELS reaches the benchmark's fast backend (make_target reads it; a bad value is refused)."""
+    model = tiny_target()
+    monkeypatch.setenv("EAGLESPEC_FUSED_KERNELS", "yes")
+    with pytest.raises(EagleSpecError, match="EAGLESPEC_FUSED_KERNELS='yes': expected 0 or 1"):
+        Bench(model, _Tok(), tiny_drafter(model, seed=2), [2], _args())
 
 
 @pytest.mark.parametrize("warm", [True, False])

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from .errors import EagleSpecError
+from .target.fast import FUSED_KERNELS_ENV
 
 ALL_METHODS = ("hf", "hf-plain", "fast-plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic")
 DEFAULT_METHODS = "hf,fast-plain,eagle3-chain,eagle3-dynamic"
@@ -131,15 +132,15 @@ class _Synced:
 
 class Bench:
     def __init__(self, model, tokenizer, drafter, eos: list[int], args: argparse.Namespace):
-        from .target.fast import FastTarget, unsupported_reason
+        from .target.fast import make_target, unsupported_reason
 
         self.model, self.tok, self.drafter, self.eos, self.args = model, tokenizer, drafter, eos, args
         self.device = next(model.parameters()).device
         self.fast = None
         self.fast_reason = unsupported_reason(model)
         if self.fast_reason is None:
-            self.fast = FastTarget(model, tuple(drafter.feature_layer_ids) if drafter is not None else (),
-                                   max_len=args.max_len, compile=args.compile)
+            ids = tuple(drafter.feature_layer_ids) if drafter is not None else ()
+            self.fast = make_target(model, "fast", ids, max_len=args.max_len, compile=args.compile)
 
     def sampling(self):
         if not self.args.temperature:
@@ -368,7 +369,8 @@ def markdown(report: dict) -> str:
              f"tokens, batch 1, {cfg['dtype']}, T={cfg['temperature']}; drafter: {cfg['draft']}; "
              f"chain k={cfg['k']}, dynamic depth {cfg['depth']} top-k {cfg['top_k']} budget {cfg['budget']}"
              + (f"; HF generate on the first {cfg['hf_prompts']} prompts only (ratios vs HF and identity over those)"
-                if 0 < cfg.get("hf_prompts", 0) < cfg["prompts"] else "") + ".\n",
+                if 0 < cfg.get("hf_prompts", 0) < cfg["prompts"] else "")
+             + ("; fused Triton kernels (EAGLESPEC_FUSED_KERNELS=1)" if cfg.get("fused_kernels") else "") + ".\n",
              "| method | backend | tok/s | median tok/s | tau | vs HF generate | vs fast plain | "
              "draft / verify / accept+commit / other (ms per round) | identical to HF | "
              "divergences (gap < 0.1 / gap <= 1 ulp) |",
@@ -508,7 +510,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "dtype": str(es.model.dtype).replace("torch.", ""), "temperature": args.temperature,
                    "k": args.k, "depth": args.depth, "top_k": args.top_k, "budget": args.budget,
                    "methods": methods, "compile": args.compile, "max_len": args.max_len,
-                   "draft_graphs": getattr(args, "draft_graphs", None)},  # None: the default (on CUDA)
+                   "draft_graphs": getattr(args, "draft_graphs", None),  # None: the default (on CUDA)
+                   "fused_kernels": os.environ.get(FUSED_KERNELS_ENV, "0") == "1"},
         "methods": summaries,
     }
     if args.check_fp32 and not args.temperature:
