@@ -4,6 +4,7 @@ Input: JSON (an array, parsed object by object so a file cut off mid-way still y
 conversation) or JSONL, in ShareGPT form (`conversations: [{from, value}]`) or OpenAI form
 (`messages: [{role, content}]`). The loss mask covers assistant tokens only; it is located by
 rendering prefixes of the conversation with the tokenizer's own chat template (no per-model regex).
+tokenize_all spreads chunks of conversations over forked worker processes (same samples, same order).
 """
 
 from __future__ import annotations
