@@ -22,6 +22,11 @@ emitted tokens, so the teacher-forced q_d and p at that round's anchor are exact
 depth d | history) = beta_d there. Hence the measured conditional rate at depth d must match the mean of beta_d
 over the rounds that reached depth d (up to sampling noise, a standard error is reported). The engine's
 recorded q (round detail draft_probs) is also compared with the teacher-forced q on those rows.
+
+Losslessness checks on the real pair: the token emitted right after each round's root is y ~ p, so
+E[p(y)] = E[sum p^2]; and the chain's test decomposed at every tested depth from the engine's recorded draft:
+the draw (E[q(x)] = E[sum q^2]), the coin (P(accept | x) = min(1, p(x)/q(x))) and the correction token
+(y ~ norm(max(0, p - q))). Each reports a z score of the mean difference.
 """
 
 from __future__ import annotations
@@ -231,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     dyn_rows = []  # (accepted >= 1, sum p over the root's children, number of root children)
     # losslessness check: the token emitted right after each round's root, y ~ p, so E[p(y)] = E[sum_x p(x)^2]
     first_tok = {"chain_t1": [], "dynamic_t1": []}  # (p(y), sum p^2)
+    # the chain's T=1 test decomposed at every tested depth d, from the engine's recorded draft x_d and q_d:
+    # draws (E[q(x)] = E[sum q^2]), coins (P(accept | x) = min(1, p(x)/q(x))), correction (y ~ norm(max(0, p - q)))
+    parts = {d: {"draw": [], "coin": [], "fix": []} for d in range(1, k + 1)}
     tau = {name: [0, 0] for name in runs}
     mc_gen = torch.Generator().manual_seed(1234)  # emitted - 1, rounds
     for i, prompt in enumerate(prompts):
@@ -247,6 +255,18 @@ def main(argv: list[str] | None = None) -> int:
                 if name == "chain_t1" and t + 2 < ids.numel():
                     pr = tf["p_all"][t + 1]
                     first_tok[name].append((float(pr[ids[t + 2]]), float((pr * pr).sum())))
+                if name == "chain_t1":
+                    dp, toks = r.detail["draft_probs"], r.detail["tokens"]
+                    for d in range(1, min(r.accepted + 1, k) + 1):
+                        if t + d >= ids.numel():
+                            break
+                        qv, pv, x = dp[d - 1], tf["p_all"][t + d], int(toks[d])
+                        parts[d]["draw"].append((float(qv[x]), float((qv * qv).sum())))
+                        parts[d]["coin"].append((float(r.accepted >= d), min(1.0, float(pv[x] / qv[x]))))
+                        if r.accepted == d - 1 and t + 1 + d < ids.numel():
+                            rest = (pv - qv).clamp_min(0)
+                            rest = rest / rest.sum()
+                            parts[d]["fix"].append((float(rest[ids[t + 1 + d]]), float((rest * rest).sum())))
                 if name == "chain_t1":  # the engine's recorded q_1 vs the teacher-forced one
                     q_eng = r.detail["draft_probs"][0][es.drafter.to_target_ids(torch.arange(es.drafter.d2t.numel()))]
                     q_check["max_abs_diff"] = max(q_check["max_abs_diff"], float((q_eng - tf["q1"][t]).abs().max()))
@@ -300,6 +320,19 @@ def main(argv: list[str] | None = None) -> int:
                                 "depth1_predicted_sum_p_children": round(mean(pred), 4),
                                 "se": round(math.sqrt(var) / len(dyn_rows), 4),
                                 "mean_root_children": round(mean(c for _, _, c in dyn_rows), 2)}
+    def paired(rows: list[tuple[float, float]]) -> dict:
+        """measured vs expected means of (observed, expected) pairs, z of the mean difference."""
+        if not rows:
+            return {"n": 0}
+        diff = [a - b for a, b in rows]
+        m = sum(diff) / len(diff)
+        sd = math.sqrt(sum((x - m) ** 2 for x in diff) / max(len(diff) - 1, 1))
+        return {"n": len(rows), "observed": round(mean(a for a, _ in rows), 4),
+                "expected": round(mean(b for _, b in rows), 4), "z": round(m / (sd / math.sqrt(len(rows))), 2) if sd else None}
+
+    report["chain_t1"]["decomposed_by_depth"] = [
+        {"depth": d, "draw_q_of_x_vs_sum_q2": paired(v["draw"]), "accept_vs_min_1_p_over_q": paired(v["coin"]),
+         "correction_res_of_y_vs_sum_res2": paired(v["fix"])} for d, v in parts.items()]
     for name, rows in first_tok.items():
         if rows:
             diff = [a - b for a, b in rows]
