@@ -1,7 +1,9 @@
 """The whole-tree draft graph (draft/tree_graph.py) run eagerly on CPU: the same DraftTrees as the eager
-Proposer over whole generations (greedy output identical to HF generate), zero host syncs inside the growth
-(the CPU proxy for CUDA-graph capturability), one function object correct for every committed length, the
-fallback to the per-step path when a capture fails, and the switches that keep the per-step path."""
+Proposer over whole generations (greedy output identical to HF generate; sampled chains and static trees:
+the same draws and recorded q for one seed), zero host syncs inside the growth (the CPU proxy for
+CUDA-graph capturability), one function object correct for every committed length, sampled static trees'
+children raced over the right noise rows and lossless through the engine, the fallback to the per-step
+path when a capture fails, and the switches that keep the per-step path."""
 
 from __future__ import annotations
 
@@ -18,10 +20,14 @@ from eaglespec.draft.fast import StaticDraftRunner, enable_draft_graphs
 from eaglespec.draft.proposer import EagerRows, Proposer
 from eaglespec.draft.tree_graph import TreeGraph
 from eaglespec.engine import SpeculativeEngine
-from eaglespec.sampling import SamplingConfig, SamplingParams
+from eaglespec.sampling import SamplingConfig, SamplingParams, exponential_noise
 from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec
+from eaglespec.tree import TreeSpec, static_layout
 from test_draft_static import agreeing, record, same_runs, same_tree
+from test_sampling import first3_pvalue
+from test_sampling_engine import _exact_first3, sharp_target  # noqa: F401 (fixture)
+from test_sampling_static import SPEC as SAMPLED_SPEC
+from test_sampling_static import _run as run_first3
 from test_tree import force_split_topk
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
@@ -33,6 +39,7 @@ SPECS = {
 }
 PROMPTS = ([4, 8, 15, 16, 23, 42, 7], [11, 3, 9, 27, 5, 60, 13, 21, 8, 40, 33])
 T07 = SamplingConfig(SamplingParams(temperature=0.7, top_p=0.9, top_k=20), seed=3)
+T1 = SamplingConfig(SamplingParams(temperature=1.0), seed=4)
 
 
 def count_grows(runner: StaticDraftRunner) -> list[int]:
@@ -128,25 +135,31 @@ def same_sampled_tree(a, b) -> None:
         torch.testing.assert_close(a.draft_probs, b.draft_probs, rtol=1e-5, atol=1e-6)
 
 
-def test_sampled_chain_and_dynamic_use_the_graph_static_does_not(restore_grow):
-    """At T>0 dynamic trees pick children by top-k (no RNG) and sampled chains race over noise drawn before
-    the growth: whole-tree graph, the same trees (tokens, parents, q) and the same sampled tokens as the
-    eager Proposer for the same seed, over whole generations at many committed lengths. Sampled static
-    trees draw inside the growth and prune children outside q's support (a host sync): the per-step path."""
+@pytest.mark.parametrize("cfg", [T07, T1], ids=["t0.7-topk-topp", "t1"])
+def test_sampled_trees_use_the_graph(cfg, restore_grow):
+    """At T>0 dynamic trees pick children by top-k (no RNG); sampled chains race over noise drawn before the
+    growth, and sampled static trees draw their children without replacement by a race over noise drawn
+    before the growth: whole-tree graph, the same trees (tokens, parents, q) and the same sampled tokens as
+    the eager Proposer for the same seed, over whole generations at many committed lengths. At T=0.7 with
+    top-p 0.9 / top-k 20 some static trees lose children outside q's support (pruned after the growth)."""
     model, drafter = agreeing("llama", "eagle3")
-    for kind, graphed in (("dynamic", True), ("chain", True), ("static", False)):
+    full = len(static_layout(SPECS["static"].static_choices()).parents)
+    for kind in ("dynamic", "chain", "static"):
         spec = SPECS[kind]
         eager, whole, runner, grows, t_eager, t_whole = pair(model, drafter, spec)
         for prompt in PROMPTS:
-            a = eager.generate(prompt, 20, sampling=T07)
-            b = whole.generate(prompt, 20, sampling=T07)
+            a = eager.generate(prompt, 20, sampling=cfg)
+            b = whole.generate(prompt, 20, sampling=cfg)
             assert a.token_ids == b.token_ids
-        assert (len(grows) == len(t_whole) and len(set(grows)) > 4) if graphed else not grows
-        assert list(runner.trees) == ([(spec, T07.draft_params)] if graphed else [])
+        assert len(grows) == len(t_whole) and len(set(grows)) > 4
+        assert list(runner.trees) == [(spec, cfg.draft_params)]
         assert len(t_eager) == len(t_whole) > 4
         assert all((t.draft_probs is not None) == (kind != "dynamic") for t in t_whole)
         for ta, tb in zip(t_eager, t_whole):
             same_sampled_tree(ta, tb)
+        if kind == "static" and cfg is T07:
+            assert any(t.size < full for t in t_whole)  # pruned: the keep mask ran through finish_tree
+            assert any(t.size == full for t in t_whole)
 
 
 def test_sampled_chain_replays_read_fresh_noise(monkeypatch):
@@ -188,15 +201,18 @@ def _rounds(model, drafter, lengths: list[int]) -> list[tuple[torch.Tensor, torc
     return out
 
 
-CASES = [("chain", None), ("dynamic", None), ("static", None), ("chain", T07.draft_params)]
+CASES = [("chain", None), ("dynamic", None), ("static", None), ("chain", T07.draft_params),
+         ("static", T07.draft_params), ("static", T1.draft_params)]
 
 
-@pytest.mark.parametrize("kind,sampling", CASES, ids=["chain", "dynamic", "static", "chain-t0.7"])
+@pytest.mark.parametrize("kind,sampling", CASES, ids=["chain", "dynamic", "static", "chain-t0.7", "static-t0.7",
+                                                       "static-t1"])
 def test_one_graph_object_for_every_committed_length(kind, sampling):
     """A committed length baked in anywhere (a host int read at trace time, the proposer's or the runner's
     counters) would make the one function object wrong at the next length: the proposer's and the runner's
     host counters are poisoned while it runs, and every tree must still equal the eager Proposer's (a
-    sampled chain: its noise drawn into the graph's buffer from a generator seeded like the eager one's)."""
+    sampled chain or static tree: its noise drawn into the graph's buffer from a generator seeded like the
+    eager one's)."""
     model, drafter = agreeing("llama", "eagle3")
     spec = SPECS[kind]
     eager = Proposer(drafter, spec)
@@ -213,7 +229,7 @@ def test_one_graph_object_for_every_committed_length(kind, sampling):
             g = static._tree_graph(logits.shape[-1])
             graph = graph or g
             assert g is graph  # the same function object (one CUDA graph on the device)
-            assert static._chain_noise(logits.shape[-1], g.noise) is g.noise  # None unless a sampled chain
+            assert static._draft_noise(logits.shape[-1], g.noise) is g.noise  # None unless sampled chain / static
             committed = static.committed
             static.committed = static.runner.length = 10_000  # poisoned: nothing may read them now
             try:
@@ -228,30 +244,29 @@ def test_one_graph_object_for_every_committed_length(kind, sampling):
 @pytest.mark.parametrize("kind", list(SPECS))
 def test_growth_has_no_host_sync(kind, sampling):
     """The growth the CUDA graph captures: zero syncs (item, nonzero, bool masks, tolist) and zero
-    host->device copies, with the draft processors for dynamic trees and sampled chains (their noise is
-    drawn before the growth). (top-p's `drop[..., -1] = False` lifts a CPU scalar on CPU, counted as a
+    host->device copies, with the draft processors for dynamic trees, sampled chains and sampled static trees
+    (their noise is drawn before the growth; a static tree's pruning is after it, in finish_tree). (top-p's `drop[..., -1] = False` lifts a CPU scalar on CPU, counted as a
     copy; on CUDA that scalar is made on the device by a fill.)"""
-    if sampling is not None and kind == "static":
-        pytest.skip("sampled static trees draw children and prune them (a host sync): the per-step path")
     model, drafter = agreeing("llama", "eagle3")
     prop = Proposer(drafter, SPECS[kind], runner=StaticDraftRunner(drafter, max_len=64))
     prop.sampling, prop.generator = sampling, torch.Generator().manual_seed(0)
     (feats, next_tokens, root), = _rounds(model, drafter, [8])
     logits, state = prop.catch_up(feats, next_tokens)
     graph = prop._tree_graph(logits.shape[-1])
-    prop._chain_noise(logits.shape[-1], graph.noise)
+    prop._draft_noise(logits.shape[-1], graph.noise)
     graph.run(root, logits, state, prop.committed)  # stages the inputs (and builds a static plan once)
     rng = prop.generator.get_state()
     with HostCounter() as c:
-        tree, flags, _ = graph.grow()
+        tree, flags, keep, _ = graph.grow()
     assert c.syncs == 0, c.names
     assert torch.equal(prop.generator.get_state(), rng)  # nothing drawn inside: a CUDA graph can replay it
     if sampling is None or sampling.top_p == 1:
         assert c.h2d == 0
     assert c.ops > 50  # the counter saw the growth
     assert tree.size > 1 and (flags is not None) == (kind == "dynamic")
-    sampled_chain = sampling is not None and kind == "chain"
-    assert (graph.noise is not None) == sampled_chain == (tree.draft_probs is not None)
+    drawn = sampling is not None and kind != "dynamic"  # sampled chains and static trees race over noise
+    assert (graph.noise is not None) == drawn == (tree.draft_probs is not None)
+    assert (keep is not None) == (drawn and kind == "static")
 
 
 @pytest.mark.parametrize("broken", [False, True], ids=["race", "negative-control-argmax"])
@@ -274,7 +289,7 @@ def test_sampled_chain_first_draft_is_q_distributed(broken, monkeypatch):
     graph, n = prop._tree_graph(logits.shape[-1]), 3000
     draws = []
     for _ in range(n):
-        prop._chain_noise(logits.shape[-1], graph.noise)
+        prop._draft_noise(logits.shape[-1], graph.noise)
         tree = graph.run(root, logits, state, prop.committed)
         draws.append(int(tree.tokens[1]))
     torch.testing.assert_close(tree.draft_probs[0], q)
@@ -287,6 +302,100 @@ def test_sampled_chain_first_draft_is_q_distributed(broken, monkeypatch):
         assert p < 1e-3
     else:
         assert impossible == 0 and p > 1e-3, p
+
+
+def check_races(prop: Proposer, tree, noise: torch.Tensor) -> None:
+    """An unpruned sampled static tree's children, node by node: the exponential race over the recorded q
+    (draft vocab) and the node's own noise row (row 0: the root; row j: the j-th expanded node in node order
+    = tree row j - 1), in draw order = node order."""
+    vd = noise.shape[1]
+    ids = prop.drafter.to_target_ids(torch.arange(vd))  # [Vd] draft id -> target id
+    parents = tree.parents.tolist()
+    expanded = sorted(set(parents[1:]))  # node order: the root first
+    assert len(expanded) == noise.shape[0]
+    for j, u in enumerate(expanded):
+        kids = (tree.parents == u).nonzero()[:, 0]
+        q = tree.draft_probs[u][ids]  # [Vd]
+        race = (q / noise[j]).topk(kids.numel()).indices
+        assert torch.equal(ids[race], tree.tokens[kids]), f"node {u}: children not raced over noise row {j}"
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(1.0), SamplingParams(0.7, top_k=20)], ids=["t1", "t0.7-topk"])
+def test_sampled_static_children_race_their_noise_rows(sampling):
+    """Each expanded node's children are the race top-c over ITS noise row (the eager Proposer's noise
+    rebuilt from its generator state, the graph's read from TreeGraph.noise), and the graph tree equals the
+    eager one. Negative controls: the graph's noise rows shifted by one (misassigned) or drawn from another
+    seed give other trees, and the shifted rows fail check_races."""
+    model, drafter = agreeing("llama", "eagle3")
+    spec = SPECS["static"]
+    eager = Proposer(drafter, spec)
+    graphed = Proposer(drafter, spec, runner=StaticDraftRunner(drafter, max_len=64))
+    for prop in (eager, graphed):
+        prop.sampling, prop.generator = sampling, torch.Generator().manual_seed(11)
+    other_seed, shifted = 0, 0
+    for feats, next_tokens, root in _rounds(model, drafter, [6, 9, 12, 15]):
+        rng = eager.generator.get_state()
+        ref = eager.propose(root, feats, next_tokens)
+        logits, state = graphed.catch_up(feats, next_tokens)
+        g = graphed._tree_graph(logits.shape[-1])
+        assert g.noise is not None and g.noise.shape == (1 + g.rows, logits.shape[-1])
+        graphed._draft_noise(logits.shape[-1], g.noise)
+        assert torch.equal(g.noise, exponential_noise(torch.empty_like(g.noise),
+                                                      torch.Generator().set_state(rng)))  # one generator call
+        tree = g.run(root, logits, state, graphed.committed)
+        same_sampled_tree(ref, tree)
+        check_races(graphed, ref, g.noise)
+        check_races(graphed, tree, g.noise)
+        noise = g.noise.clone()
+        g.noise.copy_(noise.roll(1, 0))  # misassigned rows
+        bad = g.run(root, logits, state, graphed.committed)
+        shifted += not torch.equal(bad.tokens, ref.tokens)
+        with pytest.raises(AssertionError, match="not raced"):
+            check_races(graphed, bad, noise)
+        exponential_noise(g.noise, torch.Generator().manual_seed(99))
+        other_seed += not torch.equal(g.run(root, logits, state, graphed.committed).tokens, ref.tokens)
+    assert shifted == other_seed == 4
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)],
+                         ids=["T1", "T0.7-top_p0.9"])
+def test_sampled_static_graph_engine_is_lossless(sharp_target, params, restore_grow, monkeypatch):  # noqa: F811
+    """tests/test_sampling_static.py's first-3-token check with the whole-tree graph on (CPU: its growth run
+    eagerly): every round grows through TreeGraph, the output follows the target's processed distribution
+    (recursive rejection sampling over the graph's recorded q), children dropped outside q's support at
+    top-p 0.9. Negative control: noise drawn once and never redrawn (stale graph input) is rejected."""
+    drafter = tiny_drafter(sharp_target, seed=1)
+    with torch.no_grad():
+        drafter.lm_head.weight.mul_(8.0)  # as test_sampling_static: peaked q, unlike p
+
+    def run(runs: int) -> tuple[torch.Tensor, int, int, int]:
+        engine = SpeculativeEngine(HFTarget(sharp_target), drafter, SAMPLED_SPEC)
+        grows = count_grows(enable_draft_graphs(engine, max_len=64))
+        emitted, accepted, pruned = run_first3(engine, params, runs)
+        return emitted, accepted, pruned, len(grows)
+
+    emitted, accepted, pruned, grows = run(1200)
+    assert grows >= 1200 and accepted > 120
+    if params.top_p < 1:
+        assert pruned > 0
+    exact = _exact_first3(sharp_target, params)
+    p, impossible = first3_pvalue(emitted, exact)
+    assert impossible == 0 and p > 1e-3, f"graph-drafted output is not the target's distribution (p = {p:.2e})"
+    if params.top_p < 1:
+        return
+    drawn = []
+    orig = Proposer._draft_noise
+
+    def stale(self, draft_vocab, out=None):
+        if out is not None and drawn:
+            return out  # the graph replays over last round's noise
+        drawn.append(1)
+        return orig(self, draft_vocab, out)
+
+    monkeypatch.setattr(Proposer, "_draft_noise", stale)
+    emitted, *_ = run(1000)
+    p, _ = first3_pvalue(emitted, exact)
+    assert p < 1e-3, f"the check misses stale draft noise (p = {p:.2e})"
 
 
 def test_capture_failure_warns_once_and_falls_back(monkeypatch):

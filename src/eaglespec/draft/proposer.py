@@ -26,14 +26,13 @@ from ..tree import (
     StaticLayout,
     TreeSpec,
     chain_tree,
-    check_dynamic_flags,
     draft_topk,
     grow_dynamic_tree,
     root_tensor,
     static_layout,
 )
 from .fast import StaticDraftRunner
-from .tree_graph import MaskRows, NewRows, TreeGraph
+from .tree_graph import MaskRows, NewRows, TreeGraph, finish_tree
 
 
 def shifted_tokens(ids: torch.Tensor, start: int, count: int) -> torch.Tensor:
@@ -138,32 +137,33 @@ class Proposer:
         whole-tree graph where one applies (_tree_graph), else one runner call per depth."""
         logits, state = self.catch_up(features, next_tokens)
         whole = self._tree_graph(logits.shape[-1])
-        # a sampled chain's noise, drawn before the growth (into the tree graph's static input when there is one)
-        noise = self._chain_noise(logits.shape[-1], None if whole is None else whole.noise)
+        # a sampled chain's / static tree's noise, drawn before the growth (into the tree graph's static input
+        # when there is one)
+        noise = self._draft_noise(logits.shape[-1], None if whole is None else whole.noise)
         if whole is not None:
             tree = whole.run(root, logits, state, self.committed)
             if tree is not None:  # None: its capture failed (warned once); the per-step path below
                 return tree
         try:
-            tree, flags = self._grow(root, logits, state, lambda part: TreeRows(self.runner, self.committed, part),
-                                     noise)
-            if flags is not None:
-                check_dynamic_flags(flags)
-            return tree
+            tree, flags, keep = self._grow(root, logits, state,
+                                           lambda part: TreeRows(self.runner, self.committed, part), noise)
+            return finish_tree(tree, flags, keep)
         finally:
             self._discard_tree_rows()
 
     def _grow(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows,
-              noise: torch.Tensor | None = None) -> tuple[DraftTree, torch.Tensor | None]:
+              noise: torch.Tensor | None = None) -> tuple[DraftTree, torch.Tensor | None, torch.Tensor | None]:
         """The tree below `root` from the catch-up row's logits [Vd] and state [H]; new_rows(tree_part
         [R, R] bool) gives the tree-row runner (TreeRows, or tree_graph.DeviceTreeRows); noise: a sampled
-        chain's Exp(1) draws [k, Vd] (_chain_noise), else None. Returns the tree and, for dynamic trees,
-        its [4] validation flags still on the device (else None)."""
+        chain's or static tree's Exp(1) draws [rows, Vd] (_draft_noise), else None. No host sync. Returns
+        (tree, a dynamic tree's [4] validation flags or None, a sampled static tree's [N] bool nodes to keep
+        or None), still on the device: tree_graph.finish_tree checks and prunes after the growth."""
         if self.spec.kind == "chain":
-            return self._chain(root, logits, state, new_rows, noise), None
+            return self._chain(root, logits, state, new_rows, noise), None, None
         if self.spec.kind == "dynamic":
-            return self._dynamic(root, logits, state, new_rows)
-        return self._static(root, logits, state, new_rows), None
+            return *self._dynamic(root, logits, state, new_rows), None
+        tree, keep = self._static(root, logits, state, new_rows, noise)
+        return tree, None, keep
 
     @property
     def _sampled(self) -> bool:
@@ -172,30 +172,35 @@ class Proposer:
 
     def _tree_graph(self, draft_vocab: int) -> TreeGraph | None:
         """The whole-tree graph (draft/tree_graph.py) for this spec and draft processors, where the runner is
-        a StaticDraftRunner with tree_graphs on and the growth draws no random numbers inside: chains (a
-        sampled chain's noise is drawn before the replay into TreeGraph.noise), dynamic trees always
-        (children by top-k), static trees with greedy drafting. None: the per-step path (sampled static
-        trees: their draws and the pruning of children outside q's support, one host sync)."""
+        a StaticDraftRunner with tree_graphs on. The growth draws no random numbers inside: a sampled chain's
+        or static tree's noise is drawn before the replay into TreeGraph.noise (_draft_noise); dynamic trees
+        pick children by top-k. A sampled static tree's pruning of children outside q's support (one host
+        sync) happens after the replay (tree_graph.finish_tree)."""
         runner = self.runner
         if not isinstance(runner, StaticDraftRunner) or not runner.tree_graphs or not self.spec.speculates:
-            return None
-        if self._sampled and self.spec.kind == "static":
             return None
         key = (self.spec, self.sampling if self._sampled else None)
         graph = runner.trees.get(key)
         if graph is None:
-            noise_rows = self.spec.depth if self._sampled and self.spec.kind == "chain" else 0
             graph = runner.trees[key] = TreeGraph(runner, self._grow, self._tree_rows(draft_vocab), draft_vocab,
-                                                  noise_rows)
+                                                  self._noise_rows(draft_vocab))
         return None if graph.failed else graph
 
-    def _chain_noise(self, draft_vocab: int, out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """A sampled chain's Exp(1) noise [k, Vd] for its k draws, in ONE generator call (into `out` when
-        given: the tree graph's static input); None for every other growth (no draw before it)."""
-        if not self._sampled or self.spec.kind != "chain":
+    def _noise_rows(self, draft_vocab: int) -> int:
+        """Rows of Exp(1) noise one growth races over: a sampled chain's k draws, a sampled static tree's
+        1 + R expanded nodes (the root, then tree row r at noise row 1 + r); 0 for growths that draw nothing."""
+        if not self._sampled or self.spec.kind == "dynamic":
+            return 0
+        return self.spec.depth if self.spec.kind == "chain" else 1 + self._tree_rows(draft_vocab)
+
+    def _draft_noise(self, draft_vocab: int, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The Exp(1) noise [_noise_rows, Vd] of a sampled chain's or static tree's draws, in ONE generator
+        call (into `out` when given: the tree graph's static input); None for every other growth."""
+        rows = self._noise_rows(draft_vocab)
+        if not rows:
             return None
         if out is None:
-            out = torch.empty(self.spec.depth, draft_vocab, dtype=torch.float32, device=self.device)
+            out = torch.empty(rows, draft_vocab, dtype=torch.float32, device=self.device)
         return exponential_noise(out, self.generator)
 
     def _tree_rows(self, draft_vocab: int) -> int:
@@ -212,7 +217,7 @@ class Proposer:
         """Chain of spec.depth tokens: one drafter row per depth, causal over the chain.
 
         Sampled drafting: x_d ~ q_d by the exponential race argmax(q_d / E_d) over noise [k, Vd] drawn
-        before the growth (_chain_noise), so the growth draws nothing and a CUDA graph can replay it.
+        before the growth (_draft_noise), so the growth draws nothing and a CUDA graph can replay it.
         No host sync and a handful of ops per depth besides the drafter step; the chain and its log
         values are assembled once at the end.
         """
@@ -304,19 +309,23 @@ class Proposer:
         tree.tokens[1:] = self.drafter.to_target_ids(tree.tokens[1:])  # draft ids -> target ids (d2t)
         return tree, flags
 
-    def _static(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows
-                ) -> DraftTree:
+    def _static(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows,
+                noise: torch.Tensor | None = None) -> tuple[DraftTree, torch.Tensor | None]:
         """A fixed tree of child-rank paths (EAGLE-1 `choices`): one drafter forward per depth.
 
         Greedy drafting: the child of rank r is the parent's r-th most likely draft token
         (deterministic; verified with the point-mass scheme under sampling). Sampled drafting
         (issue 4): a node with c children (c fixed by the layout) gets c draws WITHOUT replacement
         from its processed draft distribution q, in node order, and q is recorded in draft_probs
-        (recursive rejection sampling with real q). Children beyond q's support are dropped
-        (with their subtrees): that depends on q only, never on the drawn values.
+        (recursive rejection sampling with real q). The draws are the exponential race top-c of
+        q / E over noise [1 + R, Vd] drawn before the growth (_draft_noise: row 0 for the root's
+        children, row 1 + r for tree row r's), so the growth draws nothing. Children beyond q's
+        support (zero q: they lose every race) are marked off in the returned keep mask [N] bool
+        (with their subtrees): that depends on q only, never on the drawn values;
+        tree_graph.finish_tree drops them after the growth (one host sync).
 
-        Every index is precomputed per layout (_StaticPlan): no host sync and no host->device copy
-        (greedy); the nodes of each depth are gathered in one op.
+        Every index is precomputed per layout (_StaticPlan): no host sync and no host->device copy;
+        the nodes of each depth are gathered in one op. Returns (tree, keep mask or None when greedy).
         """
         sampled = self._sampled
         plan = self._static_plan(sampled)
@@ -324,16 +333,19 @@ class Proposer:
             raise ValueError(f"static tree rank {plan.n_ranks - 1} exceeds the draft vocabulary")
         rows = new_rows(plan.tree_visible)
 
-        def children(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            """[rows, Vd] -> (confidences [rows, R], draft ids [rows, R]): top-R, or R draws in order."""
+        def children(probs: torch.Tensor, race: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+            """[rows, Vd] -> (confidences [rows, R], draft ids [rows, R]): top-R, or R draws in order
+            (race [rows, Vd]: their Exp(1) noise, as in sampling.sample_without_replacement)."""
             if not sampled:
                 return draft_topk(probs, plan.n_ranks)
-            draws = sample_without_replacement(probs, plan.n_ranks, self.generator)  # zero-q tokens come last
+            _, draws = draft_topk(probs.float() / race, plan.n_ranks)  # zero-q tokens come last
             return probs.gather(-1, draws), draws
 
         # children of the root come from the catch-up row; lists hold one [m] entry per depth
+        if sampled and (noise is None or noise.shape[0] != 1 + plan.tree_visible.shape[0]):
+            raise ValueError("a sampled static tree needs its noise [1 + tree rows, Vd] (Proposer._draft_noise)")
         root_probs = self.draft_dist(logits)[None]  # [1, Vd]
-        batch_conf, batch_top = children(root_probs)  # [rows expanded at d-1, R]
+        batch_conf, batch_top = children(root_probs, noise[:1] if sampled else None)  # [rows expanded at d-1, R]
         tokens, logq = [root_tensor(root, self.device)], [root_probs.new_zeros(1)]
         alive = [torch.ones(1, dtype=torch.bool, device=self.device)]  # sampled: the draw was inside q's support
         draft_probs = [self.to_target_probs(root_probs)] if sampled else []
@@ -349,12 +361,13 @@ class Proposer:
                 break
             out, states = rows.run(states[level.expand_slot], tokens[-1][level.expand], d, level.rows[0])
             probs = self.draft_dist(out)  # [e, Vd] ranked under the draft processors (issue 4)
-            batch_conf, batch_top = children(probs)
+            r0, e = level.rows  # the expanded nodes' tree rows r0..r0+e-1: noise rows 1+r0..r0+e
+            batch_conf, batch_top = children(probs, noise[1 + r0: 1 + r0 + e] if sampled else None)
             if sampled:
-                draft_probs[-1][level.expand] = self.to_target_probs(probs)
+                draft_probs[-1].index_copy_(0, level.expand, self.to_target_probs(probs))
         tree = DraftTree(tokens=torch.cat(tokens), parents=plan.parents, depths=plan.depths, logq=torch.cat(logq),
                          draft_probs=torch.cat(draft_probs) if sampled else None, ordered=True)
-        return _keep_nodes(tree, torch.cat(alive)) if sampled else tree
+        return tree, torch.cat(alive) if sampled else None
 
     def _static_plan(self, sampled: bool) -> _StaticPlan:
         key = (self.spec, sampled, self.device)
@@ -435,18 +448,3 @@ def _sibling_index(parents: tuple[int, ...]) -> list[int]:
         out.append(seen.get(p, 0))
         seen[p] = out[-1] + 1
     return out
-
-
-def _keep_nodes(tree: DraftTree, keep: torch.Tensor) -> DraftTree:
-    """The subtree of the nodes in `keep` [N] bool (ancestor-closed, root kept), renumbered in order.
-
-    One host sync (the number of nodes kept)."""
-    kept = keep.nonzero()[:, 0]  # [M] old node ids, in node order
-    if kept.numel() == keep.numel():
-        return tree
-    new_id = torch.cumsum(keep.long(), 0) - 1  # old id -> new id (for kept nodes)
-    parents = torch.where(tree.parents[kept] >= 0, new_id[tree.parents[kept].clamp(min=0)], -1)
-    return DraftTree(tokens=tree.tokens[kept], parents=parents, depths=tree.depths[kept],
-                     logq=None if tree.logq is None else tree.logq[kept],
-                     draft_probs=None if tree.draft_probs is None else tree.draft_probs[kept], stats=tree.stats,
-                     ordered=True)

@@ -4,10 +4,13 @@ With the per-step draft graphs (draft/fast.py) a drafter step replays in 0.29 ms
 took 3.0 ms (chain k=5) and 10.3 ms (dynamic, budget 60, depth 8, top-k 10): the ~320 eager ops around the
 steps (top-k, gathers, masks, tree.grow_dynamic_tree). Here the growth of a chain (greedy, or sampled by an
 exponential race over noise drawn before the replay), of an EAGLE-2 dynamic tree (children by top-k: no RNG,
-so at any temperature) or of a greedy static tree is ONE
+so at any temperature) or of a static tree (greedy: top-k children; sampled: children drawn without
+replacement by the exponential race top-c over noise drawn before the replay) is ONE
 function of static buffers (root [1], catch-up logits [Vd], state [H], committed length `base` []), whose
 shapes and host ints never depend on the committed length (a sampled chain also reads its Exp(1) noise
-[k, Vd], drawn by the proposer into TreeGraph.noise before the replay: the graph itself draws nothing):
+[k, Vd], a sampled static tree its noise [1 + R, Vd] (row 0: the root's children; row 1 + r: tree row r's),
+both drawn by the proposer into TreeGraph.noise before the replay in one generator call: the graph itself
+draws nothing, and the eager Proposer races over the same noise, so one seed gives the same trees):
 
     slots      base + r0 + arange(n) for tree rows r0..r0+n-1 (where the per-step path writes them)
     positions  base + depth - 1
@@ -18,8 +21,9 @@ shapes and host ints never depend on the committed length (a sampled chain also 
 
 The growth itself is the eager Proposer's (Proposer._grow over a DeviceTreeRows instead of proposer.TreeRows,
 tree.grow_dynamic_tree, Proposer.draft_dist) and each step is the drafter's own forward over StaticKV. It has
-no host sync (tests/test_tree_graph.py counts them); a dynamic tree's validation flags are an output, read
-after the replay. On CPU the same function runs eagerly over the same buffers (what the CPU tests check); on
+no host sync (tests/test_tree_graph.py counts them); a dynamic tree's validation flags and a sampled static
+tree's keep mask (children outside q's support, with their subtrees, are dropped: a fixed-shape growth marks
+them, finish_tree prunes them with one host read) are outputs, used after the replay. On CPU the same function runs eagerly over the same buffers (what the CPU tests check); on
 CUDA it is captured on first use of each span on the StaticDraftRunner's KV and graph pool (warm-up on a side
 stream; every span's graph reads the same static inputs). A capture that raises warns once and that tree
 goes back to the per-step path; `tree_graphs=False` on the runner (enable_draft_graphs) turns the whole-tree
@@ -48,10 +52,33 @@ class Rows(Protocol):
 
 
 NewRows = Callable[[torch.Tensor], Rows]  # tree part [R, R] bool -> the rows runner of one tree
-# (root [1], logits [Vd], state [H], new_rows, sampled chains' noise [k, Vd] or None)
-#   -> (tree, dynamic trees' [4] flags or None): Proposer._grow
+# (root [1], logits [Vd], state [H], new_rows, sampled chains' / static trees' noise [rows, Vd] or None)
+#   -> (tree, dynamic trees' [4] flags or None, sampled static trees' [N] keep mask or None): Proposer._grow
 Grow = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, NewRows, torch.Tensor | None],
-                tuple[DraftTree, torch.Tensor | None]]
+                tuple[DraftTree, torch.Tensor | None, torch.Tensor | None]]
+
+
+def keep_nodes(tree: DraftTree, keep: torch.Tensor) -> DraftTree:
+    """The subtree of the nodes in `keep` [N] bool (ancestor-closed, root kept), renumbered in order.
+
+    One host sync (the number of nodes kept)."""
+    kept = keep.nonzero()[:, 0]  # [M] old node ids, in node order
+    if kept.numel() == keep.numel():
+        return tree
+    new_id = torch.cumsum(keep.long(), 0) - 1  # old id -> new id (for kept nodes)
+    parents = torch.where(tree.parents[kept] >= 0, new_id[tree.parents[kept].clamp(min=0)], -1)
+    return DraftTree(tokens=tree.tokens[kept], parents=parents, depths=tree.depths[kept],
+                     logq=None if tree.logq is None else tree.logq[kept],
+                     draft_probs=None if tree.draft_probs is None else tree.draft_probs[kept], stats=tree.stats,
+                     ordered=True)
+
+
+def finish_tree(tree: DraftTree, flags: torch.Tensor | None, keep: torch.Tensor | None) -> DraftTree:
+    """After a growth (Proposer._grow's outputs): check a dynamic tree's flags, prune a sampled static tree
+    to `keep`. The host reads of a tree: never inside the growth."""
+    if flags is not None:
+        check_dynamic_flags(flags)
+    return tree if keep is None else keep_nodes(tree, keep)
 
 
 class MaskRows:
@@ -102,27 +129,28 @@ class TreeGraph:
         self.logits = torch.zeros(draft_vocab, dtype=dtype, device=dev)
         self.state = torch.zeros(runner.hidden_size, dtype=dtype, device=dev)
         self.base = torch.zeros((), dtype=torch.long, device=dev)  # the committed length
-        # a sampled chain's Exp(1) noise [k, Vd], filled by the proposer before run() (else None)
+        # a sampled chain's / static tree's Exp(1) noise [noise_rows, Vd], filled by the proposer before run()
         self.noise = torch.ones(noise_rows, draft_vocab, device=dev) if noise_rows else None
         self.span = runner.span(rows)  # KV slots attended (set by run() from the committed length)
         # span -> (CUDA graph, the captured call's outputs): every span's graph reads the inputs above
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[DraftTree, torch.Tensor | None, torch.Tensor]]] = {}
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple]] = {}  # outputs: as grow()'s
         self.failed = False  # a capture raised: the proposer takes the per-step path
 
-    def grow(self) -> tuple[DraftTree, torch.Tensor | None, torch.Tensor]:
+    def grow(self) -> tuple[DraftTree, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
         """The growth over the static buffers, attending over self.span slots: what a CUDA graph captures
-        (no host sync). Returns the tree, a dynamic tree's [4] flags (else None) and ids [3, N] long: the
-        tree's tokens, parents and depths in one tensor (run() copies them out in one op)."""
+        (no host sync). Returns the tree, a dynamic tree's [4] flags (else None), a sampled static tree's
+        [N] keep mask (else None) and ids [3, N] long: the tree's tokens, parents and depths in one tensor
+        (run() copies them out in one op)."""
         span = self.span
-        tree, flags = self._grow(self.root, self.logits, self.state,
-                                 lambda part: DeviceTreeRows(self.runner, self.base, part, span), self.noise)
-        return tree, flags, torch.stack([tree.tokens, tree.parents, tree.depths])
+        tree, flags, keep = self._grow(self.root, self.logits, self.state,
+                                       lambda part: DeviceTreeRows(self.runner, self.base, part, span), self.noise)
+        return tree, flags, keep, torch.stack([tree.tokens, tree.parents, tree.depths])
 
     def run(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, committed: int
             ) -> DraftTree | None:
         """The tree below `root` from the catch-up row's logits [Vd] / state [H], `committed` drafter rows
-        live (and self.noise already drawn, for a sampled chain). None when the capture fails (warned once).
-        The tree rows are left stale past `committed`."""
+        live (and self.noise already drawn, for a sampled chain or static tree). None when the capture fails
+        (warned once). The tree rows are left stale past `committed`."""
         self.runner.check_room(committed + self.rows)
         if isinstance(root, torch.Tensor):
             self.root.copy_(root.reshape(1))
@@ -133,19 +161,18 @@ class TreeGraph:
         self.base.fill_(committed)
         self.span = self.runner.span(committed + self.rows)  # a host int: no sync
         if not self.runner.use_graphs:
-            tree, flags, ids = self.grow()
+            tree, flags, keep, ids = self.grow()
         else:
             if self.span not in self.graphs and not self._capture():
                 return None
-            graph, (tree, flags, ids) = self.graphs[self.span]
+            graph, (tree, flags, keep, ids) = self.graphs[self.span]
             graph.replay()
-        if flags is not None:
-            check_dynamic_flags(flags)  # the one host read
         # the next replay rewrites the graph's outputs: the caller keeps its own tree
         tokens, parents, depths = ids.clone()  # [N] each
-        q = None if tree.draft_probs is None else tree.draft_probs.clone()  # [N, V]: sampled chains
-        return DraftTree(tokens=tokens, parents=parents, depths=depths, logq=tree.logq.clone(), draft_probs=q,
-                         stats=dict(tree.stats), ordered=True)
+        q = None if tree.draft_probs is None else tree.draft_probs.clone()  # [N, V]: sampled chains, static trees
+        out = DraftTree(tokens=tokens, parents=parents, depths=depths, logq=tree.logq.clone(), draft_probs=q,
+                        stats=dict(tree.stats), ordered=True)
+        return finish_tree(out, flags, keep)  # the host reads: a dynamic tree's flags, a sampled static tree's keep
 
     def _capture(self) -> bool:
         """Capture grow() at self.span (inputs staged: the warm-up writes the pending KV slots only)."""
