@@ -5,10 +5,12 @@ and of the whole-tree draft graph (draft/tree_graph.py: one CUDA graph per tree 
    a. one drafter step: CUDA-graph replay == the same static step run eagerly (max abs diff, expect 0.0)
       at buckets 1 and 16 after a 300-row catch-up;
    b. whole generations (fast target backend) for chain k=5, dynamic (depth 8, top-k 10, budget 60), static
-      trees, a sampled dynamic tree and a sampled chain k=5 (T=0.7, top-p 0.9, top-k 50, seeded) with three
-      proposers: the eager Proposer, per-step draft graphs (tree_graphs=False) and the whole-tree graph: trees
-      of each pair (tokens/parents identical share, max |logq| diff, max |q| diff for sampled chains), emitted
-      sequences identical, whether the tree graph was captured (and any capture warning);
+      trees, a sampled dynamic tree, a sampled chain k=5 and a sampled static tree (T=0.7, top-p 0.9, top-k 50,
+      seeded; the static tree also at T=1: children drawn without replacement over noise drawn before the
+      replay, pruned outside q's support after it) with three proposers: the eager Proposer, per-step draft
+      graphs (tree_graphs=False) and the whole-tree graph: trees of each pair (tokens/parents identical share,
+      max |logq| diff, max |q| diff for sampled chains and static trees), emitted sequences identical, whether
+      the tree graph was captured (and any capture warning);
 2. cost, bf16: ms per drafter step (CUDA events, median) eager KVCache vs static eager vs graph, and
    ms per propose() round (synchronized wall time, median over real rounds) eager vs per-step graphs vs
    whole-tree graph, plus the tree graph's own ms (staging + replay + output copies).
@@ -36,10 +38,13 @@ from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.target.fast import FastTarget
 
 # (tree, k, sampling): dynamic trees take the whole-tree graph at T > 0 too (children by top-k, no RNG), and so
-# do sampled chains (their Exp(1) race noise drawn before the replay)
+# do sampled chains and sampled static trees (their Exp(1) race noise drawn before the replay; a static tree's
+# children outside q's support pruned after it)
 T07 = SamplingConfig(SamplingParams(0.7, top_p=0.9, top_k=50), seed=0)
+T1 = SamplingConfig(SamplingParams(1.0), seed=0)
 SPECS = {"chain": ("chain", 5, None), "dynamic": ("dynamic", None, None), "static": ("static", None, None),
-         "dynamic_t07": ("dynamic", None, T07), "chain_t07": ("chain", 5, T07)}
+         "dynamic_t07": ("dynamic", None, T07), "chain_t07": ("chain", 5, T07), "static_t07": ("static", None, T07),
+         "static_t1": ("static", None, T1)}
 
 
 def _sync(dev: torch.device) -> None:
@@ -103,7 +108,7 @@ def _compare(trees_a: list, trees_b: list) -> dict:
         compared += 1
         same += bool(torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents))
         logq_diff = max(logq_diff, (a.logq.float() - b.logq.float()).abs().max().item())
-        if a.draft_probs is not None and b.draft_probs is not None:  # sampled chains: the recorded q
+        if a.draft_probs is not None and b.draft_probs is not None:  # sampled chains / static trees: the recorded q
             q_diff = max(q_diff, (a.draft_probs.float() - b.draft_probs.float()).abs().max().item())
     return {"rounds_compared": compared, "trees_identical": same, "max_abs_logq": logq_diff, "max_abs_q": q_diff}
 
