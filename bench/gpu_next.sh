@@ -2,7 +2,8 @@
 # The measurements session 5 left for the next lease (one H200 is enough), each stage one device call of < 10 min,
 # after the wheel install (bench/gpu_ship.sh's header: 3 stash calls + the install). Results land in $OUT.
 #   bash bench/gpu_next.sh kernels   # bench/kernel_check.py: fused Triton kernels vs the torch step (parity in
-#                                    # fp32/bf16, 1- and 24-row step ms, kernels per step), ~2 min
+#                                    # fp32/bf16, 1- and 24-row step ms, kernels per step), ~2 min; then
+#                                    # bench/draft_check.py: the whole-tree graphs incl. the new sampled static tree
 #   bash bench/gpu_next.sh sweep     # bench/tree_sweep.py for the shipped drafter (run 4), plain vs fused kernels,
 #                                    # 10 MT-bench prompts: which tree shapes to recommend in its tree_defaults
 #   bash bench/gpu_next.sh bench     # eaglespec bench, all 80 MT-bench first turns at T=0 (FUSED=1 for the kernels)
@@ -16,7 +17,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
 case "$stage" in
   kernels)
-    timeout 400 python3 bench/kernel_check.py --json "$OUT/h200_kernel_check_$c.json" 2>&1 | grep -v "Loading weights"
+    timeout 240 python3 bench/kernel_check.py --json "$OUT/h200_kernel_check_$c.json" 2>&1 | grep -v "Loading weights"
+    timeout 300 python3 bench/draft_check.py --json "$OUT/h200_draft_check_$c.json" 2>&1 | grep -v "Loading weights" \
+      | tail -40
     ;;
   sweep)
     for f in 0 1; do
@@ -25,13 +28,13 @@ case "$stage" in
         --json "$OUT/h200_tree_sweep_run4_fused${f}_$c.json" 2>&1 | grep -v "Loading weights" | tail -14
     done
     ;;
-  bench)
-    f=${FUSED:-0}
+  bench)  # after `sweep`: pass the chosen shapes, e.g. bash bench/gpu_next.sh bench --k 4 --depth 6 --top-k 6 --budget 32
+    f=${FUSED:-0}; shapes=("${@:2}")
     EAGLESPEC_FUSED_KERNELS=$f timeout 330 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --hf-limit 3 \
-      --check-fp32 2 --json "$OUT/h200_mtbench80_t0_fused${f}_$c.json" --plot "$OUT/h200_mtbench80_t0_fused${f}_$c.png" \
+      --check-fp32 2 "${shapes[@]}" --json "$OUT/h200_mtbench80_t0_fused${f}_$c.json" --plot "$OUT/h200_mtbench80_t0_fused${f}_$c.png" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -12
     EAGLESPEC_FUSED_KERNELS=$f timeout 150 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --hf-limit 2 \
-      --temperature 1 --json "$OUT/h200_mtbench20_t1_fused${f}_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 \
+      --temperature 1 --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic "${shapes[@]}" --json "$OUT/h200_mtbench20_t1_fused${f}_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 \
       | grep -v "Loading weights" | tail -8
     timeout 90 python3 bench/prefill_shapes.py --device cuda 2>&1 | tail -12
     ;;
