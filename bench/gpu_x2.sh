@@ -41,7 +41,7 @@ case "$stage" in
       --data .gpu/train/prompts_t2.jsonl --out "$t2" --batch-size 512 --max-new-tokens 384 \
       --max-turns 2 --device cuda --dtype bfloat16 > "$W/regen_t2.log" 2>&1 &
     wait
-    tail -2 "$W/regen_s1.log" "$W/regen_t2.log"
+    tail -n 2 "$W/regen_s1.log" "$W/regen_t2.log"
     wc -l "$W/regen.jsonl" "$W/regen_more.jsonl" "$s1" "$t2"
     cat "$W/regen.jsonl" "$W/regen_more.jsonl" "$s1" "$t2" > "$W/all.jsonl"
     wc -l "$W/all.jsonl"
