@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 import torch
 
@@ -124,35 +123,14 @@ def compare_targets(model, ids, vocab: int, gen_seed: int = 0) -> tuple[dict, li
     return res, [plain, fused]
 
 
-def count_kernels(fn, n: int = 3) -> float:
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    return sum(ev.device_type == torch.autograd.DeviceType.CUDA for ev in prof.events()) / n
-
-
-def replay_ms(fn, n: int = 200) -> float:
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
-
-
 def step_timings(targets, vocab: int) -> dict:
     """Causal steps of 1 and 24 rows (graph replay) on both targets, same inputs; plain vs fused logits too."""
+    from step_profile import event_ms, kernel_profile  # bench/: its kernel counter and CUDA-event timer
+
     from eaglespec.target.fast import smallest_bucket
+
+    def kernels(fn) -> float:
+        return kernel_profile(fn, n=3)["kernels_per_call"]
 
     out = {}
     gen = torch.Generator().manual_seed(5)
@@ -163,10 +141,10 @@ def step_timings(targets, vocab: int) -> dict:
             run = t._runner(smallest_bucket(t.buckets, rows), t.span(t.committed_len + rows))
             t._stage(run, toks, None, None)
             out[f"{name}/{rows}"] = {
-                "ms": replay_ms(run.graph.replay),
-                "kernels_eager": count_kernels(lambda r=run, f=t: f._step(r.tokens, r.positions, r.visible, r.base,
-                                                                           r.cols)),
-                "kernels_replay": count_kernels(run.graph.replay),
+                "ms": event_ms(run.graph.replay, n=210, warmup=10),  # the median of 200 replays
+                "kernels_eager": kernels(lambda r=run, f=t: f._step(r.tokens, r.positions, r.visible, r.base,
+                                                                     r.cols)),
+                "kernels_replay": kernels(run.graph.replay),
             }
             run.graph.replay()
             logits.append(run.logits[:rows].clone())

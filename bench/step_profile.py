@@ -65,7 +65,8 @@ def kernel_profile(fn, n: int = 5) -> dict:
             "top": [(k, v[0] // n, round(v[1], 1)) for k, v in top]}
 
 
-def event_ms(fn, n: int = 30) -> float:
+def event_ms(fn, n: int = 30, warmup: int = 5) -> float:
+    """Median ms of fn over CUDA events, the first `warmup` of the n calls left out."""
     times = []
     for _ in range(n):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -74,7 +75,7 @@ def event_ms(fn, n: int = 30) -> float:
         e.record()
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e))
-    return round(statistics.median(times[5:]), 4)
+    return round(statistics.median(times[warmup:]), 4)
 
 
 def target_profile(model, ids) -> dict:

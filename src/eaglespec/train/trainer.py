@@ -742,9 +742,10 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
         if m is not None:
             tokens_seen += m["tokens"]
             m["step"] = step + 1
-            m["elapsed_s"] = round(time.perf_counter() - t_start, 3)
+            elapsed = time.perf_counter() - t_start
+            m["elapsed_s"] = round(elapsed, 3)
             history.append(m)
-            rate = tokens_seen / max(1e-9, time.perf_counter() - t_start)
+            rate = tokens_seen / max(1e-9, elapsed)
             bar.set_postfix_str(f"loss {m['loss']:.3f} acc0 {m['acc_by_step'][0]:.2f} {rate:,.0f} tok/s")
             if rank == 0 and out is not None and cfg.log_every and (step + 1) % cfg.log_every == 0:
                 out.mkdir(parents=True, exist_ok=True)
