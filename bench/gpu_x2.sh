@@ -29,6 +29,11 @@ one() { python3 -m eaglespec.cli train "${common[@]}" --grad-accum 2 "$@" 2>&1 |
           | grep -v '^\s*$' | tail -6; }
 two() { timeout "${TWO_S:-0}" python3 -m torch.distributed.run --standalone --nproc_per_node 2 -m eaglespec.train "${common[@]}" \
           --grad-accum 1 "$@" 2>&1 | tr '\r' '\n' | grep -v '^train eagle3:' | grep -v '^\s*$' | tail -8; }
+compare() {  # the three runs' logs into $OUT, and their comparison
+  for r in a b c; do cp "$W/$r/train_log.jsonl" "$OUT/train_log_$r.jsonl"; done
+  python3 bench/ddp_compare.py --one "$W/a/train_log.jsonl" --two "$W/b/train_log.jsonl" \
+    --resumed "$W/c/train_log.jsonl" --paused-at "$NB" --json "$OUT/ddp_compare.json"
+}
 gpu0() { if [ "$DEVICE" = cuda ]; then CUDA_VISIBLE_DEVICES=0 "$@"; else "$@"; fi; }
 
 case "$stage" in
@@ -59,15 +64,11 @@ case "$stage" in
       echo "== B resumed on 2 GPUs for up to $left s (checkpoints every 100 steps)"
       TWO_S=$left two --resume --out "$W/b"
     fi
-    for r in a b c; do cp "$W/$r/train_log.jsonl" "$OUT/train_log_$r.jsonl"; done
-    python3 bench/ddp_compare.py --one "$W/a/train_log.jsonl" --two "$W/b/train_log.jsonl" \
-      --resumed "$W/c/train_log.jsonl" --paused-at "$NB" --json "$OUT/ddp_compare.json"
+    compare
     ;;
   finish)
     two --resume --out "$W/b"
-    for r in a b c; do cp "$W/$r/train_log.jsonl" "$OUT/train_log_$r.jsonl"; done
-    python3 bench/ddp_compare.py --one "$W/a/train_log.jsonl" --two "$W/b/train_log.jsonl" \
-      --resumed "$W/c/train_log.jsonl" --paused-at "$NB" --json "$OUT/ddp_compare.json"
+    compare
     rm -rf "$W/b-bf16"
     python3 -m eaglespec.cli convert "$W/b" "$W/b-bf16" --to native --dtype bfloat16
     OUT=$OUT bash bench/gpu_ship.sh pack "$W/b-bf16"
