@@ -46,6 +46,12 @@ def compare(a: dict[int, dict], b: dict[int, dict], window: int) -> list[dict]:
     return out
 
 
+def print_windows(rows: list[dict]) -> None:
+    for r in rows:
+        print(f"{r['steps']:>12} {r['loss_a']:11.4f} {r['loss_b']:12.4f} {r['max_rel_loss_diff']:13.2e} "
+              f"{r['mean_abs_top1_diff']:13.4f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--one", required=True)
@@ -64,14 +70,10 @@ def main() -> None:
         report["paused_at"] = args.paused_at
         report["resumed_vs_two"] = compare(after, two, args.window)
     print(f"{'steps':>12} {'loss 1 GPU':>11} {'loss 2 GPUs':>12} {'max rel diff':>13} {'|top-1 diff|':>13}")
-    for r in report["one_vs_two"]:
-        print(f"{r['steps']:>12} {r['loss_a']:11.4f} {r['loss_b']:12.4f} {r['max_rel_loss_diff']:13.2e} "
-              f"{r['mean_abs_top1_diff']:13.4f}")
+    print_windows(report["one_vs_two"])
     if args.resumed:
         print(f"resumed on 1 GPU after step {report['paused_at']} vs the 2-GPU run:")
-        for r in report["resumed_vs_two"]:
-            print(f"{r['steps']:>12} {r['loss_a']:11.4f} {r['loss_b']:12.4f} {r['max_rel_loss_diff']:13.2e} "
-                  f"{r['mean_abs_top1_diff']:13.4f}")
+        print_windows(report["resumed_vs_two"])
     tp = dict(report["tokens_per_s"])
     print(f"tokens/s over steps {tp.pop('steps')}:", {k: (round(v) if v else None) for k, v in tp.items()},
           f"speedup {tp['2 GPUs'] / tp['1 GPU']:.2f}x" if tp["1 GPU"] and tp["2 GPUs"] else "")
