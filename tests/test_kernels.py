@@ -272,3 +272,58 @@ def test_make_target_reads_the_environment_switch(monkeypatch):
     monkeypatch.setenv("EAGLESPEC_FUSED_KERNELS", "yes")
     with pytest.raises(EagleSpecError, match="EAGLESPEC_FUSED_KERNELS"):
         make_target(model, "fast", max_len=64)
+
+
+# -- the drafter's fused step (draft/fused.py) with the kernels --------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_draft_step_kernels_match_its_torch_path(dtype):
+    """FusedEagle3Step(kernels=True) == (kernels=False): the rope + KV write bitwise (same rows, same slots),
+    logits and states within the RMSNorm's summation order (fp32) / a few bf16 ulps."""
+    from eaglespec.draft.fast import StaticKV
+    from eaglespec.draft.fused import FusedEagle3Step
+
+    model = tiny_target("llama", seed=1)
+    d = tiny_drafter(model, seed=4).to(dtype)
+    at = d.midlayer.self_attn
+    rows, size, span = 5, 48, 32
+    torch.manual_seed(0)
+    slots = torch.arange(17, 17 + rows)
+    k = torch.randn(1, at.kv_heads, size, at.head_dim).to(dtype)
+    v = torch.randn_like(k)
+    state = torch.randn(rows, d.cfg.hidden_size).to(dtype)
+    tokens, positions = torch.randint(0, d.cfg.vocab_size, (rows,)), torch.tensor([3, 9, 9, 12, 16])
+    visible = torch.rand(rows, span) < 0.6
+    visible[torch.arange(rows), slots] = True
+    outs, kvs = [], []
+    for kernels in (False, True):
+        cache = [StaticKV(k.clone(), v.clone(), slots, span)]
+        with torch.no_grad():
+            outs.append(FusedEagle3Step(d, size, kernels=kernels)(state, tokens, positions, cache, visible))
+        kvs.append(cache[0])
+    # k rows are rope(x @ Wk): equal up to the RMSNorm's order in x; v rows likewise; untouched slots identical
+    untouched = torch.ones(size, dtype=torch.bool)
+    untouched[slots] = False
+    assert torch.equal(kvs[0].k[:, :, untouched], kvs[1].k[:, :, untouched])
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0.05, atol=0.05)
+    torch.testing.assert_close(kvs[1].k, kvs[0].k, **tol)
+    torch.testing.assert_close(kvs[1].v, kvs[0].v, **tol)
+    for a, b in zip(outs[0], outs[1]):
+        torch.testing.assert_close(b.float(), a.float(), **tol)
+
+
+def test_kernels_are_wanted_on_cuda_by_default(monkeypatch):
+    """Unset: on for CUDA devices where triton imports, off elsewhere; 0 / 1 force it; compiling turns the
+    default off (torch.compile makes its own kernels)."""
+    from eaglespec.target.fast import fused_by_default
+
+    monkeypatch.delenv("EAGLESPEC_FUSED_KERNELS", raising=False)
+    monkeypatch.setattr(K, "available", lambda device: True)
+    assert K.wanted("cuda") and not K.wanted("cpu")
+    assert fused_by_default(torch.device("cuda")) and not fused_by_default(torch.device("cuda"), compile=True)
+    monkeypatch.setattr(K, "available", lambda device: False)  # no triton: off, no error
+    assert not K.wanted("cuda")
+    monkeypatch.setenv("EAGLESPEC_FUSED_KERNELS", "0")
+    monkeypatch.setattr(K, "available", lambda device: True)
+    assert not K.wanted("cuda") and not fused_by_default(torch.device("cuda"))
+    monkeypatch.setenv("EAGLESPEC_FUSED_KERNELS", "1")
+    assert K.wanted("cpu") and fused_by_default(torch.device("cuda"), compile=True)  # asked for: FastTarget decides

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from .errors import EagleSpecError
-from .target.fast import FUSED_KERNELS_ENV
+from .target.fast import fused_by_default
 
 ALL_METHODS = ("hf", "hf-plain", "fast-plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic")
 DEFAULT_METHODS = "hf,fast-plain,eagle3-chain,eagle3-dynamic"
@@ -370,7 +370,7 @@ def markdown(report: dict) -> str:
              f"chain k={cfg['k']}, dynamic depth {cfg['depth']} top-k {cfg['top_k']} budget {cfg['budget']}"
              + (f"; HF generate on the first {cfg['hf_prompts']} prompts only (ratios vs HF and identity over those)"
                 if 0 < cfg.get("hf_prompts", 0) < cfg["prompts"] else "")
-             + ("; fused Triton kernels (EAGLESPEC_FUSED_KERNELS=1)" if cfg.get("fused_kernels") else "") + ".\n",
+             + ("; fused Triton kernels" if cfg.get("fused_kernels") else "") + ".\n",
              "| method | backend | tok/s | median tok/s | tau | vs HF generate | vs fast plain | "
              "draft / verify / accept+commit / other (ms per round) | identical to HF | "
              "divergences (gap < 0.1 / gap <= 1 ulp) |",
@@ -511,7 +511,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "k": args.k, "depth": args.depth, "top_k": args.top_k, "budget": args.budget,
                    "methods": methods, "compile": args.compile, "max_len": args.max_len,
                    "draft_graphs": getattr(args, "draft_graphs", None),  # None: the default (on CUDA)
-                   "fused_kernels": os.environ.get(FUSED_KERNELS_ENV, "0") == "1"},
+                   "fused_kernels": fused_by_default(device, args.compile)},
         "methods": summaries,
     }
     if args.check_fp32 and not args.temperature:

@@ -23,7 +23,9 @@ keeps one run() per tree depth); catch-up stays the bucketed per-step path below
 
 The step is the drafter's own forward (same modules, weights and op order) over `StaticKV`, a
 KVCache stand-in whose `append` writes by index into the whole static buffers and returns their first
-`span` slots: no re-implemented layers. Attention over a span instead of all S slots matters: a cuDNN
+`span` slots: no re-implemented layers; or, by default on CUDA for EAGLE-3 drafters (fused=None), the same
+layer with ~18 kernels instead of ~47 (draft/fused.py: fused projections, a rope table, Triton kernels
+where target/kernels.wanted says so). Attention over a span instead of all S slots matters: a cuDNN
 attention over a static KV costs in proportion to the slots it is given (bench/RESULTS.md), and S is
 sized for the longest context (api.py: 8704 slots for SmolLM2) while the live rows are a few hundred.
 Masked slots add exp(finfo.min - max) = 0 to the softmax, so the rows equal the eager ones up to float
@@ -41,7 +43,9 @@ import torch
 from torch import nn
 
 from ..errors import EagleSpecError
+from ..target import kernels
 from ..target.fast import SPAN_STEP, capture_graph, round_span, smallest_bucket
+from .fused import FusedEagle3Step, unfusable_reason
 from .layers import Attention
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -88,10 +92,13 @@ class StaticDraftRunner:
     Same interface as proposer.EagerRows: reset(), length, run(state, tokens, positions, visible),
     crop(n). On an H200, bench/draft_check.py found graph replay == the eager step exactly.
     span_step: steps attend over the first span(length + rows) KV slots (a multiple of span_step).
+    fused: step with draft/fused.py's FusedEagle3Step (None: on CUDA when the drafter allows it), with the
+    Triton kernels when target/kernels.wanted(device) (EAGLESPEC_FUSED_KERNELS).
     """
 
     def __init__(self, drafter: nn.Module, max_len: int = 4096, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
-                 cuda_graphs: bool | None = None, tree_graphs: bool = True, span_step: int = SPAN_STEP):
+                 cuda_graphs: bool | None = None, tree_graphs: bool = True, span_step: int = SPAN_STEP,
+                 fused: bool | None = None):
         if max_len < 1:
             raise EagleSpecError(f"draft max_len must be >= 1, got {max_len}")
         if span_step < 1:
@@ -111,6 +118,14 @@ class StaticDraftRunner:
                   for a in attn]
         self.v = [torch.zeros_like(k) for k in self.k]
         self.cols = torch.arange(self.size, device=self.device)
+        reason = unfusable_reason(drafter)
+        if fused and reason is not None:
+            raise EagleSpecError(f"fused draft step: {reason}")
+        if fused is None:
+            fused = self.device.type == "cuda" and reason is None
+        # the step: (state, tokens, positions, [StaticKV], visible) -> (logits, states)
+        self.forward = (FusedEagle3Step(drafter, self.size, kernels=kernels.wanted(self.device)) if fused
+                        else drafter)
         self.use_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise EagleSpecError("draft cuda_graphs=True needs the drafter on a CUDA device")
@@ -134,8 +149,8 @@ class StaticDraftRunner:
 
     # -- the step (graph-captured on CUDA) ------------------------------------------------------
     def _step(self, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
-        """The drafter's own forward over the static buffers: (logits [B, Vd], states [B, H])."""
-        return self.drafter(rows.state, rows.tokens, rows.positions, rows.cache, visible=rows.visible)
+        """The drafter's step over the static buffers: (logits [B, Vd], states [B, H])."""
+        return self.forward(rows.state, rows.tokens, rows.positions, rows.cache, visible=rows.visible)
 
     def _buffers(self, b: int, span: int) -> _Rows:
         dev = self.device
@@ -216,13 +231,13 @@ class StaticDraftRunner:
 
 def enable_draft_graphs(engine, max_len: int = 4096, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
                         cuda_graphs: bool | None = None, tree_graphs: bool = True,
-                        span_step: int = SPAN_STEP) -> StaticDraftRunner | None:
+                        span_step: int = SPAN_STEP, fused: bool | None = None) -> StaticDraftRunner | None:
     """Switch `engine`'s proposer to a StaticDraftRunner. None without a drafter."""
     proposer = getattr(engine, "proposer", None)
     if proposer is None:
         return None
     runner = StaticDraftRunner(proposer.drafter, max_len=max_len, buckets=buckets, cuda_graphs=cuda_graphs,
-                               tree_graphs=tree_graphs, span_step=span_step)
+                               tree_graphs=tree_graphs, span_step=span_step, fused=fused)
     proposer.runner = runner
     proposer.reset()
     return runner

@@ -116,7 +116,7 @@ class DeviceTreeRows(MaskRows):
         n = tokens.shape[0]
         slots, positions = self._at[r0: r0 + n], self._at[depth - 1].expand(n)
         cache = [StaticKV(k, v, slots, self.span) for k, v in zip(self.runner.k, self.runner.v)]
-        return self.runner.drafter(states, tokens, positions, cache, visible=self.mask[r0: r0 + n])
+        return self.runner.forward(states, tokens, positions, cache, visible=self.mask[r0: r0 + n])
 
 
 class TreeGraph:

@@ -21,7 +21,7 @@ Kernels per layer of a step (CUDA, no bias): 2 per RMSNorm, the qkv GEMM, rope 2
 rows and k's cache rows are views), 2 KV index copies, SDPA, o GEMM + residual (one addmm), gate/up GEMM, silu,
 mul, down GEMM + residual (addmm_ in place: no copy of h); steps of more than one row add one copy (the attention
 output back to token-major).
-fused_kernels=True (or EAGLESPEC_FUSED_KERNELS=1 in the environment, read by make_target) runs the step's RMSNorms,
+fused_kernels=True (make_target's default on CUDA where triton imports; EAGLESPEC_FUSED_KERNELS=0/1 forces it off/on) runs the step's RMSNorms,
 rope + KV write and silu * up as Triton kernels (target/kernels.py: 2 + 4 + 2 + 2 kernels per layer become 1 + 1 +
 1 + 1, the same rounding); it needs triton and a CUDA target (or TRITON_INTERPRET=1) and is refused otherwise.
 """
@@ -40,11 +40,13 @@ from torch import nn
 from ..errors import EagleSpecError
 from .base import TargetOutput
 from .capture import decoder_layers
+from .kernels import FUSED_KERNELS_ENV, wanted
+
+__all__ = ["FUSED_KERNELS_ENV", "FastTarget", "fused_by_default", "make_target", "unsupported_reason"]
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 SPAN_STEP = 256  # attention spans are multiples of this many cache slots
-FUSED_KERNELS_ENV = "EAGLESPEC_FUSED_KERNELS"  # "1": make_target's fast backends use the Triton kernels
 T = TypeVar("T")
 
 
@@ -506,10 +508,19 @@ class FastTarget:
         self._pending = 0
 
 
+def fused_by_default(device: torch.device, compile: bool = False) -> bool:
+    """make_target's fused_kernels: kernels.wanted(device), but off when compiling unless EAGLESPEC_FUSED_KERNELS
+    asks for it (torch.compile makes its own kernels; FastTarget refuses the pair)."""
+    if compile and os.environ.get(FUSED_KERNELS_ENV, "") == "":
+        return False
+    return wanted(device)
+
+
 def make_target(model: nn.Module, backend: str = "auto", feature_layer_ids: tuple[int, ...] = (), **fast_kw):
     """The target backend for `model`: "fast" (static cache + CUDA graphs), "hf", or "auto"
     (fast on CUDA when the architecture is supported, else the generic HF backend). A fast backend gets
-    fused_kernels from EAGLESPEC_FUSED_KERNELS (0 or 1, default 0) unless fast_kw names it."""
+    fused_kernels from kernels.wanted (EAGLESPEC_FUSED_KERNELS 0 or 1; unset: on CUDA where triton imports, unless
+    compiling) unless fast_kw names it."""
     from .hf import HFTarget
 
     if backend not in ("auto", "fast", "hf"):
@@ -518,9 +529,7 @@ def make_target(model: nn.Module, backend: str = "auto", feature_layer_ids: tupl
         on_cuda = next(model.parameters()).device.type == "cuda"
         backend = "fast" if on_cuda and unsupported_reason(model) is None else "hf"
     if backend == "fast":
-        env = os.environ.get(FUSED_KERNELS_ENV, "0")
-        if env not in ("", "0", "1"):
-            raise EagleSpecError(f"{FUSED_KERNELS_ENV}={env!r}: expected 0 or 1")
-        fast_kw.setdefault("fused_kernels", env == "1")
+        if "fused_kernels" not in fast_kw:
+            fast_kw["fused_kernels"] = fused_by_default(next(model.parameters()).device, fast_kw.get("compile", False))
         return FastTarget(model, feature_layer_ids, **fast_kw)
     return HFTarget(model, feature_layer_ids)

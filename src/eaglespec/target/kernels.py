@@ -1,5 +1,6 @@
-"""Opt-in Triton kernels for the fast target's step (FastTarget(fused_kernels=True), or EAGLESPEC_FUSED_KERNELS=1
-through make_target): fewer kernels per decoder layer, the same values as the torch code they replace.
+"""Triton kernels for the fast target's step (FastTarget(fused_kernels=True); make_target and the drafter's fused
+step (draft/fused.py) use them on CUDA unless EAGLESPEC_FUSED_KERNELS=0): fewer kernels per decoder layer, the
+same values as the torch code they replace.
 
     rms_norm_weight   HF LlamaRMSNorm in one kernel (F.rms_norm + the weight product: 2 kernels)
     rope_qk_kv_write  rope of q and k, q written head-major, k and v written into the KV cache at slots
@@ -31,6 +32,22 @@ import os
 
 import torch
 import torch.nn.functional as F
+
+from ..errors import EagleSpecError
+
+FUSED_KERNELS_ENV = "EAGLESPEC_FUSED_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
+
+
+def wanted(device: torch.device | str) -> bool:
+    """Whether a fast step on `device` should use these kernels: EAGLESPEC_FUSED_KERNELS=1 (they must be
+    available), =0 (never), unset or empty: on a CUDA device where triton imports. Measured on an H200 (bf16,
+    SmolLM2-135M, bench/RESULTS.md session 6): a 1-row target step 1.49 -> 1.10 ms, 498 -> 315 kernels."""
+    env = os.environ.get(FUSED_KERNELS_ENV, "")
+    if env not in ("", "0", "1"):
+        raise EagleSpecError(f"{FUSED_KERNELS_ENV}={env!r}: expected 0 or 1 (or unset: on where available on CUDA)")
+    if env == "":
+        return torch.device(device).type == "cuda" and available(device)
+    return env == "1"
 
 
 def available(device: torch.device | str) -> bool:

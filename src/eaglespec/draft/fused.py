@@ -1,0 +1,122 @@
+"""The EAGLE-3 drafter's step with fewer kernels, for the static draft runner (draft/fast.py) on CUDA.
+
+Eagle3Drafter.forward over a StaticKV (draft/eagle3.py) launches ~47 kernels per step on CUDA, and a step
+is launch-bound: 0.22 ms in a CUDA graph on an H200 whether it drafts 1 row or 10 (bench/RESULTS.md, session
+6), 7 of them per depth-6 tree. This step computes the same layer the way target/fast.py's step does:
+
+    e = norm(embed(tokens)); g = norm(state)                  # Triton RMSNorm (kernels) or F.rms_norm * w
+    qkv = cat([e, g]) @ [Wq; Wk; Wv].T                        # one GEMM
+    q, KV write = rope(q, k) from a cos/sin table, v          # one Triton kernel (kernels), else 2 + 2
+    o = SDPA(q as [Hkv, G*B] rows, the unrepeated KV span)    # no repeat_interleave copies of the KV
+    h = residual + o @ Wo.T ; out = h + down(silu(gate) * up) # residuals in the GEMMs (addmm), silu * up fused
+    logits = lm_head(norm(out))
+
+The table holds, for every KV slot position, the values Rotary.cos_sin computes per step (same fp32 products
+and cos/sin, then the dtype cast), so the rope is bitwise the module's (target/fast._rope's sign flip is
+exact). What differs: the residuals round once instead of twice (target/fast._add_linear), the concatenated
+projection and the grouped attention may accumulate in another order. Drafts are only proposals checked by
+the target, so this moves which token is proposed at a near-tie, never what is emitted, and q is the one the
+sampler uses. The weights are copied (concatenated) at construction: build it after loading, for inference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..target import kernels as K
+from ..target.fast import _add_linear, _rms, _rope_table
+from .eagle3 import Eagle3Drafter
+
+
+def _cat_linear(*mods: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenated weights (and biases, zeros where one lacks it) of linears that read the same input."""
+    w = torch.cat([m.weight.detach() for m in mods])
+    if all(m.bias is None for m in mods):
+        return w, None
+    return w, torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
+                         for m in mods])
+
+
+def unfusable_reason(drafter: nn.Module) -> str | None:
+    """Why FusedEagle3Step cannot run `drafter` (None = it can)."""
+    if not isinstance(drafter, Eagle3Drafter):
+        return f"{type(drafter).__name__} is not an EAGLE-3 drafter"
+    at = drafter.midlayer.self_attn
+    if at.rotary.rotary_dim != at.head_dim:
+        return f"partial rotary ({at.rotary.rotary_dim} of {at.head_dim})"
+    if at.head_dim % 2 or at.heads % at.kv_heads:
+        return f"heads {at.heads} / kv heads {at.kv_heads} / head_dim {at.head_dim}"
+    return None
+
+
+class FusedEagle3Step:
+    """Callable like Eagle3Drafter.forward(state, tokens, positions, cache, visible) for StaticKV caches whose
+    `slots` are consecutive (both users: StaticDraftRunner.run and tree_graph.DeviceTreeRows) and `visible`
+    a full [B, span] bool mask. Positions must be below `max_positions`."""
+
+    def __init__(self, drafter: Eagle3Drafter, max_positions: int, kernels: bool = False):
+        reason = unfusable_reason(drafter)
+        if reason is not None:
+            raise ValueError(f"cannot fuse this drafter's step: {reason}")
+        layer, at, mlp = drafter.midlayer, drafter.midlayer.self_attn, drafter.midlayer.mlp
+        self.drafter = drafter
+        self.norm_before_residual, self.norm_output = drafter.cfg.norm_before_residual, drafter.cfg.norm_output
+        self.eps = layer.input_layernorm.eps
+        self.in_norm, self.hidden_norm = layer.input_layernorm.weight.detach(), layer.hidden_norm.weight.detach()
+        self.post_norm, self.final_norm = layer.post_attention_layernorm.weight.detach(), drafter.norm.weight.detach()
+        self.hq, self.hk, self.d = at.heads, at.kv_heads, at.head_dim
+        self.qkv_w, self.qkv_b = _cat_linear(at.q_proj, at.k_proj, at.v_proj)
+        self.o_w, self.o_b = at.o_proj.weight.detach(), None if at.o_proj.bias is None else at.o_proj.bias.detach()
+        self.gate_up_w, self.gate_up_b = _cat_linear(mlp.gate_proj, mlp.up_proj)
+        self.down_w = mlp.down_proj.weight.detach()
+        self.down_b = None if mlp.down_proj.bias is None else mlp.down_proj.bias.detach()
+        self.lm_w = drafter.lm_head.weight.detach()
+        w = self.qkv_w
+        positions = torch.arange(max_positions, device=w.device)
+        cos, sin = at.rotary.cos_sin(positions, w.dtype)  # [S, D]: Rotary's per-step values, for every slot
+        self.table = _rope_table(cos, sin).contiguous()  # [S, 2, 2, D/2]
+        self.max_positions = max_positions
+        self._open = torch.zeros((), device=w.device, dtype=w.dtype)
+        self._shut = torch.full((), torch.finfo(w.dtype).min, device=w.device, dtype=w.dtype)
+        self.kernels = kernels
+        if kernels and not K.available(w.device):
+            raise ValueError("kernels=True needs triton and a CUDA drafter (or TRITON_INTERPRET=1)")
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return K.rms_norm_weight(x, w, self.eps) if self.kernels else _rms(x, w, self.eps)
+
+    def __call__(self, state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache: list,
+                 visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """state [B, H], tokens [B] target ids, positions [B], cache [StaticKV], visible [B, span] bool ->
+        (logits over the draft vocab [B, Vd], next state [B, H])."""
+        b, hq, hk, d = tokens.shape[0], self.hq, self.hk, self.d
+        g = hq // hk
+        kv = cache[0]
+        span = kv.span
+        if self.norm_before_residual:
+            hidden = residual = self._norm(state, self.hidden_norm)
+        else:
+            residual, hidden = state, self._norm(state, self.hidden_norm)
+        x = torch.cat([self._norm(self.drafter.embed(tokens), self.in_norm), hidden], dim=-1)  # [B, 2H]
+        qkv = F.linear(x, self.qkv_w, self.qkv_b)  # [B, (Hq + 2 Hkv) D]
+        qk, v = qkv.view(b, hq + 2 * hk, d).split([hq + hk, hk], dim=1)
+        rope = K.rope_qk_kv_write if self.kernels else K.rope_qk_kv_write_ref
+        kc, vc = kv.k[0], kv.v[0]  # [Hkv, S, D]
+        q = rope(qk, v, self.table, positions, kv.slots[0], kc, vc)  # [Hq, B, D]; k, v written at the slots
+        # GQA over the unrepeated KV: head j*G + r, row t -> kv head j, query row r*B + t (as target/fast.py)
+        mask = torch.where(visible.expand(g, b, span), self._open, self._shut).view(1, 1, g * b, span)
+        o = F.scaled_dot_product_attention(q.reshape(1, hk, g * b, d), kc[None, :, :span], vc[None, :, :span],
+                                           attn_mask=mask)
+        o = o.view(hk, g, b, d).permute(2, 0, 1, 3).reshape(b, hq * d)
+        h = _add_linear(residual, o, self.o_w, self.o_b)  # out of place: residual may be the caller's state
+        gate_up = F.linear(self._norm(h, self.post_norm), self.gate_up_w, self.gate_up_b)  # [B, 2I]
+        if self.kernels:
+            act = K.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        out = _add_linear(h, act, self.down_w, self.down_b, inplace=True)  # [B, H]
+        normed = self._norm(out, self.final_norm)
+        return F.linear(normed, self.lm_w), (normed if self.norm_output else out)
