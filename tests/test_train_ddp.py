@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +14,6 @@ from eaglespec.checkpoint.drafter import load_drafter
 from eaglespec.train.trainer import TrainConfig, train
 from train_ddp_worker import config, data
 
-TEARDOWN_ABORT = "terminate called without an active exception"
-
 
 def test_torchrun_two_processes_match_single(tmp_path):
     worker = Path(__file__).with_name("train_ddp_worker.py")
@@ -24,13 +21,8 @@ def test_torchrun_two_processes_match_single(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(worker), str(tmp_path / "ddp"), str(tmp_path / "paused")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0 and TEARDOWN_ABORT in proc.stderr and "paused at step 2/3" in proc.stderr:
-        # Both runs finished, then one rank aborted in gloo's teardown at exit: a rare race seen twice in ~10
-        # clean-clone CI runs (never locally), after finish_distributed's barrier. One retry: a real failure
-        # repeats. (Into fresh directories.)
-        for out in ("ddp", "paused"):
-            shutil.rmtree(tmp_path / out, ignore_errors=True)
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    # No retry: the rare "terminate called without an active exception" at exit was gloo threads left running
+    # into interpreter exit (finish_distributed now joins them; test_train_ddp_teardown.py checks that).
     assert proc.returncode == 0, proc.stderr[-3000:]
     model, samples = data()
     single = train(model, samples, config(grad_accum=2), tmp_path / "single")

@@ -127,14 +127,51 @@ def init_distributed(device: str) -> str:
     return device
 
 
+def _unpin_process_group(pg) -> int:
+    """Drop the references to `pg` that torch.distributed modules froze as default arguments at import time
+    (`def broadcast(..., group=group.WORLD)` in torch.distributed.nn.functional, ZeroRedundancyOptimizer's
+    `_broadcast_object`): a module imported after init_process_group (transformers' model classes import
+    torch.distributed.checkpoint -> _shard -> nn.functional) keeps the default group alive after
+    destroy_process_group. Replaced by None (= the default group). Returns how many functions changed."""
+    import inspect
+
+    changed = 0
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("torch.distributed") or mod is None:
+            continue
+        for obj in list(vars(mod).values()):
+            fns = [obj] if inspect.isfunction(obj) else (
+                [f for f in vars(obj).values() if inspect.isfunction(f)] if isinstance(obj, type) else [])
+            for fn in fns:
+                if fn.__defaults__ and any(d is pg for d in fn.__defaults__):
+                    fn.__defaults__ = tuple(None if d is pg else d for d in fn.__defaults__)
+                    changed += 1
+                if fn.__kwdefaults__ and any(v is pg for v in fn.__kwdefaults__.values()):
+                    fn.__kwdefaults__ = {k: None if v is pg else v for k, v in fn.__kwdefaults__.items()}
+                    changed += 1
+    return changed
+
+
 def finish_distributed() -> None:
     """Under torchrun, at the end: wait for every rank (rank 0 may still be writing the checkpoint), then tear the
-    process group down. A rank that exits while its peers are still busy can abort in gloo's teardown
-    ("terminate called without an active exception")."""
+    process group down, for real, before the interpreter exits.
+
+    Why: in torch 2.11-2.13, destroy_process_group() does not stop a gloo group (ProcessGroupGloo has no
+    shutdown()); its worker threads (pt_gloo_runloop) and transport thread (gloo_tcp_loop) are joined only by
+    its destructor, i.e. when the last reference goes. Another reference (torch.distributed.nn.functional's
+    import-time `group=group.WORLD` defaults, pulled in by building the HF target after init) kept it alive
+    past destroy_process_group, so those threads were still running at interpreter exit and a rank could
+    abort in the teardown ("terminate called without an active exception", pytorch/pytorch#65231 and its fix
+    #65513: the gloo group must be destroyed before exit, not left to the GC at finalization). Here the pins
+    are dropped and our last reference released, so the destructor joins the threads now."""
     dist = _dist()
-    if dist is not None:
-        dist.barrier()
-        dist.destroy_process_group()
+    if dist is None:
+        return
+    dist.barrier()
+    pg = dist.group.WORLD
+    dist.destroy_process_group()
+    _unpin_process_group(pg)
+    del pg  # the last reference: ~ProcessGroupGloo joins its threads here, in this call
 
 
 def _all_reduce(t: torch.Tensor) -> torch.Tensor:
