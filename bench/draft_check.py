@@ -11,9 +11,11 @@ and of the whole-tree draft graph (draft/tree_graph.py: one CUDA graph per tree 
       graphs (tree_graphs=False) and the whole-tree graph: trees of each pair (tokens/parents identical share,
       max |logq| diff, max |q| diff for sampled chains and static trees), emitted sequences identical, whether
       the tree graph was captured (and any capture warning);
-2. cost, bf16: ms per drafter step (CUDA events, median) eager KVCache vs static eager vs graph, and
+2. cost, bf16: ms per drafter step (CUDA events, median) eager KVCache vs static eager vs graph, each static
+   one with the drafter's own forward and with draft/fused.py's step (fused_*: the default on CUDA), and
    ms per propose() round (synchronized wall time, median over real rounds) eager vs per-step graphs vs
-   whole-tree graph, plus the tree graph's own ms (staging + replay + output copies).
+   whole-tree graph (both with the default, fused step) vs the whole-tree graph over the drafter's own forward
+   (tree_module), plus the tree graph's own ms (staging + replay + output copies).
 
     PYTHONPATH=src python bench/draft_check.py [--draft DIR] [--json OUT] [--device cuda] [--prompts 2]
         [--max-new-tokens 64]
@@ -31,6 +33,7 @@ import torch
 
 from eaglespec.api import EagleSpec, tree_spec
 from eaglespec.draft.fast import StaticDraftRunner, enable_draft_graphs
+from eaglespec.draft.fused import unfusable_reason
 from eaglespec.draft.proposer import EagerRows
 from eaglespec.draft.tree_graph import TreeGraph
 from eaglespec.engine import SpeculativeEngine
@@ -59,10 +62,15 @@ def step_check(drafter, dev: torch.device, graphs: bool) -> dict:
     n0 = 300
     feats_state = torch.randn(n0, h, generator=gen).to(dev, next(drafter.parameters()).dtype)
     toks0 = torch.randint(100, 40000, (n0,), generator=gen).to(dev)
+    fusable = unfusable_reason(drafter) is None
     runners = {"eager_kvcache": EagerRows(drafter),
-               "static_eager": StaticDraftRunner(drafter, max_len=1024, cuda_graphs=False)}
+               "static_eager": StaticDraftRunner(drafter, max_len=1024, cuda_graphs=False, fused=False)}
+    if fusable:
+        runners["fused_eager"] = StaticDraftRunner(drafter, max_len=1024, cuda_graphs=False, fused=True)
     if graphs:
-        runners["static_graph"] = StaticDraftRunner(drafter, max_len=1024, cuda_graphs=True)
+        runners["static_graph"] = StaticDraftRunner(drafter, max_len=1024, cuda_graphs=True, fused=False)
+        if fusable:
+            runners["fused_graph"] = StaticDraftRunner(drafter, max_len=1024, cuda_graphs=True, fused=True)
     for r in runners.values():
         r.run(feats_state, toks0, torch.arange(n0, device=dev))
     out: dict = {}
@@ -96,7 +104,9 @@ def step_check(drafter, dev: torch.device, graphs: bool) -> dict:
     return out
 
 
-ENGINES = ("eager", "steps", "tree")  # EagerRows; StaticDraftRunner per-step graphs; + whole-tree graph
+# EagerRows; StaticDraftRunner per-step graphs; + whole-tree graph (both: the default step, fused on CUDA);
+# the whole-tree graph over the drafter's own forward
+ENGINES = ("eager", "steps", "tree", "tree_module")
 
 
 def _compare(trees_a: list, trees_b: list) -> dict:
@@ -124,7 +134,8 @@ def engine_check(es: EagleSpec, prompts: list[list[int]], max_new: int, graphs: 
         target = FastTarget(es.model, tuple(es.drafter.feature_layer_ids), max_len=2048)
         engines = {name: SpeculativeEngine(target, es.drafter, spec) for name in ENGINES}
         runners = {name: enable_draft_graphs(engines[name], max_len=2048, cuda_graphs=graphs,
-                                             tree_graphs=name == "tree") for name in ENGINES[1:]}
+                                             tree_graphs=name.startswith("tree"),
+                                             fused=False if name == "tree_module" else None) for name in ENGINES[1:]}
         trees: dict[str, list] = {name: [] for name in engines}
         round_ms: dict[str, list] = {name: [] for name in engines}
         tree_ms: list[float] = []
@@ -169,6 +180,8 @@ def engine_check(es: EagleSpec, prompts: list[list[int]], max_new: int, graphs: 
             "steps_vs_eager": _compare(trees["eager"], trees["steps"]),
             "tree_vs_eager": _compare(trees["eager"], trees["tree"]),
             "tree_vs_steps": _compare(trees["steps"], trees["tree"]),
+            "tree_module_vs_eager": _compare(trees["eager"], trees["tree_module"]),
+            "fused": not isinstance(runners["tree"].forward, torch.nn.Module),
             "sequences_identical": {f"{n}_vs_eager": sum(x == y for x, y in zip(tokens["eager"], tokens[n]))
                                     for n in ENGINES[1:]},
             "sequences": len(prompts),
