@@ -8,6 +8,11 @@
 #                                    # 10 MT-bench prompts: which tree shapes to recommend in its tree_defaults
 #   bash bench/gpu_next.sh bench     # eaglespec bench, all 80 MT-bench first turns at T=0 (FUSED=1 for the kernels)
 #                                    # then 20 at T=1, then bench/prefill_shapes.py
+# Session 6 (the fused draft step and kernels on by default), one lease after the install:
+#   bash bench/gpu_next.sh fused     # draft_check (fused step vs the drafter's forward), T=0 tree sweep (10 prompts),
+#                                    # then MT-bench 80 at T=0 with the sweep's fastest chain / dynamic shapes
+#   bash bench/gpu_next.sh more      # T=1 sweep incl. sampled static trees (10 prompts), MT-bench 20 at T=1,
+#                                    # HumanEval 164 at T=0 (shapes: $SHAPES, e.g. "--k 5 --depth 6 --top-k 8 --budget 40")
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
 set -uo pipefail
 stage=${1:?stage}
@@ -37,5 +42,36 @@ case "$stage" in
       --temperature 1 --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic "${shapes[@]}" --json "$OUT/h200_mtbench20_t1_fused${f}_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 \
       | grep -v "Loading weights" | tail -8
     timeout 90 python3 bench/prefill_shapes.py --device cuda 2>&1 | tail -12
+    ;;
+  fused)
+    timeout 240 python3 bench/draft_check.py --json "$OUT/h200_draft_check_$c.json" > "$OUT/draft_check.log" 2>&1
+    echo "draft_check rc=$?"
+    python3 - "$OUT/h200_draft_check_$c.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for dt in ("float32", "bfloat16"):
+    print(dt, {k: v for k, v in d[dt]["step"].items() if "/1" in k or "/10" in k})
+    for kind, v in d[dt]["engine"].items():
+        print(dt, kind, "fused" if v.get("fused") else "module", "tree==eager", v["tree_vs_eager"]["trees_identical"],
+              "/", v["tree_vs_eager"]["rounds_compared"], "seq", v["sequences_identical"], "propose ms", v["propose_ms_median"],
+              "capture failed", v["tree_graph"]["failed"])
+PY
+    flags=$(timeout 240 python3 bench/tree_sweep.py --limit 10 --best-flags \
+      --configs chain:3,chain:4,chain:5,chain:6,dynamic:5/6/24,dynamic:6/8/40,dynamic:7/8/48,dynamic:8/8/56,dynamic:8/10/60,static:5/10/25 \
+      --json "$OUT/h200_tree_sweep_t0_$c.json" 2> "$OUT/sweep_t0.log" | tee /dev/stderr | tail -1)
+    echo "fastest shapes: $flags" | tee "$OUT/shapes.txt"
+    timeout 260 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --hf-limit 3 --check-fp32 2 $flags \
+      --json "$OUT/h200_mtbench80_t0_$c.json" --plot "$OUT/h200_mtbench80_t0_$c.png" --results "$OUT/RESULTS_part.md" \
+      2>&1 | grep -v "Loading weights" | tail -9
+    ;;
+  more)
+    timeout 200 python3 bench/tree_sweep.py --limit 10 --temperature 1 \
+      --configs chain:3,chain:4,chain:5,static:5/10/25,static:4/10/16,static:6/10/40,dynamic:5/6/24,dynamic:6/8/40 \
+      --json "$OUT/h200_tree_sweep_t1_$c.json" 2> "$OUT/sweep_t1.log" | tail -11
+    timeout 150 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --hf-limit 2 --temperature 1 \
+      --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic $SHAPES --json "$OUT/h200_mtbench20_t1_$c.json" \
+      --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -7
+    timeout 230 python3 -m eaglespec.cli bench --dataset humaneval --limit 164 --hf-limit 2 --check-fp32 2 $SHAPES \
+      --json "$OUT/h200_humaneval164_t0_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -8
     ;;
 esac

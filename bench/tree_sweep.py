@@ -5,9 +5,11 @@ A tree sized for a strong drafter (depth 8, width 10, 60 nodes: EAGLE-3's) costs
 a weak drafter's few accepted tokens repay; this finds the shape that maximizes tok/s for the drafter at hand.
 
     PYTHONPATH=src python bench/tree_sweep.py [--draft DIR] [--limit 10] [--temperature 0]
-        [--configs chain:3,chain:5,dynamic:5/8/24,dynamic:8/10/60] [--compile] [--json OUT]
+        [--configs chain:3,chain:5,dynamic:5/8/24,dynamic:8/10/60] [--compile] [--json OUT] [--best-flags]
 
-A config is chain:K or dynamic:DEPTH/TOPK/BUDGET.
+A config is chain:K, dynamic:DEPTH/TOPK/BUDGET or static:DEPTH/TOPK/BUDGET (the default static tree cut to
+DEPTH and BUDGET). The JSON's "best" holds the fastest config of each kind; --best-flags prints the fastest chain
+and dynamic shapes as `eaglespec bench` flags on the last line of stdout (bench/gpu_next.sh reads it).
 """
 
 from __future__ import annotations
@@ -34,12 +36,33 @@ def parse_config(text: str) -> tuple[str, dict]:
     try:
         if kind == "chain":
             return "eagle3-chain", {"k": int(rest)}
-        if kind == "dynamic":
+        if kind in ("dynamic", "static"):
             depth, top_k, budget = (int(x) for x in rest.split("/"))
-            return "eagle3-dynamic", {"depth": depth, "top_k": top_k, "budget": budget}
+            return f"eagle3-{kind}", {"depth": depth, "top_k": top_k, "budget": budget}
     except ValueError:
         pass
-    raise SystemExit(f"--configs: {text!r} is not chain:K or dynamic:DEPTH/TOPK/BUDGET")
+    raise SystemExit(f"--configs: {text!r} is not chain:K, dynamic:DEPTH/TOPK/BUDGET or static:DEPTH/TOPK/BUDGET")
+
+
+def best_configs(rows: list[dict]) -> dict[str, dict]:
+    """The fastest row (tok/s) of each tree kind: {"chain": row, "dynamic": row, ...}."""
+    best: dict[str, dict] = {}
+    for r in rows:
+        kind = r["config"].partition(":")[0]
+        if kind != "plain" and r.get("tokens_per_second", 0) > best.get(kind, {}).get("tokens_per_second", -1):
+            best[kind] = r
+    return best
+
+
+def bench_flags(best: dict[str, dict]) -> str:
+    """`eaglespec bench` shape flags for the fastest chain and dynamic configs (static shares dynamic's flags)."""
+    flags = []
+    if "chain" in best:
+        flags.append(f"--k {best['chain']['config'].partition(':')[2]}")
+    if "dynamic" in best:
+        depth, top_k, budget = best["dynamic"]["config"].partition(":")[2].split("/")
+        flags.append(f"--depth {depth} --top-k {top_k} --budget {budget}")
+    return " ".join(flags)
 
 
 def main() -> None:
@@ -55,6 +78,7 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--max-len", type=int, default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--best-flags", action="store_true", help="print the fastest shapes as bench flags, last")
     args = ap.parse_args()
     configs = [(c, *parse_config(c)) for c in args.configs.split(",") if c.strip()]
     es = _load(args, args.dtype)
@@ -82,14 +106,18 @@ def main() -> None:
         split = " / ".join(f"{v:.2f}" for v in ms.values()) if ms else ""
         print(f"| {r['config']} | {r.get('tokens_per_second', 0):.1f} | {r.get('tau', 1.0):.2f} | "
               f"{r.get('vs_plain', 1.0):.2f} | {split} |")
+    best = best_configs(rows)
     if args.json:
         device = next(es.model.parameters()).device
         out = {"environment": environment(device), "temperature": args.temperature, "prompts": len(prompts),
                "dataset": args.dataset, "compile": args.compile,
-               "rows": [{k: v for k, v in r.items() if k != "acceptance_length_hist"} for r in rows]}
+               "rows": [{k: v for k, v in r.items() if k != "acceptance_length_hist"} for r in rows],
+               "best": {kind: r["config"] for kind, r in best.items()}}
         Path(args.json).write_text(json.dumps(out, indent=1))
     if torch.cuda.is_available():
         print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB", file=sys.stderr)
+    if args.best_flags:
+        print(bench_flags(best), flush=True)
 
 
 if __name__ == "__main__":
