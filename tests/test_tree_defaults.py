@@ -58,8 +58,9 @@ def test_shipped_drafter_recommends_measured_shapes():
     from eaglespec.checkpoint.config import read_json
 
     found = tree_defaults(_drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json")))
-    assert found["chain"] == {"k": 4}
-    assert found["dynamic"] == {"depth": 5, "top_k": 6, "budget": 24}
+    assert found["chain"] == {"k": 5}
+    assert found["dynamic"] == {"depth": 6, "top_k": 8, "budget": 40}
+    assert found["static"] == {"depth": 5, "top_k": 10, "budget": 25}
 
 
 def test_bench_resolves_and_records_the_shapes_it_runs():
