@@ -18,10 +18,12 @@ from eaglespec.tree import (
     TreeSpec,
     ancestry,
     chain_tree,
+    check_dynamic_flags,
     draft_topk,
     dynamic_tree,
     flatten,
     grow_dynamic,
+    grow_dynamic_tree,
     select_nodes,
     select_tree,
     static_layout,
@@ -138,6 +140,69 @@ def test_selection_never_repairs_a_non_closed_set():
                       logv=torch.tensor([-2.0, -1.0]))
     with pytest.raises(AssertionError, match="ancestor-closed"):
         select_tree(0, cand, budget=1)
+
+
+
+def test_selection_flags_a_parent_beyond_every_chosen_id():
+    """Closure is checked by id, not by position: a chosen node whose parent id is above every chosen id."""
+    cand = Candidates(tokens=torch.tensor([1, 2, 3]), parents=torch.tensor([-1, 2, -1]),
+                      depths=torch.tensor([1, 2, 1]), logv=torch.tensor([-1.0, -2.0, -3.0]))
+    with pytest.raises(AssertionError, match="ancestor-closed"):
+        select_tree(0, cand, budget=2)  # ids 0 and 1: 1's parent (2) is not chosen
+
+
+def test_candidates_join_row_major_parts():
+    """Layers given as [n, c] parts (expanded views included) read row-major, as [m] parts do; one width or mixed."""
+    lv = torch.arange(-1, 4)
+    cand = Candidates(tokens=torch.tensor([[5, 6, 7]]), parents=lv[0].expand(1, 3), depths=lv[2].expand(1, 3),
+                      logv=torch.tensor([[-1.0, -2.0, -3.0]]))
+    assert cand.size == 3 and torch.equal(cand.newest_tokens, torch.tensor([5, 6, 7]))
+    ids = torch.tensor([0, 2])
+    cand.append(torch.tensor([[8, 9, 10], [11, 12, 13]]), ids[:, None].expand(2, 3), lv[3].expand(2, 3),
+                torch.full((2, 3), -4.0))
+    assert cand.start == 3 and cand.size == 9 and torch.equal(cand.newest_tokens, torch.arange(8, 14))
+    assert torch.equal(cand.tokens, torch.tensor([5, 6, 7, 8, 9, 10, 11, 12, 13]))
+    assert torch.equal(cand.parents, torch.tensor([-1, -1, -1, 0, 0, 0, 2, 2, 2]))
+    assert torch.equal(cand.depths, torch.tensor([1, 1, 1, 2, 2, 2, 2, 2, 2]))
+    cand.append(torch.tensor([[14], [15]]), torch.tensor([3, 4])[:, None].expand(2, 1), lv[4].expand(2, 1),
+                torch.full((2, 1), -5.0))  # another width, after a read
+    assert torch.equal(cand.parents, torch.tensor([-1, -1, -1, 0, 0, 0, 2, 2, 2, 3, 4]))
+    assert torch.equal(cand.depths, torch.tensor([1, 1, 1, 2, 2, 2, 2, 2, 2, 3, 3]))
+    assert torch.equal(cand.logv, torch.tensor([-1.0, -2, -3, -4, -4, -4, -4, -4, -4, -5, -5]))
+
+
+def _width_two_expand(nodes, cand, depth):
+    return torch.tensor([[7, 8]]).repeat(nodes.numel(), 1) + 10 * depth, torch.tensor([[0.5, 0.25]]).repeat(
+        nodes.numel(), 1)
+
+
+def test_grow_dynamic_tree_token_map_and_distinct_children():
+    """token_map maps every token but the root's; distinct_children only skips the duplicate check."""
+    args = (ROOT, torch.tensor([A, B, 12]), torch.tensor([0.5, 0.3, 0.2]), _width_two_expand, 3, 3, 7)
+    plain, flags = grow_dynamic_tree(*args, sorted_children=True)  # root width 3, expansions width 2
+    check_dynamic_flags(flags)
+    mapped, mflags = grow_dynamic_tree(*args, sorted_children=True, distinct_children=True,
+                                       token_map=lambda t: t * 100)
+    assert torch.equal(flags, mflags) and not flags.any()
+    assert int(mapped.tokens[0]) == ROOT and torch.equal(mapped.tokens[1:], plain.tokens[1:] * 100)
+    assert torch.equal(mapped.parents, plain.parents) and torch.equal(mapped.depths, plain.depths)
+    assert torch.equal(mapped.logq, plain.logq)
+
+    def dup(nodes, cand, depth):
+        return torch.tensor([[7, 7]]).repeat(nodes.numel(), 1), torch.tensor([[0.5, 0.25]]).repeat(nodes.numel(), 1)
+
+    dup_args = (ROOT, torch.tensor([A, B, 12]), torch.tensor([0.5, 0.3, 0.2]), dup, 3, 3, 7)
+    _, flags = grow_dynamic_tree(*dup_args, sorted_children=True)
+    assert flags.tolist() == [False, True, False, False]
+    _, flags = grow_dynamic_tree(*dup_args, sorted_children=True, distinct_children=True)
+    assert flags.tolist() == [False, False, False, False]
+
+    def bad(nodes, cand, depth):  # mixed widths (3 at the root, 2 below): every flag still reported
+        return torch.tensor([[7, 8]]).repeat(nodes.numel(), 1), torch.tensor([[0.9, 0.6]]).repeat(nodes.numel(), 1)
+
+    _, flags = grow_dynamic_tree(ROOT, torch.tensor([A, A, 12]), torch.tensor([0.5, 0.3, float("nan")]), bad,
+                                 3, 3, 7, sorted_children=True)
+    assert flags.tolist() == [True, True, True, False]
 
 
 # -- property tests -------------------------------------------------------------------------------

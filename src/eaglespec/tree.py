@@ -184,6 +184,23 @@ def _topk_chunks(width: int, k: int, chunk: int) -> int:
     return 1
 
 
+_CHUNK_STARTS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+def _chunk_starts(width: int, length: int, device: torch.device) -> torch.Tensor:
+    """[C, 1] long: the first index of each length-`length` chunk of a row of `width`, built once per
+    (width, length, device) and then reused (no op per call). Never cached from inside a CUDA-graph capture:
+    a tensor first made there holds nothing until its graph replays (TreeGraph captures after warm-up calls,
+    which fill the cache)."""
+    key = (width, length, device)
+    starts = _CHUNK_STARTS.get(key)
+    if starts is None:
+        starts = torch.arange(0, width, length, device=device)[:, None]
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _CHUNK_STARTS[key] = starts
+    return starts
+
+
 def draft_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """torch.topk(x, k, dim=-1) (values sorted descending) over [..., V], in two stages on CUDA.
 
@@ -201,7 +218,7 @@ def draft_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return x.topk(k, dim=-1)
     lead, length = x.shape[:-1], width // chunks
     vals, idx = x.reshape(*lead, chunks, length).topk(k, dim=-1)  # [..., C, k]: indices within the chunk
-    idx = idx + torch.arange(0, width, length, device=x.device)[:, None]  # [..., C, k] indices in the row
+    idx = idx + _chunk_starts(width, length, x.device)  # [..., C, k] indices in the row
     top, pick = vals.reshape(*lead, chunks * k).topk(k, dim=-1)  # [..., k]
     return top, idx.reshape(*lead, chunks * k).gather(-1, pick)
 
@@ -215,30 +232,40 @@ class Candidates:
     growth appends one layer per depth; tokens / parents / depths / logv are joined (one cat each) on
     first read, not at every depth. For the callback: `start` (first id of the newest layer),
     `newest_tokens` [m] (that layer's tokens) and `newest` [n] (the expanded nodes' indices within it).
+
+    A layer's parts are [m] tensors, or any tensors of m elements read row-major (the growth appends
+    [n, c] parts, parents and depths as expanded views: no copy per depth); when every part of a field is
+    [n_i, c] with one c, the join is one cat along rows whose flat view is the field.
     """
 
     def __init__(self, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, logv: torch.Tensor):
-        # per field, the [m] layers appended so far: tokens (draft-vocab ids), parents (candidate id of the
+        # per field, the layers appended so far: tokens (draft-vocab ids), parents (candidate id of the
         # parent, -1 = the root), depths (>= 1), logv (float: log path value)
         self._layers = {"tokens": [tokens], "parents": [parents], "depths": [depths], "logv": [logv]}
         self.expanded: list[torch.Tensor] = []  # per expansion: the candidate ids expanded
-        self.size = int(tokens.shape[0])
+        self.size = int(tokens.numel())
         self.start = 0
-        self.newest_tokens = tokens
+        self.newest_tokens = tokens.reshape(-1)
         self.newest: torch.Tensor | None = None
+        self.levels: torch.Tensor | None = None  # _grow: arange(-1, depth + 1), the root's parent and depths
 
     def append(self, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, logv: torch.Tensor
                ) -> None:
-        """A new layer of [m] candidates (the next m ids)."""
+        """A new layer of m candidates (the next m ids): [m] parts, or m elements each read row-major."""
         for name, part in (("tokens", tokens), ("parents", parents), ("depths", depths), ("logv", logv)):
             self._layers[name].append(part)
-        self.start, self.newest_tokens = self.size, tokens
-        self.size += int(tokens.shape[0])
+        self.start, self.newest_tokens = self.size, tokens.reshape(-1)
+        self.size += int(tokens.numel())
 
     def _joined(self, name: str) -> torch.Tensor:
         layers = self._layers[name]
-        if len(layers) > 1:
-            layers[:] = [torch.cat(layers)]
+        if len(layers) > 1 or layers[0].dim() != 1:
+            if len(layers) > 1 and all(x.dim() == 2 for x in layers) and len({x.shape[1] for x in layers}) == 1:
+                layers[:] = [torch.cat(layers).reshape(-1)]  # [sum n_i, c] contiguous: the flat view
+            elif len(layers) > 1:
+                layers[:] = [torch.cat([x.reshape(-1) for x in layers])]
+            else:
+                layers[:] = [layers[0].reshape(-1)]
         return layers[0]
 
     @property
@@ -262,23 +289,31 @@ class Candidates:
 Expand = Callable[[torch.Tensor, Candidates, int], tuple[torch.Tensor, torch.Tensor]]
 
 
-def _child_flags(tokens: torch.Tensor, conf: torch.Tensor) -> torch.Tensor:
-    """[3] bool, no host sync: (confidence not finite or outside [0,1], duplicate token under one
-    parent, sibling mass above 1 + eps)."""
+def _child_flags(tokens: torch.Tensor | None, conf: torch.Tensor) -> list[torch.Tensor]:
+    """3 0-dim bool tensors, no host sync: (confidence not finite or outside [0,1], duplicate token under
+    one parent, sibling mass above 1 + eps). tokens None: distinct by construction (top-k indices), the
+    duplicate flag is a constant False."""
     conf = conf.float()
     bad_conf = (conf.clamp(0, 1) != conf).any()  # NaN != NaN; +-inf and values outside [0, 1] move
-    sorted_tok = tokens.sort(dim=-1).values
-    dup = (sorted_tok[..., 1:] == sorted_tok[..., :-1]).any()
+    if tokens is None:
+        dup = torch.zeros((), dtype=torch.bool, device=conf.device)
+    else:
+        sorted_tok = tokens.sort(dim=-1).values
+        dup = (sorted_tok[..., 1:] == sorted_tok[..., :-1]).any()
     mass = (conf.sum(-1) > 1 + MASS_EPS).any()  # a NaN sum compares False (bad_conf reports it)
-    return torch.stack([bad_conf, dup, mass])
+    return [bad_conf, dup, mass]
 
 
-def _all_child_flags(tokens: list[torch.Tensor], conf: list[torch.Tensor]) -> torch.Tensor:
-    """_child_flags over every expansion's [n_i, c_i] children at once: one batch per width c."""
+def _all_child_flags(tokens: list[torch.Tensor], conf: list[torch.Tensor], distinct: bool = False
+                     ) -> list[torch.Tensor]:
+    """_child_flags over every expansion's [n_i, c_i] children at once: one batch per width c (3 0-dim
+    bool tensors). `distinct`: every row's tokens are distinct by construction: not checked."""
     widths = sorted({t.shape[1] for t in tokens})
-    flags = [_child_flags(torch.cat([t for t in tokens if t.shape[1] == c]),
+    flags = [_child_flags(None if distinct else torch.cat([t for t in tokens if t.shape[1] == c]),
                           torch.cat([x for x in conf if x.shape[1] == c])) for c in widths]
-    return flags[0] if len(flags) == 1 else torch.stack(flags).any(dim=0)
+    if len(flags) == 1:
+        return flags[0]
+    return list(torch.stack([torch.stack(f) for f in flags]).any(dim=0).unbind())
 
 
 _FLAG_MESSAGES = (
@@ -311,23 +346,27 @@ def _log_value(conf: torch.Tensor) -> torch.Tensor:
 
 
 def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, top_k: int, depth: int,
-          sorted_children: bool) -> tuple[Candidates, torch.Tensor]:
-    """grow_dynamic without reading anything back: (candidates, [3] bool validation flags on the device).
+          sorted_children: bool, distinct_children: bool = False) -> tuple[Candidates, list[torch.Tensor]]:
+    """grow_dynamic without reading anything back: (candidates, 3 0-dim bool validation flags on the device).
 
-    Per depth: one stable sort of the newest layer's values, the callback, and 6 small ops (fixed
-    shapes: the layer has min(top_k, size of the newest layer) nodes); the layers are joined once, at
-    the first read of the candidates' fields.
+    Per depth: one stable sort of the newest layer's values, the callback, and 4 small ops (fixed
+    shapes: the layer has min(top_k, size of the newest layer) nodes): candidate ids, log values (clamp,
+    log, add); parents and depths are views (of the ids, of one arange per growth). The layers are joined
+    once, at the first read of the candidates' fields. `distinct_children`: no row of children repeats a
+    token (e.g. top-k indices): the duplicate check is skipped.
     """
-    dev = root_tokens.device
     tok, conf = root_tokens.long()[None], root_conf[None]  # [1, c]
     if not sorted_children:
         tok, conf = _keep_top_children(tok, conf, top_k)
     all_tok, all_conf = [tok], [conf]
-    newest_logv = _log_value(conf[0])  # [m] values of the newest layer: ids start..start+m-1
-    cand = Candidates(tokens=tok[0], parents=torch.full_like(tok[0], -1), depths=torch.ones_like(tok[0]),
+    levels = torch.arange(-1, depth + 1, device=root_tokens.device)  # levels[1 + d] = d: parents -1, depths
+    c0 = tok.shape[1]
+    newest_logv = _log_value(conf)  # [n, c] values of the newest layer: ids start..start+n*c-1, row-major
+    cand = Candidates(tokens=tok, parents=levels[0].expand(1, c0), depths=levels[2].expand(1, c0),
                       logv=newest_logv)
+    cand.levels = levels
     for d in range(1, depth):
-        values, order = newest_logv.sort(descending=True, stable=True)  # ties to the lower id
+        values, order = newest_logv.reshape(-1).sort(descending=True, stable=True)  # ties to the lower id
         cand.newest = order[:top_k]  # [n] the highest-value nodes of depth d, within the newest layer
         layer = cand.newest + cand.start  # [n] their candidate ids
         cand.expanded.append(layer)
@@ -338,10 +377,9 @@ def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, to
         all_tok.append(ctok)
         all_conf.append(cconf)
         n, c = ctok.shape
-        newest_logv = (values[:top_k, None] + _log_value(cconf)).reshape(-1)  # [n * c]
-        cand.append(ctok.reshape(-1), layer[:, None].expand(n, c).reshape(-1),
-                    torch.full((n * c,), d + 1, dtype=torch.long, device=dev), newest_logv)
-    return cand, _all_child_flags(all_tok, all_conf)
+        newest_logv = values[:top_k, None] + _log_value(cconf)  # [n, c]
+        cand.append(ctok, layer[:, None].expand(n, c), levels[d + 2].expand(n, c), newest_logv)
+    return cand, _all_child_flags(all_tok, all_conf, distinct_children)
 
 
 def grow_dynamic(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, top_k: int, depth: int,
@@ -356,7 +394,7 @@ def grow_dynamic(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Exp
     `validate`).
     """
     cand, flags = _grow(root_tokens, root_conf, expand, top_k, depth, sorted_children)
-    flag_list = flags.tolist()
+    flag_list = torch.stack(flags).tolist()
     if validate:
         _raise_flags(flag_list)
     return cand, flag_list
@@ -371,31 +409,33 @@ def select_nodes(cand: Candidates, budget: int) -> torch.Tensor:
     return chosen.sort().values
 
 
-def _select(root: int | torch.Tensor, cand: Candidates, budget: int) -> tuple[DraftTree, torch.Tensor]:
-    """select_tree without reading anything back: (tree, 0-dim bool "ancestor-closed" on the device)."""
+def _select(root: int | torch.Tensor, cand: Candidates, budget: int,
+            token_map: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[DraftTree, torch.Tensor]:
+    """select_tree without reading anything back: (tree, 0-dim bool "NOT ancestor-closed" on the device).
+    token_map: applied to the chosen candidates' tokens (not the root's), e.g. draft -> target ids."""
     dev = cand.tokens.device
     root_t = root_tensor(root, dev)
     if budget <= 0 or cand.size == 0:
         tree = chain_tree(root_t, cand.tokens[:0])
         tree.logq = torch.zeros(1, device=dev)
-        return tree, torch.ones((), dtype=torch.bool, device=dev)
-    chosen = select_nodes(cand, budget)  # [B]
-    # node_of[1 + candidate id] = its tree node, -1 if not chosen; node_of[0] = 0: the root (parent id -1)
-    node_of = torch.full((cand.size + 1,), -1, dtype=torch.long, device=dev)
-    node_of[chosen + 1] = torch.arange(1, chosen.numel() + 1, device=dev)
-    node_of[0].zero_()  # not `node_of[0] = 0`: that copies a host scalar to the device
-    parents = node_of[cand.parents[chosen] + 1]  # [B]
-    closed = (parents >= 0).all()
-    zero = torch.zeros(1, dtype=torch.long, device=dev)
+        return tree, torch.zeros((), dtype=torch.bool, device=dev)
+    chosen = select_nodes(cand, budget)  # [B] candidate ids, ascending
+    levels = cand.levels if cand.levels is not None else torch.arange(-1, 1, device=dev)  # [-1, 0, ...]
+    parent_ids = cand.parents[chosen]  # [B] candidate ids, -1 = the root
+    # tree node of a parent: the chosen id at position j is node j + 1, the root (-1, below every id) node 0
+    parents = torch.searchsorted(chosen, parent_ids, right=True)  # [B]
+    # closed: every parent is the root or chosen, i.e. [-1, *chosen][parents] == parent_ids
+    not_closed = (torch.cat([levels[:1], chosen])[parents] != parent_ids).any()
+    tokens = cand.tokens[chosen]
     tree = DraftTree(
-        tokens=torch.cat([root_t, cand.tokens[chosen]]),
-        parents=torch.cat([zero - 1, parents]),
-        depths=torch.cat([zero, cand.depths[chosen]]),
+        tokens=torch.cat([root_t, tokens if token_map is None else token_map(tokens)]),
+        parents=torch.cat([levels[:1], parents]),  # the root's parent: -1
+        depths=torch.cat([levels[1:2], cand.depths[chosen]]),  # the root's depth: 0
         logq=torch.cat([torch.zeros(1, device=dev), cand.logv[chosen]]),
         stats={"candidates": cand.size},
         ordered=True,  # chosen ids ascend and every parent id is below its child's: once closed, in order
     )
-    return tree, closed
+    return tree, not_closed
 
 
 _NOT_CLOSED = "dynamic tree selection is not ancestor-closed"  # impossible from valid (monotone) values
@@ -403,16 +443,21 @@ _NOT_CLOSED = "dynamic tree selection is not ancestor-closed"  # impossible from
 
 def select_tree(root: int | torch.Tensor, cand: Candidates, budget: int) -> DraftTree:
     """The selected candidates as a DraftTree (node 0 = root). Asserts ancestor closure."""
-    tree, closed = _select(root, cand, budget)
-    assert bool(closed), _NOT_CLOSED
+    tree, not_closed = _select(root, cand, budget)
+    assert not bool(not_closed), _NOT_CLOSED
     return tree
 
 
 def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand,
-                      top_k: int, depth: int, budget: int, sorted_children: bool = False
+                      top_k: int, depth: int, budget: int, sorted_children: bool = False,
+                      distinct_children: bool = False,
+                      token_map: Callable[[torch.Tensor], torch.Tensor] | None = None
                       ) -> tuple[DraftTree, torch.Tensor]:
     """dynamic_tree without reading anything back (CUDA-graph capturable when `expand` is):
     (tree, [4] bool flags on the device: invalid input x3, not ancestor-closed). check_dynamic_flags reads them.
+    `distinct_children`: no row of children repeats a token (top-k indices): that check is skipped (its flag
+    False). `token_map`: applied to the tree's tokens but the root (e.g. draft -> target ids), before they are
+    joined to the root's.
     """
     _check_int("width (top-k)", top_k, 1)
     _check_int("depth", depth, 0)
@@ -420,9 +465,9 @@ def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_
     if depth == 0 or budget == 0:
         tree = chain_tree(root, root_tokens.new_empty(0).long())
         return tree, torch.zeros(4, dtype=torch.bool, device=root_tokens.device)
-    cand, flags = _grow(root_tokens, root_conf, expand, top_k, depth, sorted_children)
-    tree, closed = _select(root, cand, budget)
-    return tree, torch.cat([flags, ~closed[None]])
+    cand, flags = _grow(root_tokens, root_conf, expand, top_k, depth, sorted_children, distinct_children)
+    tree, not_closed = _select(root, cand, budget, token_map)
+    return tree, torch.stack([*flags, not_closed])
 
 
 def check_dynamic_flags(flags: torch.Tensor) -> None:

@@ -304,10 +304,9 @@ class Proposer:
             return tok, conf
 
         root_conf, root_tok = draft_topk(self.draft_dist(logits), k)
-        tree, flags = grow_dynamic_tree(root, root_tok, root_conf, expand, k, spec.depth, spec.budget,
-                                        sorted_children=True)
-        tree.tokens[1:] = self.drafter.to_target_ids(tree.tokens[1:])  # draft ids -> target ids (d2t)
-        return tree, flags
+        # top-k children: sorted, distinct per row; the tree's draft ids -> target ids (d2t) as it is assembled
+        return grow_dynamic_tree(root, root_tok, root_conf, expand, k, spec.depth, spec.budget,
+                                 sorted_children=True, distinct_children=True, token_map=self.drafter.to_target_ids)
 
     def _static(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows,
                 noise: torch.Tensor | None = None) -> tuple[DraftTree, torch.Tensor | None]:
