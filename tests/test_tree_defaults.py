@@ -70,3 +70,47 @@ def test_bench_resolves_and_records_the_shapes_it_runs():
     args = argparse.Namespace(k=None, depth=None, top_k=None, budget=None)
     resolve_tree_args(args, None)  # no drafter: generic
     assert (args.k, args.depth, args.top_k, args.budget) == (5, 8, 10, 60)
+
+
+def test_a_sampled_policy_applies_only_when_no_tree_is_named():
+    from eaglespec.api import resolve_trees
+
+    manifest = {"tree_defaults": {**RECOMMENDED, "static": {"depth": 4, "budget": 12}, "sampled": "static"}}
+    spec, sampled = resolve_trees({"tree": None, "k": None}, _drafter(manifest))
+    assert (spec.kind, spec.depth) == ("chain", 3)
+    assert (sampled.kind, sampled.depth, sampled.budget) == ("static", 4, 12)
+    assert resolve_trees({"tree": "chain"}, _drafter(manifest))[1] is None  # named: used at every temperature
+    assert resolve_trees({"tree": "dynamic"}, _drafter(manifest))[0].kind == "dynamic"
+    assert resolve_trees({}, _drafter({"tree_defaults": RECOMMENDED}))[1] is None  # no policy: one tree
+    with pytest.raises(EagleSpecError, match=r"tree_defaults\.sampled must be one of"):
+        resolve_trees({}, _drafter({"tree_defaults": {"sampled": "beam"}}), "drafter /x")
+
+
+def test_sampled_requests_draft_with_the_sampled_tree():
+    """EagleSpec with a sampled_spec: requests with a temperature draft static trees, greedy ones chains, and
+    the engine's tree is the chain again afterwards (also when a sampled stream is abandoned)."""
+    from eaglespec.api import EagleSpec
+    from eaglespec.tree import TreeSpec
+
+    from conftest import byte_tokenizer, tiny_drafter, tiny_target
+
+    model = tiny_target("llama", seed=1)
+    tok = byte_tokenizer()
+    chain, static = TreeSpec("chain", depth=3), TreeSpec("static", depth=3, top_k=4, budget=8)
+    es = EagleSpec(model, tok, tiny_drafter(model, seed=2), chain, backend="hf", sampled_spec=static)
+    seen = []
+    orig = es.engine.proposer.propose
+    es.engine.proposer.propose = lambda *a: seen.append(es.engine.proposer.spec.kind) or orig(*a)
+    es.generate([5, 6, 7], 8, temperature=0.8, seed=1)
+    assert seen and set(seen) == {"static"} and es.engine.spec is chain and es.engine.proposer.spec is chain
+    seen.clear()
+    es.generate([5, 6, 7], 8)
+    assert set(seen) == {"chain"}
+    stream = es.stream([5, 6, 7], 8, temperature=0.8, seed=1)
+    next(iter(stream))
+    del stream
+    import gc
+
+    gc.collect()
+    assert es.engine.spec is chain
+    assert es.tree_for(0.8) is static and es.tree_for(None) is chain and es.tree_for(0.0) is chain

@@ -81,10 +81,22 @@ def tree_defaults(drafter, where: str = "drafter") -> dict[str, dict[str, int]]:
     return out
 
 
-def tree_spec(tree: str = "chain", k: int | None = None, top_k: int | None = None, depth: int | None = None,
+def sampled_tree(drafter, where: str = "drafter") -> str | None:
+    """The tree policy a drafter's manifest recommends for sampling (T > 0) when the user names none
+    (`tree_defaults.sampled`, e.g. "static": sampled children verified with the real q), else None."""
+    found = ((getattr(drafter, "manifest", None) or {}).get("tree_defaults") or {}).get("sampled")
+    if found is not None and found not in GENERIC_TREES:
+        raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.sampled must be one of "
+                             f"{', '.join(GENERIC_TREES)}, got {found!r}")
+    return found
+
+
+def tree_spec(tree: str | None = "chain", k: int | None = None, top_k: int | None = None, depth: int | None = None,
               budget: int | None = None, defaults: dict[str, dict[str, int]] | None = None) -> TreeSpec:
     """CLI/API knobs -> TreeSpec. A knob left None takes the drafter's recommendation (`defaults`, from
-    tree_defaults) and then the generic default: chain k=5; dynamic/static budget 60, depth 8, top-k 10."""
+    tree_defaults) and then the generic default: chain k=5; dynamic/static budget 60, depth 8, top-k 10.
+    tree None: a chain."""
+    tree = tree or "chain"
     if tree not in GENERIC_TREES:
         raise EagleSpecError(f"--tree {tree!r} is not one of chain, static, dynamic")
     base = {**GENERIC_TREES[tree], **((defaults or {}).get(tree) or {})}
@@ -93,6 +105,17 @@ def tree_spec(tree: str = "chain", k: int | None = None, top_k: int | None = Non
     return TreeSpec(tree, depth=base["depth"] if depth is None else depth,
                     top_k=base["top_k"] if top_k is None else top_k,
                     budget=base["budget"] if budget is None else budget)
+
+
+def resolve_trees(knobs: dict, drafter, where: str = "drafter") -> tuple[TreeSpec, TreeSpec | None]:
+    """tree_spec's knobs -> (the tree, the tree for sampled requests or None = the same). The second is the
+    drafter's tree_defaults.sampled policy, taken only when the knobs name no tree."""
+    shapes = tree_defaults(drafter, where)
+    spec = tree_spec(**knobs, defaults=shapes)
+    policy = sampled_tree(drafter, where)
+    if knobs.get("tree") or policy is None or policy == spec.kind:
+        return spec, None
+    return spec, tree_spec(**{**knobs, "tree": policy}, defaults=shapes)
 
 
 def tree_label(spec: TreeSpec) -> str:
@@ -114,10 +137,12 @@ class EagleSpec:
     """A loaded target + drafter pair."""
 
     def __init__(self, model, tokenizer, drafter, spec: TreeSpec | None = None, draft_note: str = "",
-                 backend: str = "auto", draft_graphs: bool | None = None, draft_max_len: int | None = None):
+                 backend: str = "auto", draft_graphs: bool | None = None, draft_max_len: int | None = None,
+                 sampled_spec: TreeSpec | None = None):
         self.model, self.tokenizer, self.drafter = model, tokenizer, drafter
         self.target = make_target(model, backend)  # "auto": the fast backend on CUDA when supported
         self.spec = spec or TreeSpec()
+        self.sampled_spec = sampled_spec  # the tree for requests with a temperature (None: self.spec)
         self.draft_note = draft_note
         self.engine = SpeculativeEngine(self.target, drafter, self.spec)
         # draft/fast.py: static drafter KV + CUDA graphs (validated on an H200, bench/RESULTS.md)
@@ -137,6 +162,8 @@ class EagleSpec:
 
         `tree`: tree_spec's knobs ({"tree": "dynamic", "depth": None, ...}), resolved against the drafter's
         recommended shapes (tree_defaults); used when `spec` is None (default: a chain of the drafter's length).
+        With no tree named (tree["tree"] None or absent) and a manifest that recommends one for sampling
+        (tree_defaults.sampled), requests with a temperature draft with that tree instead.
 
         `draft_graphs`: draft through draft/fast.py's StaticDraftRunner (static drafter KV of
         `draft_max_len` rows, CUDA graphs); None = on with the fast target backend on CUDA.
@@ -156,9 +183,10 @@ class EagleSpec:
             if drafter.manifest is not None:
                 check_manifest(drafter.manifest, model, tok, strict=strict, where=f"drafter {draft}")
         drafter.to(device=model.device, dtype=model.dtype)
+        sampled_spec = None
         if spec is None:
-            spec = tree_spec(**(tree or {}), defaults=tree_defaults(drafter, f"drafter {draft}"))
-        return cls(model, tok, drafter, spec, note, backend, draft_graphs, draft_max_len)
+            spec, sampled_spec = resolve_trees(tree or {}, drafter, f"drafter {draft}")
+        return cls(model, tok, drafter, spec, note, backend, draft_graphs, draft_max_len, sampled_spec)
 
     @classmethod
     def from_args(cls, args, spec: TreeSpec | None = None, **overrides) -> EagleSpec:
@@ -218,7 +246,26 @@ class EagleSpec:
         except TypeError:
             raise EagleSpecError(f"unknown sampling options {sorted(opts)} (temperature, top_k, top_p, min_p, seed)"
                                  ) from None
-        return self.engine.stream(ids, max_new_tokens, self.eos_ids(), result, sampling=cfg)
+        return self._sampled_stream(ids, max_new_tokens, result, cfg)
+
+    def _sampled_stream(self, ids: list[int], max_new_tokens: int, result: GenerationResult,
+                        cfg) -> Iterator[list[int]]:
+        """engine.stream with sampling, drafting with sampled_spec when there is one (the same engine, target,
+        drafter and draft runner: only the tree policy changes for this request)."""
+        spec = self.sampled_spec
+        if spec is None or self.engine.proposer is None:
+            yield from self.engine.stream(ids, max_new_tokens, self.eos_ids(), result, sampling=cfg)
+            return
+        engine, greedy = self.engine, self.engine.spec
+        engine.spec = engine.proposer.spec = spec
+        try:
+            yield from engine.stream(ids, max_new_tokens, self.eos_ids(), result, sampling=cfg)
+        finally:
+            engine.spec = engine.proposer.spec = greedy
+
+    def tree_for(self, temperature: float | None) -> TreeSpec:
+        """The tree a request with this temperature drafts with."""
+        return self.sampled_spec if temperature and self.sampled_spec is not None else self.spec
 
     def stream(self, prompt, max_new_tokens: int = 128, raw: bool = False, stop: str | Sequence[str] | None = None,
                **sampling) -> Stream:

@@ -39,7 +39,9 @@ def add_tree_args(p: argparse.ArgumentParser, policy: bool = True) -> None:
     eaglespec_manifest.json, measured with bench/tree_sweep.py), else the generic default given in the help.
     policy=False leaves out --tree (bench runs every tree kind it is asked for)."""
     if policy:
-        p.add_argument("--tree", default="chain", choices=["chain", "static", "dynamic"], help="draft tree policy")
+        p.add_argument("--tree", default=None, choices=["chain", "static", "dynamic"],
+                       help="draft tree policy (default: chain; with a temperature, the drafter's recommendation for "
+                            "sampling where its manifest has one: tree_defaults.sampled)")
     p.add_argument("--k", type=int, default=None,
                    help="chain length (default: the drafter's recommendation, else 5; 0 = plain decoding)")
     p.add_argument("--top-k", type=int, default=None,
@@ -94,8 +96,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt = args.prompt
     es = EagleSpec.from_args(args)
     _log(f"eaglespec: {es.draft_note}")
-    out = es.generate(prompt, args.max_new_tokens, raw=args.raw,
-                      **sampling_options(args, getattr(es.model, "generation_config", None)))
+    opts = sampling_options(args, getattr(es.model, "generation_config", None))
+    out = es.generate(prompt, args.max_new_tokens, raw=args.raw, **opts)
     if args.json:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "prompt_token_ids": out.prompt_token_ids,
                           "stats": out.stats}))
@@ -104,7 +106,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         s = out.stats
         _log(f"[{s['new_tokens']} tokens in {s['seconds']:.2f}s = {s['tokens_per_second']} tok/s | tau "
              f"{s['tau']:.2f} | {s['rounds']} rounds, {s['accepted']}/{s['drafted']} drafts accepted | "
-             f"backend {s['backend']} | tree {tree_label(es.spec)}]")
+             f"backend {s['backend']} | tree {tree_label(es.tree_for(opts.get('temperature')))}]")
     return 0
 
 
