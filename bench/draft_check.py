@@ -18,7 +18,7 @@ and of the whole-tree draft graph (draft/tree_graph.py: one CUDA graph per tree 
    (tree_module), plus the tree graph's own ms (staging + replay + output copies).
 
     PYTHONPATH=src python bench/draft_check.py [--draft DIR] [--json OUT] [--device cuda] [--prompts 2]
-        [--max-new-tokens 64]
+        [--max-new-tokens 64] [--kinds chain,dynamic,...] [--dtypes float32,bfloat16]
 """
 
 from __future__ import annotations
@@ -123,13 +123,15 @@ def _compare(trees_a: list, trees_b: list) -> dict:
     return {"rounds_compared": compared, "trees_identical": same, "max_abs_logq": logq_diff, "max_abs_q": q_diff}
 
 
-def engine_check(es: EagleSpec, prompts: list[list[int]], max_new: int, graphs: bool) -> dict:
+def engine_check(es: EagleSpec, prompts: list[list[int]], max_new: int, graphs: bool,
+                 kinds: tuple[str, ...] = tuple(SPECS)) -> dict:
     """The eager Proposer vs the per-step draft graphs vs the whole-tree graph (draft/tree_graph.py) over
     whole generations on the fast backend: trees, emitted sequences, propose() ms and the tree graph's own
     ms (TreeGraph.run: staging, one replay, output copies, the dynamic tree's one flag read)."""
     dev = es.model.device
     out: dict = {}
-    for kind, (tree, k, sampling) in SPECS.items():
+    for kind in kinds:
+        tree, k, sampling = SPECS[kind]
         spec = tree_spec(tree, k)
         target = FastTarget(es.model, tuple(es.drafter.feature_layer_ids), max_len=2048)
         engines = {name: SpeculativeEngine(target, es.drafter, spec) for name in ENGINES}
@@ -201,21 +203,27 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--kinds", default=",".join(SPECS), help=f"engine checks to run, of {', '.join(SPECS)}")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
     a = ap.parse_args()
+    kinds = tuple(k for k in a.kinds.split(",") if k)
+    unknown = [k for k in kinds if k not in SPECS]
+    if unknown:
+        raise SystemExit(f"--kinds: unknown {unknown}; choose from {', '.join(SPECS)}")
     dev = torch.device(a.device)
     graphs = dev.type == "cuda"
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     report: dict = {"device": torch.cuda.get_device_name() if graphs else "cpu", "torch": torch.__version__,
                     "cuda_graphs": graphs}
-    for dtype in ("float32", "bfloat16"):
+    for dtype in a.dtypes.split(","):
         es = EagleSpec.from_pretrained(None, a.draft, device=a.device, dtype=dtype, backend="hf")
         report["draft"] = es.draft_note
         prompts = [es.encode(f"Write a short story about a {w} and explain the moral.")
                    for w in ("robot", "river", "teacher", "lighthouse", "fox", "clock")[: a.prompts]]
         with torch.no_grad():
             report[dtype] = {"step": step_check(es.drafter, dev, graphs),
-                             "engine": engine_check(es, prompts, a.max_new_tokens, graphs)}
+                             "engine": engine_check(es, prompts, a.max_new_tokens, graphs, kinds)}
         del es
         print(json.dumps(report[dtype], indent=1), flush=True)
     if a.json:

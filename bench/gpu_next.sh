@@ -11,6 +11,7 @@
 # Session 6 (the fused draft step and kernels on by default), one lease after the install:
 #   bash bench/gpu_next.sh fused     # draft_check (fused step vs the drafter's forward), T=0 tree sweep (10 prompts),
 #                                    # then MT-bench 80 at T=0 with the sweep's fastest chain / dynamic shapes
+#   bash bench/gpu_next.sh final     # the same as fused in less time (one bf16 prompt per draft check kind, fewer shapes)
 #   bash bench/gpu_next.sh more      # T=1 sweep incl. sampled static trees (10 prompts), MT-bench 20 at T=1,
 #                                    # HumanEval 164 at T=0 (shapes: $SHAPES, e.g. "--k 5 --depth 6 --top-k 8 --budget 40")
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
@@ -43,21 +44,27 @@ case "$stage" in
       | grep -v "Loading weights" | tail -8
     timeout 90 python3 bench/prefill_shapes.py --device cuda 2>&1 | tail -12
     ;;
-  fused)
-    timeout 240 python3 bench/draft_check.py --json "$OUT/h200_draft_check_$c.json" > "$OUT/draft_check.log" 2>&1
+  fused|final)
+    if [ "$stage" = final ]; then
+      dc=(--prompts 1 --max-new-tokens 48 --kinds chain,dynamic,static_t1 --dtypes bfloat16)
+      sweep=chain:4,chain:5,chain:6,dynamic:6/8/40,dynamic:7/8/48,dynamic:8/8/56,static:5/10/25
+    else
+      dc=()
+      sweep=chain:3,chain:4,chain:5,chain:6,dynamic:5/6/24,dynamic:6/8/40,dynamic:7/8/48,dynamic:8/8/56,dynamic:8/10/60,static:5/10/25
+    fi
+    timeout 240 python3 bench/draft_check.py "${dc[@]}" --json "$OUT/h200_draft_check_$c.json" > "$OUT/draft_check.log" 2>&1
     echo "draft_check rc=$?"
     python3 - "$OUT/h200_draft_check_$c.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-for dt in ("float32", "bfloat16"):
+for dt in [k for k in ("float32", "bfloat16") if k in d]:
     print(dt, {k: v for k, v in d[dt]["step"].items() if "/1" in k or "/10" in k})
     for kind, v in d[dt]["engine"].items():
         print(dt, kind, "fused" if v.get("fused") else "module", "tree==eager", v["tree_vs_eager"]["trees_identical"],
               "/", v["tree_vs_eager"]["rounds_compared"], "seq", v["sequences_identical"], "propose ms", v["propose_ms_median"],
               "capture failed", v["tree_graph"]["failed"])
 PY
-    flags=$(timeout 240 python3 bench/tree_sweep.py --limit 10 --best-flags \
-      --configs chain:3,chain:4,chain:5,chain:6,dynamic:5/6/24,dynamic:6/8/40,dynamic:7/8/48,dynamic:8/8/56,dynamic:8/10/60,static:5/10/25 \
+    flags=$(timeout 240 python3 bench/tree_sweep.py --limit 10 --best-flags --configs "$sweep" \
       --json "$OUT/h200_tree_sweep_t0_$c.json" 2> "$OUT/sweep_t0.log" | tee /dev/stderr | tail -1)
     echo "fastest shapes: $flags" | tee "$OUT/shapes.txt"
     timeout 260 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --hf-limit 3 --check-fp32 2 $flags \
@@ -65,8 +72,8 @@ PY
       2>&1 | grep -v "Loading weights" | tail -9
     ;;
   more)
-    timeout 200 python3 bench/tree_sweep.py --limit 10 --temperature 1 \
-      --configs chain:3,chain:4,chain:5,static:5/10/25,static:4/10/16,static:6/10/40,dynamic:5/6/24,dynamic:6/8/40 \
+    timeout 150 python3 bench/tree_sweep.py --limit 10 --temperature 1 \
+      --configs chain:4,chain:5,static:5/10/25,static:4/10/16,dynamic:6/8/40 \
       --json "$OUT/h200_tree_sweep_t1_$c.json" 2> "$OUT/sweep_t1.log" | tail -11
     timeout 150 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --hf-limit 2 --temperature 1 \
       --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic $SHAPES --json "$OUT/h200_mtbench20_t1_$c.json" \
