@@ -346,7 +346,8 @@ class Proposer:
         root_probs = self.draft_dist(logits)[None]  # [1, Vd]
         batch_conf, batch_top = children(root_probs, noise[:1] if sampled else None)  # [rows expanded at d-1, R]
         tokens, logq = [root_tensor(root, self.device)], [root_probs.new_zeros(1)]
-        alive = [torch.ones(1, dtype=torch.bool, device=self.device)]  # sampled: the draw was inside q's support
+        # sampled: the draw was inside q's support (greedy: unused, not built)
+        alive = [torch.ones(1, dtype=torch.bool, device=self.device)] if sampled else []
         draft_probs = [self.to_target_probs(root_probs)] if sampled else []
         states = state[None]  # [1, H] states of the expanded nodes at the previous depth
         for d, level in enumerate(plan.levels, start=1):
