@@ -17,6 +17,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
@@ -79,6 +80,61 @@ def test_rms_norm_weight_rounds_the_normalised_x_before_the_weight():
     assert torch.equal(out, K.rms_norm_weight_ref(x, w, 0.0))
     once = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True)) * w.float()).to(torch.bfloat16)
     assert not torch.equal(out, once)  # the inputs tell the two roundings apart
+
+
+# -- eagle3_input -------------------------------------------------------------------------------------------
+def _eagle3_input_case(dtype, rows, n, seed, emb_dtype=None, exact=True):
+    gen = torch.Generator().manual_seed(seed)
+    if exact:  # k/8: sums of squares exact in any order (as the RMSNorm tests above)
+        table, state = (torch.randint(-64, 65, shape, generator=gen) / 8 for shape in ((50, n), (rows, n)))
+    else:
+        table, state = (torch.randn(shape, generator=gen) * 3 for shape in ((50, n), (rows, n)))
+    in_norm, hidden_norm = (1 + 0.5 * torch.randn(n, generator=gen)).to(dtype), torch.randn(n, generator=gen).to(dtype)
+    tokens = torch.randint(0, 50, (rows,), generator=gen)
+    return tokens, table.to(emb_dtype or dtype), state.to(dtype), in_norm, hidden_norm
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 3, 7])
+@pytest.mark.parametrize("n", [32, 100, 576])
+def test_eagle3_input_bitwise_on_exact_sums(dtype, rows, n):
+    tokens, table, state, in_norm, hidden_norm = _eagle3_input_case(dtype, rows, n, seed=rows * 1000 + n)
+    x = K.eagle3_input(tokens, table, state, in_norm, hidden_norm, 1e-5)
+    ref = K.eagle3_input_ref(tokens, table, state, in_norm, hidden_norm, 1e-5)
+    assert x.shape == (rows, 2 * n) and x.dtype == dtype and x.is_contiguous()
+    assert torch.equal(x, ref)
+    # each half is the one kernel RMSNorm of its input (embedding first), and the comparison tells them apart:
+    assert torch.equal(x[:, :n], K.rms_norm_weight(table[tokens], in_norm, 1e-5))
+    assert torch.equal(x[:, n:], K.rms_norm_weight(state, hidden_norm, 1e-5))
+    assert not torch.equal(x, torch.cat([ref[:, n:], ref[:, :n]], dim=-1))
+    assert not torch.equal(x, K.eagle3_input_ref(tokens, table, state, hidden_norm, in_norm, 1e-5))
+    assert not torch.equal(x, K.eagle3_input_ref(tokens.flip(0) if rows > 1 else tokens + 1, table, state,
+                                                 in_norm, hidden_norm, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_eagle3_input_random_inputs_strided(dtype):
+    """Random inputs (the summation order: a few ulps, as rms_norm_weight), a strided state and tokens view."""
+    tokens, table, state, in_norm, hidden_norm = _eagle3_input_case(dtype, 14, 576, seed=1, exact=False)
+    tokens, state = tokens[::2], state[::2, :]  # row strides 2 and 2 * 576
+    x = K.eagle3_input(tokens, table, state, in_norm, hidden_norm, 1e-6)
+    ref = K.eagle3_input_ref(tokens, table, state, in_norm, hidden_norm, 1e-6)
+    assert x.shape == (7, 1152)
+    assert _ulps_apart(x, ref) <= (16 if dtype == torch.float32 else 1)
+    if dtype == torch.bfloat16:
+        assert (x == ref).float().mean() > 0.999
+
+
+def test_eagle3_input_casts_the_embedding_like_torch():
+    """An fp32 embedding (the target's) for a bf16 drafter: the rows are rounded to bf16 (nearest even, as .to)
+    before the norm, not normalised in fp32."""
+    tokens, table, state, in_norm, hidden_norm = _eagle3_input_case(torch.bfloat16, 7, 576, seed=2,
+                                                                    emb_dtype=torch.float32, exact=False)
+    x = K.eagle3_input(tokens, table, state, in_norm, hidden_norm, 1e-6)
+    assert torch.equal(x, K.eagle3_input(tokens, table.to(torch.bfloat16), state, in_norm, hidden_norm, 1e-6))
+    unrounded = (in_norm.float() * F.rms_norm(table[tokens], (576,), eps=1e-6)).to(torch.bfloat16)
+    assert not torch.equal(x[:, :576], unrounded)
+    assert _ulps_apart(x, K.eagle3_input_ref(tokens, table, state, in_norm, hidden_norm, 1e-6)) <= 1
 
 
 # -- rope_qk_kv_write ----------------------------------------------------------------------------------------
@@ -276,14 +332,33 @@ def test_make_target_reads_the_environment_switch(monkeypatch):
 
 # -- the drafter's fused step (draft/fused.py) with the kernels --------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_draft_step_kernels_match_its_torch_path(dtype):
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+@pytest.mark.parametrize("embedding", ["target", "target-in-dtype", "own", "subclass"])
+def test_fused_draft_step_kernels_match_its_torch_path(dtype, norm_before_residual, embedding, monkeypatch):
     """FusedEagle3Step(kernels=True) == (kernels=False): the rope + KV write bitwise (same rows, same slots),
-    logits and states within the RMSNorm's summation order (fp32) / a few bf16 ulps."""
+    logits and states within the RMSNorm's summation order (fp32) / a few bf16 ulps. The input (embedding,
+    its cast, both norms, the cat) is one eagle3_input kernel for a plain nn.Embedding (the fp32 target's one
+    cast to a bf16 drafter's dtype in the kernel), the 4-kernel path for an Embedding subclass."""
     from eaglespec.draft.fast import StaticKV
     from eaglespec.draft.fused import FusedEagle3Step
 
     model = tiny_target("llama", seed=1)
-    d = tiny_drafter(model, seed=4).to(dtype)
+    d = tiny_drafter(model, seed=4, norm_before_residual=norm_before_residual).to(dtype)
+    with torch.no_grad():  # norm weights away from ones, and apart: a swapped or dropped one shows
+        for n, p in d.named_parameters():
+            if "norm" in n:
+                p.add_(0.3 * torch.randn_like(p))
+    target_embed = model.get_input_embeddings()
+    if embedding == "target-in-dtype":
+        d.set_target_embedding(torch.nn.Embedding.from_pretrained(target_embed.weight.detach().to(dtype)))
+    elif embedding == "own":
+        d.embed_tokens = torch.nn.Embedding.from_pretrained(target_embed.weight.detach().flip(0).to(dtype))
+    elif embedding == "subclass":
+        class Scaled(torch.nn.Embedding):
+            def forward(self, ids):
+                return super().forward(ids) * 2.0
+
+        d.set_target_embedding(Scaled.from_pretrained(target_embed.weight.detach()))
     at = d.midlayer.self_attn
     rows, size, span = 5, 48, 32
     torch.manual_seed(0)
@@ -291,15 +366,28 @@ def test_fused_draft_step_kernels_match_its_torch_path(dtype):
     k = torch.randn(1, at.kv_heads, size, at.head_dim).to(dtype)
     v = torch.randn_like(k)
     state = torch.randn(rows, d.cfg.hidden_size).to(dtype)
+    state_before = state.clone()
     tokens, positions = torch.randint(0, d.cfg.vocab_size, (rows,)), torch.tensor([3, 9, 9, 12, 16])
     visible = torch.rand(rows, span) < 0.6
     visible[torch.arange(rows), slots] = True
+    calls = {"eagle3_input": 0, "rms_norm_weight": 0}
+    for name in calls:
+        real = getattr(K, name)
+
+        def counted(*args, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(K, name, counted)
     outs, kvs = [], []
     for kernels in (False, True):
         cache = [StaticKV(k.clone(), v.clone(), slots, span)]
         with torch.no_grad():
             outs.append(FusedEagle3Step(d, size, kernels=kernels)(state, tokens, positions, cache, visible))
         kvs.append(cache[0])
+    fused_input = embedding != "subclass"
+    assert calls == ({"eagle3_input": 1, "rms_norm_weight": 2} if fused_input
+                     else {"eagle3_input": 0, "rms_norm_weight": 4})
     # k rows are rope(x @ Wk): equal up to the RMSNorm's order in x; v rows likewise; untouched slots identical
     untouched = torch.ones(size, dtype=torch.bool)
     untouched[slots] = False
@@ -309,6 +397,7 @@ def test_fused_draft_step_kernels_match_its_torch_path(dtype):
     torch.testing.assert_close(kvs[1].v, kvs[0].v, **tol)
     for a, b in zip(outs[0], outs[1]):
         torch.testing.assert_close(b.float(), a.float(), **tol)
+    assert torch.equal(state, state_before)  # the caller's state is read, never written
 
 
 def test_kernels_are_wanted_on_cuda_by_default(monkeypatch):

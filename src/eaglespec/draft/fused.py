@@ -4,8 +4,8 @@ Eagle3Drafter.forward over a StaticKV (draft/eagle3.py) launches ~47 kernels per
 is launch-bound: 0.22 ms in a CUDA graph on an H200 whether it drafts 1 row or 10 (bench/RESULTS.md, session
 6), 7 of them per depth-6 tree. This step computes the same layer the way target/fast.py's step does:
 
-    e = norm(embed(tokens)); g = norm(state)                  # Triton RMSNorm (kernels) or F.rms_norm * w
-    qkv = cat([e, g]) @ [Wq; Wk; Wv].T                        # one GEMM
+    x = cat([norm(embed(tokens)), norm(state)])               # one Triton kernel (kernels), else 4
+    qkv = x @ [Wq; Wk; Wv].T                                  # one GEMM
     q, KV write = rope(q, k) from a cos/sin table, v          # one Triton kernel (kernels), else 2 + 2
     o = SDPA(q as [Hkv, G*B] rows, the unrepeated KV span)    # no repeat_interleave copies of the KV
     h = residual + o @ Wo.T ; out = h + down(silu(gate) * up) # residuals in the GEMMs (addmm), silu * up fused
@@ -81,11 +81,51 @@ class FusedEagle3Step:
         self._open = torch.zeros((), device=w.device, dtype=w.dtype)
         self._shut = torch.full((), torch.finfo(w.dtype).min, device=w.device, dtype=w.dtype)
         self.kernels = kernels
+        self.dtype = drafter.fc.weight.dtype  # the model dtype (drafter.embed casts the target's embedding to it)
+        # eagle3_input's normalised halves are in state's dtype; the torch path's `w * rms(x)` promotes to the
+        # weights' dtype: the one kernel only where they agree
+        self._fusable_input = self.in_norm.dtype == self.hidden_norm.dtype == self.dtype
         if kernels and not K.available(w.device):
             raise ValueError("kernels=True needs triton and a CUDA drafter (or TRITON_INTERPRET=1)")
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return K.rms_norm_weight(x, w, self.eps) if self.kernels else _rms(x, w, self.eps)
+
+    def _embedding_weight(self, state: torch.Tensor) -> torch.Tensor | None:
+        """The weight drafter.embed gathers from, where K.eagle3_input can do that lookup (and the cast of the
+        target's embedding to the model dtype): a plain nn.Embedding (no max_norm, no subclass: Gemma's scaled
+        one) on state's device, the drafter's own one in the model dtype; None: the drafter.embed path."""
+        d = self.drafter
+        if d.embed_tokens is not None:
+            emb = d.embed_tokens
+        elif d._target_embed:
+            emb = d._target_embed[0]
+        else:
+            return None
+        if type(emb) is not nn.Embedding or emb.max_norm is not None:
+            return None
+        w = emb.weight
+        if w.device != state.device or not w.is_floating_point() or w.stride(-1) != 1:
+            return None
+        if d.embed_tokens is not None and w.dtype != state.dtype:  # embed_tokens(tokens) is not cast
+            return None
+        return w.detach()
+
+    def _input(self, state: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x = cat([in_norm * rms(embed(tokens)), hidden_norm * rms(state)]) [B, 2H] and the residual (the
+        normalised state with norm_before_residual, else state). kernels=True: one kernel (K.eagle3_input) where
+        the embedding allows it, else the embedding (+ its cast), two RMSNorms and the cat: 4 kernels (5)."""
+        h = state.shape[-1]
+        if self.kernels and self._fusable_input and state.dtype == self.dtype and state.dim() == 2:
+            w = self._embedding_weight(state)
+            if w is not None:
+                x = K.eagle3_input(tokens, w, state, self.in_norm, self.hidden_norm, self.eps)
+                return x, (x[:, h:] if self.norm_before_residual else state)
+        if self.norm_before_residual:
+            hidden = residual = self._norm(state, self.hidden_norm)
+        else:
+            residual, hidden = state, self._norm(state, self.hidden_norm)
+        return torch.cat([self._norm(self.drafter.embed(tokens), self.in_norm), hidden], dim=-1), residual
 
     def __call__(self, state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache: list,
                  visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,11 +135,7 @@ class FusedEagle3Step:
         g = hq // hk
         kv = cache[0]
         span = kv.span
-        if self.norm_before_residual:
-            hidden = residual = self._norm(state, self.hidden_norm)
-        else:
-            residual, hidden = state, self._norm(state, self.hidden_norm)
-        x = torch.cat([self._norm(self.drafter.embed(tokens), self.in_norm), hidden], dim=-1)  # [B, 2H]
+        x, residual = self._input(state, tokens)  # [B, 2H], [B, H]
         qkv = F.linear(x, self.qkv_w, self.qkv_b)  # [B, (Hq + 2 Hkv) D]
         qk, v = qkv.view(b, hq + 2 * hk, d).split([hq + hk, hk], dim=1)
         rope = K.rope_qk_kv_write if self.kernels else K.rope_qk_kv_write_ref
