@@ -1,0 +1,131 @@
+"""verify._sibling_tests (sampled static trees: siblings drawn from q without replacement): every node's test
+values and every node's final residual equal an independent float64 re-computation of the recursion
+r <- norm(max(0, r - q)), q <- q without the rejected token; and the scalar walk over them accepts the same path
+as tree_rejection_sample's vector loop with the same coins, over many random trees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from eaglespec.verify import _scalar_walk, _sibling_tests, sample_accept, tree_rejection_sample
+
+V = 12
+
+
+def random_tree(rng: np.random.Generator, n: int) -> tuple[list[int], list[int]]:
+    """Parents (depth order, siblings adjacent as a static tree lays them out) and depths of an n-node tree."""
+    parents, depths = [-1], [0]
+    frontier = [0]
+    while len(parents) < n:
+        nxt = []
+        for p in frontier:
+            for _ in range(rng.integers(0, 4)):
+                if len(parents) < n:
+                    parents.append(p)
+                    depths.append(depths[p] + 1)
+                    nxt.append(len(parents) - 1)
+        frontier = nxt or [len(parents) - 1]
+    return parents, depths
+
+
+def case(seed: int, n: int = 12):
+    rng = np.random.default_rng(seed)
+    parents, depths = random_tree(rng, n)
+    p = rng.dirichlet(np.full(V, 0.5), size=n)  # [T, V] target distributions after each node
+    q = rng.dirichlet(np.full(V, 0.5), size=n)  # [T, V] draft distributions
+    tokens = [0] * n
+    for a in range(n):  # children of a: drawn from q_a without replacement
+        kids = [j for j in range(1, n) if parents[j] == a]
+        if kids:
+            drawn = rng.choice(V, size=len(kids), replace=False, p=q[a])
+            for j, x in zip(kids, drawn):
+                tokens[j] = int(x)
+    coins = rng.random(n)
+    return parents, depths, tokens, p, q, coins
+
+
+def reference(parents, tokens, p, q):
+    """float64 test values (r, q at x_j given earlier siblings rejected) and each node's final residual."""
+    n = len(parents)
+    r_at, q_at, final = np.zeros(n), np.zeros(n), p.copy()
+    for a in range(n):
+        r, ql = p[a].copy(), q[a].copy()
+        for j in [j for j in range(1, n) if parents[j] == a]:
+            qn = ql / ql.sum()
+            r_at[j], q_at[j] = r[tokens[j]], qn[tokens[j]]
+            rest = np.clip(r - qn, 0, None)
+            r = rest / rest.sum() if rest.sum() > 1e-12 else r
+            ql[tokens[j]] = 0.0
+        final[a] = r
+    return r_at, q_at, final
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_sibling_tests_equal_the_recursion(seed):
+    parents, _depths, tokens, p, q, _coins = case(seed)
+    r_at, q_at, final = _sibling_tests(torch.tensor(tokens), parents, torch.tensor(p, dtype=torch.float32),
+                                       torch.tensor(q, dtype=torch.float32))
+    ref_r, ref_q, ref_final = reference(parents, tokens, p, q)
+    np.testing.assert_allclose(r_at[1:].numpy(), ref_r[1:], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(q_at[1:].numpy(), ref_q[1:], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(final.numpy(), ref_final, rtol=1e-4, atol=1e-6)
+
+
+def test_walk_accepts_what_the_vector_loop_accepts():
+    """400 random trees: the same accepted path as tree_rejection_sample (same coins), and a bonus residual
+    equal to the recursion's at the path's last node (what the vector loop draws the bonus from)."""
+    agree, deep = 0, 0
+    for seed in range(400):
+        parents, depths, tokens, p, q, coins = case(1000 + seed)
+        pt, qt = torch.tensor(p, dtype=torch.float32), torch.tensor(q, dtype=torch.float32)
+        tok, coin = torch.tensor(tokens), torch.tensor(coins, dtype=torch.float32)
+        r_at, q_at, final = _sibling_tests(tok, parents, pt, qt)
+        path, _ = _scalar_walk(parents, depths, r_at.double().tolist(), q_at.double().tolist(),
+                               coin.double().tolist(), residual_px=True)
+        ref_path, _ref_acc, _ = tree_rejection_sample(tok[None], torch.tensor(parents)[None], torch.tensor(depths),
+                                                     pt[None], qt[None], coins=coin[None])
+        ref = [int(v) for v in ref_path[0].tolist() if v >= 0]
+        agree += path == ref
+        deep += len(path) > 2
+        np.testing.assert_allclose(final[path[-1]].numpy(), reference(parents, tokens, p, q)[2][path[-1]],
+                                   rtol=1e-4, atol=1e-6)
+    assert agree == 400
+    assert deep > 20  # paths past the first level were exercised
+
+
+def test_sibling_order_matters():
+    """Negative control: testing siblings in the opposite order gives other test values (a walk that ignored the
+    earlier rejected siblings would pass the plain q_parent and p_parent values instead)."""
+    parents, _, tokens, p, q, _ = case(7, n=12)
+    r_at, q_at, _ = _sibling_tests(torch.tensor(tokens), parents, torch.tensor(p, dtype=torch.float32),
+                                   torch.tensor(q, dtype=torch.float32))
+    later = [j for j in range(2, len(parents)) if parents[j] == parents[j - 1]]  # a node with an earlier sibling
+    assert later
+    j = later[0]
+    plain_q = q[parents[j], tokens[j]] / q[parents[j]].sum()
+    assert abs(q_at[j].item() - plain_q) > 1e-4 or abs(r_at[j].item() - p[parents[j], tokens[j]]) > 1e-4
+
+
+def test_sample_accept_takes_the_same_path_either_way():
+    """sample_accept with sibling_tests on (CUDA's default) and off (CPU's): the same accepted rows for the same
+    coins on random sampled-static-like trees over a 49k vocabulary, and a bonus drawn from the same residual
+    (the same token for the same generator state, up to float ties)."""
+    from eaglespec.tree import FlatTree, ancestry
+
+    same_rows, same_bonus = 0, 0
+    for seed in range(60):
+        parents, depths, tokens, _p, _q, _ = case(2000 + seed)
+        big = 49152
+        pt = torch.softmax(torch.randn(len(parents), big, generator=torch.Generator().manual_seed(seed)) * 3, -1)
+        qt = torch.softmax(torch.randn(len(parents), big, generator=torch.Generator().manual_seed(seed + 1)) * 3, -1)
+        par = torch.tensor(parents)
+        flat = FlatTree(tokens=torch.tensor(tokens) * 97 % big, depths=torch.tensor(depths), parents=par,
+                        visible=ancestry(par).bool())
+        a = sample_accept(flat, pt, qt, torch.Generator().manual_seed(seed), sibling_tests=True)
+        b = sample_accept(flat, pt, qt, torch.Generator().manual_seed(seed), sibling_tests=False)
+        same_rows += torch.equal(a.rows, b.rows)
+        same_bonus += a.bonus == b.bonus
+    assert same_rows == 60
+    assert same_bonus >= 58
