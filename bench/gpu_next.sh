@@ -12,6 +12,7 @@
 #   bash bench/gpu_next.sh fused     # draft_check (fused step vs the drafter's forward), T=0 tree sweep (10 prompts),
 #                                    # then MT-bench 80 at T=0 with the sweep's fastest chain / dynamic shapes
 #   bash bench/gpu_next.sh final     # the same as fused in less time (one bf16 prompt per draft check kind, fewer shapes)
+#   bash bench/gpu_next.sh static    # MT-bench 80 at T=0 and 20 at T=1: plain, chain, static tree ($SHAPES)
 #   bash bench/gpu_next.sh more      # T=1 sweep incl. sampled static trees (10 prompts), MT-bench 20 at T=1,
 #                                    # HumanEval 164 at T=0 (shapes: $SHAPES, e.g. "--k 5 --depth 6 --top-k 8 --budget 40")
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
@@ -70,6 +71,14 @@ PY
     timeout 260 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --hf-limit 3 --check-fp32 2 $flags \
       --json "$OUT/h200_mtbench80_t0_$c.json" --plot "$OUT/h200_mtbench80_t0_$c.png" --results "$OUT/RESULTS_part.md" \
       2>&1 | grep -v "Loading weights" | tail -9
+    ;;
+  static)
+    timeout 170 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --methods fast-plain,eagle3-chain,eagle3-static \
+      $SHAPES --json "$OUT/h200_mtbench80_t0_static_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 \
+      | grep -v "Loading weights" | tail -6
+    timeout 120 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --temperature 1 \
+      --methods fast-plain,eagle3-chain,eagle3-static $SHAPES --json "$OUT/h200_mtbench20_t1_static_$c.json" \
+      --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -6
     ;;
   more)
     timeout 150 python3 bench/tree_sweep.py --limit 10 --temperature 1 \
