@@ -61,6 +61,12 @@ def test_shipped_drafter_recommends_measured_shapes():
     assert found["chain"] == {"k": 5}
     assert found["dynamic"] == {"depth": 6, "top_k": 8, "budget": 40}
     assert found["static"] == {"depth": 5, "top_k": 10, "budget": 25}
+    from eaglespec.api import resolve_trees
+
+    drafter = _drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json"))
+    on_gpu, sampled_on_gpu = resolve_trees({}, drafter, device="cuda")
+    assert (on_gpu.kind, sampled_on_gpu.kind, sampled_on_gpu.depth) == ("static", "chain", 5)
+    assert resolve_trees({}, drafter, device="cpu")[0].kind == "chain"
 
 
 def test_bench_resolves_and_records_the_shapes_it_runs():
@@ -84,6 +90,20 @@ def test_a_sampled_policy_applies_only_when_no_tree_is_named():
     assert resolve_trees({}, _drafter({"tree_defaults": RECOMMENDED}))[1] is None  # no policy: one tree
     with pytest.raises(EagleSpecError, match=r"tree_defaults\.sampled must be one of"):
         resolve_trees({}, _drafter({"tree_defaults": {"sampled": "beam"}}), "drafter /x")
+
+
+def test_a_cuda_policy_applies_on_cuda_devices_only():
+    from eaglespec.api import resolve_trees
+
+    manifest = {"tree_defaults": {**RECOMMENDED, "cuda": "dynamic", "sampled": "chain"}}
+    spec, sampled = resolve_trees({"tree": None}, _drafter(manifest), device="cuda")
+    assert (spec.kind, spec.depth, spec.top_k, spec.budget) == ("dynamic", 5, 6, 24)  # its recommended shape
+    assert (sampled.kind, sampled.depth) == ("chain", 3)  # sampled requests: the chain
+    spec, sampled = resolve_trees({"tree": None}, _drafter(manifest), device="cpu")
+    assert spec.kind == "chain" and sampled is None  # the sampled policy is the tree already in use
+    assert resolve_trees({"tree": "static"}, _drafter(manifest), device="cuda")[0].kind == "static"  # named wins
+    with pytest.raises(EagleSpecError, match=r"tree_defaults\.cuda must be one of"):
+        resolve_trees({}, _drafter({"tree_defaults": {"cuda": 3}}), "drafter /x", device="cuda")
 
 
 def test_sampled_requests_draft_with_the_sampled_tree():

@@ -81,12 +81,13 @@ def tree_defaults(drafter, where: str = "drafter") -> dict[str, dict[str, int]]:
     return out
 
 
-def sampled_tree(drafter, where: str = "drafter") -> str | None:
-    """The tree policy a drafter's manifest recommends for sampling (T > 0) when the user names none
-    (`tree_defaults.sampled`, e.g. "static": sampled children verified with the real q), else None."""
-    found = ((getattr(drafter, "manifest", None) or {}).get("tree_defaults") or {}).get("sampled")
+def recommended_tree(drafter, key: str, where: str = "drafter") -> str | None:
+    """The tree policy a drafter's manifest recommends when the user names none: `tree_defaults.cuda` (greedy
+    requests on a CUDA device, e.g. "static") or `tree_defaults.sampled` (requests with a temperature, on any
+    device), else None."""
+    found = ((getattr(drafter, "manifest", None) or {}).get("tree_defaults") or {}).get(key)
     if found is not None and found not in GENERIC_TREES:
-        raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.sampled must be one of "
+        raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.{key} must be one of "
                              f"{', '.join(GENERIC_TREES)}, got {found!r}")
     return found
 
@@ -107,13 +108,18 @@ def tree_spec(tree: str | None = "chain", k: int | None = None, top_k: int | Non
                     budget=base["budget"] if budget is None else budget)
 
 
-def resolve_trees(knobs: dict, drafter, where: str = "drafter") -> tuple[TreeSpec, TreeSpec | None]:
-    """tree_spec's knobs -> (the tree, the tree for sampled requests or None = the same). The second is the
-    drafter's tree_defaults.sampled policy, taken only when the knobs name no tree."""
+def resolve_trees(knobs: dict, drafter, where: str = "drafter", device: torch.device | str = "cpu"
+                  ) -> tuple[TreeSpec, TreeSpec | None]:
+    """tree_spec's knobs -> (the tree, the tree for sampled requests or None = the same). When the knobs name no
+    tree: the drafter's tree_defaults.cuda policy on a CUDA device (else a chain), and its tree_defaults.sampled
+    policy for requests with a temperature."""
     shapes = tree_defaults(drafter, where)
-    spec = tree_spec(**knobs, defaults=shapes)
-    policy = sampled_tree(drafter, where)
-    if knobs.get("tree") or policy is None or policy == spec.kind:
+    if knobs.get("tree"):
+        return tree_spec(**knobs, defaults=shapes), None
+    greedy = recommended_tree(drafter, "cuda", where) if torch.device(device).type == "cuda" else None
+    spec = tree_spec(**{**knobs, "tree": greedy}, defaults=shapes)
+    policy = recommended_tree(drafter, "sampled", where)
+    if policy is None or policy == spec.kind:
         return spec, None
     return spec, tree_spec(**{**knobs, "tree": policy}, defaults=shapes)
 
@@ -185,7 +191,7 @@ class EagleSpec:
         drafter.to(device=model.device, dtype=model.dtype)
         sampled_spec = None
         if spec is None:
-            spec, sampled_spec = resolve_trees(tree or {}, drafter, f"drafter {draft}")
+            spec, sampled_spec = resolve_trees(tree or {}, drafter, f"drafter {draft}", model.device)
         return cls(model, tok, drafter, spec, note, backend, draft_graphs, draft_max_len, sampled_spec)
 
     @classmethod

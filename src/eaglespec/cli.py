@@ -40,8 +40,8 @@ def add_tree_args(p: argparse.ArgumentParser, policy: bool = True) -> None:
     policy=False leaves out --tree (bench runs every tree kind it is asked for)."""
     if policy:
         p.add_argument("--tree", default=None, choices=["chain", "static", "dynamic"],
-                       help="draft tree policy (default: chain; with a temperature, the drafter's recommendation for "
-                            "sampling where its manifest has one: tree_defaults.sampled)")
+                       help="draft tree policy (default: the drafter's recommendation where its manifest has one: "
+                            "tree_defaults.cuda on a GPU, tree_defaults.sampled with a temperature; else chain)")
     p.add_argument("--k", type=int, default=None,
                    help="chain length (default: the drafter's recommendation, else 5; 0 = plain decoding)")
     p.add_argument("--top-k", type=int, default=None,
