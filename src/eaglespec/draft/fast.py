@@ -24,8 +24,8 @@ keeps one run() per tree depth); catch-up stays the bucketed per-step path below
 The step is the drafter's own forward (same modules, weights and op order) over `StaticKV`, a
 KVCache stand-in whose `append` writes by index into the whole static buffers and returns their first
 `span` slots: no re-implemented layers; or, by default on CUDA for EAGLE-3 drafters (fused=None), the same
-layer with ~18 kernels instead of ~47 (draft/fused.py: fused projections, a rope table, Triton kernels
-where target/kernels.wanted says so). Attention over a span instead of all S slots matters: a cuDNN
+layer with ~15 kernels instead of ~47, by count (draft/fused.py: fused projections, a rope table, Triton
+kernels where target/kernels.wanted says so). Attention over a span instead of all S slots matters: a cuDNN
 attention over a static KV costs in proportion to the slots it is given (bench/RESULTS.md), and S is
 sized for the longest context (api.py: 8704 slots for SmolLM2) while the live rows are a few hundred.
 Masked slots add exp(finfo.min - max) = 0 to the softmax, so the rows equal the eager ones up to float
