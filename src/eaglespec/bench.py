@@ -41,7 +41,7 @@ from .errors import EagleSpecError
 from .target.fast import fused_by_default
 
 ALL_METHODS = ("hf", "hf-plain", "fast-plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic")
-DEFAULT_METHODS = "hf,fast-plain,eagle3-chain,eagle3-dynamic"
+DEFAULT_METHODS = "hf,fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic"
 NEAR_TIE = 0.1
 WARM_TOKENS = 2  # --warm-prompts: the prefill's token and one round
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "RESULTS.md"
