@@ -13,6 +13,8 @@
 #                                    # then MT-bench 80 at T=0 with the sweep's fastest chain / dynamic shapes
 #   bash bench/gpu_next.sh final     # the same as fused in less time (one bf16 prompt per draft check kind, fewer shapes)
 #   bash bench/gpu_next.sh static    # MT-bench 80 at T=0 and 20 at T=1: plain, chain, static tree ($SHAPES)
+#   bash bench/gpu_next.sh timeline  # bench/round_timeline.py (torch.profiler: GPU busy / idle per round and phase) for
+#                                    # the static tree and the chain, with and without bench's sync before verify
 #   bash bench/gpu_next.sh more      # T=1 sweep incl. sampled static trees (10 prompts), MT-bench 20 at T=1,
 #                                    # HumanEval 164 at T=0 (shapes: $SHAPES, e.g. "--k 5 --depth 6 --top-k 8 --budget 40")
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
@@ -79,6 +81,14 @@ PY
     timeout 120 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --temperature 1 \
       --methods fast-plain,eagle3-chain,eagle3-static $SHAPES --json "$OUT/h200_mtbench20_t1_static_$c.json" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -6
+    ;;
+  timeline)
+    for tree in static chain; do
+      for sync in --sync-before-verify --no-sync-before-verify; do
+        timeout 140 python3 bench/round_timeline.py --tree "$tree" --prompts 3 --max-new-tokens 128 "$sync" \
+          --json "$OUT/h200_round_timeline_${tree}${sync#--}_$c.json" 2>&1 | grep -v "Loading weights" | tail -14
+      done
+    done
     ;;
   more)
     timeout 150 python3 bench/tree_sweep.py --limit 10 --temperature 1 \
