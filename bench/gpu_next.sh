@@ -15,6 +15,8 @@
 #   bash bench/gpu_next.sh static    # MT-bench 80 at T=0 and 20 at T=1: plain, chain, static tree ($SHAPES)
 #   bash bench/gpu_next.sh timeline  # bench/round_timeline.py (torch.profiler: GPU busy / idle per round and phase) for
 #                                    # the static tree and the chain, with and without bench's sync before verify
+#   bash bench/gpu_next.sh nosync    # MT-bench 80 at T=0, plain / chain / static / dynamic, with --no-phase-sync (rounds
+#                                    # timed as users run them: no sync before verify) ($SHAPES)
 #   bash bench/gpu_next.sh more      # T=1 sweep incl. sampled static trees (10 prompts), MT-bench 20 at T=1,
 #                                    # HumanEval 164 at T=0 (shapes: $SHAPES, e.g. "--k 5 --depth 6 --top-k 8 --budget 40")
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
@@ -89,6 +91,11 @@ PY
           --json "$OUT/h200_round_timeline_${tree}${sync#--}_$c.json" 2>&1 | grep -v "Loading weights" | tail -14
       done
     done
+    ;;
+  nosync)
+    timeout 240 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --no-phase-sync \
+      --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic $SHAPES --json "$OUT/h200_mtbench80_t0_nosync_$c.json" \
+      --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -7
     ;;
   more)
     timeout 150 python3 bench/tree_sweep.py --limit 10 --temperature 1 \

@@ -161,7 +161,8 @@ class Bench:
             return SpeculativeEngine(HFTarget(self.model), None, TreeSpec("chain", depth=0)), None
         if self.fast is None:
             return None, f"fast backend unavailable: {self.fast_reason}"
-        target = _Synced(self.fast) if self.device.type == "cuda" else self.fast
+        phase_sync = self.device.type == "cuda" and getattr(a, "phase_sync", True)
+        target = _Synced(self.fast) if phase_sync else self.fast
         if method == "fast-plain":
             return SpeculativeEngine(target, None, TreeSpec("chain", depth=0)), None
         if self.drafter is None:
@@ -370,7 +371,9 @@ def markdown(report: dict) -> str:
              f"chain k={cfg['k']}, dynamic depth {cfg['depth']} top-k {cfg['top_k']} budget {cfg['budget']}"
              + (f"; HF generate on the first {cfg['hf_prompts']} prompts only (ratios vs HF and identity over those)"
                 if 0 < cfg.get("hf_prompts", 0) < cfg["prompts"] else "")
-             + ("; fused Triton kernels" if cfg.get("fused_kernels") else "") + ".\n",
+             + ("; fused Triton kernels" if cfg.get("fused_kernels") else "")
+             + ("; no sync before verify (--no-phase-sync: the draft / verify split is blurred)"
+                if cfg.get("phase_sync") is False else "") + ".\n",
              "| method | backend | tok/s | median tok/s | tau | vs HF generate | vs fast plain | "
              "draft / verify / accept+commit / other (ms per round) | identical to HF | "
              "divergences (gap < 0.1 / gap <= 1 ulp) |",
@@ -511,6 +514,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "k": args.k, "depth": args.depth, "top_k": args.top_k, "budget": args.budget,
                    "methods": methods, "compile": args.compile, "max_len": args.max_len,
                    "draft_graphs": getattr(args, "draft_graphs", None),  # None: the default (on CUDA)
+                   "phase_sync": getattr(args, "phase_sync", True),
                    "fused_kernels": fused_by_default(device, args.compile)},
         "methods": summaries,
     }
@@ -559,6 +563,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--warm-prompts", action=argparse.BooleanOptionalAction, default=True,
                    help="before timing a method, run each remaining prompt for 2 tokens (its prefill and one round), "
                         "so no method pays another's first-sight cost of a prompt length (default on)")
+    p.add_argument("--phase-sync", action=argparse.BooleanOptionalAction, default=True,
+                   help="on CUDA, synchronize before each verify forward so that the drafter's queued GPU work counts "
+                        "as draft time (default on; --no-phase-sync times rounds as users run them, the draft / "
+                        "verify split then blurs)")
     p.add_argument("--hf-limit", type=int, default=None, metavar="N",
                    help="run the slow HF generate baseline on the first N prompts only (ratios vs HF use those)")
     p.add_argument("--max-len", type=int, default=None, help="fast backend KV slots (default: fits the prompts)")
