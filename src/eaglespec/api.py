@@ -144,13 +144,13 @@ class EagleSpec:
 
     def __init__(self, model, tokenizer, drafter, spec: TreeSpec | None = None, draft_note: str = "",
                  backend: str = "auto", draft_graphs: bool | None = None, draft_max_len: int | None = None,
-                 sampled_spec: TreeSpec | None = None):
+                 sampled_spec: TreeSpec | None = None, adaptive: bool = False):
         self.model, self.tokenizer, self.drafter = model, tokenizer, drafter
         self.target = make_target(model, backend)  # "auto": the fast backend on CUDA when supported
         self.spec = spec or TreeSpec()
         self.sampled_spec = sampled_spec  # the tree for requests with a temperature (None: self.spec)
         self.draft_note = draft_note
-        self.engine = SpeculativeEngine(self.target, drafter, self.spec)
+        self.engine = SpeculativeEngine(self.target, drafter, self.spec, adaptive=adaptive)
         # draft/fast.py: static drafter KV + CUDA graphs (validated on an H200, bench/RESULTS.md)
         if use_draft_graphs(draft_graphs, self.target):
             from .draft.fast import enable_draft_graphs
@@ -163,8 +163,10 @@ class EagleSpec:
                         dtype: str | torch.dtype | None = None, spec: TreeSpec | None = None,
                         aux_rule: str = "auto", backend: str = "auto", strict: bool = False,
                         draft_graphs: bool | None = None, draft_max_len: int | None = None,
-                        tree: dict[str, Any] | None = None) -> EagleSpec:
+                        tree: dict[str, Any] | None = None, adaptive: bool = False) -> EagleSpec:
         """Load target + drafter. `strict` refuses a drafter whose manifest names another target.
+
+        `adaptive`: per round, draft or take a plain step, whichever has cost less time per token lately (gate.py).
 
         `tree`: tree_spec's knobs ({"tree": "dynamic", "depth": None, ...}), resolved against the drafter's
         recommended shapes (tree_defaults); used when `spec` is None (default: a chain of the drafter's length).
@@ -192,7 +194,7 @@ class EagleSpec:
         sampled_spec = None
         if spec is None:
             spec, sampled_spec = resolve_trees(tree or {}, drafter, f"drafter {draft}", model.device)
-        return cls(model, tok, drafter, spec, note, backend, draft_graphs, draft_max_len, sampled_spec)
+        return cls(model, tok, drafter, spec, note, backend, draft_graphs, draft_max_len, sampled_spec, adaptive)
 
     @classmethod
     def from_args(cls, args, spec: TreeSpec | None = None, **overrides) -> EagleSpec:
@@ -201,7 +203,8 @@ class EagleSpec:
         knobs = {name: getattr(args, name) for name in ("tree", "k", "top_k", "depth", "budget") if hasattr(args, name)}
         kw = dict(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype, spec=spec,
                   aux_rule=args.aux_rule, strict=getattr(args, "strict", False),
-                  draft_graphs=getattr(args, "draft_graphs", None), tree=knobs)
+                  draft_graphs=getattr(args, "draft_graphs", None), tree=knobs,
+                  adaptive=getattr(args, "adaptive", False))
         kw.update(overrides)
         return cls.from_pretrained(**kw)
 

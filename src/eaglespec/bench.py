@@ -172,7 +172,7 @@ class Bench:
             spec = tree_spec(kind, a.k, a.top_k, a.depth, a.budget)
         except (EagleSpecError, NotImplementedError, ValueError) as exc:
             return None, f"{kind} trees unavailable: {exc}"
-        engine = SpeculativeEngine(target, self.drafter, spec)
+        engine = SpeculativeEngine(target, self.drafter, spec, adaptive=getattr(a, "adaptive", False))
         if use_draft_graphs(getattr(a, "draft_graphs", None), self.fast):
             from .draft.fast import enable_draft_graphs
 
@@ -373,7 +373,9 @@ def markdown(report: dict) -> str:
                 if 0 < cfg.get("hf_prompts", 0) < cfg["prompts"] else "")
              + ("; fused Triton kernels" if cfg.get("fused_kernels") else "")
              + ("; no sync before verify (--no-phase-sync: the draft / verify split is blurred)"
-                if cfg.get("phase_sync") is False else "") + ".\n",
+                if cfg.get("phase_sync") is False else "")
+             + ("; --adaptive (plain steps where drafting cost more per token)" if cfg.get("adaptive") else "")
+             + ".\n",
              "| method | backend | tok/s | median tok/s | tau | vs HF generate | vs fast plain | "
              "draft / verify / accept+commit / other (ms per round) | identical to HF | "
              "divergences (gap < 0.1 / gap <= 1 ulp) |",
@@ -515,6 +517,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "methods": methods, "compile": args.compile, "max_len": args.max_len,
                    "draft_graphs": getattr(args, "draft_graphs", None),  # None: the default (on CUDA)
                    "phase_sync": getattr(args, "phase_sync", True),
+                   "adaptive": getattr(args, "adaptive", False),
                    "fused_kernels": fused_by_default(device, args.compile)},
         "methods": summaries,
     }

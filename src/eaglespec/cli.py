@@ -51,6 +51,10 @@ def add_tree_args(p: argparse.ArgumentParser, policy: bool = True) -> None:
     p.add_argument("--budget", type=int, default=None,
                    help="draft tokens verified per round (default: the drafter's recommendation, else 60; "
                         "0 = plain decoding)")
+    p.add_argument("--adaptive", action="store_true",
+                   help="per round, draft or take a plain target step, whichever has cost less time per token "
+                        "lately (probing both; lossless either way): for drafters that accept too little to pay, "
+                        "e.g. at high temperatures")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .draft.proposer import Proposer, shifted_tokens
+from .gate import SpeculationGate
 from .metrics import round_detail
 from .sampling import SamplingConfig, process_logits, sample
 from .target.base import TargetBackend
@@ -76,8 +77,12 @@ class SpeculativeEngine:
     optional drafter."""
 
     def __init__(self, target: TargetBackend, drafter: nn.Module | None = None, spec: TreeSpec | None = None,
-                 sampling: SamplingConfig | None = None):
+                 sampling: SamplingConfig | None = None, adaptive: bool = False):
         self.target = target
+        # gate.py: per round, draft or take a plain step, whichever has cost less per token lately (a new gate
+        # per stream; None: always draft). The last stream's gate stays readable in self.gate.
+        self.adaptive = adaptive
+        self.gate: SpeculationGate | None = None
         self.sampling = sampling  # None or temperature 0: the exact greedy path
         self._sampling: SamplingConfig | None = None  # in force for the current stream() call
         self._generator: torch.Generator | None = None
@@ -127,15 +132,22 @@ class SpeculativeEngine:
         if first in eos:
             result.finish_reason = "stop"
         speculating = self.speculating
+        plain_rows = _PlainRows(dev)
         if speculating:  # every token on the device, and the features the drafter has not consumed yet
             ids, pending_feats = torch.cat([prompt, root]), out.features
-        else:
-            plain_rows = _PlainRows(dev)
+        gate = self.gate = SpeculationGate() if self.adaptive and speculating else None
         while result.finish_reason != "stop" and len(result.token_ids) < max_new_tokens:
-            if speculating:
+            if gate is not None:
+                drafting, t0 = gate.draft(), time.perf_counter()
+                if drafting:
+                    emitted, ids, pending_feats = self._round(ids, pending_feats, result)
+                else:
+                    emitted, ids, pending_feats = self._undrafted_round(ids, pending_feats, plain_rows, result)
+                gate.record(drafting, len(emitted), time.perf_counter() - t0)
+            elif speculating:
                 emitted, ids, pending_feats = self._round(ids, pending_feats, result)
             else:
-                emitted, root = self._plain_round(root, plain_rows, result)
+                emitted, root, _ = self._plain_round(root, plain_rows, result)
             emitted = self._cut(emitted, eos, max_new_tokens - len(result.token_ids), result)
             result.token_ids.extend(emitted)
             result.rounds[-1].emitted = len(emitted)
@@ -168,8 +180,9 @@ class SpeculativeEngine:
         return emitted[:room]
 
     def _plain_round(self, root: torch.Tensor, rows: _PlainRows, result: GenerationResult
-                     ) -> tuple[list[int], torch.Tensor]:
-        """Plain decoding, no tree: the root [1] -> one forward -> the next token (ONE host sync)."""
+                     ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """Plain decoding, no tree: the root [1] -> one forward -> the next token (ONE host sync). Returns
+        ([token], the token [1] on the device, the root's features [1, F])."""
         t0 = time.perf_counter()
         out = self.target.forward(root)
         nxt = self._next_token(out.logits[-1])  # [1]: the next round's root, still on the device
@@ -179,7 +192,14 @@ class SpeculativeEngine:
         detail = round_detail(DraftTree(tokens=root, parents=rows.parents, depths=rows.depths), rows.rows)
         result.rounds.append(RoundStats(drafted=0, accepted=0, emitted=1, verify_s=t1 - t0,
                                         commit_s=time.perf_counter() - t1, detail=detail))
-        return [token], nxt
+        return [token], nxt, out.features
+
+    def _undrafted_round(self, ids: torch.Tensor, pending_feats: torch.Tensor, rows: _PlainRows,
+                         result: GenerationResult) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """A plain step inside a speculative stream (the gate chose it): the root alone -> the next token, with
+        the root's features queued for the drafter's next catch-up (the state a round leaves, contract 7)."""
+        emitted, nxt, feats = self._plain_round(ids[-1:], rows, result)
+        return emitted, torch.cat([ids, nxt]), torch.cat([pending_feats, feats])
 
     def _round(self, ids: torch.Tensor, pending_feats: torch.Tensor, result: GenerationResult):
         """One speculative round. ids [N+1]: every token so far (the last is the root) on the device;

@@ -1,0 +1,159 @@
+"""Adaptive speculation (gate.py, SpeculativeEngine(adaptive=True)): the gate's choice from measured times, and
+rounds that mix plain steps with drafted rounds staying exact: greedy output identical to HF generate (chain,
+static and dynamic trees, HF and fast targets, static draft runner) and, under sampling, the target's
+distribution of the first three tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import eaglespec.engine as engine_mod
+from eaglespec.draft.fast import enable_draft_graphs
+from eaglespec.engine import SpeculativeEngine
+from eaglespec.gate import SpeculationGate
+from eaglespec.sampling import SamplingConfig, SamplingParams
+from eaglespec.target.fast import FastTarget
+from eaglespec.target.hf import HFTarget
+from eaglespec.tree import TreeSpec
+from test_sampling_engine import PROMPT, _exact_first3, first3_pvalue, sharp_target  # noqa: F401 (fixture)
+
+from conftest import reference_greedy, tiny_drafter, tiny_target
+
+
+def run_gate(gate: SpeculationGate, draft_s: float, plain_s: float, draft_tokens: int, rounds: int) -> list[bool]:
+    """Drive a gate with constant per-mode costs; returns the modes it chose."""
+    modes = []
+    for _ in range(rounds):
+        d = gate.draft()
+        modes.append(d)
+        gate.record(d, draft_tokens if d else 1, draft_s if d else plain_s)
+    return modes
+
+
+def test_gate_settles_on_the_faster_mode_and_keeps_probing():
+    slow_drafts = run_gate(SpeculationGate(warmup=3, probe=3, every=20, window=8), 0.010, 0.002, 3, 200)
+    assert slow_drafts[:3] == [True] * 3 and slow_drafts[3:6] == [False] * 3  # warm-up, then a probe of plain
+    assert sum(slow_drafts[6:]) / len(slow_drafts[6:]) < 0.2  # plain most of the time (3 tokens / 10 ms < 1 / 2 ms)
+    assert any(slow_drafts[50:])  # drafting is still probed now and then
+    fast_drafts = run_gate(SpeculationGate(warmup=3, probe=3, every=20, window=8), 0.004, 0.002, 3, 200)
+    assert sum(fast_drafts[6:]) / len(fast_drafts[6:]) > 0.8  # 3 tokens / 4 ms beat 1 / 2 ms
+    assert not all(fast_drafts[6:])  # plain is still probed
+
+
+def test_gate_ignores_the_first_round_after_a_switch():
+    gate = SpeculationGate(warmup=2, probe=2, every=10, window=4)
+    gate.record(True, 3, 100.0)  # the very first round (graph captures...): not timed
+    gate.record(True, 3, 0.003)
+    assert gate.seconds_per_token(True) == pytest.approx(0.001)
+    assert not gate.draft()  # the probe of plain steps starts
+    gate.record(False, 1, 100.0)  # first plain step: not timed
+    gate.record(False, 1, 0.002)
+    assert gate.seconds_per_token(False) == pytest.approx(0.002)
+    assert gate.draft() and gate.switches == 2  # drafting is faster per token: back to it
+
+
+def test_gate_rejects_bad_settings_and_records():
+    with pytest.raises(ValueError, match=">= 1"):
+        SpeculationGate(probe=0)
+    gate = SpeculationGate()
+    with pytest.raises(ValueError, match="draft"):
+        gate.record(False, 1, 0.1)
+
+
+class Pattern(SpeculationGate):
+    """A gate that follows a fixed, repeating pattern of modes (to force mixing in tests)."""
+
+    def __init__(self, pattern: tuple[bool, ...]):
+        super().__init__()
+        self.pattern, self.i = pattern, 0
+
+    def draft(self) -> bool:
+        return self.pattern[self.i % len(self.pattern)]
+
+    def record(self, drafted: bool, tokens: int, seconds: float) -> None:
+        assert drafted == self.draft()
+        self.i += 1
+
+
+SPECS = {"chain": TreeSpec("chain", depth=3), "static": TreeSpec("static", depth=3, top_k=4, budget=8),
+         "dynamic": TreeSpec("dynamic", depth=3, top_k=3, budget=6)}
+
+
+@pytest.mark.parametrize("backend", ["hf", "fast"])
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_mixed_rounds_stay_greedy_exact(monkeypatch, kind, backend):
+    """Plain steps between drafted rounds (runs of 1 and 3): the output stays HF generate's (a wrong commit or a
+    token queued twice would change it; what the drafter sees is checked by the next test)."""
+    model = tiny_target("llama", seed=3)
+    drafter = tiny_drafter(model, seed=1)
+    target = HFTarget(model) if backend == "hf" else FastTarget(model, max_len=128)
+    pattern = (True, False, True, False, False, False, True, True)
+    monkeypatch.setattr(engine_mod, "SpeculationGate", lambda: Pattern(pattern))
+    engine = SpeculativeEngine(target, drafter, SPECS[kind], adaptive=True)
+    ref = SpeculativeEngine(HFTarget(model), drafter, SPECS[kind])  # always drafting: the same drafts per round
+    if backend == "fast":
+        enable_draft_graphs(engine, max_len=128)
+    for prompt in ([4, 8, 15, 16, 23, 42], [7, 1]):
+        out = engine.generate(prompt, 30)
+        assert out.token_ids == reference_greedy(model, prompt, 30) == ref.generate(prompt, 30).token_ids
+        drafted = [r.drafted > 0 for r in out.rounds]
+        assert drafted[:8] == [p for p in pattern]  # the gate's choices were followed
+        assert isinstance(engine.gate, Pattern)
+
+
+def test_adaptive_off_never_makes_a_gate():
+    model = tiny_target("llama", seed=3)
+    engine = SpeculativeEngine(HFTarget(model), tiny_drafter(model, seed=1), SPECS["chain"])
+    engine.generate([1, 2, 3], 5)
+    assert engine.gate is None
+    plain = SpeculativeEngine(HFTarget(model), None, TreeSpec("chain", depth=0), adaptive=True)
+    assert plain.generate([1, 2, 3], 5).token_ids == reference_greedy(model, [1, 2, 3], 5)
+    assert plain.gate is None  # nothing to gate without a drafter
+
+
+def test_mixed_rounds_keep_the_target_distribution(sharp_target, monkeypatch):  # noqa: F811
+    """Sampling, T=1 top-k 5: rounds alternate plain / drafted from the first one; the first three tokens
+    follow the target's distribution (and the check can tell another temperature apart)."""
+    monkeypatch.setattr(engine_mod, "SpeculationGate", lambda: Pattern((False, True)))
+    params = SamplingParams(temperature=1.0, top_k=5)
+    engine = SpeculativeEngine(HFTarget(sharp_target), tiny_drafter(sharp_target, seed=1),
+                               TreeSpec("chain", depth=1), adaptive=True)
+    tokens = [engine.generate(PROMPT, 3, sampling=SamplingConfig(params, seed=s)).token_ids for s in range(1500)]
+    emitted = torch.tensor(tokens)
+    p, impossible = first3_pvalue(emitted, _exact_first3(sharp_target, params))
+    assert impossible == 0 and p > 1e-3, f"mixed rounds are not the target's distribution (p = {p:.2e})"
+    p_other, _ = first3_pvalue(emitted, _exact_first3(sharp_target, SamplingParams(temperature=0.6)))
+    assert p_other < 1e-3
+
+
+@pytest.mark.parametrize("kind", ["chain", "dynamic"])
+def test_drafts_after_plain_steps_see_every_token(monkeypatch, kind):
+    """The tree drafted right after plain steps equals the first tree of a fresh run whose prompt is the text so
+    far (whose drafter caught up over all of it in its prefill): the plain steps' tokens and features reached
+    the drafter, each once and in order (dropping them, or queueing one twice, gives other trees)."""
+    model = tiny_target("llama", seed=3)
+    drafter = tiny_drafter(model, seed=1)
+    monkeypatch.setattr(engine_mod, "SpeculationGate", lambda: Pattern((True, False, False, True, False, True)))
+    engine = SpeculativeEngine(HFTarget(model), drafter, SPECS[kind], adaptive=True)
+    trees = []
+    orig = engine.proposer.propose
+    engine.proposer.propose = lambda *a: trees.append(orig(*a)) or trees[-1]
+    prompt = [4, 8, 15, 16, 23, 42]
+    out = engine.generate(prompt, 24)
+    drafted_rounds = [i for i, r in enumerate(out.rounds) if r.drafted > 0]
+    checked = 0
+    for n_tree, i in enumerate(drafted_rounds):
+        if i == 0 or out.rounds[i - 1].drafted > 0:
+            continue  # only the trees drafted right after a plain step
+        prefix = prompt + out.token_ids[: 1 + sum(r.emitted for r in out.rounds[:i])]
+        fresh = SpeculativeEngine(HFTarget(model), drafter, SPECS[kind])
+        first = []
+        orig_fresh = fresh.proposer.propose
+        fresh.proposer.propose = lambda *a, _o=orig_fresh, _f=first: _f.append(_o(*a)) or _f[-1]
+        fresh.generate(prefix[:-1], 2)  # its prefill emits prefix[-1] (greedy), then it drafts from there
+        assert torch.equal(first[0].tokens, trees[n_tree].tokens) and torch.equal(first[0].parents,
+                                                                                   trees[n_tree].parents)
+        torch.testing.assert_close(first[0].logq, trees[n_tree].logq, rtol=1e-4, atol=1e-4)
+        checked += 1
+    assert checked >= 2
