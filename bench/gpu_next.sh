@@ -17,6 +17,8 @@
 #                                    # the static tree and the chain, with and without bench's sync before verify
 #   bash bench/gpu_next.sh nosync    # MT-bench 80 at T=0, plain / chain / static / dynamic, with --no-phase-sync (rounds
 #                                    # timed as users run them: no sync before verify) ($SHAPES)
+#   bash bench/gpu_next.sh adaptive  # --adaptive (gate.py): MT-bench 20 at T=1 and 80 at T=0, plain / chain / static,
+#                                    # each with and without it ($SHAPES)
 #   bash bench/gpu_next.sh more      # T=1 sweep incl. sampled static trees (10 prompts), MT-bench 20 at T=1,
 #                                    # HumanEval 164 at T=0 (shapes: $SHAPES, e.g. "--k 5 --depth 6 --top-k 8 --budget 40")
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
@@ -96,6 +98,16 @@ PY
     timeout 240 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --no-phase-sync \
       --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic $SHAPES --json "$OUT/h200_mtbench80_t0_nosync_$c.json" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -7
+    ;;
+  adaptive)
+    for a in "" --adaptive; do
+      timeout 140 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --temperature 1 $a \
+        --methods fast-plain,eagle3-chain,eagle3-static $SHAPES --json "$OUT/h200_mtbench20_t1${a:+_adaptive}_$c.json" \
+        --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -6
+    done
+    timeout 200 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --adaptive \
+      --methods fast-plain,eagle3-chain,eagle3-static $SHAPES --json "$OUT/h200_mtbench80_t0_adaptive_$c.json" \
+      --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -6
     ;;
   more)
     timeout 150 python3 bench/tree_sweep.py --limit 10 --temperature 1 \
