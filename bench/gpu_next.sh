@@ -21,6 +21,10 @@
 #                                    # each with and without it ($SHAPES)
 #   bash bench/gpu_next.sh more      # T=1 sweep incl. sampled static trees (10 prompts), MT-bench 20 at T=1,
 #                                    # HumanEval 164 at T=0 (shapes: $SHAPES, e.g. "--k 5 --depth 6 --top-k 8 --budget 40")
+# Session 7's order (one H200, 30 min of device time; the install is ~60 s, a cold start included): timeline (~4 min),
+# adaptive (~6 min), nosync (~4 min), with SHAPES="--k 5 --depth 6 --top-k 8 --budget 40"; then, on the x2 kind, the
+# next drafter: bench/gpu_x2.sh regen / ddp / finish (the remaining 962 sampled and 9,440 two-turn prompts of
+# .gpu/train/prompts_{s1,t2}.jsonl); ship it under models/ (gpu_ship.sh pack) and run `final` on it.
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
 set -uo pipefail
 stage=${1:?stage}
