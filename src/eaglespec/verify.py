@@ -46,6 +46,18 @@ def greedy_accept(flat: FlatTree, logits: torch.Tensor) -> Acceptance:
     return _read_path(flat, flat.visible[best][0], target_next[best])
 
 
+def _normalised(q: torch.Tensor) -> torch.Tensor:
+    """q [..., V] (a draft distribution with some tokens removed) scaled to sum 1 over the last dim."""
+    return q / q.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def _rejected_residual(rest: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """The residual after a rejection, norm(rest) for rest = max(0, r - q) [..., V]; r itself where rest has no
+    mass (only where rejecting had probability 0)."""
+    mass = rest.sum(-1, keepdim=True)
+    return torch.where(mass > 1e-12, rest / mass.clamp_min(1e-30), r)
+
+
 # -- sampling (DESIGN.md contract 2; the schemes and the losslessness argument: sampling.py) ------
 
 def tree_rejection_sample(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
@@ -91,13 +103,11 @@ def tree_rejection_sample(tokens: torch.Tensor, parents: torch.Tensor, depths: t
             rest = r.scatter(1, x, 0.0)
         else:  # q_i: the draft distribution with the earlier (rejected) siblings removed
             ql = q_left[idx]
-            q = ql / ql.sum(-1, keepdim=True).clamp_min(1e-30)
+            q = _normalised(ql)
             qx = q.gather(1, x)[:, 0]
             rest = (r - q).clamp_min(0)
         accept = coins[idx, j] * qx < px  # prob min(1, px / qx)
-        # rejected: r <- norm(max(0, r - q_i)) (mass 0 only where rejection had prob 0)
-        mass = rest.sum(-1, keepdim=True)
-        rest = torch.where(mass > 1e-12, rest / mass.clamp_min(1e-30), r)
+        rest = _rejected_residual(rest, r)  # rejected: r <- norm(max(0, r - q_i))
         rej = ~accept
         residual[idx[rej]] = rest[rej]
         if q_left is not None and not replacement:  # without replacement: x leaves q for the next sibling
@@ -168,12 +178,10 @@ def _sibling_tests(tokens: torch.Tensor, parents: list[int], target_probs: torch
     for i in range(ranks):
         node, live = kids[:, i], real[:, i:i + 1]  # [T], [T, 1]
         x = tokens[node][:, None]  # [T, 1]: the rank-i child's token under each parent
-        q = q_left / q_left.sum(-1, keepdim=True).clamp_min(1e-30)
+        q = _normalised(q_left)
         r_at.index_put_((node,), r.gather(1, x)[:, 0])  # padding writes land on node 0 (the root: never tested)
         q_at.index_put_((node,), q.gather(1, x)[:, 0])
-        rest = (r - q).clamp_min(0)  # rejected: r <- norm(max(0, r - q)), x leaves q
-        mass = rest.sum(-1, keepdim=True)
-        rest = torch.where(mass > 1e-12, rest / mass.clamp_min(1e-30), r)
+        rest = _rejected_residual((r - q).clamp_min(0), r)  # rejected: r <- norm(max(0, r - q)), x leaves q
         r = torch.where(live, rest, r)
         q_left = torch.where(live, q_left.scatter(1, x, 0.0), q_left)
     return r_at, q_at, r
@@ -223,9 +231,7 @@ def sample_accept(flat: FlatTree, target_probs: torch.Tensor, draft_probs: torch
         if draft_probs is None:
             rest = r.index_fill(0, flat.tokens[rejected], 0.0)
         else:  # chains: one rejected child, drawn from q_last
-            q = draft_probs[last].float()
-            rest = (r - q / q.sum().clamp_min(1e-30)).clamp_min(0)
-        mass = rest.sum()
-        r = torch.where(mass > 1e-12, rest / mass.clamp_min(1e-30), r)
+            rest = (r - _normalised(draft_probs[last].float())).clamp_min(0)
+        r = _rejected_residual(rest, r)
     bonus = torch.multinomial(r[None], 1, generator=generator)[0, 0]
     return _read_path(flat, flat.visible[last], bonus)  # the path = the last node's ancestors and itself
