@@ -26,17 +26,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..target import kernels as K
-from ..target.fast import _add_linear, _rms, _rope_table
+from ..target.fast import _add_linear, _cat_bias, _rms, _rope_table
 from .eagle3 import Eagle3Drafter
 
 
 def _cat_linear(*mods: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenated weights (and biases, zeros where one lacks it) of linears that read the same input."""
-    w = torch.cat([m.weight.detach() for m in mods])
-    if all(m.bias is None for m in mods):
-        return w, None
-    return w, torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
-                         for m in mods])
+    """Concatenated weights and biases (target/fast._cat_bias) of linears that read the same input, detached."""
+    bias = _cat_bias(*mods)
+    return torch.cat([m.weight for m in mods]).detach(), None if bias is None else bias.detach()
 
 
 def unfusable_reason(drafter: nn.Module) -> str | None:
@@ -77,7 +74,6 @@ class FusedEagle3Step:
         positions = torch.arange(max_positions, device=w.device)
         cos, sin = at.rotary.cos_sin(positions, w.dtype)  # [S, D]: Rotary's per-step values, for every slot
         self.table = _rope_table(cos, sin).contiguous()  # [S, 2, 2, D/2]
-        self.max_positions = max_positions
         self._open = torch.zeros((), device=w.device, dtype=w.dtype)
         self._shut = torch.full((), torch.finfo(w.dtype).min, device=w.device, dtype=w.dtype)
         self.kernels = kernels

@@ -21,9 +21,10 @@ Kernels per layer of a step (CUDA, no bias): 2 per RMSNorm, the qkv GEMM, rope 2
 rows and k's cache rows are views), 2 KV index copies, SDPA, o GEMM + residual (one addmm), gate/up GEMM, silu,
 mul, down GEMM + residual (addmm_ in place: no copy of h); steps of more than one row add one copy (the attention
 output back to token-major).
-fused_kernels=True (make_target's default on CUDA where triton imports; EAGLESPEC_FUSED_KERNELS=0/1 forces it off/on) runs the step's RMSNorms,
-rope + KV write and silu * up as Triton kernels (target/kernels.py: 2 + 4 + 2 + 2 kernels per layer become 1 + 1 +
-1 + 1, the same rounding); it needs triton and a CUDA target (or TRITON_INTERPRET=1) and is refused otherwise.
+fused_kernels=True (make_target's default on CUDA where triton imports; EAGLESPEC_FUSED_KERNELS=0/1 forces it
+off/on) runs the step's RMSNorms, rope + KV write and silu * up as Triton kernels (target/kernels.py: 2 + 4 + 2 + 2
+kernels per layer become 1 + 1 + 1 + 1, the same rounding); it needs triton and a CUDA target (or
+TRITON_INTERPRET=1) and is refused otherwise.
 """
 
 from __future__ import annotations
