@@ -33,6 +33,20 @@ from conftest import reference_greedy, tiny_drafter, tiny_target
 DTYPES = [torch.float32, torch.bfloat16]
 
 
+def count_calls(monkeypatch, *names: str) -> dict[str, int]:
+    """Wrap the named kernels of target/kernels.py to count their calls: {name: calls so far}."""
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        real = getattr(K, name)
+
+        def counted(*args, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(K, name, counted)
+    return calls
+
+
 def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> int:
     """The largest distance between a and b in units of the last place of their dtype."""
     ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16}[a.dtype]
@@ -256,15 +270,7 @@ def test_fused_step_calls_each_kernel_once_per_layer(monkeypatch):
     """The option must take the fused path: 2L + 1 RMSNorms, L rope/KV writes, L silu * up per step."""
     model = tiny_target("qwen3", seed=2)
     fused = FastTarget(model, max_len=64, fused_kernels=True)
-    calls = {"rms_norm_weight": 0, "rope_qk_kv_write": 0, "silu_mul": 0}
-    for name in calls:
-        real = getattr(K, name)
-
-        def counted(*args, _real=real, _name=name, **kw):
-            calls[_name] += 1
-            return _real(*args, **kw)
-
-        monkeypatch.setattr(K, name, counted)
+    calls = count_calls(monkeypatch, "rms_norm_weight", "rope_qk_kv_write", "silu_mul")
     fused.forward(torch.tensor([5, 6, 7]))
     layers = fused.num_layers
     assert calls == {"rms_norm_weight": 2 * layers + 1, "rope_qk_kv_write": layers, "silu_mul": layers}
@@ -370,15 +376,7 @@ def test_fused_draft_step_kernels_match_its_torch_path(dtype, norm_before_residu
     tokens, positions = torch.randint(0, d.cfg.vocab_size, (rows,)), torch.tensor([3, 9, 9, 12, 16])
     visible = torch.rand(rows, span) < 0.6
     visible[torch.arange(rows), slots] = True
-    calls = {"eagle3_input": 0, "rms_norm_weight": 0}
-    for name in calls:
-        real = getattr(K, name)
-
-        def counted(*args, _real=real, _name=name, **kw):
-            calls[_name] += 1
-            return _real(*args, **kw)
-
-        monkeypatch.setattr(K, name, counted)
+    calls = count_calls(monkeypatch, "eagle3_input", "rms_norm_weight")
     outs, kvs = [], []
     for kernels in (False, True):
         cache = [StaticKV(k.clone(), v.clone(), slots, span)]
