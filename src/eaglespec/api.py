@@ -139,12 +139,28 @@ def use_draft_graphs(flag: bool | None, target) -> bool:
     return target.name == "fast" and getattr(target, "device", torch.device("cpu")).type == "cuda"
 
 
+def use_round_graphs(flag: bool | None, engine) -> bool:
+    """--round-graphs / --no-round-graphs as given (an engine that cannot have them says why); by default (None)
+    round_graph.wanted: $EAGLESPEC_ROUND_GRAPHS, else off."""
+    from .round_graph import unusable_reason, wanted
+
+    if flag is None:
+        flag = wanted(getattr(engine.target, "device", torch.device("cpu")))
+    if not flag:
+        return False
+    reason = unusable_reason(engine)
+    if reason is not None:
+        print(f"eaglespec: no round graphs: {reason}", file=sys.stderr)
+        return False
+    return True
+
+
 class EagleSpec:
     """A loaded target + drafter pair."""
 
     def __init__(self, model, tokenizer, drafter, spec: TreeSpec | None = None, draft_note: str = "",
                  backend: str = "auto", draft_graphs: bool | None = None, draft_max_len: int | None = None,
-                 sampled_spec: TreeSpec | None = None, adaptive: bool = False):
+                 sampled_spec: TreeSpec | None = None, adaptive: bool = False, round_graphs: bool | None = None):
         self.model, self.tokenizer, self.drafter = model, tokenizer, drafter
         self.target = make_target(model, backend)  # "auto": the fast backend on CUDA when supported
         self.spec = spec or TreeSpec()
@@ -156,6 +172,10 @@ class EagleSpec:
             from .draft.fast import enable_draft_graphs
 
             enable_draft_graphs(self.engine, max_len=draft_max_len or min(self.context_length, 8192) + 512)
+        if use_round_graphs(round_graphs, self.engine):
+            from .round_graph import enable_round_graphs
+
+            enable_round_graphs(self.engine)
         self._owner: Stream | None = None  # the generation using the engine (one sequence at a time)
 
     @classmethod
@@ -163,7 +183,8 @@ class EagleSpec:
                         dtype: str | torch.dtype | None = None, spec: TreeSpec | None = None,
                         aux_rule: str = "auto", backend: str = "auto", strict: bool = False,
                         draft_graphs: bool | None = None, draft_max_len: int | None = None,
-                        tree: dict[str, Any] | None = None, adaptive: bool = False) -> EagleSpec:
+                        tree: dict[str, Any] | None = None, adaptive: bool = False,
+                        round_graphs: bool | None = None) -> EagleSpec:
         """Load target + drafter. `strict` refuses a drafter whose manifest names another target.
 
         `adaptive`: per round, draft or take a plain step, whichever has cost less time per token lately (gate.py).
@@ -175,6 +196,9 @@ class EagleSpec:
 
         `draft_graphs`: draft through draft/fast.py's StaticDraftRunner (static drafter KV of
         `draft_max_len` rows, CUDA graphs); None = on with the fast target backend on CUDA.
+
+        `round_graphs`: greedy rounds as one CUDA graph each (round_graph.py; needs the fast backend and draft
+        graphs); None = $EAGLESPEC_ROUND_GRAPHS, else off.
         """
         model, tok = load_target(target, device=device, dtype=dtype)
         c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -194,7 +218,8 @@ class EagleSpec:
         sampled_spec = None
         if spec is None:
             spec, sampled_spec = resolve_trees(tree or {}, drafter, f"drafter {draft}", model.device)
-        return cls(model, tok, drafter, spec, note, backend, draft_graphs, draft_max_len, sampled_spec, adaptive)
+        return cls(model, tok, drafter, spec, note, backend, draft_graphs, draft_max_len, sampled_spec, adaptive,
+                   round_graphs)
 
     @classmethod
     def from_args(cls, args, spec: TreeSpec | None = None, **overrides) -> EagleSpec:
@@ -204,7 +229,7 @@ class EagleSpec:
         kw = dict(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype, spec=spec,
                   aux_rule=args.aux_rule, strict=getattr(args, "strict", False),
                   draft_graphs=getattr(args, "draft_graphs", None), tree=knobs,
-                  adaptive=getattr(args, "adaptive", False))
+                  adaptive=getattr(args, "adaptive", False), round_graphs=getattr(args, "round_graphs", None))
         kw.update(overrides)
         return cls.from_pretrained(**kw)
 

@@ -177,6 +177,12 @@ class Bench:
             from .draft.fast import enable_draft_graphs
 
             enable_draft_graphs(engine, max_len=a.max_len)
+        from .api import use_round_graphs
+
+        if use_round_graphs(getattr(a, "round_graphs", None), engine):
+            from .round_graph import enable_round_graphs
+
+            enable_round_graphs(engine)
         return engine, None
 
     def hf_generate(self, ids: list[int], max_new: int, logits: bool):
@@ -375,6 +381,7 @@ def markdown(report: dict) -> str:
              + ("; no sync before verify (--no-phase-sync: the draft / verify split is blurred)"
                 if cfg.get("phase_sync") is False else "")
              + ("; --adaptive (plain steps where drafting cost more per token)" if cfg.get("adaptive") else "")
+             + ("; round graphs (one CUDA graph and one host sync per greedy round)" if cfg.get("round_graphs") else "")
              + ".\n",
              "| method | backend | tok/s | median tok/s | tau | vs HF generate | vs fast plain | "
              "draft / verify / accept+commit / other (ms per round) | identical to HF | "
@@ -455,8 +462,17 @@ def _methods(text: str) -> list[str]:
 def _load(args, dtype):
     from .api import EagleSpec
 
-    es = EagleSpec.from_args(args, None, dtype=dtype, backend="hf", draft_graphs=False)  # engines: Bench.engine
+    es = EagleSpec.from_args(args, None, dtype=dtype, backend="hf", draft_graphs=False,
+                             round_graphs=False)  # engines: Bench.engine
     return es
+
+
+def _round_graphs_on(args) -> bool:
+    """--round-graphs as given, else its default (round_graph.wanted)."""
+    from .round_graph import wanted
+
+    flag = getattr(args, "round_graphs", None)
+    return bool(wanted(torch.device("cpu")) if flag is None else flag)
 
 
 def resolve_tree_args(args, drafter) -> None:
@@ -518,6 +534,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "draft_graphs": getattr(args, "draft_graphs", None),  # None: the default (on CUDA)
                    "phase_sync": getattr(args, "phase_sync", True),
                    "adaptive": getattr(args, "adaptive", False),
+                   "round_graphs": _round_graphs_on(args),
                    "fused_kernels": fused_by_default(device, args.compile)},
         "methods": summaries,
     }

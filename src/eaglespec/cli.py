@@ -32,6 +32,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="refuse a drafter whose manifest names a different target (default: warn)")
     p.add_argument("--draft-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="draft with a static drafter KV + CUDA graphs (default: on with the fast backend on CUDA)")
+    p.add_argument("--round-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="greedy rounds (catch-up, tree, verify, acceptance, KV commit) as one CUDA graph each, one "
+                        "host sync per round, with the fast backend and draft graphs (default: off; "
+                        "$EAGLESPEC_ROUND_GRAPHS=1 turns it on)")
 
 
 def add_tree_args(p: argparse.ArgumentParser, policy: bool = True) -> None:

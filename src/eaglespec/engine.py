@@ -89,6 +89,7 @@ class SpeculativeEngine:
         self.spec = spec or TreeSpec()
         self.drafter = drafter
         self.proposer = Proposer(drafter, self.spec) if drafter is not None else None
+        self.round_graph = None  # round_graph.RoundGraph (enable_round_graphs): greedy rounds as one CUDA graph
         if drafter is not None:
             if hasattr(drafter, "set_target_embedding") and getattr(drafter, "embed_tokens", None) is None:
                 drafter.set_target_embedding(target.embedding())
@@ -202,8 +203,15 @@ class SpeculativeEngine:
         return emitted, torch.cat([ids, nxt]), torch.cat([pending_feats, feats])
 
     def _round(self, ids: torch.Tensor, pending_feats: torch.Tensor, result: GenerationResult):
-        """One speculative round. ids [N+1]: every token so far (the last is the root) on the device;
-        pending_feats [n, F]: target features the drafter has not consumed yet (the last n rows)."""
+        """One speculative round: as one round graph where the engine has them (round_graph.py), else by phases.
+        Returns (emitted tokens, ids, pending_feats) after the round."""
+        if self.round_graph is not None:
+            return self.round_graph.round(ids, pending_feats, result)
+        return self._phased_round(ids, pending_feats, result)
+
+    def _phased_round(self, ids: torch.Tensor, pending_feats: torch.Tensor, result: GenerationResult):
+        """One speculative round, phase by phase. ids [N+1]: every token so far (the last is the root) on the
+        device; pending_feats [n, F]: target features the drafter has not consumed yet (the last n rows)."""
         target = self.target
         root = result.token_ids[-1]  # ids[-1]: emitted, not yet in the target's KV (the tree's root row)
         t0 = time.perf_counter()

@@ -1,0 +1,266 @@
+"""One CUDA graph per speculative round (greedy decoding; the fast target and a StaticDraftRunner).
+
+On the H200 a static-tree round kept the GPU busy 1.61 ms of its ~2.8 ms (bench/RESULTS.md, session 7): the rest
+was the host launching ~250 small ops around the graphs it already had (the catch-up's staging, the tree graph,
+the verify staging and graph, acceptance, the KV commit, the next round's inputs). Here the whole round is ONE
+function of static buffers, captured once per (drafter span, target span) and replayed with one host sync:
+
+    state_in  [4 + P] long: n (catch-up rows), dlen (drafter rows committed), tlen (target rows committed),
+              root, then the catch-up rows' next tokens [P] (x_{t+1}, contract 4); P = tree depth + 1
+    feats_in  [P, F]: the target features of the rows the drafter has not consumed (the first n)
+
+    1. catch-up: the drafter's P rows (n live; padding rows write stale KV slots past dlen + n that the tree
+       rows overwrite and no live row sees), the last live row's logits and state
+    2. the tree (Proposer._grow over draft/tree_graph.DeviceTreeRows, base = dlen + n)
+    3. verify: the target's step over the tree rows at slots tlen.. (positions tlen + depth)
+    4. greedy acceptance (verify.greedy_accept's ops), the path's rows first, padded to P
+    5. the target's KV commit: the path's rows moved to slots tlen..tlen+P-1 (rows past the path are stale)
+    6. the next round's state_out / feats_out / the ids after the round, and a result row for the host
+
+The host reads the result (m, the bonus, the path, a dynamic tree's flags) in one copy, then copies state_out
+and feats_out into the inputs (two launches): no other host work per round. Every shape is fixed, so the
+function runs eagerly on CPU over the same buffers (the CPU tests: HF generate's tokens, the same trees as the
+per-phase path). Sampling (T > 0), --compile and oversized trees keep the per-phase path (SpeculativeEngine._phased_round).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from typing import TYPE_CHECKING
+
+import torch
+
+from .draft.fast import StaticDraftRunner, StaticKV
+from .draft.tree_graph import DeviceTreeRows
+from .engine import RoundStats
+from .metrics import round_detail
+from .target.fast import FastTarget, capture_graph
+from .tree import DraftTree, ancestry, check_dynamic_flags
+
+if TYPE_CHECKING:
+    from .engine import GenerationResult, SpeculativeEngine
+
+ENV = "EAGLESPEC_ROUND_GRAPHS"  # 0: off, 1: on (default: wanted())
+
+
+def wanted(device: torch.device) -> bool:
+    """Round graphs by default: $EAGLESPEC_ROUND_GRAPHS=0/1, else off (opt-in until measured on a GPU)."""
+    flag = os.environ.get(ENV)
+    if flag is not None:
+        return flag.strip() not in ("", "0", "false", "no")
+    return False
+
+
+def unusable_reason(engine: SpeculativeEngine) -> str | None:
+    """Why `engine` cannot run its rounds as round graphs (None: it can)."""
+    target = getattr(engine.target, "_t", engine.target)  # bench's _Synced proxy
+    proposer = engine.proposer
+    if not isinstance(target, FastTarget):
+        return "the target is not the fast backend"
+    if target.compiled:
+        return "the fast target is compiled (--compile)"
+    if proposer is None or not engine.spec.speculates:
+        return "no drafter or no speculation"
+    if not isinstance(proposer.runner, StaticDraftRunner):
+        return "the drafter does not run on a StaticDraftRunner (draft graphs off)"
+    if target.device != proposer.runner.device:
+        return "the target and the drafter are on different devices"
+    return None
+
+
+class RoundGraph:
+    """Greedy rounds of one engine as one function (one CUDA graph per span pair on CUDA); see the docstring."""
+
+    def __init__(self, engine: SpeculativeEngine):
+        reason = unusable_reason(engine)
+        if reason is not None:
+            raise ValueError(f"round graphs: {reason}")
+        self.engine = engine
+        self.target: FastTarget = getattr(engine.target, "_t", engine.target)
+        self.proposer = engine.proposer
+        self.runner: StaticDraftRunner = self.proposer.runner
+        dev = self.target.device
+        self.device = dev
+        self.spec = engine.spec  # the tree these buffers are sized for (a sampled request's tree: per-phase)
+        self.P = engine.spec.depth + 1  # rows a round can accept: the path (<= depth + 1 rows)
+        self.R = self.proposer._tree_rows(self._draft_vocab())  # drafter rows of one tree after the catch-up
+        feat = self.target.hidden_size * len(self.target.feature_layer_ids)  # [F] of the target's features
+        self.state_in = torch.zeros(4 + self.P, dtype=torch.long, device=dev)
+        self.state_out = torch.zeros_like(self.state_in)
+        self.feats_in = torch.zeros(self.P, feat, dtype=self.target.dtype, device=dev)
+        self.feats_out = torch.zeros_like(self.feats_in)
+        self.ids = torch.zeros(0, dtype=torch.long, device=dev)  # every token so far (grown on demand)
+        self.arange = torch.arange(self.P, device=dev)
+        self.result: torch.Tensor | None = None  # [6 + P + 3T] long, written by the body
+        self.logq: torch.Tensor | None = None  # [T] float
+        self.graphs: dict[tuple[int, int], tuple] = {}
+        self._pool = None
+        self._cache_ptr = None
+        self.failed = False
+        self.n = self.dlen = self.tlen = 0  # host mirrors of state_in[0:3]
+
+    # -- the round as a function of static buffers ------------------------------------------------
+    def _draft_vocab(self) -> int:
+        head = getattr(self.proposer.drafter, "lm_head", None)
+        return head.weight.shape[0] if head is not None else self.target.vocab_size
+
+    def body(self, span_d: int, span_t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One greedy round over the static inputs (no host sync): writes state_out, feats_out and ids; returns
+        the result row [6 + 2P + 3T] long (m, bonus, a dynamic tree's 4 flags, the path's rows and tokens padded
+        to P, the tree's tokens, parents, depths) and the tree's logq [T]."""
+        st, P, i = self.state_in, self.P, self.arange
+        n, dlen, tlen = st[0], st[1], st[2]
+        root, nxt = st[3:4], st[4:4 + P]
+        runner, proposer = self.runner, self.proposer
+        # 1. catch-up: rows dlen..dlen+P-1 (n live), causal, every committed row visible
+        rel = runner.cols[:span_d] - dlen  # [span_d]
+        vis = (rel[None, :] < 0) | ((rel[None, :] >= 0) & (rel[None, :] <= i[:, None]))  # [P, span_d]
+        slots = dlen + i  # [P]: slots and positions
+        cache = [StaticKV(k, v, slots, span_d) for k, v in zip(runner.k, runner.v)]
+        state = proposer.drafter.project(self.feats_in)  # [P, H]
+        logits, states = runner.forward(state, nxt, slots, cache, visible=vis)
+        last = (n - 1).reshape(1)
+        base = dlen + n  # drafter rows committed after the catch-up: the tree rows follow
+        # 2. the tree
+        tree, flags, _ = proposer._grow(root, logits.index_select(0, last)[0], states.index_select(0, last)[0],
+                                        lambda part: DeviceTreeRows(runner, base, part, span_d), None)
+        # 3. verify
+        visible = ancestry(tree.parents, check=False)  # [T, T]
+        tgt = self.target
+        out_logits, feats = tgt._step(tree.tokens, tlen + tree.depths, visible, tlen, tgt.cols[:span_t])
+        # 4. greedy acceptance (verify.greedy_accept): the deepest row whose every ancestor-or-self matches
+        target_next = out_logits.argmax(dim=-1)  # [T]
+        match = (tree.tokens == target_next[tree.parents.clamp(min=0)]) | (tree.parents < 0)
+        ok = (visible <= match).all(dim=-1)
+        best = torch.where(ok, tree.depths, -1).argmax().reshape(1)
+        on_path = visible.index_select(0, best)[0]  # [T]
+        m = on_path.sum()
+        order = torch.argsort((~on_path).to(torch.int8), stable=True)[:P]  # path rows first, in depth order
+        path = tree.tokens[order]  # [P] (past m: other rows)
+        bonus = target_next.index_select(0, best)  # [1]
+        # 5. commit: the path's KV rows to slots tlen..tlen+P-1
+        cache_t = tgt.cache  # [L, 2, Hkv, S, D]
+        cache_t.index_copy_(3, tlen + i, cache_t.index_select(3, tlen + order))
+        # 6. the next round: x_{t+1} of each accepted row (the next path token, the bonus after the last)
+        nxt_out = torch.where(i + 1 < m, path[(i + 1).clamp(max=P - 1)], bonus)
+        self.state_out[0:1].copy_(m.reshape(1))
+        self.state_out[1:2].copy_(base.reshape(1))
+        self.state_out[2:3].copy_((tlen + m).reshape(1))
+        self.state_out[3:4].copy_(bonus)
+        self.state_out[4:].copy_(nxt_out)
+        self.feats_out.copy_(feats.index_select(0, order))
+        self.ids.index_copy_(0, tlen + 1 + i, nxt_out)  # ids[tlen + 1 + j] for the accepted rows j < m
+        if flags is None:
+            flags = torch.zeros(4, dtype=torch.bool, device=self.device)
+        result = torch.cat([m.reshape(1), bonus, flags.long(), order, path, tree.tokens, tree.parents,
+                            tree.depths])
+        return result, tree.logq
+
+    # -- the host side ------------------------------------------------------------------------------
+    def _stage(self, ids: torch.Tensor, pending: torch.Tensor) -> bool:
+        """Load the engine's round state (contract 7) into the inputs; False when a round graph cannot take it."""
+        n, dlen, tlen = pending.shape[0], self.proposer.committed, self.target.committed_len
+        if not 1 <= n <= self.P or dlen + n != tlen or ids.shape[0] != tlen + 1:
+            return False
+        self._grow_ids(tlen + 1 + self.P)
+        self.ids[: tlen + 1].copy_(ids)
+        self.feats_in[:n].copy_(pending)
+        self.state_in[4:4 + n].copy_(ids[dlen + 1: dlen + 1 + n])
+        self.state_in[3:4].copy_(ids[-1:])
+        self.state_in[0].fill_(n)
+        self.state_in[1].fill_(dlen)
+        self.state_in[2].fill_(tlen)
+        self.n, self.dlen, self.tlen = n, dlen, tlen
+        return True
+
+    def _grow_ids(self, size: int) -> None:
+        if self.ids.shape[0] < size:
+            new = torch.zeros(max(size, 2 * self.ids.shape[0], 1024), dtype=torch.long, device=self.device)
+            new[: self.ids.shape[0]].copy_(self.ids)
+            self.ids = new
+            self.graphs.clear()  # they write the old buffer
+
+    def _mine(self, ids: torch.Tensor, pending: torch.Tensor) -> bool:
+        """The engine handed back what the last round graph returned (nothing to stage)."""
+        return (ids.data_ptr() == self.ids.data_ptr() and ids.shape[0] == self.tlen + 1
+                and pending.data_ptr() == self.feats_in.data_ptr() and pending.shape[0] == self.n
+                and self.proposer.committed == self.dlen and self.target.committed_len == self.tlen)
+
+    def _run(self, span_d: int, span_t: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.device.type != "cuda":
+            return self.body(span_d, span_t)
+        if self.target.cache.data_ptr() != self._cache_ptr:  # the target's cache was reallocated
+            self.graphs.clear()
+            self._cache_ptr = self.target.cache.data_ptr()
+        key = (span_d, span_t)
+        if key not in self.graphs:
+            try:
+                if self._pool is None:
+                    self._pool = torch.cuda.graph_pool_handle()
+                self.graphs[key] = capture_graph(lambda: self.body(span_d, span_t), self.device, self._pool)
+            except Exception as exc:  # the per-phase path still works
+                self.failed = True
+                first = (str(exc).splitlines() or [""])[0]
+                warnings.warn(f"round graph: capture failed ({type(exc).__name__}: {first}); the engine keeps "
+                              "the per-phase rounds", RuntimeWarning, stacklevel=3)
+                return None
+        graph, out = self.graphs[key]
+        graph.replay()
+        return out
+
+    def round(self, ids: torch.Tensor, pending: torch.Tensor, result: GenerationResult):
+        """SpeculativeEngine._round's contract, as one round graph where it applies (else _round itself)."""
+        engine = self.engine
+        if (self.failed or engine._sampling is not None or engine.spec != self.spec
+                or not (self._mine(ids, pending) or self._stage(ids, pending))):
+            return engine._phased_round(ids, pending, result)
+        n, dlen, tlen, P = self.n, self.dlen, self.tlen, self.P
+        tgt, runner = self.target, self.runner
+        rows_d, rows_t = max(P, n + self.R), max(P, self._tree_size())  # KV rows past dlen / tlen this round
+        runner.check_room(dlen + rows_d)
+        tgt.reserve(tlen + rows_t)
+        self._grow_ids(tlen + 1 + P)
+        t0 = time.perf_counter()
+        out = self._run(runner.span(dlen + rows_d), tgt.span(tlen + rows_t))
+        if out is None:
+            return engine._phased_round(ids, pending, result)
+        res_t, logq = out
+        vals = res_t.tolist()  # the round's one host sync
+        m, bonus, flags = vals[0], vals[1], vals[2:6]
+        t1 = time.perf_counter()
+        if any(flags):
+            check_dynamic_flags(torch.tensor(flags))
+        self.state_in.copy_(self.state_out)  # the next round's inputs (queued: no sync)
+        self.feats_in.copy_(self.feats_out)
+        size = (len(vals) - 6 - 2 * P) // 3
+        order, path = vals[6:6 + m], vals[6 + P:6 + P + m]
+        nodes = vals[6 + 2 * P:]
+        tree = DraftTree(tokens=torch.tensor(nodes[:size]), parents=torch.tensor(nodes[size:2 * size]),
+                         depths=torch.tensor(nodes[2 * size:]), logq=logq.clone(), ordered=True)
+        self.proposer.committed = runner.length = dlen + n  # the catch-up's rows; the tree rows stay stale past them
+        tgt.committed_len, tgt._pending = tlen + m, 0
+        self.n, self.dlen, self.tlen = m, dlen + n, tlen + m
+        emitted = [*path[1:], bonus]
+        result.rounds.append(RoundStats(drafted=size - 1, accepted=m - 1, emitted=len(emitted), verify_s=t1 - t0,
+                                        commit_s=time.perf_counter() - t1,
+                                        detail=round_detail(tree, torch.tensor(order))))
+        return emitted, self.ids[: self.tlen + 1], self.feats_in[: self.n]
+
+    def _tree_size(self) -> int:
+        """Rows of one verification, at most: the tree's nodes (fixed per spec under greedy drafting)."""
+        spec = self.spec
+        if spec.kind == "chain":
+            return spec.depth + 1
+        if spec.kind == "dynamic":
+            return spec.budget + 1
+        return len(spec.static_choices()) + 1
+
+
+def enable_round_graphs(engine: SpeculativeEngine) -> RoundGraph | None:
+    """Give `engine` round graphs (engine.round_graph); None (and nothing changed) when it cannot have them."""
+    if unusable_reason(engine) is not None:
+        return None
+    engine.round_graph = RoundGraph(engine)
+    return engine.round_graph
