@@ -173,3 +173,21 @@ def test_unusable_engines_get_none(pair):
     assert "StaticDraftRunner" in unusable_reason(eager) and enable_round_graphs(eager) is None
     plain = SpeculativeEngine(FastTarget(model, max_len=64), None)
     assert unusable_reason(plain) is not None
+
+
+def test_default_is_cuda_and_the_environment_overrides(monkeypatch, pair, capsys):
+    from eaglespec.api import use_round_graphs
+    from eaglespec.round_graph import ENV, wanted
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert wanted("cuda") and wanted(torch.device("cuda", 0)) and not wanted("cpu")
+    monkeypatch.setenv(ENV, "0")
+    assert not wanted("cuda")
+    monkeypatch.setenv(ENV, "1")
+    assert wanted("cpu")
+    model, drafter = pair
+    hf = SpeculativeEngine(HFTarget(model), drafter, SPECS["chain"])
+    assert not use_round_graphs(None, hf) and capsys.readouterr().err == ""  # the default stays quiet
+    assert not use_round_graphs(True, hf) and "fast backend" in capsys.readouterr().err  # asked for: says why
+    _, graphed = engines(model, drafter, SPECS["chain"])
+    assert use_round_graphs(None, graphed) and not use_round_graphs(False, graphed)

@@ -467,12 +467,12 @@ def _load(args, dtype):
     return es
 
 
-def _round_graphs_on(args) -> bool:
+def _round_graphs_on(args, device: torch.device) -> bool:
     """--round-graphs as given, else its default (round_graph.wanted)."""
     from .round_graph import wanted
 
     flag = getattr(args, "round_graphs", None)
-    return bool(wanted(torch.device("cpu")) if flag is None else flag)
+    return bool(wanted(device) if flag is None else flag)
 
 
 def resolve_tree_args(args, drafter) -> None:
@@ -534,7 +534,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "draft_graphs": getattr(args, "draft_graphs", None),  # None: the default (on CUDA)
                    "phase_sync": getattr(args, "phase_sync", True),
                    "adaptive": getattr(args, "adaptive", False),
-                   "round_graphs": _round_graphs_on(args),
+                   "round_graphs": _round_graphs_on(args, device),
                    "fused_kernels": fused_by_default(device, args.compile)},
         "methods": summaries,
     }

@@ -34,8 +34,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="draft with a static drafter KV + CUDA graphs (default: on with the fast backend on CUDA)")
     p.add_argument("--round-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="greedy rounds (catch-up, tree, verify, acceptance, KV commit) as one CUDA graph each, one "
-                        "host sync per round, with the fast backend and draft graphs (default: off; "
-                        "$EAGLESPEC_ROUND_GRAPHS=1 turns it on)")
+                        "host sync per round, with the fast backend and draft graphs (default: on CUDA; "
+                        "$EAGLESPEC_ROUND_GRAPHS=0/1 overrides)")
 
 
 def add_tree_args(p: argparse.ArgumentParser, policy: bool = True) -> None:

@@ -45,12 +45,13 @@ if TYPE_CHECKING:
 ENV = "EAGLESPEC_ROUND_GRAPHS"  # 0: off, 1: on (default: wanted())
 
 
-def wanted(device: torch.device) -> bool:
-    """Round graphs by default: $EAGLESPEC_ROUND_GRAPHS=0/1, else off (opt-in until measured on a GPU)."""
+def wanted(device: torch.device | str) -> bool:
+    """Round graphs by default: $EAGLESPEC_ROUND_GRAPHS=0/1, else on CUDA (measured on an H200 in session 7:
+    chain 1.37x -> 1.59x, static tree 1.40x -> 1.68x plain decoding, the same tau, fp32 output identical to HF)."""
     flag = os.environ.get(ENV)
     if flag is not None:
         return flag.strip() not in ("", "0", "false", "no")
-    return False
+    return torch.device(device).type == "cuda"
 
 
 def unusable_reason(engine: SpeculativeEngine) -> str | None:
