@@ -48,9 +48,10 @@ union of the top-level aten ops' CPU intervals (host compute), "idle" the host t
 framework overhead), and "activities" counts top-level aten ops. Profiler overhead inflates every host number;
 read the device-side busy times as the reliable ones.
 
-Status: written without GPU access and only run on CPU (smoke path; tests/test_round_timeline.py). The CUDA path
-(kernel events, correlation linkage, CUDA graph replays reporting their kernels) has NOT been run on a GPU yet; if
-the correlation linkage turns out unreliable there, the "unlinked" count in the output shows it.
+Status: run on an H200 in session 7 (bench/RESULTS.md; commit b63e624): every device activity was linked to its
+launching call (0 unlinked), CUDA graph replays report their kernels. With round graphs (round_graph.py, the
+default on CUDA since 7140b62) a round is one replay: the phase rows stay empty and the round row holds it all;
+`--no-round-graphs` gives the per-phase split.
 """
 
 from __future__ import annotations
