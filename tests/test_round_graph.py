@@ -1,7 +1,8 @@
 """Round graphs (round_graph.py) run eagerly on CPU: greedy output identical to HF generate, the same trees and
 the same committed target / drafter KV as the per-phase rounds, round by round; no host sync or host->device
 copy inside the round function (the CPU proxy for CUDA-graph capturability); the fallbacks (sampling, the first
-round after the prefill, a too-long catch-up) keep the per-phase path."""
+round after the prefill, a too-long catch-up) keep the per-phase path. EAGLE-3 drafters on Llama and Qwen3 targets,
+and an EAGLE-1 drafter."""
 
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ SPECS = {
 PROMPTS = ([4, 8, 15, 16, 23, 42, 7], [11, 3, 9, 27, 5, 60, 13, 21, 8, 40, 33])
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+@pytest.fixture(scope="module", params=[("llama", "eagle3"), ("qwen3", "eagle3"), ("llama", "eagle1")],
+                ids=["llama-eagle3", "qwen3-eagle3", "llama-eagle1"])
 def pair(request):
-    return agreeing(request.param, "eagle3")
+    return agreeing(*request.param)
 
 
 def engines(model, drafter, spec: TreeSpec, max_len: int = 128) -> tuple[SpeculativeEngine, SpeculativeEngine]:
