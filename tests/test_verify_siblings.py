@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from eaglespec.verify import _scalar_walk, _sibling_tests, sample_accept, tree_rejection_sample
+from eaglespec.tree import ancestry
+from eaglespec.verify import (
+    _scalar_walk,
+    _sibling_tests,
+    sample_accept,
+    sampled_path,
+    sibling_table,
+    sibling_tests,
+    tree_rejection_sample,
+)
 
 V = 12
 
@@ -129,3 +138,54 @@ def test_sample_accept_takes_the_same_path_either_way():
         same_bonus += a.bonus == b.bonus
     assert same_rows == 60
     assert same_bonus >= 58
+
+
+def test_tensor_walk_accepts_what_the_vector_loop_accepts():
+    """sampled_path (the round graphs' walk: tensor ops, no host sync) ends where tree_rejection_sample's path ends,
+    for the same coins, over 400 random trees; with some children pruned (left out of `live`), where the loop on the
+    pruned tree ends."""
+    agree = deep = 0
+    for seed in range(400):
+        parents, depths, tokens, p, q, coins = case(3000 + seed)
+        pt, qt = torch.tensor(p, dtype=torch.float32), torch.tensor(q, dtype=torch.float32)
+        tok, coin, par = torch.tensor(tokens), torch.tensor(coins, dtype=torch.float32), torch.tensor(parents)
+        kids = sibling_table(parents, tok.device)
+        r_at, q_at, _ = sibling_tests(tok, kids, pt, qt)
+        last = sampled_path(ancestry(par).bool(), torch.tensor(depths), kids, r_at, q_at, coin)
+        ref_path, _, _ = tree_rejection_sample(tok[None], par[None], torch.tensor(depths), pt[None], qt[None],
+                                               coins=coin[None])
+        ref = [int(v) for v in ref_path[0].tolist() if v >= 0]
+        agree += int(last) == ref[-1]
+        deep += len(ref) > 2
+    assert agree == 400 and deep > 20
+
+
+def test_tensor_walk_skips_pruned_children():
+    """A pruned child is never accepted and leaves its siblings' tests as if it had not been drawn: the path equals
+    the vector loop's over the tree without it (and its subtree)."""
+    checked = 0
+    for seed in range(200):
+        parents, depths, tokens, p, q, coins = case(5000 + seed)
+        n = len(parents)
+        kids = sibling_table(parents, torch.device("cpu"))
+        # prune every node's last child (and so its subtree) where it has two or more children
+        cut = {int(row[row > 0][-1]) for row in kids if int((row > 0).sum()) >= 2}
+        if not cut:
+            continue
+        keep = [True] * n
+        for j in range(1, n):
+            keep[j] = j not in cut and keep[parents[j]]
+        live = (kids > 0) & torch.tensor(keep)[kids]
+        pt, qt = torch.tensor(p, dtype=torch.float32), torch.tensor(q, dtype=torch.float32)
+        tok, coin, par = torch.tensor(tokens), torch.tensor(coins, dtype=torch.float32), torch.tensor(parents)
+        r_at, q_at, _ = sibling_tests(tok, kids, pt, qt, live)
+        last = int(sampled_path(ancestry(par).bool(), torch.tensor(depths), kids, r_at, q_at, coin, live))
+        kept = [j for j in range(n) if keep[j]]
+        new_id = {j: i for i, j in enumerate(kept)}
+        sub_par = torch.tensor([-1] + [new_id[parents[j]] for j in kept[1:]])
+        ref_path, _, _ = tree_rejection_sample(tok[kept][None], sub_par[None], torch.tensor(depths)[kept],
+                                               pt[kept][None], qt[kept][None], coins=coin[kept][None])
+        ref_last = kept[int(max(v for v in ref_path[0].tolist() if v >= 0))]
+        assert last == ref_last and keep[last]
+        checked += 1
+    assert checked > 50

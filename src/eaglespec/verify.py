@@ -154,37 +154,74 @@ def _scalar_walk(parents: list[int], depths: list[int], px: list[float], qx: lis
     return path, rejected
 
 
-def _sibling_tests(tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor,
-                   draft_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For a tree whose siblings were drawn from q without replacement (sampled static trees): every node's test
-    values in tree_rejection_sample's recursion, given its earlier siblings were all rejected, computed for all
-    parents at once (one pass per sibling rank, no host sync), so the walk itself needs only scalars.
-
-    tokens [T] (device), parents [T] (host, -1 at the root), target_probs / draft_probs [T, V]. Returns
-    (r [T]: the residual at x_j when x_j is tested, q [T]: the normalised q_left at x_j, final [T, V]: the residual
-    at each node once all its children are rejected: the bonus distribution when the walk ends there)."""
-    t, dev = tokens.shape[0], tokens.device
+def sibling_table(parents: list[int], device: torch.device) -> torch.Tensor:
+    """[T, K] long: the child of each node by sibling rank (children in node order), 0 where there is none (node 0,
+    the root, is never anyone's child). parents: host list, -1 at the root."""
+    t = len(parents)
     children: list[list[int]] = [[] for _ in range(t)]
     for j in range(1, t):
         children[parents[j]].append(j)
-    ranks = max(len(c) for c in children)
-    kids = torch.tensor([[c[i] if i < len(c) else 0 for i in range(ranks)] for c in children],
-                        dtype=torch.long).to(dev, non_blocking=True)  # [T, K]: child per (parent, rank); 0 = none
-    real = kids > 0
+    ranks = max([len(c) for c in children] + [1])
+    return torch.tensor([[c[i] if i < len(c) else 0 for i in range(ranks)] for c in children],
+                        dtype=torch.long).to(device, non_blocking=True)
+
+
+def sibling_tests(tokens: torch.Tensor, kids: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                  live: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For a tree whose siblings were drawn from q without replacement (sampled static trees, chains): every node's
+    test values in tree_rejection_sample's recursion, given its earlier siblings were all rejected, computed for all
+    parents at once (one pass per sibling rank, no host sync), so the walk itself needs only scalars.
+
+    tokens [T], kids [T, K] (sibling_table), target_probs / draft_probs [T, V]; live [T, K] bool: the children that
+    take part (default kids > 0; a pruned child, outside q's support, is left out as if never drawn). Returns
+    (r [T]: the residual at x_j when x_j is tested, q [T]: the normalised q_left at x_j, final [T, V]: the residual
+    at each node once all its children are rejected: the bonus distribution when the walk ends there)."""
+    t, dev = tokens.shape[0], tokens.device
+    live = kids > 0 if live is None else live
     r = target_probs.float().clone()  # [T, V]: each parent's residual as its children are tested in turn
     q_left = draft_probs.float().clone()  # [T, V]: q with the earlier (rejected) siblings removed, unnormalised
     r_at = torch.zeros(t, dtype=r.dtype, device=dev)
     q_at = torch.zeros(t, dtype=r.dtype, device=dev)
-    for i in range(ranks):
-        node, live = kids[:, i], real[:, i:i + 1]  # [T], [T, 1]
+    for i in range(kids.shape[1]):
+        node, on = kids[:, i], live[:, i:i + 1]  # [T], [T, 1]
         x = tokens[node][:, None]  # [T, 1]: the rank-i child's token under each parent
         q = _normalised(q_left)
         r_at.index_put_((node,), r.gather(1, x)[:, 0])  # padding writes land on node 0 (the root: never tested)
         q_at.index_put_((node,), q.gather(1, x)[:, 0])
         rest = _rejected_residual((r - q).clamp_min(0), r)  # rejected: r <- norm(max(0, r - q)), x leaves q
-        r = torch.where(live, rest, r)
-        q_left = torch.where(live, q_left.scatter(1, x, 0.0), q_left)
+        r = torch.where(on, rest, r)
+        q_left = torch.where(on, q_left.scatter(1, x, 0.0), q_left)
     return r_at, q_at, r
+
+
+def _sibling_tests(tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor,
+                   draft_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """sibling_tests for a tree given by its host parents list."""
+    return sibling_tests(tokens, sibling_table(parents, tokens.device), target_probs, draft_probs)
+
+
+def sampled_path(visible: torch.Tensor, depths: torch.Tensor, kids: torch.Tensor, r_at: torch.Tensor,
+                 q_at: torch.Tensor, coins: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
+    """tree_rejection_sample's walk as tensor ops (no host sync): the deepest node of the accepted path, [1] long.
+
+    A node is accepted when tested iff coins[j] * q_at[j] < r_at[j] (sibling_tests' values, which assume its earlier
+    siblings were rejected); the walk takes, under each node it reaches, the first accepted child in sibling order,
+    so a node is on the path iff it and every ancestor is the first accepted child of its parent: the same path as
+    the walk for the same coins. visible [T, T] (ancestor-or-self), depths [T], kids / live [T, K] as sibling_tests.
+    """
+    t, dev = coins.shape[0], coins.device
+    live = kids > 0 if live is None else live
+    passed = coins * q_at < r_at  # [T]
+    first = torch.zeros(t, dtype=torch.bool, device=dev)
+    earlier = torch.zeros(t, dtype=torch.bool, device=dev)  # [T] per parent: an earlier live child accepted
+    for i in range(kids.shape[1]):
+        node, on = kids[:, i], live[:, i]
+        hit = on & passed[node]  # [T] per parent: its rank-i child passes
+        first.index_put_((node,), hit & ~earlier, accumulate=True)  # padding rows (node 0) add False only
+        earlier |= hit
+    first[0] = True  # the root is emitted
+    ok = (visible <= first).all(dim=-1)  # every ancestor-or-self is its parent's first accepted child
+    return torch.where(ok, depths, -1).argmax().reshape(1)
 
 
 def sample_accept(flat: FlatTree, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
