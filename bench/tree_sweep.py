@@ -6,9 +6,12 @@ a weak drafter's few accepted tokens repay; this finds the shape that maximizes 
 
     PYTHONPATH=src python bench/tree_sweep.py [--draft DIR] [--limit 10] [--temperature 0]
         [--configs chain:3,chain:5,dynamic:5/8/24,dynamic:8/10/60] [--compile] [--json OUT] [--best-flags]
+        [--fit-json FIT]
 
-A config is chain:K, dynamic:DEPTH/TOPK/BUDGET or static:DEPTH/TOPK/BUDGET (the default static tree cut to
-DEPTH and BUDGET). The JSON's "best" holds the fastest config of each kind; --best-flags prints the fastest chain
+A config is chain:K, dynamic:DEPTH/TOPK/BUDGET, static:DEPTH/TOPK/BUDGET (EAGLE-1's 25-node static tree cut to
+DEPTH and BUDGET; a budget above 25 is named on stderr, it drafts 25) or static:fit/BUDGET (the best BUDGET nodes
+of a fitted static tree: --fit-json, the --json of bench/fit_static_tree.py, else the drafter manifest's
+tree_defaults.static.choices). The JSON's "best" holds the fastest config of each kind; --best-flags prints the fastest chain
 and dynamic shapes as `eaglespec bench` flags on the last line of stdout (bench/gpu_next.sh reads it).
 """
 
@@ -23,8 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from eaglespec.api import tree_defaults
 from eaglespec.bench import Bench, _load, environment, load_prompts, summarize_run
 from eaglespec.cli import add_model_args
+from eaglespec.tree import TreeSpec
 
 DEFAULT_CONFIGS = ("chain:2,chain:3,chain:4,chain:5,dynamic:3/4/8,dynamic:4/4/12,dynamic:4/6/16,dynamic:5/6/24,"
                    "dynamic:5/8/32,dynamic:6/8/48,dynamic:8/10/60")
@@ -36,12 +41,46 @@ def parse_config(text: str) -> tuple[str, dict]:
     try:
         if kind == "chain":
             return "eagle3-chain", {"k": int(rest)}
+        if kind == "static" and rest.startswith("fit/"):
+            return "eagle3-static", {"fit": True, "budget": int(rest[4:])}
         if kind in ("dynamic", "static"):
             depth, top_k, budget = (int(x) for x in rest.split("/"))
             return f"eagle3-{kind}", {"depth": depth, "top_k": top_k, "budget": budget}
     except ValueError:
         pass
-    raise SystemExit(f"--configs: {text!r} is not chain:K, dynamic:DEPTH/TOPK/BUDGET or static:DEPTH/TOPK/BUDGET")
+    raise SystemExit(f"--configs: {text!r} is not chain:K, dynamic:DEPTH/TOPK/BUDGET, static:DEPTH/TOPK/BUDGET "
+                     "or static:fit/BUDGET")
+
+
+class SweepBench(Bench):
+    """Bench whose static engine drafts `choices` (a fitted tree) when set: static:fit/BUDGET configs."""
+
+    choices: tuple[tuple[int, ...], ...] | None = None
+
+    def engine(self, method: str):
+        fit = method == "eagle3-static" and self.choices is not None
+        a, budget = self.args, self.args.budget
+        if fit:
+            a.budget = 0  # the engine's default-tree spec is replaced below: no note about its 25 nodes
+        try:
+            engine, reason = super().engine(method)
+        finally:
+            a.budget = budget
+        if engine is not None and fit:
+            engine.spec = engine.proposer.spec = TreeSpec("static", depth=max(map(len, self.choices)), top_k=a.top_k,
+                                                          budget=a.budget, choices=self.choices)
+        return engine, reason
+
+
+def fitted_choices(path: str | None, drafter) -> tuple[tuple[int, ...], ...]:
+    """The fitted static tree: the "tree" of fit_static_tree.py's --json, else the drafter's manifest choices."""
+    if path:
+        return tuple(tuple(p) for p in json.loads(Path(path).read_text())["tree"])
+    choices = tree_defaults(drafter).get("static", {}).get("choices")
+    if not choices:
+        raise SystemExit("static:fit/BUDGET needs --fit-json or a drafter manifest with tree_defaults.static.choices "
+                         "(bench/fit_static_tree.py --write)")
+    return choices
 
 
 def best_configs(rows: list[dict]) -> dict[str, dict]:
@@ -79,6 +118,7 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--best-flags", action="store_true", help="print the fastest shapes as bench flags, last")
+    ap.add_argument("--fit-json", default=None, help="static:fit configs: the --json of bench/fit_static_tree.py")
     args = ap.parse_args()
     configs = [(c, *parse_config(c)) for c in args.configs.split(",") if c.strip()]
     es = _load(args, args.dtype)
@@ -86,14 +126,17 @@ def main() -> None:
     budget = max([kw.get("budget", 0) for _, _, kw in configs] + [64])
     args.max_len = args.max_len or max(len(p) for p in prompts) + args.max_new_tokens + 2 * budget
     args.k, args.depth, args.top_k, args.budget = 5, 8, 10, 60  # Bench.engine reads these; each config sets its own
-    bench = Bench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args)
+    fitted = fitted_choices(args.fit_json, es.drafter) if any(kw.get("fit") for _, _, kw in configs) else None
+    bench = SweepBench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args)
     rows = []
     plain = summarize_run(bench.run("fast-plain", prompts, args.max_new_tokens, args.warmup))
     rows.append({"config": "plain", **plain})
     print(f"plain: {plain['tokens_per_second']:.1f} tok/s", file=sys.stderr, flush=True)
     for name, method, kw in configs:
         for key, value in kw.items():
-            setattr(args, key, value)
+            if key != "fit":
+                setattr(args, key, value)
+        bench.choices = fitted if kw.get("fit") else None
         s = summarize_run(bench.run(method, prompts, args.max_new_tokens, args.warmup))
         s["vs_plain"] = round(s.get("tokens_per_second", 0.0) / plain["tokens_per_second"], 3)
         rows.append({"config": name, **s})

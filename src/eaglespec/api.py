@@ -24,7 +24,7 @@ from .engine import GenerationResult, SpeculativeEngine
 from .errors import EagleSpecError
 from .target.fast import make_target
 from .target.loading import DEFAULT_TARGET, load_target
-from .tree import TreeSpec
+from .tree import TreeSpec, static_layout
 
 REPO_MODELS = Path(__file__).resolve().parents[2] / "models"
 DEFAULT_DRAFT = REPO_MODELS / "smollm2-135m-instruct-eagle3"
@@ -61,24 +61,43 @@ GENERIC_TREES: dict[str, dict[str, int]] = {"chain": {"k": 5}, "dynamic": {"dept
                                              "static": {"depth": 8, "top_k": 10, "budget": 60}}
 
 
-def tree_defaults(drafter, where: str = "drafter") -> dict[str, dict[str, int]]:
+def tree_defaults(drafter, where: str = "drafter") -> dict[str, dict[str, Any]]:
     """The tree shapes a drafter's manifest recommends (`tree_defaults`, e.g. {"dynamic": {"depth": 5, "top_k": 6,
-    "budget": 24}}: measured with bench/tree_sweep.py for that drafter), {} when it has none."""
+    "budget": 24}}: measured with bench/tree_sweep.py for that drafter), {} when it has none. `static` may also
+    carry `choices` (rank paths [[0], [1], [0, 0], ...], best first: bench/fit_static_tree.py --write), returned
+    as a tuple of tuples."""
     found = (getattr(drafter, "manifest", None) or {}).get("tree_defaults") or {}
     if not isinstance(found, dict):
         raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults must be an object")
-    out: dict[str, dict[str, int]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for kind, knobs in found.items():
         if kind not in GENERIC_TREES:
             continue  # e.g. "measured": provenance text
         if not isinstance(knobs, dict):
             raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.{kind} must be an object")
+        knobs = dict(knobs)
+        if kind == "static" and "choices" in knobs:
+            knobs["choices"] = _manifest_choices(knobs["choices"], where)
         for key, value in knobs.items():
+            if key == "choices" and kind == "static":
+                continue
             if key not in GENERIC_TREES[kind] or not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.{kind}.{key} must be "
                                      f"one of {', '.join(GENERIC_TREES[kind])} with a non-negative integer value")
-        out[kind] = dict(knobs)
+        out[kind] = knobs
     return out
+
+
+def _manifest_choices(value: Any, where: str) -> tuple[tuple[int, ...], ...]:
+    """tree_defaults.static.choices -> paths, validated as a static tree (a one-line error naming the field)."""
+    field = f"{where}: eaglespec_manifest.json field tree_defaults.static.choices"
+    if not isinstance(value, list) or not value or not all(isinstance(p, list) for p in value):
+        raise EagleSpecError(f"{field} must be a non-empty list of rank paths like [[0], [1], [0, 0]]")
+    try:
+        static_layout(value)
+    except EagleSpecError as exc:
+        raise EagleSpecError(f"{field} is not a static tree: {exc}") from None
+    return tuple(tuple(p) for p in value)
 
 
 def recommended_tree(drafter, key: str, where: str = "drafter") -> str | None:
@@ -93,19 +112,29 @@ def recommended_tree(drafter, key: str, where: str = "drafter") -> str | None:
 
 
 def tree_spec(tree: str | None = "chain", k: int | None = None, top_k: int | None = None, depth: int | None = None,
-              budget: int | None = None, defaults: dict[str, dict[str, int]] | None = None) -> TreeSpec:
+              budget: int | None = None, defaults: dict[str, dict[str, Any]] | None = None) -> TreeSpec:
     """CLI/API knobs -> TreeSpec. A knob left None takes the drafter's recommendation (`defaults`, from
     tree_defaults) and then the generic default: chain k=5; dynamic/static budget 60, depth 8, top-k 10.
-    tree None: a chain."""
+    tree None: a chain. A static tree uses the recommended `choices` (a fitted tree) when there are any, else
+    EAGLE-1's 25-node tree; --depth/--budget cut it (TreeSpec.static_choices: the best `budget` nodes of a fitted
+    tree). A budget (given or recommended) above the tree's size is named in one line on stderr."""
     tree = tree or "chain"
     if tree not in GENERIC_TREES:
         raise EagleSpecError(f"--tree {tree!r} is not one of chain, static, dynamic")
-    base = {**GENERIC_TREES[tree], **((defaults or {}).get(tree) or {})}
+    recommended = dict((defaults or {}).get(tree) or {})
+    choices = recommended.pop("choices", None) if tree == "static" else None
+    base = {**GENERIC_TREES[tree], **recommended}
     if tree == "chain":
         return TreeSpec("chain", depth=base["k"] if k is None else k)
-    return TreeSpec(tree, depth=base["depth"] if depth is None else depth,
+    spec = TreeSpec(tree, depth=base["depth"] if depth is None else depth,
                     top_k=base["top_k"] if top_k is None else top_k,
-                    budget=base["budget"] if budget is None else budget)
+                    budget=base["budget"] if budget is None else budget, choices=choices)
+    note = spec.static_shortfall()
+    # named when the budget was given, or recommended for the default tree; the generic budget (60) and a fitted
+    # tree's own budget (its size, cut by --depth) mean "the whole tree"
+    if note and (budget is not None or ("budget" in recommended and choices is None)):
+        log(f"eaglespec: {note}")
+    return spec
 
 
 def resolve_trees(knobs: dict, drafter, where: str = "drafter", device: torch.device | str = "cpu"

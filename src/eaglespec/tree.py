@@ -55,7 +55,8 @@ class TreeSpec:
     """How the proposer grows a tree. budget = draft tokens verified (the root not counted).
 
     chain: `depth` tokens. dynamic: EAGLE-2 with width `top_k`, max depth `depth`, `budget` nodes.
-    static: `choices` (default MC_SIM_7B_63) cut to paths of length <= depth and the first `budget`.
+    static: `choices` (default MC_SIM_7B_63, 25 nodes) cut to paths of length <= depth and the first `budget`
+    (static_choices); a budget above the tree's size drafts the whole tree (static_shortfall names it).
     """
 
     kind: TreeKind = "chain"
@@ -83,10 +84,36 @@ class TreeSpec:
         return self.depth > 0 and self.budget > 0
 
     def static_choices(self) -> tuple[tuple[int, ...], ...]:
-        """The static tree's paths after the depth and budget cuts (parents stay before children)."""
+        """The static tree's paths after the depth and budget cuts: the paths of length <= depth, then the first
+        `budget` of them in the listed order when every path is listed after its parent (a fitted tree lists
+        its paths by value: tree_fit.fit_static_tree), else after a stable sort by length. Either way the cut
+        is ancestor-closed. A budget above the tree's size keeps the whole tree (static_shortfall says so)."""
         choices = MC_SIM_7B_63 if self.choices is None else self.choices
-        kept = sorted((p for p in choices if len(p) <= self.depth), key=len)  # stable: parents first
+        kept = [p for p in choices if len(p) <= self.depth]
+        if not _parents_first(kept):
+            kept.sort(key=len)  # stable: parents first
         return tuple(kept[: self.budget])
+
+    def static_shortfall(self) -> str | None:
+        """For a static spec whose budget exceeds its tree: a one-line note naming both numbers, else None."""
+        if self.kind != "static":
+            return None
+        n = len(self.static_choices())
+        if n >= self.budget:
+            return None
+        tree = "EAGLE-1's default tree (mc_sim_7b_63)" if self.choices is None else "the given static tree"
+        return (f"static tree: budget {self.budget} asked, but {tree} has {n} nodes at depth <= {self.depth}: "
+                f"drafting {n} (bench/fit_static_tree.py fits a larger tree to a drafter)")
+
+
+def _parents_first(paths: Sequence[tuple[int, ...]]) -> bool:
+    """Every path of length > 1 comes after its parent path."""
+    seen: set[tuple[int, ...]] = set()
+    for p in paths:
+        if len(p) > 1 and p[:-1] not in seen:
+            return False
+        seen.add(p)
+    return True
 
 
 @dataclass

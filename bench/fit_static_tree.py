@@ -1,0 +1,109 @@
+"""Fit a static draft tree to a drafter: measure, at T=0 on calibration prompts, the rank of the target's token
+among the drafter's top-K candidates at every depth of the accepted path (eaglespec.tree_fit.measure_ranks),
+then take the `--budget` highest-value rank paths (fit_static_tree). Prints the per-depth/rank table, the fitted
+tree and its expected tau next to EAGLE-1's default 25-node tree's under the same statistics.
+
+    PYTHONPATH=src python bench/fit_static_tree.py [--draft DIR] [--dataset mtbench] [--limit 10]
+        [--max-new-tokens 256] [--depth 8] [--top-k 10] [--budget 60] [--json OUT] [--write]
+
+--write stores the tree in DIR/eaglespec_manifest.json as tree_defaults.static.choices (with the tree's depth
+and budget), which `--tree static` then drafts (flags cut it: the first --budget paths are the best ones). The
+manifest is never changed without --write. Taus weigh every answer position as a round's root (a real run visits
+fewer, harder ones): "expected" assumes independent acceptance across depths (the fit's model), "empirical"
+replays the measured per-position rank paths through the tree. They rank trees; they are not a measured tau.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from eaglespec.api import DEFAULT_DRAFT, EagleSpec
+from eaglespec.bench import environment, load_prompts
+from eaglespec.cli import add_model_args
+from eaglespec.tree import MC_SIM_7B_63, TreeSpec
+from eaglespec.tree_fit import RankCounts, expected_tau, fit_static_tree, measure_ranks, with_static_choices
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(ap)
+    ap.add_argument("--dataset", default="mtbench", help="mtbench | humaneval | a FILE of prompts")
+    ap.add_argument("--limit", type=int, default=10, help="calibration prompts")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--depth", type=int, default=8, help="depths measured (the fitted tree's max depth)")
+    ap.add_argument("--top-k", type=int, default=10, help="ranks measured per depth")
+    ap.add_argument("--budget", type=int, default=60, help="nodes of the fitted tree")
+    ap.add_argument("--json", default=None, help="write the statistics and the tree here")
+    ap.add_argument("--write", action="store_true",
+                    help="store the tree in the drafter's eaglespec_manifest.json (tree_defaults.static)")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    es = EagleSpec.from_args(args, TreeSpec("chain", depth=5), backend="hf", draft_graphs=False)
+    log(f"fit_static_tree: {es.draft_note}")
+    counts = RankCounts.zeros(args.depth, args.top_k)
+    answered, engine_taus = 0, []
+    for i, text in enumerate(load_prompts(args.dataset, args.limit)):
+        ids = es.encode(text)
+        res = es.engine.generate(ids, args.max_new_tokens, es.eos_ids())  # the target's greedy answer (chain k=5)
+        answer = res.token_ids
+        engine_taus.append(res.tau)
+        counts += measure_ranks(es.engine, ids + answer, len(ids), args.depth, args.top_k)
+        answered += len(answer)
+        log(f"  prompt {i + 1}: {len(answer)} tokens ({time.perf_counter() - t0:.0f} s)")
+    accept = counts.accept()
+    tree = fit_static_tree(accept, args.budget)
+    default_tau = expected_tau(accept, MC_SIM_7B_63)
+    cuts = sorted({n for n in (10, 16, 25, 32, 40, 48, 60, len(tree)) if n <= len(tree)})
+    print(f"rank statistics ({len(load_prompts(args.dataset, args.limit))} {args.dataset} prompts, {answered} answer "
+          f"tokens, {es.model.dtype}, {next(es.model.parameters()).device}): P(rank r | depth reached)")
+    print(counts.table())
+    print("\ntau per round, every answer position a root: expected (independence) / empirical (the measured rank "
+          "paths replayed)")
+    chain5 = [(0,) * d for d in range(1, 6)]
+    print(f"  chain k=5: {expected_tau(accept, chain5):.3f} / {counts.empirical_tau(chain5):.3f} (the engine's own "
+          f"chain k=5 run on these prompts: mean tau {sum(engine_taus) / max(len(engine_taus), 1):.3f})")
+    print(f"  EAGLE-1 default tree (25 nodes): {default_tau:.3f} / {counts.empirical_tau(MC_SIM_7B_63):.3f}")
+    for n in cuts:
+        print(f"  fitted tree, first {n:2d} nodes: {expected_tau(accept, tree[:n]):.3f} / "
+              f"{counts.empirical_tau(tree[:n]):.3f}")
+    print(f"\nfitted tree ({len(tree)} nodes, depth {max(map(len, tree), default=0)}), best first:")
+    print(json.dumps([list(p) for p in tree]))
+    draft_dir = Path(args.draft) if args.draft else DEFAULT_DRAFT
+    manifest_path = draft_dir / "eaglespec_manifest.json"
+    note = (f"bench/fit_static_tree.py: {args.limit} {args.dataset} prompts, {answered} answer tokens, depth "
+            f"{args.depth}, top-{args.top_k}, {es.model.dtype} on {next(es.model.parameters()).device}; expected tau "
+            f"{expected_tau(accept, tree):.3f} (default 25-node tree {default_tau:.3f})")
+    if args.json:
+        out = {"environment": environment(next(es.model.parameters()).device), "config": vars(args),
+               "drafter": str(draft_dir), "trained_steps": (es.drafter.manifest or {}).get("trained_steps")
+               if getattr(es.drafter, "manifest", None) else None,
+               "counts": counts.counts.tolist(), "accept": accept.tolist(), "tree": [list(p) for p in tree],
+               "expected_tau": {"default_25": default_tau, **{f"fitted_{n}": expected_tau(accept, tree[:n])
+                                                             for n in cuts}},
+               "empirical_tau": {"default_25": counts.empirical_tau(MC_SIM_7B_63),
+                                 **{f"fitted_{n}": counts.empirical_tau(tree[:n]) for n in cuts}},
+               "engine_chain5_tau": engine_taus, "paths": [list(p) for p in counts.paths]}
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    if args.write:
+        if not manifest_path.is_file():
+            raise SystemExit(f"--write: {manifest_path} does not exist")
+        manifest = json.loads(manifest_path.read_text())
+        manifest_path.write_text(json.dumps(with_static_choices(manifest, tree, note), indent=2) + "\n")
+        log(f"wrote tree_defaults.static (choices: {len(tree)} nodes) to {manifest_path}")
+    else:
+        log(f"not written (pass --write to store it in {manifest_path})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
