@@ -157,3 +157,48 @@ def test_drafts_after_plain_steps_see_every_token(monkeypatch, kind):
         torch.testing.assert_close(first[0].logq, trees[n_tree].logq, rtol=1e-4, atol=1e-4)
         checked += 1
     assert checked >= 2
+
+
+def settled_runs(modes: list[bool]) -> list[tuple[bool, int]]:
+    """(mode, length) of each run of equal modes."""
+    runs: list[tuple[bool, int]] = []
+    for m in modes:
+        if runs and runs[-1][0] == m:
+            runs[-1] = (m, runs[-1][1] + 1)
+        else:
+            runs.append((m, 1))
+    return runs
+
+
+def test_gate_backs_off_while_probes_confirm():
+    """Drafting keeps losing: every probe of it confirms plain steps, so the settled stretches between probes
+    double (every, 2 every, ...) up to max_every, and the probes stay `probe` rounds long."""
+    gate = SpeculationGate(warmup=2, probe=2, every=4, window=4, max_every=32)
+    runs = settled_runs(run_gate(gate, 0.010, 0.002, 3, 400))
+    assert runs[0] == (True, 2)  # warm-up
+    # the first probe of plain steps settles on them: the plain run is that probe (2) + a settled stretch (4)
+    plain = [n for m, n in runs if not m]
+    assert plain[:6] == [2 + 4, 8, 16, 32, 32, 32]
+    assert all(n == 2 for m, n in runs[1:-1] if m)  # each drafting probe: `probe` rounds
+    assert gate.interval == 32
+
+
+def test_gate_backoff_resets_when_a_probe_flips_the_mode():
+    """The costs change mid-text: plain steps win for a while (backing off), then drafting gets cheap; the probe
+    that finds it switches to drafting at once and the interval is back to `every`, growing again from there."""
+    gate = SpeculationGate(warmup=2, probe=2, every=4, window=2, max_every=64)
+    modes = run_gate(gate, 0.010, 0.002, 3, 100)  # drafting slow: backing off
+    assert gate.interval == 64 and not gate.draft()
+    modes = run_gate(gate, 0.001, 0.002, 3, 400)  # drafting fast from now on
+    runs = settled_runs(modes)
+    first_draft = next(i for i, (m, _) in enumerate(runs) if m)
+    # the drafting probe flips the mode: it runs probe (2) + every (4) rounds, then plain is probed (2 rounds,
+    # confirming drafting) and the stretches double again
+    assert [n for m, n in runs[first_draft:] if m][:5] == [2 + 4, 8, 16, 32, 64]
+    assert all(n == 2 for m, n in runs[first_draft + 1: -1] if not m)
+    assert gate.interval == 64 and gate.draft()
+
+
+def test_gate_rejects_a_cap_below_the_base_interval():
+    with pytest.raises(ValueError, match="max_every"):
+        SpeculationGate(every=64, max_every=32)

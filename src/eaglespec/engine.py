@@ -72,6 +72,27 @@ class _PlainRows:
         self.depths = torch.zeros(1, dtype=torch.long, device=device)
 
 
+class _Queue:
+    """Contract 7's state of an adaptive stream between rounds, with plain steps' outputs kept as lists: ids =
+    cat(ids parts) (every token, the last the root), pending features = cat(feature parts) (the rows the drafter
+    has not consumed). A plain step appends one part to each; the next drafted round joins them once."""
+
+    def __init__(self, ids: torch.Tensor, feats: torch.Tensor):
+        self.ids, self.feats = [ids], [feats]
+        self.root = ids[-1:]  # [1]: the next round's root row
+
+    def push(self, token: torch.Tensor, feats: torch.Tensor) -> None:
+        self.ids.append(token)
+        self.feats.append(feats)
+        self.root = token
+
+    def joined(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids [N+1], pending features [n, F]), as the non-adaptive loop holds them."""
+        if len(self.ids) == 1:
+            return self.ids[0], self.feats[0]
+        return torch.cat(self.ids), torch.cat(self.feats)
+
+
 class SpeculativeEngine:
     """Speculative decoding (greedy, or lossless sampling) of one sequence with a target backend and an
     optional drafter."""
@@ -137,13 +158,16 @@ class SpeculativeEngine:
         if speculating:  # every token on the device, and the features the drafter has not consumed yet
             ids, pending_feats = torch.cat([prompt, root]), out.features
         gate = self.gate = SpeculationGate() if self.adaptive and speculating else None
+        if gate is not None:  # plain steps queue their tokens and features in lists, joined at the next draft
+            queue = _Queue(ids, pending_feats)
         while result.finish_reason != "stop" and len(result.token_ids) < max_new_tokens:
             if gate is not None:
                 drafting, t0 = gate.draft(), time.perf_counter()
                 if drafting:
-                    emitted, ids, pending_feats = self._round(ids, pending_feats, result)
+                    emitted, ids, pending_feats = self._round(*queue.joined(), result)
+                    queue = _Queue(ids, pending_feats)
                 else:
-                    emitted, ids, pending_feats = self._undrafted_round(ids, pending_feats, plain_rows, result)
+                    emitted = self._undrafted_round(queue, plain_rows, result)
                 gate.record(drafting, len(emitted), time.perf_counter() - t0)
             elif speculating:
                 emitted, ids, pending_feats = self._round(ids, pending_feats, result)
@@ -195,12 +219,13 @@ class SpeculativeEngine:
                                         commit_s=time.perf_counter() - t1, detail=detail))
         return [token], nxt, out.features
 
-    def _undrafted_round(self, ids: torch.Tensor, pending_feats: torch.Tensor, rows: _PlainRows,
-                         result: GenerationResult) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    def _undrafted_round(self, queue: _Queue, rows: _PlainRows, result: GenerationResult) -> list[int]:
         """A plain step inside a speculative stream (the gate chose it): the root alone -> the next token, with
-        the root's features queued for the drafter's next catch-up (the state a round leaves, contract 7)."""
-        emitted, nxt, feats = self._plain_round(ids[-1:], rows, result)
-        return emitted, torch.cat([ids, nxt]), torch.cat([pending_feats, feats])
+        the token and the root's features queued for the drafter's next catch-up (the state a round leaves,
+        contract 7, once the queue is joined). No copy of the growing ids / features per step."""
+        emitted, nxt, feats = self._plain_round(queue.root, rows, result)
+        queue.push(nxt, feats)
+        return emitted
 
     def _round(self, ids: torch.Tensor, pending_feats: torch.Tensor, result: GenerationResult):
         """One speculative round: as one round graph where the engine has them (round_graph.py), else by phases.

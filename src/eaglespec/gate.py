@@ -8,11 +8,17 @@ distribution (sampling), so switching between them per round is lossless. The ga
 
     start drafting; after `warmup` timed rounds, probe plain steps for `probe` rounds; then keep the mode with the
     lower seconds per token over each mode's last `window` rounds, and probe the other one for `probe` rounds
-    every `every` rounds (the drafter's distribution and the costs change along a text)
+    after `interval` settled rounds (the drafter's distribution and the costs change along a text)
 
-The first round after a switch is not timed: drafting again starts with the drafter's catch-up over every token
-the plain steps emitted, a one-off cost. Round times are host wall times; each round ends in a host sync (the
-accepted tokens are read), so they include the device work.
+    backoff: `interval` starts at `every`; a probe that confirms the settled mode doubles it (up to `max_every`),
+    a probe that flips the mode resets it to `every`
+
+A probe that loses is not free: a drafting probe after plain steps starts with the drafter's catch-up over every
+token the plain steps emitted, and its rounds are slower per token than the settled mode. The backoff keeps a mode
+that keeps winning (a weak drafter at T=1: plain steps) from paying that every `every` rounds, while a change in
+the costs still shows within a bounded number of rounds (`max_every`), and after a flip the gate probes at the
+base rate again. The first round after a switch is not timed (the catch-up above, a one-off cost). Round times are
+host wall times; each round ends in a host sync (the accepted tokens are read), so they include the device work.
 """
 
 from __future__ import annotations
@@ -23,14 +29,18 @@ from collections import deque
 class SpeculationGate:
     """Chooses, round by round, between a speculative round (draft() True) and a plain step (False)."""
 
-    def __init__(self, warmup: int = 4, probe: int = 4, every: int = 64, window: int = 16):
+    def __init__(self, warmup: int = 4, probe: int = 4, every: int = 64, window: int = 16, max_every: int = 1024):
         if min(warmup, probe, every, window) < 1:
             raise ValueError("warmup, probe, every and window must be >= 1")
-        self.warmup, self.probe, self.every = warmup, probe, every
+        if max_every < every:
+            raise ValueError("max_every must be >= every")
+        self.warmup, self.probe, self.every, self.max_every = warmup, probe, every, max_every
+        self.interval = every  # settled rounds before the next probe (the backoff doubles it, a flip resets it)
         self._times = {True: deque(maxlen=window), False: deque(maxlen=window)}  # per mode: (seconds, tokens)
         self._mode = True  # drafting
-        self._left = warmup  # rounds left in the current phase (warm-up or probe)
+        self._left = warmup  # rounds left in the current phase (warm-up, probe or settled)
         self._probing = False
+        self._settled: bool | None = None  # the mode a running probe may overturn (None: the first probe)
         self._skip = True  # the next record is the first of its mode (a switch, or the very first round)
         self.switches = 0
 
@@ -58,8 +68,14 @@ class SpeculationGate:
         d, p = self.seconds_per_token(True), self.seconds_per_token(False)
         if d is None or p is None:  # a mode not timed yet: time it (go on in it, if it is the current one)
             self._switch(d is None, self.probe, probing=True)
-        elif self._probing:  # a probe ended: settle on the faster mode (ties: drafting)
-            self._switch(d <= p, self.every, probing=False)
+        elif self._probing:  # a probe ended: settle on the faster mode (ties: drafting), back off or reset
+            mode = d <= p
+            if self._settled is not None and mode == self._settled:
+                self.interval = min(2 * self.interval, self.max_every)  # confirmed: probe half as often
+            else:
+                self.interval = self.every  # flipped (or the first settlement): the base rate
+            self._settled = mode
+            self._switch(mode, self.interval, probing=False)
         else:  # settled long enough: probe the other mode
             self._switch(not self._mode, self.probe, probing=True)
 
