@@ -17,8 +17,11 @@ keeps one run() per tree depth); catch-up stays the bucketed per-step path below
              positions/slots [B] and a bool mask [B, span] over the first `span` KV slots only, span =
              length + B rounded up to a multiple of span_step (256, target/fast.py's SPAN_STEP), capped at
              S (the caller's mask in the first length+n columns, padding rows see only their own slot,
-             every unused slot hidden); one step (and CUDA graph) per (bucket, span); rows past the
-             largest bucket (the prompt's catch-up) run the same step eagerly at their exact size
+             every unused slot hidden); one step (and CUDA graph) per (bucket, span); causal rows past
+             the largest bucket (the prompt's catch-up, a catch-up after many plain steps of an adaptive
+             stream) run in chunks of the largest bucket, each chunk after the previous ones (so it sees
+             them), through the same bucket steps: no eager step, no new shape; rows past the largest
+             bucket with a caller's mask run the same step eagerly at their exact size
     crop     length = n (the stale slots stay masked and are overwritten by the next rows)
 
 The step is the drafter's own forward (same modules, weights and op order) over `StaticKV`, a
@@ -201,10 +204,40 @@ class StaticDraftRunner:
         n, start = tokens.shape[0], self.length
         self.check_room(start + n)
         b = smallest_bucket(self.buckets, n)
-        if b is None:  # oversized (prefill): eager, exact size
+        if b is None and visible is None:  # oversized causal rows (catch-up): the buckets' steps, chunk by chunk
+            return self._run_chunked(state, tokens, positions)
+        if b is None:  # oversized rows with a caller's mask: eager, exact size
             rows = self._buffers(n, self.span(start + n))
         else:  # the padding rows' slots start+n..start+b-1 lie inside the span too
             rows = self._runner(b, self.span(start + b))
+        logits, states = self._run_rows(rows, state, tokens, positions, visible)
+        return logits.clone(), states.clone()
+
+    def _run_chunked(self, state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """n causal rows past the largest bucket B: chunks of B rows (the last one smaller, in its bucket), each
+        appended after the live rows, so each chunk's rows see every earlier row and the chunk's rows up to
+        themselves, exactly the causal mask of one n-row step. Every chunk replays a captured bucket step: no
+        eager step, no new shape (a catch-up after many plain steps of an adaptive stream, or a long prompt)."""
+        n, big = tokens.shape[0], self.buckets[-1]
+        logits = states = None
+        for c0 in range(0, n, big):
+            c1 = min(c0 + big, n)
+            b = smallest_bucket(self.buckets, c1 - c0)
+            rows = self._runner(b, self.span(self.length + b))  # the key run() gives c1 - c0 rows
+            lg, st = self._run_rows(rows, state[c0:c1], tokens[c0:c1], positions[c0:c1], None)
+            if logits is None:
+                logits = lg.new_empty(n, lg.shape[-1])
+                states = st.new_empty(n, st.shape[-1])
+            logits[c0:c1].copy_(lg)  # copied before the next chunk's step overwrites a graph's outputs
+            states[c0:c1].copy_(st)
+        return logits, states
+
+    def _run_rows(self, rows: _Rows, state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                  visible: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step over `rows`' buffers for n <= its bucket rows after the live ones: (logits [n, Vd], states
+        [n, H]) as views of the step's outputs (a graph's static buffers: copy before its next replay)."""
+        n, start = tokens.shape[0], self.length
         b = rows.tokens.shape[0]
         # padding rows keep stale (finite) inputs: their outputs are dropped, and the KV slots they write
         # (start+n..start+b-1) stay hidden from every live row until real rows overwrite them
@@ -226,7 +259,7 @@ class StaticDraftRunner:
         else:
             logits, states = self._step(rows)
         self.length = start + n
-        return logits[:n].clone(), states[:n].clone()
+        return logits[:n], states[:n]
 
 
 def enable_draft_graphs(engine, max_len: int = 4096, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
