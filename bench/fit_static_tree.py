@@ -4,7 +4,7 @@ then take the `--budget` highest-value rank paths (fit_static_tree). Prints the 
 tree and its expected tau next to EAGLE-1's default 25-node tree's under the same statistics.
 
     PYTHONPATH=src python bench/fit_static_tree.py [--draft DIR] [--dataset mtbench] [--limit 10]
-        [--max-new-tokens 256] [--depth 8] [--top-k 10] [--budget 60] [--json OUT] [--write]
+        [--holdout 0] [--max-new-tokens 256] [--depth 8] [--top-k 10] [--budget 60] [--json OUT] [--write]
 
 --write stores the tree in DIR/eaglespec_manifest.json as tree_defaults.static.choices (with the tree's depth
 and budget), which `--tree static` then drafts (flags cut it: the first --budget paths are the best ones). The
@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from eaglespec.api import DEFAULT_DRAFT, EagleSpec
@@ -34,11 +36,21 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def greedy_answer(es: EagleSpec, ids: list[int], max_new_tokens: int) -> list[int]:
+    """The target's own greedy answer (HF generate, do_sample=False): the accepted path of every T=0 round."""
+    x = torch.tensor([ids], device=es.model.device)
+    eos = es.eos_ids()
+    out = es.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
+                            min_new_tokens=0, eos_token_id=eos or None, pad_token_id=es.tokenizer.pad_token_id or 0)
+    return out[0, len(ids):].tolist()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_model_args(ap)
     ap.add_argument("--dataset", default="mtbench", help="mtbench | humaneval | a FILE of prompts")
     ap.add_argument("--limit", type=int, default=10, help="calibration prompts")
+    ap.add_argument("--holdout", type=int, default=0, help="further prompts, measured but not fitted (their taus)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--depth", type=int, default=8, help="depths measured (the fitted tree's max depth)")
     ap.add_argument("--top-k", type=int, default=10, help="ranks measured per depth")
@@ -51,31 +63,38 @@ def main(argv: list[str] | None = None) -> int:
     es = EagleSpec.from_args(args, TreeSpec("chain", depth=5), backend="hf", draft_graphs=False)
     log(f"fit_static_tree: {es.draft_note}")
     counts = RankCounts.zeros(args.depth, args.top_k)
-    answered, engine_taus = 0, []
-    for i, text in enumerate(load_prompts(args.dataset, args.limit)):
+    texts = load_prompts(args.dataset, args.limit + args.holdout)
+    held = RankCounts.zeros(args.depth, args.top_k)  # the last --holdout prompts: not used for the fit
+    answered = 0
+    for i, text in enumerate(texts):
         ids = es.encode(text)
-        res = es.engine.generate(ids, args.max_new_tokens, es.eos_ids())  # the target's greedy answer (chain k=5)
-        answer = res.token_ids
-        engine_taus.append(res.tau)
-        counts += measure_ranks(es.engine, ids + answer, len(ids), args.depth, args.top_k)
-        answered += len(answer)
-        log(f"  prompt {i + 1}: {len(answer)} tokens ({time.perf_counter() - t0:.0f} s)")
+        answer = greedy_answer(es, ids, args.max_new_tokens)
+        part = measure_ranks(es.engine, ids + answer, len(ids), args.depth, args.top_k)
+        if i < args.limit:
+            counts += part
+            answered += len(answer)
+        else:
+            held += part
+        log(f"  prompt {i + 1}{' (held out)' if i >= args.limit else ''}: {len(answer)} tokens "
+            f"({time.perf_counter() - t0:.0f} s)")
     accept = counts.accept()
     tree = fit_static_tree(accept, args.budget)
     default_tau = expected_tau(accept, MC_SIM_7B_63)
     cuts = sorted({n for n in (10, 16, 25, 32, 40, 48, 60, len(tree)) if n <= len(tree)})
-    print(f"rank statistics ({len(load_prompts(args.dataset, args.limit))} {args.dataset} prompts, {answered} answer "
+    print(f"rank statistics ({min(args.limit, len(texts))} {args.dataset} prompts, {answered} answer "
           f"tokens, {es.model.dtype}, {next(es.model.parameters()).device}): P(rank r | depth reached)")
     print(counts.table())
     print("\ntau per round, every answer position a root: expected (independence) / empirical (the measured rank "
-          "paths replayed)")
+          f"paths replayed){' / empirical on the held-out prompts' if held.paths else ''}")
     chain5 = [(0,) * d for d in range(1, 6)]
-    print(f"  chain k=5: {expected_tau(accept, chain5):.3f} / {counts.empirical_tau(chain5):.3f} (the engine's own "
-          f"chain k=5 run on these prompts: mean tau {sum(engine_taus) / max(len(engine_taus), 1):.3f})")
-    print(f"  EAGLE-1 default tree (25 nodes): {default_tau:.3f} / {counts.empirical_tau(MC_SIM_7B_63):.3f}")
+    ho = f" / held out {held.empirical_tau(MC_SIM_7B_63):.3f}" if held.paths else ""
+    print(f"  chain k=5: {expected_tau(accept, chain5):.3f} / {counts.empirical_tau(chain5):.3f}"
+          + (f" / held out {held.empirical_tau(chain5):.3f}" if held.paths else ""))
+    print(f"  EAGLE-1 default tree (25 nodes): {default_tau:.3f} / {counts.empirical_tau(MC_SIM_7B_63):.3f}{ho}")
     for n in cuts:
         print(f"  fitted tree, first {n:2d} nodes: {expected_tau(accept, tree[:n]):.3f} / "
-              f"{counts.empirical_tau(tree[:n]):.3f}")
+              f"{counts.empirical_tau(tree[:n]):.3f}"
+              + (f" / held out {held.empirical_tau(tree[:n]):.3f}" if held.paths else ""))
     print(f"\nfitted tree ({len(tree)} nodes, depth {max(map(len, tree), default=0)}), best first:")
     print(json.dumps([list(p) for p in tree]))
     draft_dir = Path(args.draft) if args.draft else DEFAULT_DRAFT
@@ -92,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                                                              for n in cuts}},
                "empirical_tau": {"default_25": counts.empirical_tau(MC_SIM_7B_63),
                                  **{f"fitted_{n}": counts.empirical_tau(tree[:n]) for n in cuts}},
-               "engine_chain5_tau": engine_taus, "paths": [list(p) for p in counts.paths]}
+               "heldout_empirical_tau": {"default_25": held.empirical_tau(MC_SIM_7B_63),
+                                         **{f"fitted_{n}": held.empirical_tau(tree[:n]) for n in cuts}}
+               if held.paths else None,
+               "paths": [list(p) for p in counts.paths], "heldout_paths": [list(p) for p in held.paths]}
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     if args.write:
         if not manifest_path.is_file():
