@@ -70,7 +70,7 @@ def test_rounds_equal_the_phased_rounds(pair, kind):
     drafter) after the stream; every round after the first runs as a round graph."""
     model, drafter = pair
     phased, graphed = engines(model, drafter, SPECS[kind])
-    bodies = count_bodies(graphed.round_graph)
+    bodies = count_bodies(graphed.round_graph.get())
     rounds = 0
     for prompt in PROMPTS:
         ref = reference_greedy(model, prompt, 40)
@@ -97,7 +97,7 @@ def test_rounds_equal_the_phased_rounds(pair, kind):
 def test_every_round_but_the_first_is_a_round_graph(pair):
     model, drafter = pair
     _, graphed = engines(model, drafter, SPECS["static"])
-    bodies = count_bodies(graphed.round_graph)
+    bodies = count_bodies(graphed.round_graph.get())
     res = graphed.generate(PROMPTS[0], 40)
     assert len(bodies) == len(res.rounds) - 1  # the first round catches up on the prompt: per-phase
 
@@ -107,13 +107,13 @@ def test_round_function_has_no_host_sync(pair):
     model, drafter = pair
     for kind, spec in SPECS.items():
         _, graphed = engines(model, drafter, spec)
-        rg = graphed.round_graph
+        rg = graphed.round_graph.get()
         seen = []
         body = rg.body
 
-        def counted(span_d, span_t, _body=body, seen=seen):
+        def counted(span_d, span_t, sampling=None, _body=body, seen=seen):
             with HostCounter() as c:
-                out = _body(span_d, span_t)
+                out = _body(span_d, span_t, sampling)
             seen.append(c)
             return out
 
@@ -149,7 +149,7 @@ def test_target_cache_growth_mid_stream(pair):
 def test_sampling_keeps_the_phased_rounds(pair):
     model, drafter = pair
     phased, graphed = engines(model, drafter, SPECS["chain"])
-    bodies = count_bodies(graphed.round_graph)
+    bodies = count_bodies(graphed.round_graph.get())
     cfg = SamplingConfig(SamplingParams(temperature=0.8), seed=5)
     a = phased.generate(PROMPTS[0], 24, sampling=cfg)
     b = graphed.generate(PROMPTS[0], 24, sampling=cfg)
@@ -160,7 +160,7 @@ def test_a_long_catch_up_takes_the_phased_round(pair):
     """More pending rows than a round graph holds (P = depth + 1): that round is per-phase, the next graphed."""
     model, drafter = pair
     _, graphed = engines(model, drafter, SPECS["chain"])
-    rg = graphed.round_graph
+    rg = graphed.round_graph.get()
     ids = torch.arange(3, 3 + 12)
     assert not rg._stage(ids, torch.zeros(rg.P + 1, rg.feats_in.shape[1]))  # n > P
     bodies = count_bodies(rg)

@@ -20,7 +20,19 @@ function of static buffers, captured once per (drafter span, target span) and re
 The host reads the result (m, the bonus, the path, a dynamic tree's flags) in one copy, then copies state_out
 and feats_out into the inputs (two launches): no other host work per round. Every shape is fixed, so the
 function runs eagerly on CPU over the same buffers (the CPU tests: HF generate's tokens, the same trees as the
-per-phase path). Sampling (T > 0), --compile and oversized trees keep the per-phase path (SpeculativeEngine._phased_round).
+per-phase path). --compile and catch-ups longer than P rows keep the per-phase path (SpeculativeEngine._phased_round).
+
+Sampled rounds (chains and static trees with sampled children; opt-in, `sampled=True` / $EAGLESPEC_ROUND_GRAPHS_SAMPLED=1,
+until measured on a GPU): the random numbers are drawn before the replay into static buffers, in three generator
+calls (the drafter's race noise, the acceptance coins [T], the bonus's race noise [V]), and step 4 becomes
+verify.sibling_tests + verify.sampled_path (tree_rejection_sample's walk as tensor ops: the same path for the same
+coins) and the bonus an exponential race over the final residual. A sampled static tree's children outside q's
+support are left out of the tests (as the per-phase path prunes them). The bonus is drawn by a race, not
+torch.multinomial: the same distribution, other draws than the per-phase path for one seed. Dynamic trees under
+sampling (point-mass verification) stay per-phase.
+
+engine.round_graph is a RoundGraphs: one RoundGraph per tree spec (an EagleSpec drafts requests with a temperature
+with another tree).
 """
 
 from __future__ import annotations
@@ -36,13 +48,16 @@ from .draft.fast import StaticDraftRunner, StaticKV
 from .draft.tree_graph import DeviceTreeRows
 from .engine import RoundStats
 from .metrics import round_detail
+from .sampling import exponential_noise, process_logits, race_argmax
 from .target.fast import FastTarget, capture_graph
-from .tree import DraftTree, ancestry, check_dynamic_flags
+from .tree import DraftTree, TreeSpec, ancestry, check_dynamic_flags, static_layout
+from .verify import sampled_path, sibling_table, sibling_tests
 
 if TYPE_CHECKING:
     from .engine import GenerationResult, SpeculativeEngine
 
 ENV = "EAGLESPEC_ROUND_GRAPHS"  # 0: off, 1: on (default: wanted())
+ENV_SAMPLED = "EAGLESPEC_ROUND_GRAPHS_SAMPLED"  # 1: sampled rounds too (default: off until measured on a GPU)
 
 
 def wanted(device: torch.device | str) -> bool:
@@ -52,6 +67,11 @@ def wanted(device: torch.device | str) -> bool:
     if flag is not None:
         return flag.strip() not in ("", "0", "false", "no")
     return torch.device(device).type == "cuda"
+
+
+def wanted_sampled() -> bool:
+    """Sampled rounds as round graphs: $EAGLESPEC_ROUND_GRAPHS_SAMPLED=1 (default off: not yet measured on a GPU)."""
+    return os.environ.get(ENV_SAMPLED, "").strip() not in ("", "0", "false", "no")
 
 
 def unusable_reason(engine: SpeculativeEngine) -> str | None:
@@ -71,21 +91,44 @@ def unusable_reason(engine: SpeculativeEngine) -> str | None:
     return None
 
 
-class RoundGraph:
-    """Greedy rounds of one engine as one function (one CUDA graph per span pair on CUDA); see the docstring."""
+class RoundGraphs:
+    """engine.round_graph: a RoundGraph per tree spec, made on first use (while the proposer drafts that spec)."""
 
-    def __init__(self, engine: SpeculativeEngine):
+    def __init__(self, engine: SpeculativeEngine, sampled: bool | None = None):
         reason = unusable_reason(engine)
         if reason is not None:
             raise ValueError(f"round graphs: {reason}")
+        self.engine = engine
+        self.sampled = wanted_sampled() if sampled is None else sampled
+        self.by_spec: dict[TreeSpec, RoundGraph] = {}
+
+    def get(self, spec: TreeSpec | None = None) -> RoundGraph:
+        spec = self.engine.spec if spec is None else spec
+        rg = self.by_spec.get(spec)
+        if rg is None:
+            rg = self.by_spec[spec] = RoundGraph(self.engine, spec, self.sampled)
+        return rg
+
+    def round(self, ids: torch.Tensor, pending: torch.Tensor, result: GenerationResult):
+        """SpeculativeEngine._round's contract: the current spec's RoundGraph.round."""
+        return self.get().round(ids, pending, result)
+
+
+class RoundGraph:
+    """Rounds of one engine and tree spec as one function (one CUDA graph per span pair and sampling setting on
+    CUDA); see the module docstring."""
+
+    def __init__(self, engine: SpeculativeEngine, spec: TreeSpec, sampled: bool = False):
         self.engine = engine
         self.target: FastTarget = getattr(engine.target, "_t", engine.target)
         self.proposer = engine.proposer
         self.runner: StaticDraftRunner = self.proposer.runner
         dev = self.target.device
         self.device = dev
-        self.spec = engine.spec  # the tree these buffers are sized for (a sampled request's tree: per-phase)
-        self.P = engine.spec.depth + 1  # rows a round can accept: the path (<= depth + 1 rows)
+        if self.proposer.spec != spec:
+            raise ValueError("a RoundGraph is made while the proposer drafts its spec")
+        self.spec = spec  # the tree these buffers are sized for
+        self.P = spec.depth + 1  # rows a round can accept: the path (<= depth + 1 rows)
         self.R = self.proposer._tree_rows(self._draft_vocab())  # drafter rows of one tree after the catch-up
         feat = self.target.hidden_size * len(self.target.feature_layer_ids)  # [F] of the target's features
         self.state_in = torch.zeros(4 + self.P, dtype=torch.long, device=dev)
@@ -96,7 +139,19 @@ class RoundGraph:
         self.arange = torch.arange(self.P, device=dev)
         self.result: torch.Tensor | None = None  # [6 + P + 3T] long, written by the body
         self.logq: torch.Tensor | None = None  # [T] float
-        self.graphs: dict[tuple[int, int], tuple] = {}
+        self.graphs: dict[tuple, tuple] = {}  # (span_d, span_t, sampling) -> (CUDA graph, outputs)
+        # sampled rounds (chains, static trees): the sibling table of the fixed layout and the random inputs
+        self.sampled = sampled and spec.kind in ("chain", "static")
+        self.kids = self.draft_noise = self.coins = self.race = None
+        if self.sampled:
+            parents = (list(range(-1, spec.depth)) if spec.kind == "chain"
+                       else list(static_layout(spec.static_choices()).parents))
+            self.kids = sibling_table(parents, dev)  # [T, K]
+            vd = self._draft_vocab()
+            rows = spec.depth if spec.kind == "chain" else 1 + self.R  # Proposer._noise_rows when sampling
+            self.draft_noise = torch.ones(rows, vd, device=dev) if rows else None
+            self.coins = torch.zeros(len(parents), device=dev)  # [T] uniform
+            self.race = torch.ones(self.target.vocab_size, device=dev)  # [V] Exp(1): the bonus's draw
         self._pool = None
         self._cache_ptr = None
         self.failed = False
@@ -107,8 +162,10 @@ class RoundGraph:
         head = getattr(self.proposer.drafter, "lm_head", None)
         return head.weight.shape[0] if head is not None else self.target.vocab_size
 
-    def body(self, span_d: int, span_t: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One greedy round over the static inputs (no host sync): writes state_out, feats_out and ids; returns
+    def body(self, span_d: int, span_t: int, sampling=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One round over the static inputs (no host sync): greedy, or under `sampling` (the stream's SamplingConfig:
+        its target processors; the proposer holds the draft ones) with the random inputs drawn. Writes state_out,
+        feats_out and ids; returns
         the result row [6 + 2P + 3T] long (m, bonus, a dynamic tree's 4 flags, the path's rows and tokens padded
         to P, the tree's tokens, parents, depths) and the tree's logq [T]."""
         st, P, i = self.state_in, self.P, self.arange
@@ -125,22 +182,29 @@ class RoundGraph:
         last = (n - 1).reshape(1)
         base = dlen + n  # drafter rows committed after the catch-up: the tree rows follow
         # 2. the tree
-        tree, flags, _ = proposer._grow(root, logits.index_select(0, last)[0], states.index_select(0, last)[0],
-                                        lambda part: DeviceTreeRows(runner, base, part, span_d), None)
+        tree, flags, keep = proposer._grow(root, logits.index_select(0, last)[0], states.index_select(0, last)[0],
+                                           lambda part: DeviceTreeRows(runner, base, part, span_d),
+                                           self.draft_noise if sampling is not None else None)
         # 3. verify
         visible = ancestry(tree.parents, check=False)  # [T, T]
         tgt = self.target
         out_logits, feats = tgt._step(tree.tokens, tlen + tree.depths, visible, tlen, tgt.cols[:span_t])
-        # 4. greedy acceptance (verify.greedy_accept): the deepest row whose every ancestor-or-self matches
-        target_next = out_logits.argmax(dim=-1)  # [T]
-        match = (tree.tokens == target_next[tree.parents.clamp(min=0)]) | (tree.parents < 0)
-        ok = (visible <= match).all(dim=-1)
-        best = torch.where(ok, tree.depths, -1).argmax().reshape(1)
+        if sampling is None:  # 4. greedy acceptance (verify.greedy_accept): the deepest row whose every
+            target_next = out_logits.argmax(dim=-1)  # [T]                 ancestor-or-self matches
+            match = (tree.tokens == target_next[tree.parents.clamp(min=0)]) | (tree.parents < 0)
+            ok = (visible <= match).all(dim=-1)
+            best = torch.where(ok, tree.depths, -1).argmax().reshape(1)
+            bonus = target_next.index_select(0, best)  # [1]
+        else:  # 4. lossless rejection sampling with real q (verify.sample_accept's recursion, as tensor ops)
+            p = process_logits(out_logits, sampling.target)  # [T, V]
+            live = self.kids > 0 if keep is None else (self.kids > 0) & keep[self.kids]
+            r_at, q_at, final = sibling_tests(tree.tokens, self.kids, p, tree.draft_probs, live)
+            best = sampled_path(visible, tree.depths, self.kids, r_at, q_at, self.coins, live)
+            bonus = race_argmax(final.index_select(0, best), self.race[None])  # [1]
         on_path = visible.index_select(0, best)[0]  # [T]
         m = on_path.sum()
         order = torch.argsort((~on_path).to(torch.int8), stable=True)[:P]  # path rows first, in depth order
         path = tree.tokens[order]  # [P] (past m: other rows)
-        bonus = target_next.index_select(0, best)  # [1]
         # 5. commit: the path's KV rows to slots tlen..tlen+P-1
         cache_t = tgt.cache  # [L, 2, Hkv, S, D]
         cache_t.index_copy_(3, tlen + i, cache_t.index_select(3, tlen + order))
@@ -189,18 +253,19 @@ class RoundGraph:
                 and pending.data_ptr() == self.feats_in.data_ptr() and pending.shape[0] == self.n
                 and self.proposer.committed == self.dlen and self.target.committed_len == self.tlen)
 
-    def _run(self, span_d: int, span_t: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _run(self, span_d: int, span_t: int, sampling) -> tuple[torch.Tensor, torch.Tensor] | None:
         if self.device.type != "cuda":
-            return self.body(span_d, span_t)
+            return self.body(span_d, span_t, sampling)
         if self.target.cache.data_ptr() != self._cache_ptr:  # the target's cache was reallocated
             self.graphs.clear()
             self._cache_ptr = self.target.cache.data_ptr()
-        key = (span_d, span_t)
+        key = (span_d, span_t, None if sampling is None else (sampling.target, self.proposer.sampling))
         if key not in self.graphs:
             try:
                 if self._pool is None:
                     self._pool = torch.cuda.graph_pool_handle()
-                self.graphs[key] = capture_graph(lambda: self.body(span_d, span_t), self.device, self._pool)
+                self.graphs[key] = capture_graph(lambda: self.body(span_d, span_t, sampling), self.device,
+                                                 self._pool)
             except Exception as exc:  # the per-phase path still works
                 self.failed = True
                 first = (str(exc).splitlines() or [""])[0]
@@ -214,7 +279,8 @@ class RoundGraph:
     def round(self, ids: torch.Tensor, pending: torch.Tensor, result: GenerationResult):
         """SpeculativeEngine._round's contract, as one round graph where it applies (else _round itself)."""
         engine = self.engine
-        if (self.failed or engine._sampling is not None or engine.spec != self.spec
+        sampling = engine._sampling  # None: greedy
+        if (self.failed or (sampling is not None and not self.sampled) or engine.spec != self.spec
                 or not (self._mine(ids, pending) or self._stage(ids, pending))):
             return engine._phased_round(ids, pending, result)
         n, dlen, tlen, P = self.n, self.dlen, self.tlen, self.P
@@ -224,7 +290,9 @@ class RoundGraph:
         tgt.reserve(tlen + rows_t)
         self._grow_ids(tlen + 1 + P)
         t0 = time.perf_counter()
-        out = self._run(runner.span(dlen + rows_d), tgt.span(tlen + rows_t))
+        if sampling is not None:  # the round's random numbers, into the graph's static inputs
+            self._draw(engine._generator)
+        out = self._run(runner.span(dlen + rows_d), tgt.span(tlen + rows_t), sampling)
         if out is None:
             return engine._phased_round(ids, pending, result)
         res_t, logq = out
@@ -249,6 +317,13 @@ class RoundGraph:
                                         detail=round_detail(tree, torch.tensor(order))))
         return emitted, self.ids[: self.tlen + 1], self.feats_in[: self.n]
 
+    def _draw(self, generator: torch.Generator | None) -> None:
+        """A sampled round's random inputs: the drafter's race noise, the acceptance coins, the bonus's race noise."""
+        if self.draft_noise is not None:
+            self.proposer._draft_noise(self.draft_noise.shape[1], self.draft_noise)
+        self.coins.uniform_(generator=generator)
+        exponential_noise(self.race, generator)
+
     def _tree_size(self) -> int:
         """Rows of one verification, at most: the tree's nodes (fixed per spec under greedy drafting)."""
         spec = self.spec
@@ -259,9 +334,10 @@ class RoundGraph:
         return len(spec.static_choices()) + 1
 
 
-def enable_round_graphs(engine: SpeculativeEngine) -> RoundGraph | None:
-    """Give `engine` round graphs (engine.round_graph); None (and nothing changed) when it cannot have them."""
+def enable_round_graphs(engine: SpeculativeEngine, sampled: bool | None = None) -> RoundGraphs | None:
+    """Give `engine` round graphs (engine.round_graph); None (and nothing changed) when it cannot have them.
+    sampled: sampled rounds too (None: $EAGLESPEC_ROUND_GRAPHS_SAMPLED)."""
     if unusable_reason(engine) is not None:
         return None
-    engine.round_graph = RoundGraph(engine)
+    engine.round_graph = RoundGraphs(engine, sampled)
     return engine.round_graph

@@ -370,11 +370,14 @@ class Proposer:
         return tree, torch.cat(alive) if sampled else None
 
     def _static_plan(self, sampled: bool) -> _StaticPlan:
+        """The plan of this spec's static tree, built once per (spec, sampled, device): a sampled round asks for
+        both (its tree rows via the greedy plan, its growth via the sampled one), so one cached plan would be
+        rebuilt twice per round (host->device copies)."""
         key = (self.spec, sampled, self.device)
-        if getattr(self, "_plan_cache", (None,))[0] != key:
-            self._plan_cache = (key, _StaticPlan.build(static_layout(self.spec.static_choices()), sampled,
-                                                       self.device))
-        return self._plan_cache[1]
+        plans = self.__dict__.setdefault("_plans", {})
+        if key not in plans:
+            plans[key] = _StaticPlan.build(static_layout(self.spec.static_choices()), sampled, self.device)
+        return plans[key]
 
 
 class _Expansion:

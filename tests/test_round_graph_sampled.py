@@ -1,0 +1,129 @@
+"""Sampled round graphs (round_graph.py, sampled=True), run eagerly on CPU: the first 3 emitted tokens follow the
+target's processed distribution (chi-square, with a power check and a negative control that breaks the acceptance
+test), for a sampled chain and a sampled static tree whose first round is already a round graph; no host sync
+inside the sampled round; sampled dynamic trees and sampled=False keep the per-phase rounds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import eaglespec.round_graph as rg_mod
+from _hostcount import HostCounter
+from eaglespec.draft.fast import enable_draft_graphs
+from eaglespec.engine import SpeculativeEngine
+from eaglespec.round_graph import enable_round_graphs
+from eaglespec.sampling import SamplingConfig, SamplingParams
+from eaglespec.target.fast import FastTarget
+from eaglespec.tree import TreeSpec
+from test_round_graph import count_bodies
+from test_sampling import first3_pvalue
+from test_sampling_engine import PROMPT, _exact_first3, sharp_target  # noqa: F401 (fixture)
+from test_sampling_static import SPEC as STATIC
+
+from conftest import tiny_drafter
+
+CHAIN = TreeSpec("chain", depth=3)  # P = 4 rows >= the 3-token prompt: the first round is a round graph too
+
+
+def graphed(model, spec: TreeSpec, sampled: bool = True) -> SpeculativeEngine:
+    drafter = tiny_drafter(model, seed=1)
+    with torch.no_grad():
+        drafter.lm_head.weight.mul_(8.0)  # peaked q, unlike p: sibling order and removal matter
+    engine = SpeculativeEngine(FastTarget(model, max_len=64), drafter, spec)
+    enable_draft_graphs(engine, max_len=64)
+    enable_round_graphs(engine, sampled=sampled)
+    return engine
+
+
+def first3(engine, params: SamplingParams, runs: int) -> tuple[torch.Tensor, int, int, int]:
+    """(first 3 tokens [runs, 3], drafts accepted, rounds run as round graphs, trees with children pruned: outside
+    q's support, left out of the acceptance tests)."""
+    bodies = count_bodies(engine.round_graph.get())
+    grow, pruned = engine.proposer._grow, []
+
+    def watched(*args):
+        tree, flags, keep = grow(*args)
+        pruned.append(keep is not None and not bool(keep.all()))  # a test-only host read (CPU, eager)
+        return tree, flags, keep
+
+    engine.proposer._grow = watched
+    tokens, accepted = [], 0
+    for seed in range(runs):
+        out = engine.generate(PROMPT, 3, sampling=SamplingConfig(params, seed=seed))
+        tokens.append(out.token_ids)
+        accepted += sum(r.accepted for r in out.rounds)
+    return torch.tensor(tokens), accepted, len(bodies), sum(pruned)
+
+
+@pytest.mark.parametrize("spec,params,runs", [
+    (CHAIN, SamplingParams(temperature=1.0), 1500),
+    (STATIC, SamplingParams(temperature=1.0), 1200),
+    (STATIC, SamplingParams(temperature=0.7, top_p=0.9), 1200),
+], ids=["chain-T1", "static-T1", "static-T0.7-top_p0.9"])
+def test_sampled_round_graphs_match_the_target(sharp_target, spec, params, runs):  # noqa: F811
+    engine = graphed(sharp_target, spec)
+    emitted, accepted, bodies, pruned = first3(engine, params, runs)
+    assert bodies >= runs  # every stream's first round (at least) ran as a round graph
+    assert accepted > runs // 10  # drafts are accepted and rejected: both branches run
+    if params.top_p < 1:
+        assert pruned > 0  # q's support was narrower than the fan-out: children left out, still exact
+    p, impossible = first3_pvalue(emitted, _exact_first3(sharp_target, params))
+    assert impossible == 0 and p > 1e-3, f"round graph output is not the target's distribution (p = {p:.2e})"
+    other = SamplingParams(temperature=0.6) if params.temperature == 1.0 else SamplingParams(temperature=1.0)
+    p_other, _ = first3_pvalue(emitted, _exact_first3(sharp_target, other))
+    assert p_other < 1e-3, "the check has no power: it cannot tell two processor settings apart"
+
+
+def test_negative_control_point_mass_test_is_caught(sharp_target, monkeypatch):  # noqa: F811
+    """Accepting with the point-mass test (q = 1) while the children were drawn from q: not the target's
+    distribution, and the check says so."""
+    real = rg_mod.sampled_path
+
+    def point_mass(visible, depths, kids, r_at, q_at, coins, live=None):
+        return real(visible, depths, kids, r_at, torch.ones_like(q_at), coins, live)
+
+    monkeypatch.setattr(rg_mod, "sampled_path", point_mass)
+    params = SamplingParams(temperature=1.0)
+    emitted, _, bodies, _ = first3(graphed(sharp_target, STATIC), params, 1200)
+    assert bodies >= 1200
+    p, _ = first3_pvalue(emitted, _exact_first3(sharp_target, params))
+    assert p < 1e-3
+
+
+@pytest.mark.parametrize("spec", [CHAIN, STATIC], ids=["chain", "static"])
+def test_sampled_round_has_no_host_sync(sharp_target, spec):  # noqa: F811
+    engine = graphed(sharp_target, spec)
+    rg = engine.round_graph.get()
+    seen = []
+    body = rg.body
+
+    def counted(span_d, span_t, sampling=None):
+        with HostCounter() as c:
+            out = body(span_d, span_t, sampling)
+        seen.append((sampling is not None, c))
+        return out
+
+    rg.body = counted
+    engine.generate(PROMPT, 20, sampling=SamplingConfig(SamplingParams(temperature=0.8, top_k=10), seed=1))
+    assert len(seen) > 3 and all(s for s, _ in seen)
+    for _, c in seen[1:]:  # the first call builds the tree's static plan once (on CUDA: in the capture's warm-up)
+        assert c.syncs == 0 and c.h2d == 0, c.names
+        assert c.ops > 100
+
+
+def test_the_draws_are_the_generators(sharp_target):  # noqa: F811
+    """One seed, one output; another seed, another output (the random inputs come from the stream's generator)."""
+    engine = graphed(sharp_target, STATIC)
+    runs = [engine.generate(PROMPT, 24, sampling=SamplingConfig(SamplingParams(temperature=1.0), seed=s)).token_ids
+            for s in (3, 3, 4)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+@pytest.mark.parametrize("spec,sampled", [(TreeSpec("dynamic", depth=2, top_k=3, budget=4), True), (CHAIN, False)],
+                         ids=["dynamic", "sampled-off"])
+def test_per_phase_where_sampled_round_graphs_do_not_apply(sharp_target, spec, sampled):  # noqa: F811
+    engine = graphed(sharp_target, spec, sampled=sampled)
+    bodies = count_bodies(engine.round_graph.get())
+    out = engine.generate(PROMPT, 12, sampling=SamplingConfig(SamplingParams(temperature=1.0), seed=0))
+    assert len(out.token_ids) == 12 and not bodies
