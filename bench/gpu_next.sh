@@ -25,6 +25,17 @@
 # adaptive (~6 min), nosync (~4 min), with SHAPES="--k 5 --depth 6 --top-k 8 --budget 40"; then, on the x2 kind, the
 # next drafter: bench/gpu_x2.sh regen / ddp / finish (the remaining 962 sampled and 9,440 two-turn prompts of
 # .gpu/train/prompts_{s1,t2}.jsonl); ship it under models/ (gpu_ship.sh pack) and run `final` on it.
+# Session 8's order (one H200; the install ~60 s): rg (~5 min), sampled (~5 min), fit (~3 min), rgtimeline (~2 min);
+# then on the x2 kind drafter run 6: `CARRY=.gpu/s8 bash bench/gpu_x2.sh stash7` with each stash call, regen2 (the
+# 7,392 two-turn prompts left), run (from run 5), bench7 (bench/gpu_x2.sh's header).
+#   bash bench/gpu_next.sh rg          # round graphs (the default since session 7): MT-bench 80 at T=0, every method,
+#                                      # HF on 3, fp32 check on 2; then --no-round-graphs (chain, static) for the ratio
+#   bash bench/gpu_next.sh sampled     # sampled round graphs (EAGLESPEC_ROUND_GRAPHS_SAMPLED=1) vs per-phase at T=1
+#                                      # and T=0.7 (MT-bench 20: plain, chain, static), --adaptive with them at T=1,
+#                                      # then HumanEval 164 at T=0 with round graphs
+#   bash bench/gpu_next.sh fit         # bench/fit_static_tree.py (10 MT-bench prompts) and a sweep of fitted static
+#                                      # trees against the 25-node tree and dynamic 6/8/40, under round graphs
+#   bash bench/gpu_next.sh rgtimeline  # bench/round_timeline.py with round graphs (GPU busy vs wall per round)
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
 set -uo pipefail
 stage=${1:?stage}
@@ -112,6 +123,37 @@ PY
     timeout 200 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --adaptive \
       --methods fast-plain,eagle3-chain,eagle3-static $SHAPES --json "$OUT/h200_mtbench80_t0_adaptive_$c.json" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -6
+    ;;
+  rg)
+    timeout 280 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --hf-limit 3 --check-fp32 2 $SHAPES \
+      --json "$OUT/h200_mtbench80_t0_rg_$c.json" --plot "$OUT/h200_mtbench80_t0_rg_$c.png" \
+      --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | grep "|\|fp32" | tail -9
+    timeout 170 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --no-round-graphs --no-phase-sync \
+      --methods fast-plain,eagle3-chain,eagle3-static $SHAPES --json "$OUT/h200_mtbench80_t0_phased_$c.json" \
+      --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | grep "|" | tail -5
+    ;;
+  sampled)
+    for t in 1 0.7; do
+      for g in 0 1; do
+        EAGLESPEC_ROUND_GRAPHS_SAMPLED=$g timeout 100 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 \
+          --temperature "$t" --methods fast-plain,eagle3-chain,eagle3-static $SHAPES \
+          --json "$OUT/h200_mtbench20_t${t}_sampledrg${g}_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 \
+          | grep -v "Loading weights" | grep "|" | tail -4
+      done
+    done
+    EAGLESPEC_ROUND_GRAPHS_SAMPLED=1 timeout 100 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 \
+      --temperature 1 --adaptive --methods fast-plain,eagle3-chain,eagle3-static $SHAPES \
+      --json "$OUT/h200_mtbench20_t1_sampledrg1_adaptive_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 \
+      | grep -v "Loading weights" | grep "|" | tail -4
+    timeout 200 python3 -m eaglespec.cli bench --dataset humaneval --limit 164 \
+      --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic $SHAPES --json "$OUT/h200_humaneval164_t0_rg_$c.json" \
+      --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | grep "|" | tail -6
+    ;;
+  rgtimeline)
+    for tree in static chain; do
+      timeout 100 python3 bench/round_timeline.py --tree "$tree" --prompts 3 --max-new-tokens 128 --no-sync-before-verify \
+        --json "$OUT/h200_round_timeline_rg_${tree}_$c.json" 2>&1 | grep -v "Loading weights" | tail -8
+    done
     ;;
   more)
     timeout 150 python3 bench/tree_sweep.py --limit 10 --temperature 1 \
