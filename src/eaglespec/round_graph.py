@@ -1,4 +1,4 @@
-"""One CUDA graph per speculative round (greedy decoding; the fast target and a StaticDraftRunner).
+"""One CUDA graph per speculative round (the fast target and a StaticDraftRunner; greedy, and opt-in sampled).
 
 On the H200 a static-tree round kept the GPU busy 1.61 ms of its ~2.8 ms (bench/RESULTS.md, session 7): the rest
 was the host launching ~250 small ops around the graphs it already had (the catch-up's staging, the tree graph,
@@ -137,8 +137,6 @@ class RoundGraph:
         self.feats_out = torch.zeros_like(self.feats_in)
         self.ids = torch.zeros(0, dtype=torch.long, device=dev)  # every token so far (grown on demand)
         self.arange = torch.arange(self.P, device=dev)
-        self.result: torch.Tensor | None = None  # [6 + P + 3T] long, written by the body
-        self.logq: torch.Tensor | None = None  # [T] float
         self.graphs: dict[tuple, tuple] = {}  # (span_d, span_t, sampling) -> (CUDA graph, outputs)
         # sampled rounds (chains, static trees): the sibling table of the fixed layout and the random inputs
         self.sampled = sampled and spec.kind in ("chain", "static")
@@ -164,10 +162,9 @@ class RoundGraph:
 
     def body(self, span_d: int, span_t: int, sampling=None) -> tuple[torch.Tensor, torch.Tensor]:
         """One round over the static inputs (no host sync): greedy, or under `sampling` (the stream's SamplingConfig:
-        its target processors; the proposer holds the draft ones) with the random inputs drawn. Writes state_out,
-        feats_out and ids; returns
-        the result row [6 + 2P + 3T] long (m, bonus, a dynamic tree's 4 flags, the path's rows and tokens padded
-        to P, the tree's tokens, parents, depths) and the tree's logq [T]."""
+        its target processors; the proposer holds the draft ones) with the random inputs drawn (_draw). Writes
+        state_out, feats_out and ids; returns the result row [6 + 2P + 3T] long (m, bonus, a dynamic tree's 4 flags,
+        the path's rows and tokens padded to P, the tree's tokens, parents, depths) and the tree's logq [T]."""
         st, P, i = self.state_in, self.P, self.arange
         n, dlen, tlen = st[0], st[1], st[2]
         root, nxt = st[3:4], st[4:4 + P]
