@@ -169,19 +169,19 @@ def use_draft_graphs(flag: bool | None, target) -> bool:
 
 
 def use_round_graphs(flag: bool | None, engine) -> bool:
-    """--round-graphs / --no-round-graphs as given (an engine that cannot have them says why); by default (None)
-    round_graph.wanted: $EAGLESPEC_ROUND_GRAPHS, else off."""
+    """--round-graphs / --no-round-graphs as given (asked for, an engine that cannot have them says why); by
+    default (None) round_graph.wanted: $EAGLESPEC_ROUND_GRAPHS, else on CUDA where the engine can have them."""
     from .round_graph import unusable_reason, wanted
 
+    asked = flag
     if flag is None:
         flag = wanted(getattr(engine.target, "device", torch.device("cpu")))
     if not flag:
         return False
     reason = unusable_reason(engine)
-    if reason is not None:
+    if reason is not None and asked:
         print(f"eaglespec: no round graphs: {reason}", file=sys.stderr)
-        return False
-    return True
+    return reason is None
 
 
 class EagleSpec:
@@ -227,7 +227,7 @@ class EagleSpec:
         `draft_max_len` rows, CUDA graphs); None = on with the fast target backend on CUDA.
 
         `round_graphs`: greedy rounds as one CUDA graph each (round_graph.py; needs the fast backend and draft
-        graphs); None = $EAGLESPEC_ROUND_GRAPHS, else off.
+        graphs); None = $EAGLESPEC_ROUND_GRAPHS, else on CUDA.
         """
         model, tok = load_target(target, device=device, dtype=dtype)
         c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
