@@ -52,24 +52,12 @@ def parse_config(text: str) -> tuple[str, dict]:
                      "or static:fit/BUDGET")
 
 
-class SweepBench(Bench):
-    """Bench whose static engine drafts `choices` (a fitted tree) when set: static:fit/BUDGET configs."""
-
-    choices: tuple[tuple[int, ...], ...] | None = None
-
-    def engine(self, method: str):
-        fit = method == "eagle3-static" and self.choices is not None
-        a, budget = self.args, self.args.budget
-        if fit:
-            a.budget = 0  # the engine's default-tree spec is replaced below: no note about its 25 nodes
-        try:
-            engine, reason = super().engine(method)
-        finally:
-            a.budget = budget
-        if engine is not None and fit:
-            engine.spec = engine.proposer.spec = TreeSpec("static", depth=max(map(len, self.choices)), top_k=a.top_k,
-                                                          budget=a.budget, choices=self.choices)
-        return engine, reason
+def static_config(kw: dict, fitted: tuple[tuple[int, ...], ...] | None) -> TreeSpec:
+    """A static config's tree: the fitted tree's best `budget` nodes (static:fit/BUDGET), else EAGLE-1's tree cut to
+    depth and budget (static:DEPTH/TOPK/BUDGET)."""
+    if kw.get("fit"):
+        return TreeSpec("static", depth=max(map(len, fitted)), top_k=10, budget=kw["budget"], choices=fitted)
+    return TreeSpec("static", depth=kw["depth"], top_k=kw["top_k"], budget=kw["budget"])
 
 
 def fitted_choices(path: str | None, drafter) -> tuple[tuple[int, ...], ...]:
@@ -94,7 +82,8 @@ def best_configs(rows: list[dict]) -> dict[str, dict]:
 
 
 def bench_flags(best: dict[str, dict]) -> str:
-    """`eaglespec bench` shape flags for the fastest chain and dynamic configs (static shares dynamic's flags)."""
+    """`eaglespec bench` shape flags for the fastest chain and dynamic configs (bench's static tree is the drafter's
+    recommendation: tree_defaults.static)."""
     flags = []
     if "chain" in best:
         flags.append(f"--k {best['chain']['config'].partition(':')[2]}")
@@ -127,7 +116,7 @@ def main() -> None:
     args.max_len = args.max_len or max(len(p) for p in prompts) + args.max_new_tokens + 2 * budget
     args.k, args.depth, args.top_k, args.budget = 5, 8, 10, 60  # Bench.engine reads these; each config sets its own
     fitted = fitted_choices(args.fit_json, es.drafter) if any(kw.get("fit") for _, _, kw in configs) else None
-    bench = SweepBench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args)
+    bench = Bench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args)
     rows = []
     plain = summarize_run(bench.run("fast-plain", prompts, args.max_new_tokens, args.warmup))
     rows.append({"config": "plain", **plain})
@@ -136,7 +125,7 @@ def main() -> None:
         for key, value in kw.items():
             if key != "fit":
                 setattr(args, key, value)
-        bench.choices = fitted if kw.get("fit") else None
+        bench.static_override = None if method != "eagle3-static" else static_config(kw, fitted)
         s = summarize_run(bench.run(method, prompts, args.max_new_tokens, args.warmup))
         s["vs_plain"] = round(s.get("tokens_per_second", 0.0) / plain["tokens_per_second"], 3)
         rows.append({"config": name, **s})

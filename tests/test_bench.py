@@ -153,3 +153,22 @@ def test_every_prompt_is_warmed_before_any_timing(warm):
     warmed = [(3, 48)] + ([(5, 2), (4, 2), (3, 6), (5, 6)] if warm else [])
     assert calls[:len(warmed)] == warmed
     assert calls[len(warmed):] == [(3, 6), (5, 6), (4, 6)] and len(run.token_ids) == 3  # the timed runs
+
+
+def test_static_method_drafts_the_drafters_recommended_tree():
+    """eagle3-static: the drafter's tree_defaults.static (a fitted tree's choices, cut to its budget), else EAGLE-1's
+    25 nodes; the --depth/--budget flags (the dynamic tree's) do not cut it; a sweep's override wins."""
+    from eaglespec.tree import TreeSpec
+
+    model = tiny_target("llama", seed=4)
+    drafter = tiny_drafter(model, seed=2)
+    args = _args(depth=2, budget=3, top_k=2)
+    default = Bench(model, _Tok(), drafter, [2], args).engine("eagle3-static")[0]
+    assert len(default.spec.static_choices()) == 25  # not cut to the flags' 3 nodes
+    fitted = [[0], [0, 0], [1], [0, 0, 0], [0, 1], [2]]
+    drafter.manifest = {"tree_defaults": {"static": {"choices": fitted, "depth": 3, "budget": 4}}}
+    engine = Bench(model, _Tok(), drafter, [2], args).engine("eagle3-static")[0]
+    assert engine.spec.static_choices() == ((0,), (0, 0), (1,), (0, 0, 0))  # the best 4, best first
+    bench = Bench(model, _Tok(), drafter, [2], args)
+    bench.static_override = TreeSpec("static", depth=1, budget=2)
+    assert bench.engine("eagle3-static")[0].spec.static_choices() == ((0,), (1,))

@@ -135,6 +135,7 @@ class Bench:
         from .target.fast import make_target, unsupported_reason
 
         self.model, self.tok, self.drafter, self.eos, self.args = model, tokenizer, drafter, eos, args
+        self.static_override = None  # a TreeSpec for eagle3-static instead of the drafter's recommendation
         self.device = next(model.parameters()).device
         self.fast = None
         self.fast_reason = unsupported_reason(model)
@@ -169,7 +170,7 @@ class Bench:
             return None, "no drafter"
         kind = method.split("-", 1)[1]
         try:
-            spec = tree_spec(kind, a.k, a.top_k, a.depth, a.budget)
+            spec = self.static_spec() if kind == "static" else tree_spec(kind, a.k, a.top_k, a.depth, a.budget)
         except (EagleSpecError, NotImplementedError, ValueError) as exc:
             return None, f"{kind} trees unavailable: {exc}"
         engine = SpeculativeEngine(target, self.drafter, spec, adaptive=getattr(a, "adaptive", False))
@@ -184,6 +185,10 @@ class Bench:
 
             enable_round_graphs(engine)
         return engine, None
+
+    def static_spec(self):
+        """The static tree: `static_override` when set (bench/tree_sweep.py's static configs), else static_spec."""
+        return self.static_override if self.static_override is not None else static_spec(self.drafter)
 
     def hf_generate(self, ids: list[int], max_new: int, logits: bool):
         x = torch.tensor([ids], device=self.device)
@@ -387,6 +392,7 @@ def markdown(report: dict) -> str:
              f"dataset {cfg['dataset']} ({cfg['prompts']} prompts, chat template), max {cfg['max_new_tokens']} new "
              f"tokens, batch 1, {cfg['dtype']}, T={cfg['temperature']}; drafter: {cfg['draft']}; "
              f"chain k={cfg['k']}, dynamic depth {cfg['depth']} top-k {cfg['top_k']} budget {cfg['budget']}"
+             + (f", static tree {cfg['static']}" if cfg.get("static") else "")
              + (f"; HF generate on the first {cfg['hf_prompts']} prompts only (ratios vs HF and identity over those)"
                 if 0 < cfg.get("hf_prompts", 0) < cfg["prompts"] else "")
              + ("; fused Triton kernels" if cfg.get("fused_kernels") else "")
@@ -479,6 +485,24 @@ def _load(args, dtype):
     return es
 
 
+def static_spec(drafter):
+    """eagle3-static's tree: the drafter's recommendation (tree_defaults.static: a fitted tree's `choices`, its depth
+    and budget), else EAGLE-1's 25-node tree. The --depth/--top-k/--budget flags shape the dynamic tree only."""
+    from .api import tree_defaults, tree_spec
+
+    return tree_spec("static", defaults=tree_defaults(drafter) if drafter is not None else {})
+
+
+def static_label(drafter) -> str:
+    """The static tree eagle3-static drafts, e.g. "25 nodes, depth 5 (EAGLE-1's)"."""
+    if drafter is None:
+        return ""
+    spec = static_spec(drafter)
+    choices = spec.static_choices()
+    return (f"{len(choices)} nodes, depth {max(map(len, choices))} "
+            + ("(fitted to the drafter)" if spec.choices is not None else "(EAGLE-1's)"))
+
+
 def _round_graphs_on(args, device: torch.device) -> bool:
     """--round-graphs as given, else its default (round_graph.wanted)."""
     from .round_graph import wanted
@@ -542,6 +566,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "hf_prompts": min(len(prompts), args.hf_limit or len(prompts)) if "hf" in methods else 0,
                    "dtype": str(es.model.dtype).replace("torch.", ""), "temperature": args.temperature,
                    "k": args.k, "depth": args.depth, "top_k": args.top_k, "budget": args.budget,
+                   "static": static_label(es.drafter),
                    "methods": methods, "compile": args.compile, "max_len": args.max_len,
                    "draft_graphs": getattr(args, "draft_graphs", None),  # None: the default (on CUDA)
                    "phase_sync": getattr(args, "phase_sync", True),
