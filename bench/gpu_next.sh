@@ -149,10 +149,11 @@ PY
       --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic $SHAPES --json "$OUT/h200_humaneval164_t0_rg_$c.json" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | grep "|" | tail -6
     ;;
-  fit)  # measure ranks on MT-bench 11-30 (bf16), fit up to 60 nodes at depth <= 8; then time the fitted cuts
-    timeout 150 python3 bench/fit_static_tree.py --limit 30 --holdout 10 --depth 8 --budget 60 \
+  fit)  # measure ranks on MT-bench 1-16 (bf16, 128 tokens: HF generate writes the answers at ~30 tok/s; 13-16 held
+        # out), fit up to 60 nodes at depth <= 8; then time the fitted cuts on prompts 17-36
+    timeout 200 python3 bench/fit_static_tree.py --limit 12 --holdout 4 --max-new-tokens 128 --depth 8 --budget 60 \
       --json "$OUT/h200_fit_static_$c.json" 2>&1 | grep -v "Loading weights" | tail -16
-    timeout 250 python3 bench/tree_sweep.py --limit 10 --fit-json "$OUT/h200_fit_static_$c.json" \
+    timeout 250 python3 bench/tree_sweep.py --skip 16 --limit 20 --fit-json "$OUT/h200_fit_static_$c.json" \
       --configs static:5/10/25,static:fit/16,static:fit/25,static:fit/32,static:fit/40,dynamic:6/8/40,chain:5 \
       --json "$OUT/h200_tree_sweep_fit_$c.json" 2> "$OUT/sweep_fit.log" | tail -10
     ;;

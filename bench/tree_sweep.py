@@ -98,6 +98,7 @@ def main() -> None:
     add_model_args(ap)
     ap.add_argument("--dataset", default="mtbench")
     ap.add_argument("--limit", type=int, default=10)
+    ap.add_argument("--skip", type=int, default=0, help="leave out the first N prompts (e.g. a fitted tree's)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -111,7 +112,7 @@ def main() -> None:
     args = ap.parse_args()
     configs = [(c, *parse_config(c)) for c in args.configs.split(",") if c.strip()]
     es = _load(args, args.dtype)
-    prompts = [es.encode(t) for t in load_prompts(args.dataset, args.limit)]
+    prompts = [es.encode(t) for t in load_prompts(args.dataset, args.skip + args.limit)[args.skip:]]
     budget = max([kw.get("budget", 0) for _, _, kw in configs] + [64])
     args.max_len = args.max_len or max(len(p) for p in prompts) + args.max_new_tokens + 2 * budget
     args.k, args.depth, args.top_k, args.budget = 5, 8, 10, 60  # Bench.engine reads these; each config sets its own
