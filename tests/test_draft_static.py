@@ -150,7 +150,7 @@ def test_step_writes_slots_by_index():
     ref = EagerRows(drafter)
     h = drafter.cfg.hidden_size
     g = torch.Generator().manual_seed(0)
-    for n, crop in ((5, 5), (3, 6), (2, 7)):  # 5 rows > the largest bucket: the exact-size eager step
+    for n, crop in ((5, 5), (3, 6), (2, 7)):  # 5 rows > the largest bucket: chunks of 4 + 1
         state = torch.randn(n, h, generator=g)
         tokens = torch.randint(3, 90, (n,), generator=g)
         positions = torch.arange(runner.length, runner.length + n)
