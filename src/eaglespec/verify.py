@@ -212,13 +212,14 @@ def sampled_path(visible: torch.Tensor, depths: torch.Tensor, kids: torch.Tensor
     t, dev = coins.shape[0], coins.device
     live = kids > 0 if live is None else live
     passed = coins * q_at < r_at  # [T]
-    first = torch.arange(t, device=dev) == 0  # [T]: its parent's first accepted child (the root: emitted)
+    first = torch.zeros(t, dtype=torch.bool, device=dev)  # [T]: its parent's first accepted child
     earlier = torch.zeros(t, dtype=torch.bool, device=dev)  # [T] per parent: an earlier live child accepted
     for i in range(kids.shape[1]):
         node, on = kids[:, i], live[:, i]
         hit = on & passed[node]  # [T] per parent: its rank-i child passes
-        first.index_put_((node,), hit & ~earlier, accumulate=True)  # padding rows (node 0) add False only
+        first.index_put_((node,), hit & ~earlier)  # every node is one parent's child once; padding writes node 0
         earlier |= hit
+    first |= torch.arange(t, device=dev) == 0  # the root is emitted
     ok = (visible <= first).all(dim=-1)  # every ancestor-or-self is its parent's first accepted child
     return torch.where(ok, depths, -1).argmax().reshape(1)
 
