@@ -13,7 +13,7 @@ function of static buffers, captured once per (drafter span, target span) and re
        rows overwrite and no live row sees), the last live row's logits and state
     2. the tree (Proposer._grow over draft/tree_graph.DeviceTreeRows, base = dlen + n)
     3. verify: the target's step over the tree rows at slots tlen.. (positions tlen + depth)
-    4. greedy acceptance (verify.greedy_accept's ops), the path's rows first, padded to P
+    4. greedy acceptance (verify.greedy_path_end), the path's rows first, padded to P
     5. the target's KV commit: the path's rows moved to slots tlen..tlen+P-1 (rows past the path are stale)
     6. the next round's state_out / feats_out / the ids after the round, and a result row for the host
 
@@ -50,8 +50,8 @@ from .engine import RoundStats
 from .metrics import round_detail
 from .sampling import exponential_noise, process_logits, race_argmax
 from .target.fast import FastTarget, capture_graph
-from .tree import DraftTree, TreeSpec, ancestry, check_dynamic_flags, static_layout
-from .verify import sampled_path, sibling_table, sibling_tests
+from .tree import DraftTree, FlatTree, TreeSpec, ancestry, check_dynamic_flags, static_layout
+from .verify import greedy_path_end, sampled_path, sibling_table, sibling_tests
 
 if TYPE_CHECKING:
     from .engine import GenerationResult, SpeculativeEngine
@@ -186,12 +186,9 @@ class RoundGraph:
         visible = ancestry(tree.parents, check=False)  # [T, T]
         tgt = self.target
         out_logits, feats = tgt._step(tree.tokens, tlen + tree.depths, visible, tlen, tgt.cols[:span_t])
-        if sampling is None:  # 4. greedy acceptance (verify.greedy_accept): the deepest row whose every
-            target_next = out_logits.argmax(dim=-1)  # [T]                 ancestor-or-self matches
-            match = (tree.tokens == target_next[tree.parents.clamp(min=0)]) | (tree.parents < 0)
-            ok = (visible <= match).all(dim=-1)
-            best = torch.where(ok, tree.depths, -1).argmax().reshape(1)
-            bonus = target_next.index_select(0, best)  # [1]
+        if sampling is None:  # 4. greedy acceptance (verify.greedy_accept's path, without its host read)
+            flat = FlatTree(tokens=tree.tokens, depths=tree.depths, parents=tree.parents, visible=visible)
+            best, bonus = greedy_path_end(flat, out_logits)  # [1], [1]
         else:  # 4. lossless rejection sampling with real q (verify.sample_accept's recursion, as tensor ops)
             p = process_logits(out_logits, sampling.target)  # [T, V]
             live = self.kids > 0 if keep is None else (self.kids > 0) & keep[self.kids]

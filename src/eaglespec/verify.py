@@ -34,16 +34,23 @@ def _read_path(flat: FlatTree, on_path: torch.Tensor, bonus: torch.Tensor) -> Ac
                       path_tokens=path[:m], bonus_token=bonus)
 
 
+def greedy_path_end(flat: FlatTree, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the last row of the longest root path whose every token equals the target's argmax at its parent row [1],
+    the target's token after it: the bonus [1]). Tensor ops only, no host sync (round graphs capture it)."""
+    target_next = logits.argmax(dim=-1)  # [T]
+    match = (flat.tokens == target_next[flat.parents.clamp(min=0)]) | (flat.parents < 0)  # the root is emitted
+    ok = (flat.visible <= match).all(dim=-1)  # visible implies match: every ancestor-or-self matches
+    best = torch.where(ok, flat.depths, -1).argmax().reshape(1)  # deepest; siblings never both match
+    return best, target_next.index_select(0, best)
+
+
 def greedy_accept(flat: FlatTree, logits: torch.Tensor) -> Acceptance:
     """Longest root path whose every token equals the target's argmax at its parent row.
 
     One host sync (in _read_path); indices stay tensors (indexing with a 0-d tensor would sync).
     """
-    target_next = logits.argmax(dim=-1)  # [T]
-    match = (flat.tokens == target_next[flat.parents.clamp(min=0)]) | (flat.parents < 0)  # the root is emitted
-    ok = (flat.visible <= match).all(dim=-1)  # visible implies match: every ancestor-or-self matches
-    best = torch.where(ok, flat.depths, -1).argmax().reshape(1)  # deepest; siblings never both match
-    return _read_path(flat, flat.visible[best][0], target_next[best])
+    best, bonus = greedy_path_end(flat, logits)
+    return _read_path(flat, flat.visible.index_select(0, best)[0], bonus)
 
 
 def _normalised(q: torch.Tensor) -> torch.Tensor:
