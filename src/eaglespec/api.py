@@ -180,7 +180,7 @@ def use_round_graphs(flag: bool | None, engine) -> bool:
         return False
     reason = unusable_reason(engine)
     if reason is not None and asked:
-        print(f"eaglespec: no round graphs: {reason}", file=sys.stderr)
+        log(f"eaglespec: no round graphs: {reason}")
     return reason is None
 
 
