@@ -130,6 +130,7 @@ class RoundGraph:
         self.spec = spec  # the tree these buffers are sized for
         self.P = spec.depth + 1  # rows a round can accept: the path (<= depth + 1 rows)
         self.R = self.proposer._tree_rows(self._draft_vocab())  # drafter rows of one tree after the catch-up
+        self.T = self._tree_size()  # verified rows per round, at most (fixed per spec)
         feat = self.target.hidden_size * len(self.target.feature_layer_ids)  # [F] of the target's features
         self.state_in = torch.zeros(4 + self.P, dtype=torch.long, device=dev)
         self.state_out = torch.zeros_like(self.state_in)
@@ -271,7 +272,7 @@ class RoundGraph:
         return out
 
     def round(self, ids: torch.Tensor, pending: torch.Tensor, result: GenerationResult):
-        """SpeculativeEngine._round's contract, as one round graph where it applies (else _round itself)."""
+        """SpeculativeEngine._round's contract, as one round graph where it applies (else _phased_round)."""
         engine = self.engine
         sampling = engine._sampling  # None: greedy
         if (self.failed or (sampling is not None and not self.sampled) or engine.spec != self.spec
@@ -279,7 +280,7 @@ class RoundGraph:
             return engine._phased_round(ids, pending, result)
         n, dlen, tlen, P = self.n, self.dlen, self.tlen, self.P
         tgt, runner = self.target, self.runner
-        rows_d, rows_t = max(P, n + self.R), max(P, self._tree_size())  # KV rows past dlen / tlen this round
+        rows_d, rows_t = max(P, n + self.R), max(P, self.T)  # KV rows past dlen / tlen this round
         runner.check_room(dlen + rows_d)
         tgt.reserve(tlen + rows_t)
         self._grow_ids(tlen + 1 + P)
