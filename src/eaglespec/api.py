@@ -173,13 +173,10 @@ def use_round_graphs(flag: bool | None, engine) -> bool:
     default (None) round_graph.wanted: $EAGLESPEC_ROUND_GRAPHS, else on CUDA where the engine can have them."""
     from .round_graph import unusable_reason, wanted
 
-    asked = flag
-    if flag is None:
-        flag = wanted(getattr(engine.target, "device", torch.device("cpu")))
-    if not flag:
+    if not wanted(getattr(engine.target, "device", torch.device("cpu")), flag):
         return False
     reason = unusable_reason(engine)
-    if reason is not None and asked:
+    if reason is not None and flag:
         log(f"eaglespec: no round graphs: {reason}")
     return reason is None
 

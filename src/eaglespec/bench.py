@@ -503,14 +503,6 @@ def static_label(drafter) -> str:
             + ("(fitted to the drafter)" if spec.choices is not None else "(EAGLE-1's)"))
 
 
-def _round_graphs_on(args, device: torch.device) -> bool:
-    """--round-graphs as given, else its default (round_graph.wanted)."""
-    from .round_graph import wanted
-
-    flag = getattr(args, "round_graphs", None)
-    return bool(wanted(device) if flag is None else flag)
-
-
 def resolve_tree_args(args, drafter) -> None:
     """--k/--depth/--top-k/--budget left out -> the drafter's recommended shapes (tree_defaults), else the
     generic defaults; written back into args so the report names the shapes that ran."""
@@ -540,6 +532,7 @@ def run_methods(es, prompts: list[list[int]], methods: list[str], args) -> tuple
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from .round_graph import wanted as round_graphs_wanted
     from .target.loading import resolve_device
 
     for name in ("limit", "max_new_tokens", "k", "top_k", "depth", "budget", "check_fp32", "warmup", "hf_limit"):
@@ -571,7 +564,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "draft_graphs": getattr(args, "draft_graphs", None),  # None: the default (on CUDA)
                    "phase_sync": getattr(args, "phase_sync", True),
                    "adaptive": getattr(args, "adaptive", False),
-                   "round_graphs": _round_graphs_on(args, device),
+                   "round_graphs": round_graphs_wanted(device, getattr(args, "round_graphs", None)),
                    "fused_kernels": fused_by_default(device, args.compile)},
         "methods": summaries,
     }

@@ -60,9 +60,12 @@ ENV = "EAGLESPEC_ROUND_GRAPHS"  # 0: off, 1: on (default: wanted())
 ENV_SAMPLED = "EAGLESPEC_ROUND_GRAPHS_SAMPLED"  # 1: sampled rounds too (default: off until measured on a GPU)
 
 
-def wanted(device: torch.device | str) -> bool:
-    """Round graphs by default: $EAGLESPEC_ROUND_GRAPHS=0/1, else on CUDA (measured on an H200 in session 7:
-    chain 1.37x -> 1.59x, static tree 1.40x -> 1.68x plain decoding, the same tau, fp32 output identical to HF)."""
+def wanted(device: torch.device | str, flag: bool | None = None) -> bool:
+    """Round graphs: `flag` (--round-graphs / --no-round-graphs) when given, else $EAGLESPEC_ROUND_GRAPHS=0/1, else on
+    CUDA (measured on an H200 in session 7: chain 1.37x -> 1.59x, static tree 1.40x -> 1.68x plain decoding, the
+    same tau, fp32 output identical to HF)."""
+    if flag is not None:
+        return flag
     flag = os.environ.get(ENV)
     if flag is not None:
         return flag.strip() not in ("", "0", "false", "no")
