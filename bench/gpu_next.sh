@@ -157,6 +157,22 @@ PY
       --configs static:5/10/25,static:fit/16,static:fit/25,static:fit/32,static:fit/40,dynamic:6/8/40,chain:5 \
       --json "$OUT/h200_tree_sweep_fit_$c.json" 2> "$OUT/sweep_fit.log" | tail -10
     ;;
+  sweep8)  # under round graphs, prompts 17-36: bigger dynamic trees, longer chains, fitted static trees (FIT: the --json
+           # of bench/fit_static_tree.py, e.g. a CPU fit carried in)
+    timeout 100 python3 bench/round_timeline.py --tree static --prompts 2 --max-new-tokens 128 --no-sync-before-verify \
+      --json "$OUT/h200_round_timeline_rg_static_$c.json" 2>&1 | grep -v "Loading weights" | tail -8
+    timeout 330 python3 bench/tree_sweep.py --skip 16 --limit 20 --fit-json "${FIT:?FIT}" \
+      --configs chain:5,chain:7,static:5/10/25,static:fit/25,static:fit/40,static:fit/60,dynamic:6/8/40,dynamic:7/10/60,dynamic:8/10/80,dynamic:8/12/100 \
+      --json "$OUT/h200_tree_sweep_rg_$c.json" 2> "$OUT/sweep_rg.log" | tail -12
+    ;;
+  t1rg)  # sampled round graphs vs per-phase rounds at T=1, MT-bench 20
+    for g in 0 1; do
+      EAGLESPEC_ROUND_GRAPHS_SAMPLED=$g timeout 100 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 \
+        --temperature 1 --methods fast-plain,eagle3-chain,eagle3-static $SHAPES \
+        --json "$OUT/h200_mtbench20_t1_sampledrg${g}_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 \
+        | grep -v "Loading weights" | grep "|" | tail -4
+    done
+    ;;
   rgtimeline)
     for tree in static chain; do
       timeout 100 python3 bench/round_timeline.py --tree "$tree" --prompts 3 --max-new-tokens 128 --no-sync-before-verify \
