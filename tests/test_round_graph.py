@@ -146,8 +146,9 @@ def test_target_cache_growth_mid_stream(pair):
     assert graphed.target.max_len > 24
 
 
-def test_sampling_keeps_the_phased_rounds(pair):
+def test_sampling_keeps_the_phased_rounds_when_sampled_round_graphs_are_off(pair, monkeypatch):
     model, drafter = pair
+    monkeypatch.setenv("EAGLESPEC_ROUND_GRAPHS_SAMPLED", "0")
     phased, graphed = engines(model, drafter, SPECS["chain"])
     bodies = count_bodies(graphed.round_graph.get())
     cfg = SamplingConfig(SamplingParams(temperature=0.8), seed=5)

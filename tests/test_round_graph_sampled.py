@@ -127,3 +127,14 @@ def test_per_phase_where_sampled_round_graphs_do_not_apply(sharp_target, spec, s
     bodies = count_bodies(engine.round_graph.get())
     out = engine.generate(PROMPT, 12, sampling=SamplingConfig(SamplingParams(temperature=1.0), seed=0))
     assert len(out.token_ids) == 12 and not bodies
+
+
+@pytest.mark.parametrize("env,expected", [(None, True), ("0", False), ("1", True)], ids=["default", "off", "on"])
+def test_sampled_round_graphs_default_on_env_turns_them_off(env, expected, monkeypatch):
+    """Sampled round graphs are on by default (measured faster on the H200); EAGLESPEC_ROUND_GRAPHS_SAMPLED=0 turns
+    them off."""
+    if env is None:
+        monkeypatch.delenv(rg_mod.ENV_SAMPLED, raising=False)
+    else:
+        monkeypatch.setenv(rg_mod.ENV_SAMPLED, env)
+    assert rg_mod.wanted_sampled() is expected

@@ -399,7 +399,9 @@ def markdown(report: dict) -> str:
              + ("; no sync before verify (--no-phase-sync: the draft / verify split is blurred)"
                 if cfg.get("phase_sync") is False else "")
              + ("; --adaptive (plain steps where drafting cost more per token)" if cfg.get("adaptive") else "")
-             + ("; round graphs (one CUDA graph and one host sync per greedy round)" if cfg.get("round_graphs") else "")
+             + (("; round graphs (one CUDA graph and one host sync per "
+                 + ("round: greedy, and sampled chains / static trees)" if cfg.get("sampled_round_graphs")
+                    else "greedy round)")) if cfg.get("round_graphs") else "")
              + ".\n",
              "| method | backend | tok/s | median tok/s | tau | vs HF generate | vs fast plain | "
              "draft / verify / accept+commit / other (ms per round) | identical to HF | "
@@ -533,6 +535,7 @@ def run_methods(es, prompts: list[list[int]], methods: list[str], args) -> tuple
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from .round_graph import wanted as round_graphs_wanted
+    from .round_graph import wanted_sampled
     from .target.loading import resolve_device
 
     for name in ("limit", "max_new_tokens", "k", "top_k", "depth", "budget", "check_fp32", "warmup", "hf_limit"):
@@ -565,6 +568,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "phase_sync": getattr(args, "phase_sync", True),
                    "adaptive": getattr(args, "adaptive", False),
                    "round_graphs": round_graphs_wanted(device, getattr(args, "round_graphs", None)),
+                   "sampled_round_graphs": wanted_sampled(),
                    "fused_kernels": fused_by_default(device, args.compile)},
         "methods": summaries,
     }

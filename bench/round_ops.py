@@ -1,0 +1,119 @@
+"""Aten ops of one round graph body (round_graph.RoundGraph.body), by phase and by name: a CPU proxy for the
+kernels a round's CUDA graph replays (on the H200 each costs ~3.5 us whatever its size: bench/RESULTS.md,
+session 8, 603 device activities per static-tree round, GPU busy 1.6 ms of 2.5).
+
+Runs the real target (SmolLM2 by default) and drafter on CPU, fp32, the fast backend with the fused draft step
+(draft/fused.py, torch path: no Triton on CPU, so a norm counts 1-2 ops where CUDA launches 1 kernel) and round
+graphs run eagerly; counts the non-view, non-allocation ops dispatched in each phase of the rounds after the
+first: catch-up (the drafter's rows of the last accepted tokens), tree (growth: drafter steps and the tree
+bookkeeping), verify (the target's step), the rest (acceptance, KV commit, next inputs).
+
+    PYTHONPATH=src python bench/round_ops.py [--tree static|chain|dynamic] [--k 5] [--depth 6] [--top-k 8]
+        [--budget 40] [--rounds 4] [--names]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from eaglespec.api import EagleSpec, tree_spec
+from eaglespec.draft.fast import enable_draft_graphs
+from eaglespec.round_graph import RoundGraphs, enable_round_graphs
+
+FREE = ("aten.empty", "aten.empty_strided", "aten.empty_like", "aten.new_empty", "aten.new_empty_strided",
+        "aten._unsafe_view", "aten.lift_fresh", "aten.detach")
+
+
+class PhaseOps(TorchDispatchMode):
+    """Counts non-view ops by (phase, name); `phase` is set by the wrappers below (innermost wins)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack = ["rest"]
+        self.ops: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        if not func.is_view and name not in FREE:
+            self.ops[(self.stack[-1], name)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def wrap(obj, attr: str, counter: PhaseOps, phase) -> None:
+    """obj.attr(...) runs under `phase` (a str, or a callable of the counter's current phase)."""
+    fn = getattr(obj, attr)
+
+    def inner(*a, **kw):
+        counter.stack.append(phase(counter.stack[-1]) if callable(phase) else phase)
+        try:
+            return fn(*a, **kw)
+        finally:
+            counter.stack.pop()
+
+    setattr(obj, attr, inner)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default=None)
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--tree", default="static")
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--depth", type=int, default=6)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--budget", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--names", action="store_true", help="every phase's ops by name")
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    es = EagleSpec.from_pretrained(args.target, args.draft, device="cpu", dtype="float32", backend="fast",
+                                   draft_graphs=True, round_graphs=True)
+    spec = tree_spec(args.tree, k=args.k, top_k=args.top_k, depth=args.depth,
+                     budget=None if args.tree == "static" else args.budget)
+    es.engine.spec = es.engine.proposer.spec = spec
+    enable_draft_graphs(es.engine, max_len=1024, fused=True)  # CUDA's draft step (torch path: no Triton on CPU)
+    rgs: RoundGraphs = enable_round_graphs(es.engine)
+    rg = rgs.get(spec)
+    counter = PhaseOps()
+    wrap(rg, "body", counter, "rest")
+    wrap(rg.runner, "forward", counter, lambda cur: "catch-up" if cur == "rest" else "tree-step")
+    wrap(es.engine.proposer, "_grow", counter, "tree")
+    wrap(rg.target, "_step", counter, "verify")
+    per_round: list[Counter] = []
+    orig_body = rg.body
+
+    def counted_body(*a, **kw):
+        before = counter.ops.copy()
+        with counter:
+            out = orig_body(*a, **kw)
+        per_round.append(counter.ops - before)
+        return out
+
+    rg.body = counted_body
+    ids = es.encode("Explain speculative decoding in two sentences.")
+    res = es.generate(ids, max_new_tokens=8 + 6 * args.rounds)
+    rounds = per_round[1:1 + args.rounds] or per_round
+    phases = ("catch-up", "tree-step", "tree", "verify", "rest")
+    totals = {p: statistics.median(sum(v for (ph, _), v in r.items() if ph == p) for r in rounds) for p in phases}
+    print(f"{spec}: {len(rounds)} rounds counted (of {len(per_round)}), tau {res.stats.get('tau', 0):.2f}")
+    print("ops per round (median): " + ", ".join(f"{p} {totals[p]:.0f}" for p in phases)
+          + f", total {sum(totals.values()):.0f}")
+    if args.names:
+        last = rounds[-1]
+        for p in phases:
+            names = Counter({name: v for (ph, name), v in last.items() if ph == p})
+            print(f"  {p}: " + ", ".join(f"{n.removeprefix('aten.')} {v}" for n, v in names.most_common()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
