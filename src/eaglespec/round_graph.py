@@ -143,13 +143,18 @@ class RoundGraph:
         self.feats_out = torch.zeros_like(self.feats_in)
         self.ids = torch.zeros(0, dtype=torch.long, device=dev)  # every token so far (grown on demand)
         self.arange = torch.arange(self.P, device=dev)
+        self.ahead = self.arange + 1  # [P]: row j's next row (j + 1)
+        self.next_row = self.ahead.clamp(max=self.P - 1)  # [P]: its index into the path, in range
+        self.no_flags = torch.zeros(4, dtype=torch.long, device=dev)  # a chain's or static tree's flags
         self.graphs: dict[tuple, tuple] = {}  # (span_d, span_t, sampling) -> (CUDA graph, outputs)
         # sampled rounds (chains, static trees): the sibling table of the fixed layout and the random inputs
         self.sampled = sampled and spec.kind in ("chain", "static")
         self.kids = self.draft_noise = self.coins = self.race = None
+        # a chain's or static tree's layout is fixed: its parents and ancestry mask [T, T] once, not every round
+        parents = (list(range(-1, spec.depth)) if spec.kind == "chain"
+                   else list(static_layout(spec.static_choices()).parents) if spec.kind == "static" else None)
+        self.visible = None if parents is None else ancestry(torch.tensor(parents, device=dev), check=False)
         if self.sampled:
-            parents = (list(range(-1, spec.depth)) if spec.kind == "chain"
-                       else list(static_layout(spec.static_choices()).parents))
             self.kids = sibling_table(parents, dev)  # [T, K]
             vd = self._draft_vocab()
             rows = spec.depth if spec.kind == "chain" else 1 + self.R  # Proposer._noise_rows when sampling
@@ -178,7 +183,7 @@ class RoundGraph:
         runner, proposer = self.runner, self.proposer
         # 1. catch-up: rows dlen..dlen+P-1 (n live), causal, every committed row visible
         rel = runner.cols[:span_d] - dlen  # [span_d]
-        vis = (rel[None, :] < 0) | ((rel[None, :] >= 0) & (rel[None, :] <= i[:, None]))  # [P, span_d]
+        vis = rel[None, :] <= i[:, None]  # [P, span_d]: committed (rel < 0) or causal (0 <= rel <= row)
         slots = dlen + i  # [P]: slots and positions
         cache = [StaticKV(k, v, slots, span_d) for k, v in zip(runner.k, runner.v)]
         state = proposer.drafter.project(self.feats_in)  # [P, H]
@@ -190,7 +195,7 @@ class RoundGraph:
                                            lambda part: DeviceTreeRows(runner, base, part, span_d),
                                            self.draft_noise if sampling is not None else None)
         # 3. verify
-        visible = ancestry(tree.parents, check=False)  # [T, T]
+        visible = ancestry(tree.parents, check=False) if self.visible is None else self.visible  # [T, T]
         tgt = self.target
         out_logits, feats = tgt._step(tree.tokens, tlen + tree.depths, visible, tlen, tgt.cols[:span_t])
         if sampling is None:  # 4. greedy acceptance (verify.greedy_accept's path, without its host read)
@@ -210,18 +215,13 @@ class RoundGraph:
         cache_t = tgt.cache  # [L, 2, Hkv, S, D]
         cache_t.index_copy_(3, tlen + i, cache_t.index_select(3, tlen + order))
         # 6. the next round: x_{t+1} of each accepted row (the next path token, the bonus after the last)
-        nxt_out = torch.where(i + 1 < m, path[(i + 1).clamp(max=P - 1)], bonus)
-        self.state_out[0:1].copy_(m.reshape(1))
-        self.state_out[1:2].copy_(base.reshape(1))
-        self.state_out[2:3].copy_((tlen + m).reshape(1))
-        self.state_out[3:4].copy_(bonus)
-        self.state_out[4:].copy_(nxt_out)
-        self.feats_out.copy_(feats.index_select(0, order))
-        self.ids.index_copy_(0, tlen + 1 + i, nxt_out)  # ids[tlen + 1 + j] for the accepted rows j < m
-        if flags is None:
-            flags = torch.zeros(4, dtype=torch.bool, device=self.device)
-        result = torch.cat([m.reshape(1), bonus, flags.long(), order, path, tree.tokens, tree.parents,
-                            tree.depths])
+        nxt_out = torch.where(self.ahead < m, path[self.next_row], bonus)  # [P]
+        # (m, dlen, tlen, root, next tokens): one kernel; each write its own kernel, every kernel costs ~3 us
+        torch.cat([m.reshape(1), base.reshape(1), (tlen + m).reshape(1), bonus, nxt_out], out=self.state_out)
+        torch.index_select(feats, 0, order, out=self.feats_out)
+        self.ids.index_copy_(0, tlen + self.ahead, nxt_out)  # ids[tlen + 1 + j] for the accepted rows j < m
+        flags = self.no_flags if flags is None else flags.long()
+        result = torch.cat([m.reshape(1), bonus, flags, order, path, tree.tokens, tree.parents, tree.depths])
         return result, tree.logq
 
     # -- the host side ------------------------------------------------------------------------------

@@ -249,7 +249,7 @@ class Proposer:
     def draft_dist(self, logits: torch.Tensor) -> torch.Tensor:
         """[..., Vd] draft logits -> probabilities under the draft processors (softmax when greedy)."""
         if self.sampling is None or self.sampling.greedy:
-            return torch.softmax(logits.float(), dim=-1)
+            return torch.softmax(logits, dim=-1, dtype=torch.float32)  # the cast inside the kernel: one launch
         return process_logits(logits, self.sampling)
 
     def to_target_probs(self, probs: torch.Tensor) -> torch.Tensor:
