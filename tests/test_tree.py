@@ -320,6 +320,29 @@ def test_flatten_tree_retrieve_paths():
     assert not flat.visible[3, 4] and not flat.visible[5, 1]  # sibling / cousin
 
 
+@pytest.mark.parametrize("depth", range(1, 10))
+def test_ancestry_with_max_depth_is_the_full_closure(depth):
+    """max_depth bounds the squarings (2^k levels after k): for trees whose deepest node is exactly `depth`, the
+    result equals the brute-force ancestor sets (an off-by-one in the bound misses the deepest ancestors)."""
+    g = torch.Generator().manual_seed(depth)
+    parents, depths = [-1], [0]
+    for i in range(1, 3 * depth + 8):  # a chain down to `depth`, then random nodes no deeper
+        p = i - 1 if i <= depth else int(torch.randint(0, i, (1,), generator=g))
+        if depths[p] == depth:
+            p = 0
+        parents.append(p)
+        depths.append(depths[p] + 1)
+    n = len(parents)
+    expected = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            expected[i, j] = True
+            j = parents[j]
+    got = ancestry(torch.tensor(parents), max_depth=depth)
+    assert max(depths) == depth and torch.equal(got, expected) and torch.equal(ancestry(torch.tensor(parents)), expected)
+
+
 def test_ancestry_rejects_non_depth_order():
     with pytest.raises(ValueError, match="depth order"):
         ancestry(torch.tensor([-1, 2, 0]))

@@ -195,7 +195,10 @@ class RoundGraph:
                                            lambda part: DeviceTreeRows(runner, base, part, span_d),
                                            self.draft_noise if sampling is not None else None)
         # 3. verify
-        visible = ancestry(tree.parents, check=False) if self.visible is None else self.visible  # [T, T]
+        if self.visible is None:  # a dynamic tree: no node deeper than the spec's depth
+            visible = ancestry(tree.parents, check=False, max_depth=self.spec.depth)  # [T, T]
+        else:
+            visible = self.visible
         tgt = self.target
         out_logits, feats = tgt._step(tree.tokens, tlen + tree.depths, visible, tlen, tgt.cols[:span_t])
         if sampling is None:  # 4. greedy acceptance (verify.greedy_accept's path, without its host read)

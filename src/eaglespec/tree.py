@@ -171,12 +171,13 @@ def chain_tree(root: int | torch.Tensor, drafts: torch.Tensor) -> DraftTree:
     )
 
 
-def ancestry(parents: torch.Tensor, check: bool = True) -> torch.Tensor:
+def ancestry(parents: torch.Tensor, check: bool = True, max_depth: int | None = None) -> torch.Tensor:
     """[N, N] bool: row i sees itself and its ancestors. Requires parents[i] < i (depth order),
     checked with one host sync unless `check=False` (the caller guarantees it).
 
     Transitive closure of the parent relation by repeated squaring: ceil(log2 N) small matmuls,
-    no per-node loop.
+    no per-node loop; ceil(log2 max_depth) when the caller knows no node is deeper than `max_depth`
+    (k squarings reach ancestors 2^k levels up: a depth-6 tree of 41 nodes takes 3, not 6).
     """
     n = parents.shape[0]
     dev = parents.device
@@ -184,7 +185,8 @@ def ancestry(parents: torch.Tensor, check: bool = True) -> torch.Tensor:
     if check and n and bool(((parents >= idx) | ((parents < 0) & (idx > 0))).any()):
         raise ValueError("tree nodes must be in depth order: every parent must come before its child")
     reach = ((parents[:, None] == idx) | (idx[:, None] == idx)).float()  # [N, N] parent or self
-    for _ in range(max(1, math.ceil(math.log2(max(n, 2))))):
+    levels = max(n, 2) if max_depth is None else min(max(n, 2), max(max_depth, 2))  # longest ancestor chain
+    for _ in range(math.ceil(math.log2(levels))):
         reach = (reach @ reach).clamp_(max=1.0)
     return reach > 0
 
