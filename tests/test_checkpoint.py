@@ -456,3 +456,17 @@ def test_eagle1_round_trip(tmp_path):
             assert getattr(d.cfg, f) == getattr(ref.cfg, f), f
     sa, sb = ref.state_dict(), d.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_to_target_ids_follows_d2t_writes_and_loads():
+    """to_target_ids gathers from a cached arange + d2t table: a d2t written in place or loaded afterwards must
+    show (a stale table maps draft ids to the old target ids)."""
+    d = reference_drafter()
+    ids = torch.arange(DRAFT_VOCAB)
+    assert torch.equal(d.to_target_ids(ids), ids + d.d2t)
+    with torch.no_grad():
+        d.d2t.copy_(torch.flip(d.d2t, [0]))  # in place: a new _version
+    assert torch.equal(d.to_target_ids(ids), ids + d.d2t)
+    other = reference_drafter(seed=1)
+    d.load_state_dict(other.state_dict())
+    assert torch.equal(d.to_target_ids(ids[3:7]), ids[3:7] + other.d2t[3:7])

@@ -77,8 +77,14 @@ class Eagle3Drafter(TargetEmbedding, nn.Module):
         return [KVCache()]
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        """Contract 5: target_id = draft_id + d2t[draft_id]."""
-        return draft_ids + self.d2t[draft_ids]
+        """Contract 5: target_id = draft_id + d2t[draft_id], as one gather from the table arange + d2t (made on
+        first use, again whenever d2t is moved or written: a tree's draft rounds call this once per depth)."""
+        d2t = self.d2t
+        key = (d2t.data_ptr(), 0 if d2t.is_inference() else d2t._version, d2t.device)  # (no version counter)
+        if getattr(self, "_target_ids_key", None) != key:
+            self._target_ids = torch.arange(d2t.shape[0], device=d2t.device) + d2t  # [Vd]
+            self._target_ids_key = key
+        return self._target_ids[draft_ids]
 
     # -- math -----------------------------------------------------------------------------------
     def project(self, features: torch.Tensor) -> torch.Tensor:
