@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -200,7 +201,8 @@ def flatten(tree: DraftTree) -> FlatTree:
 # -- top-k of draft distributions ------------------------------------------------------------------
 
 TOPK_CHUNK = 512  # two-stage top-k: the least chunk length
-TOPK_SPLIT_DEVICES = ("cuda",)  # device types that take the two-stage top-k (on CPU torch.topk is faster)
+# device types that take the two-stage top-k (on CPU torch.topk is faster); EAGLESPEC_TOPK_SPLIT=0: none (to time it)
+TOPK_SPLIT_DEVICES = ("cuda",) if os.environ.get("EAGLESPEC_TOPK_SPLIT", "1").strip() != "0" else ()
 
 
 @functools.cache

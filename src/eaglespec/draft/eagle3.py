@@ -82,8 +82,10 @@ class Eagle3Drafter(TargetEmbedding, nn.Module):
         d2t = self.d2t
         key = (d2t.data_ptr(), 0 if d2t.is_inference() else d2t._version, d2t.device)  # (no version counter)
         if getattr(self, "_target_ids_key", None) != key:
-            self._target_ids = torch.arange(d2t.shape[0], device=d2t.device) + d2t  # [Vd]
-            self._target_ids_key = key
+            table = torch.arange(d2t.shape[0], device=d2t.device) + d2t  # [Vd]
+            if d2t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                return table[draft_ids]  # made inside a CUDA-graph capture it holds nothing until a replay: no cache
+            self._target_ids, self._target_ids_key = table, key
         return self._target_ids[draft_ids]
 
     # -- math -----------------------------------------------------------------------------------
