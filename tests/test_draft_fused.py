@@ -27,6 +27,7 @@ CONFIGS = {
     "norm-before-residual": dict(norm_before_residual=True),
     "norm-output": dict(norm_output=True),
     "mha": dict(num_key_value_heads=4),
+    "gqa-g3": dict(num_attention_heads=6, num_key_value_heads=2),  # G = 3 != Hkv = 2: a swapped head order shows
     "biases": dict(attention_bias=True, mlp_bias=True),
     "draft-vocab": dict(draft_vocab_size=40),
 }

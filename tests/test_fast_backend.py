@@ -258,10 +258,12 @@ def test_add_linear_keeps_bias_path_and_matches_without_bias():
 
 
 @pytest.mark.parametrize("rows", [1, 4])
-def test_step_copies_only_the_attention_output(rows):
-    """Kernel-count guard: q reaches attention and k the cache as views of the head-major rope output, so a step
-    of B > 1 rows copies only the attention output back to token-major (one copy per layer), a 1-row step
-    nothing; rope in 2 ops (no roll: on CUDA it copies a non-contiguous input first) and one GEMM per residual."""
+def test_step_copies_only_the_grouped_queries(rows):
+    """Kernel-count guard (torch path): k reaches the cache as a view of the head-major rope output, q is copied
+    once into the grouped layout [B, G, Hkv, D], and the attention output reaches o_proj as a view (SDPA returns
+    it in the query's BMHK memory): one copy per layer whatever the number of rows, none of the attention output
+    (the fused rope writes q in that layout: no copy at all); rope in 2 ops (no roll: on CUDA it copies a
+    non-contiguous input first) and one GEMM per residual."""
     from _opcount import HostOps
 
     model = tiny_target("llama", seed=1)
@@ -273,12 +275,78 @@ def test_step_copies_only_the_attention_output(rows):
     with HostOps() as c, torch.no_grad():
         fast._step(run.tokens, run.positions, run.visible, run.base, run.cols)
     ops, layers = c.kernels, fast.num_layers
-    assert ops["aten.clone.default"] + ops["aten.copy_.default"] == (layers if rows > 1 else 0)
+    assert ops["aten.clone.default"] + ops["aten.copy_.default"] == layers  # q into the grouped layout
     assert not any("roll" in op or "flip" in op for op in ops)
     assert ops["aten.sum.IntList_out"] == layers  # the rope's pair sums
     assert ops["aten.addmm_.default"] == 2 * layers  # in place: an out-of-place addmm copies h first on CUDA
     assert ops["aten.addmm.default"] == 0
     assert ops["aten.add.Tensor"] == 1  # the slots: no residual add left
+
+
+def test_grouped_attention_layout_and_o_weight():
+    """The grouped GQA layout (fast.py's module docstring) against a per-head reference: rows t*G + r of kv head j
+    are HF head j*G + r of token t, the mask rows follow the tokens, the output's [B, Hq*D] view in (r, j, d) order
+    times _grouped_o_weight equals HF's o_proj of the head-ordered output, and that view is free (no copy) when
+    the SDPA output is in BMHK memory (CUDA's attention kernels), G != Hkv so a swapped (r, j) shows."""
+    from eaglespec.target.fast import _grouped_mask, _grouped_o_weight, _grouped_output, _grouped_queries
+
+    gen = torch.Generator().manual_seed(0)
+    b, g, hk, d, span, hidden = 3, 3, 2, 4, 7, 10
+    hq = g * hk
+    q_heads = torch.randn(b, hq, d, generator=gen)  # HF's per-token heads, head h = j*G + r
+    k, v = torch.randn(hk, span, d, generator=gen), torch.randn(hk, span, d, generator=gen)
+    allowed = torch.rand(b, span, generator=gen) < 0.7
+    allowed[:, 0] = True
+    w = torch.randn(hidden, hq * d, generator=gen)
+    # reference: each head on its own, its kv head repeated (HF's repeat_kv), then o_proj in HF's column order
+    heads = []
+    for h in range(hq):
+        scores = (q_heads[:, h] @ k[h // g].T) / d ** 0.5
+        heads.append(scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v[h // g])  # [B, D]
+    ref = torch.stack(heads, dim=1).reshape(b, hq * d) @ w.T
+
+    q = q_heads.unflatten(1, (hk, g)).transpose(1, 2).contiguous()  # [B, G, Hkv, D]: the rope's output layout
+    open_, shut = torch.zeros(()), torch.full((), torch.finfo(torch.float32).min)
+    o = torch.nn.functional.scaled_dot_product_attention(_grouped_queries(q), k[None], v[None],
+                                                         attn_mask=_grouped_mask(allowed, g, open_, shut))
+    torch.testing.assert_close(_grouped_output(o, b) @ _grouped_o_weight(w, hk, d).T, ref, atol=1e-5, rtol=0)
+    bmhk = torch.randn(1, b * g, hk, d, generator=gen).transpose(1, 2)  # [1, Hkv, B*G, D] in BMHK memory
+    assert _grouped_output(bmhk, b).data_ptr() == bmhk.data_ptr() and _grouped_output(bmhk, b)._base is not None
+    assert torch.equal(_grouped_o_weight(w, 1, d), w) and torch.equal(_grouped_o_weight(w, hq, d), w)  # G or Hkv 1
+
+
+def _gqa_target(heads: int = 6, kv_heads: int = 2, layers: int = 3):
+    """A tiny Llama with G = heads / kv_heads query heads per kv head and several kv heads (tiny_target has
+    G = Hkv = 2): a grouped head order swapped (r, j) <-> (j, r) differs from HF's only when both exceed 1."""
+    import transformers as tf
+
+    torch.manual_seed(9)
+    cfg = tf.LlamaConfig(vocab_size=96, hidden_size=48, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=256,
+                         tie_word_embeddings=False)
+    cfg._attn_implementation = "sdpa"
+    return tf.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("heads", [(6, 2), (4, 4), (4, 1)])  # GQA with G=3, Hkv=2; MHA; MQA
+def test_gqa_head_order_tree_step_matches_hf(heads):
+    """A multi-row tree step (bucketed: the graph path's buffers) of GQA / MHA / MQA models equals HF: the query
+    rows, the mask rows, the grouped output and the permuted o_proj must agree on one head order."""
+    model = _gqa_target(*heads)
+    ref, fast = HFTarget(model, (1, 3)), FastTarget(model, (1, 3), max_len=64, buckets=(8,))
+    gen = torch.Generator().manual_seed(4)
+    prompt = torch.randint(3, 90, (9,), generator=gen)
+    _close(ref.forward(prompt), fast.forward(prompt))  # eager (beyond the bucket)
+    for b in (ref, fast):
+        b.commit(torch.arange(9))
+    parents = torch.tensor([-1, 0, 0, 1, 2, 2, 4])
+    depths = torch.tensor([0, 1, 1, 2, 2, 2, 3])
+    toks = torch.randint(3, 90, (7,), generator=gen)
+    _close(ref.forward(toks, depths, ancestry(parents)), fast.forward(toks, depths, ancestry(parents)))
+    for b in (ref, fast):
+        b.commit(torch.tensor([0, 2, 4, 6]))
+    toks = torch.randint(3, 90, (3,), generator=gen)
+    _close(ref.forward(toks), fast.forward(toks))
 
 
 def test_in_place_residuals_leave_the_captured_features_intact():

@@ -178,10 +178,27 @@ def test_rope_qk_kv_write_bitwise(dtype, b, heads):
         ref_cache = cache.clone()
         q = K.rope_qk_kv_write(qk, v, table, positions, base, cache[0, :, :20], cache[1, :, :20])  # span views
         q_ref = K.rope_qk_kv_write_ref(qk, v, table, positions, base, ref_cache[0, :, :20], ref_cache[1, :, :20])
-        assert q.shape == (hq, b, d) and q.is_contiguous()
+        assert q.shape == (b, hq // hk, hk, d) and q.is_contiguous()  # the grouped layout [B, G, Hkv, D]
         assert torch.equal(q, q_ref)
         assert torch.equal(cache, ref_cache)  # k, v at base..base+b-1, every other slot untouched
         assert not torch.equal(cache[0, :, int(base)], cache[1, :, int(base)])
+
+
+@pytest.mark.parametrize("kernel", ["triton", "ref"])
+def test_rope_writes_q_in_the_grouped_layout(kernel):
+    """q[t, r, j] is HF head j*G + r of token t, rotated (each head checked on its own against _rope with that
+    token's table row), G = 3 != Hkv = 2 so a swapped (r, j) or a head-major q shows."""
+    from eaglespec.target.fast import _rope
+
+    b, hq, hk, d = 4, 6, 2, 32
+    qk, v, table, positions, base, cache = _rope_case(torch.float32, b, hq, hk, d, seed=3)
+    fn = K.rope_qk_kv_write if kernel == "triton" else K.rope_qk_kv_write_ref
+    q = fn(qk, v, table, positions, base, cache[0], cache[1])
+    g = hq // hk
+    assert q.shape == (b, g, hk, d) and q.is_contiguous()
+    for t in range(b):
+        for h in range(hq):
+            assert torch.equal(q[t, h % g, h // g], _rope(qk[t, h], table[positions[t]]))
 
 
 def test_rope_kv_write_goes_to_the_slots_after_base():
@@ -264,6 +281,25 @@ def test_fused_target_matches_unfused_and_hf(arch):
         for t in backends:
             t.commit(torch.arange(n))
     assert torch.allclose(fused.cache, plain.cache, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("heads", [(6, 2), (4, 1)])  # GQA with G=3, Hkv=2; MQA
+def test_fused_gqa_head_order_tree_step_matches_hf(heads):
+    """The Triton rope's q layout, the mask rows and the permuted o_proj agree on one head order: a multi-row tree
+    step of a model with G != Hkv (both > 1) equals HF's."""
+    from test_fast_backend import _gqa_target
+
+    model = _gqa_target(*heads)
+    ref, fused = HFTarget(model, (1, 3)), FastTarget(model, (1, 3), max_len=64, buckets=(8,), fused_kernels=True)
+    gen = torch.Generator().manual_seed(4)
+    prompt = torch.randint(3, 90, (9,), generator=gen)
+    _close(ref.forward(prompt), fused.forward(prompt))
+    for t in (ref, fused):
+        t.commit(torch.arange(9))
+    parents = torch.tensor([-1, 0, 0, 1, 2, 2, 4])
+    toks = torch.randint(3, 90, (7,), generator=gen)
+    depths, vis = torch.tensor([0, 1, 1, 2, 2, 2, 3]), ancestry(parents)
+    _close(ref.forward(toks, depths, vis), fused.forward(toks, depths, vis))
 
 
 def test_fused_step_calls_each_kernel_once_per_layer(monkeypatch):

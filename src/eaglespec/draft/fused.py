@@ -7,14 +7,17 @@ is launch-bound: 0.22 ms in a CUDA graph on an H200 whether it drafts 1 row or 1
     x = cat([norm(embed(tokens)), norm(state)])               # one Triton kernel (kernels), else 4
     qkv = x @ [Wq; Wk; Wv].T                                  # one GEMM
     q, KV write = rope(q, k) from a cos/sin table, v          # one Triton kernel (kernels), else 2 + 2
-    o = SDPA(q as [Hkv, G*B] rows, the unrepeated KV span)    # no repeat_interleave copies of the KV
-    h = residual + o @ Wo.T ; out = h + down(silu(gate) * up) # residuals in the GEMMs (addmm), silu * up fused
+    o = SDPA(q as [Hkv, B*G] rows, the unrepeated KV span)    # no repeat_interleave copies of the KV
+    h = residual + o @ Wo'.T; out = h + down(silu(gate) * up) # residuals in the GEMMs (addmm), silu * up fused
     logits = lm_head(norm(out))
 
 The table holds, for every KV slot position, the values Rotary.cos_sin computes per step (same fp32 products
 and cos/sin, then the dtype cast), so the rope is bitwise the module's (target/fast._rope's sign flip is
-exact). What differs: the residuals round once instead of twice (target/fast._add_linear), the concatenated
-projection and the grouped attention may accumulate in another order. Drafts are only proposals checked by
+exact). The attention is target/fast.py's grouped layout: q [B, G, Hkv, D] viewed as the query rows t*G + r of
+each kv head, the output's [B, Hq*D] view (no copy where the SDPA output is in BMHK memory) in (r, j, d) column
+order, and Wo' o_proj's weight with its columns permuted once to that order (fast._grouped_o_weight). What
+differs: the residuals round once instead of twice (target/fast._add_linear), the concatenated projection, the
+permuted o_proj and the grouped attention may accumulate in another order. Drafts are only proposals checked by
 the target, so this moves which token is proposed at a near-tie, never what is emitted, and q is the one the
 sampler uses. The weights are copied (concatenated) at construction: build it after loading, for inference.
 """
@@ -26,7 +29,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..target import kernels as K
-from ..target.fast import _add_linear, _cat_bias, _rms, _rope_table
+from ..target.fast import (
+    _add_linear,
+    _cat_bias,
+    _grouped_mask,
+    _grouped_o_weight,
+    _grouped_output,
+    _grouped_queries,
+    _rms,
+    _rope_table,
+)
 from .eagle3 import Eagle3Drafter
 
 
@@ -65,7 +77,8 @@ class FusedEagle3Step:
         self.post_norm, self.final_norm = layer.post_attention_layernorm.weight.detach(), drafter.norm.weight.detach()
         self.hq, self.hk, self.d = at.heads, at.kv_heads, at.head_dim
         self.qkv_w, self.qkv_b = _cat_linear(at.q_proj, at.k_proj, at.v_proj)
-        self.o_w, self.o_b = at.o_proj.weight.detach(), None if at.o_proj.bias is None else at.o_proj.bias.detach()
+        self.o_w = _grouped_o_weight(at.o_proj.weight, self.hk, self.d)  # columns in the grouped (r, j) order
+        self.o_b = None if at.o_proj.bias is None else at.o_proj.bias.detach()
         self.gate_up_w, self.gate_up_b = _cat_linear(mlp.gate_proj, mlp.up_proj)
         self.down_w = mlp.down_proj.weight.detach()
         self.down_b = None if mlp.down_proj.bias is None else mlp.down_proj.bias.detach()
@@ -136,12 +149,12 @@ class FusedEagle3Step:
         qk, v = qkv.view(b, hq + 2 * hk, d).split([hq + hk, hk], dim=1)
         rope = K.rope_qk_kv_write if self.kernels else K.rope_qk_kv_write_ref
         kc, vc = kv.k[0], kv.v[0]  # [Hkv, S, D]
-        q = rope(qk, v, self.table, positions, kv.slots[0], kc, vc)  # [Hq, B, D]; k, v written at the slots
-        # GQA over the unrepeated KV: head j*G + r, row t -> kv head j, query row r*B + t (as target/fast.py)
-        mask = torch.where(visible.expand(g, b, span), self._open, self._shut).view(1, 1, g * b, span)
-        o = F.scaled_dot_product_attention(q.reshape(1, hk, g * b, d), kc[None, :, :span], vc[None, :, :span],
-                                           attn_mask=mask)
-        o = o.view(hk, g, b, d).permute(2, 0, 1, 3).reshape(b, hq * d)
+        q = rope(qk, v, self.table, positions, kv.slots[0], kc, vc)  # [B, G, Hkv, D]; k, v written at the slots
+        # GQA over the unrepeated KV: head j*G + r of token t -> kv head j, query row t*G + r (as target/fast.py)
+        mask = _grouped_mask(visible, g, self._open, self._shut)  # [1, 1, B*G, span]
+        o = F.scaled_dot_product_attention(_grouped_queries(q), kc[None, :, :span], vc[None, :, :span],
+                                           attn_mask=mask)  # [1, Hkv, B*G, D]
+        o = _grouped_output(o, b)  # [B, Hq*D], columns (r, j, d)
         h = _add_linear(residual, o, self.o_w, self.o_b)  # out of place: residual may be the caller's state
         gate_up = F.linear(self._norm(h, self.post_norm), self.gate_up_w, self.gate_up_b)  # [B, 2I]
         if self.kernels:

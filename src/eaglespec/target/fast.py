@@ -17,14 +17,19 @@ Attending over the span instead of the whole static cache matters: on an H200 th
 32 us per layer over 2048 slots and 10 us over 512 (bench/RESULTS.md, session 3), whatever the context.
 Rope comes from the HF model's own rotary module (rope_scaling such as llama3 included), evaluated
 once for every slot position into a cos/sin table (_rope_table).
-Kernels per layer of a step (CUDA, no bias): 2 per RMSNorm, the qkv GEMM, rope 2 (written head-major: q's GQA
-rows and k's cache rows are views), 2 KV index copies, SDPA, o GEMM + residual (one addmm), gate/up GEMM, silu,
-mul, down GEMM + residual (addmm_ in place: no copy of h); steps of more than one row add one copy (the attention
-output back to token-major).
+GQA without repeating the KV: the G query heads of kv head j (HF head h = j*G + r) become G query rows per
+token, ordered token-major (row t*G + r). q is laid out as [B, G, Hkv, D] (token t, group member r, kv head j),
+the SDPA query its [1, Hkv, B*G, D] transposed view (the "BMHK" memory layout CUDA's attention kernels use), so
+the attention output comes back in the same memory order and each token's G*Hkv*D outputs are contiguous: its
+[B, Hq*D] view, columns in (r, j, d) order, feeds o_proj with no copy, o_proj's weight holding HF's columns
+permuted once to that order at construction (_grouped_o_weight; the model's own o_proj is untouched).
+Kernels per layer of a step (CUDA, no bias): 2 per RMSNorm, the qkv GEMM, rope 2 (written head-major: k's cache
+rows are views) + 1 copy of q into the grouped layout, 2 KV index copies, SDPA, o GEMM + residual (one addmm),
+gate/up GEMM, silu, mul, down GEMM + residual (addmm_ in place: no copy of h).
 fused_kernels=True (make_target's default on CUDA where triton imports; EAGLESPEC_FUSED_KERNELS=0/1 forces it
-off/on) runs the step's RMSNorms, rope + KV write and silu * up as Triton kernels (target/kernels.py: 2 + 4 + 2 + 2
-kernels per layer become 1 + 1 + 1 + 1, the same rounding); it needs triton and a CUDA target (or
-TRITON_INTERPRET=1) and is refused otherwise.
+off/on) runs the step's RMSNorms, rope + KV write and silu * up as Triton kernels (target/kernels.py: 2 + 5 + 2 + 2
+kernels per layer become 1 + 1 + 1 + 1, the same rounding; the rope kernel writes q in the grouped layout
+directly); it needs triton and a CUDA target (or TRITON_INTERPRET=1) and is refused otherwise.
 """
 
 from __future__ import annotations
@@ -155,6 +160,37 @@ def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: to
     return h + F.linear(x, weight, bias)
 
 
+def _grouped_o_weight(w: torch.Tensor, n_kv: int, head_dim: int) -> torch.Tensor:
+    """o_proj's weight [H, Hq*D] with its input columns reordered from HF's head order (head h = j*G + r: kv head j,
+    group member r) to the grouped attention output's (r, j): column (r*Hkv + j)*D + i holds HF's column
+    (j*G + r)*D + i. A contiguous copy when G > 1 and Hkv > 1; otherwise the orders agree and it is a view of the
+    weight. Detached."""
+    out, width = w.shape
+    g = width // (n_kv * head_dim)
+    return w.detach().view(out, n_kv, g, head_dim).transpose(1, 2).reshape(out, width)
+
+
+def _grouped_queries(q: torch.Tensor) -> torch.Tensor:
+    """q [B, G, Hkv, D] (token t, group member r, kv head j; contiguous) -> the SDPA query [1, Hkv, B*G, D], row
+    t*G + r of kv head j = HF head j*G + r of token t: a transposed view (BMHK memory)."""
+    b, g, hk, d = q.shape
+    return q.reshape(1, b * g, hk, d).transpose(1, 2)
+
+
+def _grouped_output(o: torch.Tensor, b: int) -> torch.Tensor:
+    """The SDPA output [1, Hkv, B*G, D] of _grouped_queries' rows -> [B, G*Hkv*D], columns in (r, j, d) order (the
+    order of _grouped_o_weight's columns). A view where o is in BMHK memory: CUDA's memory-efficient kernel
+    always returns it so; its flash and cuDNN kernels and CPU's follow the query's layout, BMHK here. Else a copy."""
+    return o.transpose(1, 2).reshape(b, -1)
+
+
+def _grouped_mask(allowed: torch.Tensor, g: int, open_: torch.Tensor, shut: torch.Tensor) -> torch.Tensor:
+    """allowed [B, span] bool -> the additive mask [1, 1, B*G, span] of the grouped query rows (row t*G + r:
+    token t's), `open_` where allowed, else `shut` (0-dim tensors in the model dtype)."""
+    b, span = allowed.shape
+    return torch.where(allowed[:, None, :].expand(b, g, span), open_, shut).view(1, 1, b * g, span)
+
+
 def _cat_bias(*mods: nn.Linear) -> torch.Tensor | None:
     if all(m.bias is None for m in mods):
         return None
@@ -169,7 +205,7 @@ class _Layer:
     qkv_w: torch.Tensor
     qkv_b: torch.Tensor | None
     qk_norm: torch.Tensor | None  # [Hq + Hkv, D]: Qwen3's q_norm weight per q head, then k_norm's per k head
-    o_w: torch.Tensor
+    o_w: torch.Tensor  # [H, Hq*D]: o_proj's weight, columns in the grouped (r, j) head order (_grouped_o_weight)
     o_b: torch.Tensor | None
     post_norm: torch.Tensor
     gate_up_w: torch.Tensor
@@ -288,7 +324,7 @@ class FastTarget:
             qkv_b=_cat_bias(at.q_proj, at.k_proj, at.v_proj),
             qk_norm=None if qn is None else torch.cat([qn.weight.expand(self.n_heads, -1),
                                                        kn.weight.expand(self.n_kv, -1)]),
-            o_w=at.o_proj.weight, o_b=at.o_proj.bias,
+            o_w=_grouped_o_weight(at.o_proj.weight, self.n_kv, self.head_dim), o_b=at.o_proj.bias,
             post_norm=layer.post_attention_layernorm.weight,
             gate_up_w=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
             gate_up_b=_cat_bias(mlp.gate_proj, mlp.up_proj),
@@ -357,9 +393,7 @@ class FastTarget:
         g = hq // hk
         rel = cols - base  # [span]: slot index relative to the first pending slot
         allowed = (visible[:, rel.clamp(0, b - 1)] & (rel < b)) | (rel < 0)  # [B, span]: the prefix, visible rows
-        # [1, 1, G*B, span]: the rows of the grouped queries (see below), 0 where allowed, else the dtype's min
-        mask = torch.where(allowed.expand(g, b, span), self._open, self._shut)
-        mask = mask.view(1, 1, g * b, span)
+        mask = _grouped_mask(allowed, g, self._open, self._shut)  # [1, 1, B*G, span]: the grouped query rows
         fused = self._kernels  # None: the torch code
         norm = _rms if fused is None else fused.rms_norm_weight
         if fused is None:
@@ -380,20 +414,18 @@ class FastTarget:
             kc, vc = self.cache[i, 0].narrow(1, 0, span), self.cache[i, 1].narrow(1, 0, span)  # [Hkv, span, D]
             if fused is None:
                 # rope of q and k at once (element-wise: the same values as one by one), written head-major so
-                # that q's GQA rows and k's cache rows below are views: no copy whatever the number of rows
+                # that k's cache rows are views; q then copied into the grouped layout (kernels.rope_qk_kv_write_ref)
                 qk_heads = qk.new_empty(hq + hk, b, d)
                 _rope(qk.transpose(0, 1), rope, out=qk_heads)  # [Hq + Hkv, B, D]
                 kc.index_copy_(1, slots, qk_heads[hq:])
                 vc.index_copy_(1, slots, v.transpose(0, 1))
-                q = qk_heads[:hq]
-            else:  # the same in one kernel: q [Hq, B, D], k and v written at slots base..base+B-1
+                q = qk_heads[:hq].unflatten(0, (hk, g)).permute(2, 1, 0, 3).contiguous()  # [B, G, Hkv, D]
+            else:  # the same in one kernel: q [B, G, Hkv, D], k and v written at slots base..base+B-1
                 q = fused.rope_qk_kv_write(qk, v, self.rope_table, positions, base, kc, vc)
-            # GQA without repeating the cache: the G query heads of a kv head become G*B query rows (head
-            # j*G + r, token t -> kv head j, row r*B + t): [Hq, B, D] viewed as [1, Hkv, G*B, D] (eager; a reshape
-            # because a compiled graph may lay the rope's output out otherwise)
-            qg = q.reshape(1, hk, g * b, d)
-            o = F.scaled_dot_product_attention(qg, kc[None], vc[None], attn_mask=mask, scale=self.scaling)
-            o = o.view(hk, g, b, d).permute(2, 0, 1, 3).reshape(b, hq * d)  # a copy when B > 1
+            # GQA without repeating the cache: head j*G + r of token t is row t*G + r of kv head j
+            o = F.scaled_dot_product_attention(_grouped_queries(q), kc[None], vc[None], attn_mask=mask,
+                                               scale=self.scaling)  # [1, Hkv, B*G, D]
+            o = _grouped_output(o, b)  # [B, Hq*D], columns (r, j, d): a view of BMHK memory
             # residuals accumulate in place, except into the h that feats[i] holds (the layer's input)
             h = _add_linear(h, o, w.o_w, w.o_b, inplace=i not in wanted)
             x = norm(h, w.post_norm, self.eps)

@@ -3,20 +3,22 @@ step (draft/fused.py) use them on CUDA unless EAGLESPEC_FUSED_KERNELS=0): fewer 
 same values as the torch code they replace.
 
     rms_norm_weight   HF LlamaRMSNorm in one kernel (F.rms_norm + the weight product: 2 kernels)
-    rope_qk_kv_write  rope of q and k, q written head-major, k and v written into the KV cache at slots
-                      base..base+B-1 in one kernel (_rope's 2 kernels + 2 index_copy_)
+    rope_qk_kv_write  rope of q and k, q written in the grouped layout [B, G, Hkv, D] the attention reads (fast.py's
+                      _grouped_queries), k and v written into the KV cache at slots base..base+B-1 in one kernel
+                      (_rope's 2 kernels + 2 index_copy_ + the copy of q into that layout)
     silu_mul          silu(gate) * up in one kernel (2 kernels)
     eagle3_input      the EAGLE-3 drafter's layer input (draft/fused.py): embedding gather (+ cast), both
                       RMSNorms and the concatenation in one kernel (4 kernels, 5 with the cast)
 
-so a layer of a step launches 6 fewer kernels (10 -> 4 for these parts), and the step 3 fewer outside the layers
-(the final norm, the slots and the rope-table gather): 183 of SmolLM2-135M's ~555 per step. Each kernel rounds where
-the torch code rounds: the arithmetic is fp32 and every intermediate the torch code stores in the model's dtype
-is rounded to that dtype (round to nearest even) in place, by _round below. bf16 is rounded with integer bit
-operations, not a cast, because Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) stores bf16 as uint16,
-truncates fp32 -> bf16 casts and cannot do bf16 arithmetic at all; with every value pre-rounded, the final cast
-to bf16 for the store is exact in both. NaN payloads are not preserved (a NaN may round to inf); the model never
-feeds one. Launches pass enable_fp_fusion=False: torch's unfused products and sums, no FMA contraction.
+so a layer of a step launches 7 fewer kernels (11 -> 4 for these parts), and the step 3 fewer outside the layers
+(the final norm, the slots and the rope-table gather): 213 per step of SmolLM2-135M (30 layers). Each kernel
+rounds where the torch code rounds: the arithmetic is fp32 and every intermediate the torch code stores in the
+model's dtype is rounded to that dtype (round to nearest even) in place, by _round below. bf16 is rounded with
+integer bit operations, not a cast, because Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) stores bf16
+as uint16, truncates fp32 -> bf16 casts and cannot do bf16 arithmetic at all; with every value pre-rounded, the
+final cast to bf16 for the store is exact in both. NaN payloads are not preserved (a NaN may round to inf); the
+model never feeds one. Launches pass enable_fp_fusion=False: torch's unfused products and sums, no FMA
+contraction.
 
 What cannot be bitwise on a GPU: a reduction's order (the RMSNorm's sum of squares) and rsqrt's last bit
 differ from torch's own kernel, so fp32 RMSNorm outputs may differ by an ulp; elementwise parts (rope, the KV
@@ -75,16 +77,18 @@ def rms_norm_weight_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.T
 
 def rope_qk_kv_write_ref(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
                          base: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-    """fast._step's rope and KV write: returns q [Hq, B, D]; writes k and v into the caches at base + 0..B-1."""
+    """fast._step's rope and KV write: returns q [B, G, Hkv, D] contiguous, q[t, r, j] = rotated HF head j*G + r
+    of token t (the grouped layout: fast._grouped_queries); writes k and v into the caches at base + 0..B-1."""
     from .fast import _rope
 
-    b, hk = v.shape[0], v.shape[1]
-    heads = qk.new_empty(qk.shape[1], b, qk.shape[2])
+    b, hk, d = v.shape[0], v.shape[1], v.shape[2]
+    hq = qk.shape[1] - hk
+    heads = qk.new_empty(hq + hk, b, d)
     _rope(qk.transpose(0, 1), table[positions][None], out=heads)  # [Hq + Hkv, B, D]
     slots = base + torch.arange(b, device=qk.device)
-    k_cache.index_copy_(1, slots, heads[heads.shape[0] - hk:])
+    k_cache.index_copy_(1, slots, heads[hq:])
     v_cache.index_copy_(1, slots, v.transpose(0, 1))
-    return heads[: heads.shape[0] - hk]
+    return heads[:hq].unflatten(0, (hk, hq // hk)).permute(2, 1, 0, 3).contiguous()  # [B, G, Hkv, D]
 
 
 def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
@@ -158,11 +162,12 @@ def _eagle3_input_kernel(tok_ptr, emb_ptr, state_ptr, in_w_ptr, hid_w_ptr, out_p
 
 
 def _rope_kv_kernel(qk_ptr, v_ptr, table_ptr, pos_ptr, base_ptr, q_ptr, kc_ptr, vc_ptr,
-                    qk_s0, qk_s1, v_s0, v_s1, kc_s0, kc_s1, vc_s0, vc_s1, B,
-                    HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (t, h): head h of token t. h < HQ: rotated q -> q[h, t]; h < HQ + HKV: rotated k -> k cache
-    [h - HQ, base + t]; else v -> v cache [h - HQ - HKV, base + t]. Rope as _rope: output half i =
-    round(round(x_1 * table[i, 0]) + round(x_2 * table[i, 1]))."""
+                    qk_s0, qk_s1, v_s0, v_s1, kc_s0, kc_s1, vc_s0, vc_s1,
+                    HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (t, h): head h of token t. h < HQ: rotated q -> q[t, h % G, h // G] (q [B, G, Hkv, D]: HF head
+    j*G + r at [t, r, j]); h < HQ + HKV: rotated k -> k cache [h - HQ, base + t]; else v -> v cache
+    [h - HQ - HKV, base + t]. Rope as _rope: output half i = round(round(x_1 * table[i, 0]) + round(x_2 *
+    table[i, 1]))."""
     dtype = q_ptr.dtype.element_ty
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -181,7 +186,7 @@ def _rope_kv_kernel(qk_ptr, v_ptr, table_ptr, pos_ptr, base_ptr, q_ptr, kc_ptr, 
         o1 = _round(_round(x1 * c1, dtype) + _round(x2 * ns1, dtype), dtype)
         o2 = _round(_round(x1 * s2, dtype) + _round(x2 * c2, dtype), dtype)
         if h < HQ:
-            dst = q_ptr + (h * B + t) * (2 * HALF)
+            dst = q_ptr + ((t * G + h % G) * HKV + h // G) * (2 * HALF)
         else:
             dst = kc_ptr + (h - HQ) * kc_s0 + slot * kc_s1
         tl.store(dst + i, o1.to(dtype), mask=inside)
@@ -272,8 +277,9 @@ def rope_qk_kv_write(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor, pos
                      base: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
     """rope_qk_kv_write_ref in one kernel. qk [B, Hq + Hkv, D] and v [B, Hkv, D] (any strides but a contiguous
     last dim: views of the qkv projection), table [S, 2, 2, D/2] contiguous (fast._rope_table), positions [B]
-    long, base [] long, k_cache / v_cache [Hkv, S', D] (last dim contiguous) -> q [Hq, B, D], rotated; rotated k
-    and v written into the caches at slots base + 0..B-1."""
+    long, base [] long, k_cache / v_cache [Hkv, S', D] (last dim contiguous) -> q [B, G, Hkv, D] contiguous,
+    rotated, HF head j*G + r of token t at q[t, r, j] (the layout fast._grouped_queries views as the attention's
+    query rows); rotated k and v written into the caches at slots base + 0..B-1."""
     _load()
     b, hqk, d = qk.shape
     hk = v.shape[1]
@@ -282,11 +288,14 @@ def rope_qk_kv_write(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor, pos
         raise ValueError(f"rope table {tuple(table.shape)} (contiguous: {table.is_contiguous()}) for head_dim {d}")
     if qk.stride(-1) != 1 or v.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("rope_qk_kv_write needs a contiguous last dim in qk, v and the caches")
-    q = torch.empty(hq, b, d, dtype=qk.dtype, device=qk.device)
+    if hq % hk:
+        raise ValueError(f"{hq} query heads for {hk} kv heads")
+    q = torch.empty(b, hq // hk, hk, d, dtype=qk.dtype, device=qk.device)
     _rope_kv_kernel[(b, hqk + hk)](qk, v, table, positions, base, q, k_cache, v_cache,
                                    qk.stride(0), qk.stride(1), v.stride(0), v.stride(1),
-                                   k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), b,
-                                   HQ=hq, HKV=hk, HALF=d // 2, BLOCK=_pow2(d // 2), enable_fp_fusion=False)
+                                   k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+                                   HQ=hq, HKV=hk, G=hq // hk, HALF=d // 2, BLOCK=_pow2(d // 2),
+                                   enable_fp_fusion=False)
     return q
 
 
