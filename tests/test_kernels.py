@@ -249,14 +249,17 @@ def _close(a, b, atol=1e-5) -> None:
     torch.testing.assert_close(a.features, b.features, atol=atol, rtol=0)
 
 
+@pytest.mark.parametrize("gemm", [False, True], ids=["kernels", "kernels+gemm"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
-def test_fused_target_matches_unfused_and_hf(arch):
+def test_fused_target_matches_unfused_and_hf(arch, gemm):
     """Prefill (eager, beyond the buckets), a tree with a mask, a non-prefix commit, a causal step: fused ==
-    unfused == HF in fp32 (to rounding: the fused RMSNorm sums in another order)."""
+    unfused == HF in fp32 (to rounding: the fused RMSNorm sums in another order; with gemm_kernels the GEMMs
+    accumulate in another order too). Qwen2's qkv bias goes through rms_norm_linear's bias."""
     model = tiny_target(arch, seed=5)
     ids = (0, 2, 4)
     ref, plain = HFTarget(model, ids), FastTarget(model, ids, max_len=64, buckets=(1, 4, 8))
-    fused = FastTarget(model, ids, max_len=64, buckets=(1, 4, 8), fused_kernels=True)
+    fused = FastTarget(model, ids, max_len=64, buckets=(1, 4, 8), fused_kernels=True, gemm_kernels=gemm)
+    assert (fused._gemm is not None) is gemm
     backends = (ref, plain, fused)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, 90, (11,), generator=gen)
@@ -310,6 +313,53 @@ def test_fused_step_calls_each_kernel_once_per_layer(monkeypatch):
     fused.forward(torch.tensor([5, 6, 7]))
     layers = fused.num_layers
     assert calls == {"rms_norm_weight": 2 * layers + 1, "rope_qk_kv_write": layers, "silu_mul": layers}
+
+
+def test_gemm_kernels_replace_norm_gemm_pairs_and_the_mlp_tail(monkeypatch):
+    """gemm_kernels: every RMSNorm feeds its GEMM inside rms_norm_linear (2L + 1 calls: qkv, gate_up, lm_head), the
+    MLP's silu * up + down + residual is one silu_mul_linear_ per layer; no separate norm or silu_mul is left."""
+    import eaglespec.target.gemm_kernels as G
+
+    model = tiny_target("qwen3", seed=2)
+    fused = FastTarget(model, max_len=64, fused_kernels=True, gemm_kernels=True)
+    calls = count_calls(monkeypatch, "rms_norm_weight", "rope_qk_kv_write", "silu_mul")
+    for name in ("rms_norm_linear", "silu_mul_linear_"):
+        real = getattr(G, name)
+
+        def counted(*a, _real=real, _name=name, **kw):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(G, name, counted)
+    fused.forward(torch.tensor([5, 6, 7]))
+    layers = fused.num_layers
+    assert calls == {"rms_norm_weight": 0, "rope_qk_kv_write": layers, "silu_mul": 0,
+                     "rms_norm_linear": 2 * layers + 1, "silu_mul_linear_": layers}
+
+
+def test_gemm_greedy_engine_matches_generate(monkeypatch):
+    monkeypatch.setenv("EAGLESPEC_GEMM_KERNELS", "1")
+    model = tiny_target("llama", seed=7)
+    target = make_target(model, "fast", max_len=64, fused_kernels=True)
+    assert target._gemm is not None
+    engine = SpeculativeEngine(target, tiny_drafter(model, seed=3), TreeSpec("chain", depth=3))
+    prompt = [5, 17, 33, 2 + 60, 8]
+    assert engine.generate(prompt, max_new_tokens=16).token_ids == reference_greedy(model, prompt, 16)
+
+
+def test_gemm_kernels_switch(monkeypatch):
+    model = tiny_target("llama", seed=1)
+    monkeypatch.delenv("EAGLESPEC_GEMM_KERNELS", raising=False)
+    assert FastTarget(model, max_len=64, fused_kernels=True)._gemm is None  # off by default
+    monkeypatch.setenv("EAGLESPEC_GEMM_KERNELS", "1")
+    assert FastTarget(model, max_len=64, fused_kernels=True)._gemm is not None
+    assert FastTarget(model, max_len=64)._gemm is None  # only with the fused kernels
+    assert FastTarget(model, max_len=64, fused_kernels=True, gemm_kernels=False)._gemm is None
+    with pytest.raises(EagleSpecError, match="gemm_kernels=True needs fused_kernels"):
+        FastTarget(model, max_len=64, gemm_kernels=True)
+    monkeypatch.setenv("EAGLESPEC_GEMM_KERNELS", "yes")
+    with pytest.raises(EagleSpecError, match="EAGLESPEC_GEMM_KERNELS"):
+        FastTarget(model, max_len=64, fused_kernels=True)
 
 
 def test_fused_target_keeps_other_activations_on_torch(monkeypatch):
@@ -432,6 +482,50 @@ def test_fused_draft_step_kernels_match_its_torch_path(dtype, norm_before_residu
     for a, b in zip(outs[0], outs[1]):
         torch.testing.assert_close(b.float(), a.float(), **tol)
     assert torch.equal(state, state_before)  # the caller's state is read, never written
+
+
+@pytest.mark.parametrize("norm_output", [False, True])
+def test_fused_draft_step_gemm_kernels_match_its_torch_path(norm_output, monkeypatch):
+    """FusedEagle3Step(kernels=True, gemm=True) == its torch path (fp32, to accumulation order): post-norm + gate_up
+    and the MLP tail are one kernel each, and norm + lm_head too unless the normed output is the state."""
+    import eaglespec.target.gemm_kernels as G
+    from eaglespec.draft.fast import StaticKV
+    from eaglespec.draft.fused import FusedEagle3Step
+
+    model = tiny_target("llama", seed=1)
+    d = tiny_drafter(model, seed=4, norm_output=norm_output)
+    with torch.no_grad():
+        for n, p in d.named_parameters():
+            if "norm" in n:
+                p.add_(0.3 * torch.randn_like(p))
+    at = d.midlayer.self_attn
+    rows, size, span = 5, 48, 32
+    torch.manual_seed(0)
+    slots = torch.arange(17, 17 + rows)
+    k = torch.randn(1, at.kv_heads, size, at.head_dim)
+    v = torch.randn_like(k)
+    state = torch.randn(rows, d.cfg.hidden_size)
+    tokens, positions = torch.randint(0, d.cfg.vocab_size, (rows,)), torch.tensor([3, 9, 9, 12, 16])
+    visible = torch.rand(rows, span) < 0.6
+    visible[torch.arange(rows), slots] = True
+    calls: dict[str, int] = {}
+    for name in ("rms_norm_linear", "silu_mul_linear_"):
+        real = getattr(G, name)
+
+        def counted(*a, _real=real, _name=name, **kw):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(G, name, counted)
+    outs = []
+    for kernels in (False, True):
+        cache = [StaticKV(k.clone(), v.clone(), slots, span)]
+        with torch.no_grad():
+            outs.append(FusedEagle3Step(d, size, kernels=kernels, gemm=kernels)(state, tokens, positions, cache,
+                                                                               visible))
+    assert calls == {"rms_norm_linear": 1 if norm_output else 2, "silu_mul_linear_": 1}
+    for a, b in zip(outs[0], outs[1]):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
 
 
 def test_kernels_are_wanted_on_cuda_by_default(monkeypatch):

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..target import gemm_kernels as G
 from ..target import kernels as K
 from ..target.fast import (
     _add_linear,
@@ -65,7 +66,7 @@ class FusedEagle3Step:
     `slots` are consecutive (both users: StaticDraftRunner.run and tree_graph.DeviceTreeRows) and `visible`
     a full [B, span] bool mask. Positions must be below `max_positions`."""
 
-    def __init__(self, drafter: Eagle3Drafter, max_positions: int, kernels: bool = False):
+    def __init__(self, drafter: Eagle3Drafter, max_positions: int, kernels: bool = False, gemm: bool | None = None):
         reason = unfusable_reason(drafter)
         if reason is not None:
             raise ValueError(f"cannot fuse this drafter's step: {reason}")
@@ -90,6 +91,9 @@ class FusedEagle3Step:
         self._open = torch.zeros((), device=w.device, dtype=w.dtype)
         self._shut = torch.full((), torch.finfo(w.dtype).min, device=w.device, dtype=w.dtype)
         self.kernels = kernels
+        # target/gemm_kernels.py with the kernels (None: $EAGLESPEC_GEMM_KERNELS): post-norm + gate_up, the MLP tail
+        # (silu * up, down, residual) and final norm + lm_head, one kernel each
+        self.gemm = G if kernels and (G.wanted() if gemm is None else gemm) else None
         self.dtype = drafter.fc.weight.dtype  # the model dtype (drafter.embed casts the target's embedding to it)
         # eagle3_input's normalised halves are in state's dtype; the torch path's `w * rms(x)` promotes to the
         # weights' dtype: the one kernel only where they agree
@@ -156,12 +160,21 @@ class FusedEagle3Step:
                                            attn_mask=mask)  # [1, Hkv, B*G, D]
         o = _grouped_output(o, b)  # [B, Hq*D], columns (r, j, d)
         h = _add_linear(residual, o, self.o_w, self.o_b)  # out of place: residual may be the caller's state
-        gate_up = F.linear(self._norm(h, self.post_norm), self.gate_up_w, self.gate_up_b)  # [B, 2I]
-        if self.kernels:
-            act = K.silu_mul(gate_up)
+        gemm = self.gemm
+        if gemm is not None:
+            gate_up = gemm.rms_norm_linear(h, self.post_norm, self.eps, self.gate_up_w, self.gate_up_b)  # [B, 2I]
         else:
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = F.silu(gate) * up
-        out = _add_linear(h, act, self.down_w, self.down_b, inplace=True)  # [B, H]
+            gate_up = F.linear(self._norm(h, self.post_norm), self.gate_up_w, self.gate_up_b)  # [B, 2I]
+        if gemm is not None and self.down_b is None:
+            out = gemm.silu_mul_linear_(h, gate_up, self.down_w)  # [B, H]: h += silu(gate) * up @ down.T
+        else:
+            if self.kernels:
+                act = K.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                act = F.silu(gate) * up
+            out = _add_linear(h, act, self.down_w, self.down_b, inplace=True)  # [B, H]
+        if gemm is not None and not self.norm_output:  # the normed output is not a result: norm + lm_head at once
+            return gemm.rms_norm_linear(out, self.final_norm, self.eps, self.lm_w), out
         normed = self._norm(out, self.final_norm)
         return F.linear(normed, self.lm_w), (normed if self.norm_output else out)

@@ -46,6 +46,7 @@ from torch import nn
 from ..errors import EagleSpecError
 from .base import TargetOutput
 from .capture import decoder_layers
+from .gemm_kernels import wanted as gemm_wanted
 from .kernels import FUSED_KERNELS_ENV, wanted
 
 __all__ = ["FUSED_KERNELS_ENV", "FastTarget", "fused_by_default", "make_target", "unsupported_reason"]
@@ -239,7 +240,8 @@ class FastTarget:
 
     def __init__(self, model: nn.Module, feature_layer_ids: tuple[int, ...] = (), max_len: int = 2048,
                  buckets: tuple[int, ...] = DEFAULT_BUCKETS, cuda_graphs: bool | None = None,
-                 compile: bool = False, span_step: int = SPAN_STEP, fused_kernels: bool = False):
+                 compile: bool = False, span_step: int = SPAN_STEP, fused_kernels: bool = False,
+                 gemm_kernels: bool | None = None):
         reason = unsupported_reason(model)
         if reason is not None:
             raise EagleSpecError(f"the fast backend cannot run this target: {reason} (use backend='hf')")
@@ -285,6 +287,14 @@ class FastTarget:
             if compile:
                 raise EagleSpecError("fused_kernels=True cannot be combined with compile=True")
             self._kernels = kernels
+        # target/gemm_kernels.py with the fused kernels: RMSNorm + GEMM and silu*up + GEMM + residual, one kernel each
+        self._gemm = None
+        if gemm_kernels and not fused_kernels:
+            raise EagleSpecError("gemm_kernels=True needs fused_kernels=True")
+        if fused_kernels and (gemm_wanted() if gemm_kernels is None else gemm_kernels):
+            from . import gemm_kernels as gemm
+
+            self._gemm = gemm
         self.compiled = compile
         # the bucket is static (one compile each), the span dynamic (cols' length); a torch without
         # maybe_mark_dynamic would recompile per span: its compiled steps attend over the whole cache
@@ -394,8 +404,14 @@ class FastTarget:
         rel = cols - base  # [span]: slot index relative to the first pending slot
         allowed = (visible[:, rel.clamp(0, b - 1)] & (rel < b)) | (rel < 0)  # [B, span]: the prefix, visible rows
         mask = _grouped_mask(allowed, g, self._open, self._shut)  # [1, 1, B*G, span]: the grouped query rows
-        fused = self._kernels  # None: the torch code
+        fused, gemm = self._kernels, self._gemm  # None: the torch code
         norm = _rms if fused is None else fused.rms_norm_weight
+
+        def norm_linear(x: torch.Tensor, norm_w: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+            """F.linear(norm(x), weight, bias): one kernel with gemm_kernels (the norm in the GEMM's prologue)."""
+            if gemm is not None:
+                return gemm.rms_norm_linear(x, norm_w, self.eps, weight, bias)
+            return F.linear(norm(x, norm_w, self.eps), weight, bias)
         if fused is None:
             slots = base + cols[:b]  # [B]: this step's cache slots (cols[:b] = 0..b-1)
             rope = self.rope_table[positions][None]  # [1, B, 2, 2, D/2]: broadcast over head-major [heads, B, D]
@@ -406,8 +422,7 @@ class FastTarget:
         for i, w in enumerate(self.layers):
             if i in wanted:
                 feats[i] = h
-            x = norm(h, w.in_norm, self.eps)
-            qkv = F.linear(x, w.qkv_w, w.qkv_b)
+            qkv = norm_linear(h, w.in_norm, w.qkv_w, w.qkv_b)  # [B, (Hq + 2 Hkv) D]
             qk, v = qkv.view(b, hq + 2 * hk, d).split([hq + hk, hk], dim=1)
             if w.qk_norm is not None:  # q_norm and k_norm at once (per head: the same values as one by one)
                 qk = _rms(qk, w.qk_norm, self.eps)
@@ -428,8 +443,10 @@ class FastTarget:
             o = _grouped_output(o, b)  # [B, Hq*D], columns (r, j, d): a view of BMHK memory
             # residuals accumulate in place, except into the h that feats[i] holds (the layer's input)
             h = _add_linear(h, o, w.o_w, w.o_b, inplace=i not in wanted)
-            x = norm(h, w.post_norm, self.eps)
-            gate_up = F.linear(x, w.gate_up_w, w.gate_up_b)  # [B, 2I]
+            gate_up = norm_linear(h, w.post_norm, w.gate_up_w, w.gate_up_b)  # [B, 2I]
+            if gemm is not None and _is_silu(w.act) and w.down_b is None:  # h += silu(gate) * up @ down.T: 1 kernel
+                h = gemm.silu_mul_linear_(h, gate_up, w.down_w)
+                continue
             if fused is not None and _is_silu(w.act):
                 act = fused.silu_mul(gate_up)  # [B, I]
             else:
@@ -438,7 +455,7 @@ class FastTarget:
             h = _add_linear(h, act, w.down_w, w.down_b, inplace=True)
         if self.num_layers in wanted:
             feats[self.num_layers] = h
-        logits = F.linear(norm(h, self.final_norm, self.eps), self.lm_w, self.lm_b)
+        logits = norm_linear(h, self.final_norm, self.lm_w, self.lm_b)  # [B, V]
         if self.feature_layer_ids:
             features = torch.cat([feats[j] for j in self.feature_layer_ids], dim=-1)
         else:

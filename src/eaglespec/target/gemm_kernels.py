@@ -30,11 +30,24 @@ Triton is imported lazily (kernels._load's rules apply: the interpreter mode is 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
 
+from ..errors import EagleSpecError
 from . import kernels
+
+GEMM_KERNELS_ENV = "EAGLESPEC_GEMM_KERNELS"  # "1" on, "0" off; unset: off (not yet measured on a GPU)
+
+
+def wanted() -> bool:
+    """Whether a fused fast step (kernels.py's kernels on) also takes these GEMMs: $EAGLESPEC_GEMM_KERNELS=1 (off by
+    default until measured on a GPU: bench/gemm_check.py)."""
+    env = os.environ.get(GEMM_KERNELS_ENV, "")
+    if env not in ("", "0", "1"):
+        raise EagleSpecError(f"{GEMM_KERNELS_ENV}={env!r}: expected 0 or 1 (or unset: off)")
+    return env == "1"
 
 
 # -- plain-torch references (the code of fast.py each kernel replaces) ---------------------------------------
