@@ -173,6 +173,35 @@ PY
         | grep -v "Loading weights" | grep "|" | tail -4
     done
     ;;
+  s8c)  # session 8's kernel work: the fused GEMMs alone, then round timelines without / with them (device
+         # activities per round: the attention-output copies are gone in both)
+    timeout 200 python3 bench/gemm_check.py --sweep --json "$OUT/h200_gemm_check_$c.json" 2>&1 | grep -v "Loading weights" \
+      | tail -40
+    for g in 0 1; do
+      EAGLESPEC_GEMM_KERNELS=$g timeout 100 python3 bench/round_timeline.py --tree static --prompts 2 --max-new-tokens 128 \
+        --no-sync-before-verify --json "$OUT/h200_round_timeline_rg_static_gemm${g}_$c.json" 2>&1 \
+        | grep -v "Loading weights" | grep "other\|RoundStats" | tail -2
+    done
+    ;;
+  s8bench)  # MT-bench 80 at T=0, every method (GEMM=1 with the fused GEMMs), HF on 3, fp32 check on 2
+    g=${GEMM:-0}
+    EAGLESPEC_GEMM_KERNELS=$g timeout 330 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --hf-limit 3 \
+      --check-fp32 2 $SHAPES --json "$OUT/h200_mtbench80_t0_gemm${g}_$c.json" --plot "$OUT/h200_mtbench80_t0_gemm${g}_$c.png" \
+      --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | grep "|\|fp32" | tail -9
+    ;;
+  s8more)  # the other GEMM setting on MT-bench 80 (plain, static), T=1 on 20, HumanEval 164 at T=0
+    g=${GEMM:-0}; o=$((1 - g))
+    EAGLESPEC_GEMM_KERNELS=$o timeout 150 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 \
+      --methods fast-plain,eagle3-static $SHAPES --json "$OUT/h200_mtbench80_t0_gemm${o}_$c.json" \
+      --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | grep "|" | tail -3
+    EAGLESPEC_GEMM_KERNELS=$g timeout 110 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --temperature 1 \
+      --methods fast-plain,eagle3-chain,eagle3-static $SHAPES --json "$OUT/h200_mtbench20_t1_gemm${g}_$c.json" \
+      --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | grep "|" | tail -4
+    EAGLESPEC_GEMM_KERNELS=$g timeout 220 python3 -m eaglespec.cli bench --dataset humaneval --limit 164 \
+      --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic $SHAPES \
+      --json "$OUT/h200_humaneval164_t0_gemm${g}_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 \
+      | grep -v "Loading weights" | grep "|" | tail -6
+    ;;
   rgtimeline)
     for tree in static chain; do
       timeout 100 python3 bench/round_timeline.py --tree "$tree" --prompts 3 --max-new-tokens 128 --no-sync-before-verify \
