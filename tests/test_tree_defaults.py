@@ -59,13 +59,13 @@ def test_shipped_drafter_recommends_measured_shapes():
 
     found = tree_defaults(_drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json")))
     assert found["chain"] == {"k": 5}
-    assert found["dynamic"] == {"depth": 6, "top_k": 8, "budget": 40}
+    assert found["dynamic"] == {"depth": 7, "top_k": 10, "budget": 60}  # session 8 sweep under round graphs
     assert found["static"] == {"depth": 5, "top_k": 10, "budget": 25}
     from eaglespec.api import resolve_trees
 
     drafter = _drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json"))
     on_gpu, sampled_on_gpu = resolve_trees({}, drafter, device="cuda")
-    assert (on_gpu.kind, sampled_on_gpu.kind, sampled_on_gpu.depth) == ("static", "chain", 5)
+    assert (on_gpu.kind, sampled_on_gpu.kind, sampled_on_gpu.depth) == ("dynamic", "chain", 5)
     assert resolve_trees({}, drafter, device="cpu")[0].kind == "chain"
 
 

@@ -38,12 +38,16 @@ import torch.nn.functional as F
 from ..errors import EagleSpecError
 from . import kernels
 
-GEMM_KERNELS_ENV = "EAGLESPEC_GEMM_KERNELS"  # "1" on, "0" off; unset: off (not yet measured on a GPU)
+GEMM_KERNELS_ENV = "EAGLESPEC_GEMM_KERNELS"  # "1" on, "0" off; unset: off (slower on the H200, see wanted())
 
 
 def wanted() -> bool:
-    """Whether a fused fast step (kernels.py's kernels on) also takes these GEMMs: $EAGLESPEC_GEMM_KERNELS=1 (off by
-    default until measured on a GPU: bench/gemm_check.py)."""
+    """Whether a fused fast step (kernels.py's kernels on) also takes these GEMMs: $EAGLESPEC_GEMM_KERNELS=1. Off by
+    default: measured on an H200 (bench/gemm_check.py, bf16, session 8, 81f43fa) they lose. In a CUDA graph the pair
+    they replace costs ~4.5 us (two kernels back to back); rms_norm_linear takes 5.5 us at 1 row and 8.7-13 us at
+    32-64 rows (cuBLAS's GEMM alone: 3.1 us); silu_mul_linear_ (K = 1536 in one program per tile, no split over K)
+    50-136 us. A static-tree round graph with them: 423 device activities instead of 529, but 7.2 ms of GPU time
+    instead of 1.5. Kept as an opt-in for other GPUs and block sizes (--sweep)."""
     env = os.environ.get(GEMM_KERNELS_ENV, "")
     if env not in ("", "0", "1"):
         raise EagleSpecError(f"{GEMM_KERNELS_ENV}={env!r}: expected 0 or 1 (or unset: off)")
