@@ -29,7 +29,9 @@ gate/up GEMM, silu, mul, down GEMM + residual (addmm_ in place: no copy of h).
 fused_kernels=True (make_target's default on CUDA where triton imports; EAGLESPEC_FUSED_KERNELS=0/1 forces it
 off/on) runs the step's RMSNorms, rope + KV write and silu * up as Triton kernels (target/kernels.py: 2 + 5 + 2 + 2
 kernels per layer become 1 + 1 + 1 + 1, the same rounding; the rope kernel writes q in the grouped layout
-directly); it needs triton and a CUDA target (or TRITON_INTERPRET=1) and is refused otherwise.
+directly); it needs triton and a CUDA target (or TRITON_INTERPRET=1) and is refused otherwise. With them,
+gemm_kernels (EAGLESPEC_GEMM_KERNELS=1; off: slower than the cuBLAS pairs on the H200, target/gemm_kernels.py)
+folds each RMSNorm into the GEMM after it and silu * up into the down GEMM: 3 kernels fewer per layer.
 """
 
 from __future__ import annotations
