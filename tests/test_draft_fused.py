@@ -2,7 +2,8 @@
 the same logits, states and KV rows for every config switch (norm_before_residual, norm_output, GQA / MHA,
 biases, a draft vocabulary, the drafter's own embedding), the rope table bitwise equal to Rotary's per-step
 values, and whole engine runs through StaticDraftRunner(fused=True) giving the eager proposer's trees and HF
-generate's output. The Triton path is in tests/test_kernels.py (under Triton's interpreter)."""
+generate's output. FusedEagle1Step likewise against Eagle1Drafter.forward (1 and 2 layers, GQA / MHA, biases, its
+own embedding). The Triton paths are in tests/test_kernels.py (under Triton's interpreter)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from eaglespec.draft.eagle1 import Eagle1Drafter
 from eaglespec.draft.fast import StaticDraftRunner, StaticKV, enable_draft_graphs
-from eaglespec.draft.fused import FusedEagle3Step
+from eaglespec.draft.fused import FusedEagle1Step, FusedEagle3Step
 from eaglespec.draft.layers import Rotary
 from eaglespec.engine import SpeculativeEngine
 from eaglespec.errors import EagleSpecError
@@ -133,12 +134,21 @@ def test_fused_is_off_on_cpu_by_default_and_refused_where_it_cannot_run():
     assert StaticDraftRunner(d, max_len=32).forward is d  # CPU default: the drafter's own forward
     torch.manual_seed(0)
     e1 = Eagle1Drafter(tiny_draft_config(model, method="eagle1", aux_layer_ids=())).eval()
-    with pytest.raises(EagleSpecError, match="not an EAGLE-3 drafter"):
+    with pytest.raises(EagleSpecError, match="no target lm_head"):  # not wired to a target yet
         StaticDraftRunner(e1, max_len=32, fused=True)
+    SpeculativeEngine(HFTarget(model), e1)  # wiring: embedding, final norm + lm_head
     assert StaticDraftRunner(e1, max_len=32).forward is e1
+    assert isinstance(StaticDraftRunner(e1, max_len=32, fused=True).forward, FusedEagle1Step)
     partial = tiny_drafter(model, seed=2, rotary_dim=d.cfg.head_dim // 2)
     with pytest.raises(EagleSpecError, match="partial rotary"):
         StaticDraftRunner(partial, max_len=32, fused=True)
+    partial1 = eagle1_for(model, rotary_dim=d.cfg.head_dim // 2)
+    with pytest.raises(EagleSpecError, match="partial rotary"):
+        StaticDraftRunner(partial1, max_len=32, fused=True)
+    with pytest.raises(ValueError, match="not an EAGLE-3 drafter"):
+        FusedEagle3Step(e1, 32)
+    with pytest.raises(ValueError, match="not an EAGLE-1 drafter"):
+        FusedEagle1Step(d, 32)
 
 
 def test_sampled_trees_use_the_fused_q():
@@ -153,3 +163,118 @@ def test_sampled_trees_use_the_fused_q():
         cfg = SamplingConfig(SamplingParams(temperature=0.8), seed=5)
         outs.append(engine.generate(PROMPTS[0], 16, sampling=cfg).token_ids)
     assert outs[0] == outs[1] and len(outs[0]) == 16
+
+
+# -- FusedEagle1Step -----------------------------------------------------------------------------------------
+E1_CONFIGS = {
+    "default": {},  # G = 2, Hkv = 2: o_proj's columns are permuted
+    "gqa-g3": dict(num_attention_heads=6, num_key_value_heads=2),
+    "mha": dict(num_key_value_heads=4),
+    "biases": dict(attention_bias=True, mlp_bias=True),
+    "own-embedding": {},
+}
+
+
+def eagle1_for(model, layers: int = 1, seed: int = 4, own_embedding: bool = False, **overrides) -> Eagle1Drafter:
+    """A tiny EAGLE-1 drafter wired to `model` (embedding, final norm + lm_head), its biases and norm weights
+    moved away from their init (zeros / ones: a dropped or added one shows)."""
+    torch.manual_seed(seed)
+    cfg = tiny_draft_config(model, method="eagle1", aux_layer_ids=(), num_hidden_layers=layers, **overrides)
+    d = Eagle1Drafter(cfg, own_embedding=own_embedding).eval()
+    SpeculativeEngine(HFTarget(model), d)  # wiring
+    with torch.no_grad():
+        for n, p in d.named_parameters():
+            if "bias" in n or "norm" in n:
+                p.add_(0.3 * torch.randn_like(p))
+    return d
+
+
+def eagle1_caches(d: Eagle1Drafter, size: int, slots: torch.Tensor, span: int) -> list[StaticKV]:
+    out = []
+    for layer in d.layers:
+        at = layer.self_attn
+        k = torch.randn(1, at.kv_heads, size, at.head_dim)
+        out.append(StaticKV(k, torch.randn_like(k), slots, span))
+    return out
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("name", list(E1_CONFIGS))
+def test_fused_eagle1_step_equals_the_drafter_forward(name, layers, rows):
+    """Logits, the next state and every layer's KV rows as Eagle1Drafter.forward (fp32, to accumulation order);
+    the slots not written untouched; the caller's state (a view of a larger tensor) never written."""
+    model = tiny_target("llama", seed=1)
+    d = eagle1_for(model, layers, own_embedding=name == "own-embedding", **E1_CONFIGS[name])
+    size, start, span = 48, 17, 32
+    torch.manual_seed(0)
+    slots = torch.arange(start, start + rows)
+    cache = eagle1_caches(d, size, slots, span)
+    h = d.cfg.hidden_size
+    state = torch.randn(rows, 2 * h)[:, h:]  # a view: writing into it would show in the base too
+    base_before = state._base.clone()
+    tokens = torch.randint(0, d.cfg.vocab_size, (rows,))
+    positions = torch.tensor([3, 9, 9, 12, 16][:rows])  # tree rows share depths: positions are not slots
+    visible = torch.rand(rows, span) < 0.6
+    visible[torch.arange(rows), slots] = True  # each row sees its own slot
+    ref_cache, fused_cache = clone(cache), clone(cache)
+    with torch.no_grad():
+        ref_logits, ref_state = d(state, tokens, positions, ref_cache, visible=visible)
+        logits, new_state = FusedEagle1Step(d, size)(state, tokens, positions, fused_cache, visible)
+    assert torch.equal(state._base, base_before)  # read, never written
+    assert logits.shape == ref_logits.shape == (rows, d.cfg.vocab_size)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(new_state, ref_state, rtol=1e-5, atol=1e-5)
+    untouched = torch.ones(size, dtype=torch.bool)
+    untouched[slots] = False
+    for before, a, b in zip(cache, ref_cache, fused_cache):  # the same rows at the same slots, nothing else
+        torch.testing.assert_close(b.k, a.k, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(b.v, a.v, rtol=1e-5, atol=1e-5)
+        assert torch.equal(b.k[:, :, untouched], before.k[:, :, untouched])
+        assert torch.equal(b.v[:, :, untouched], before.v[:, :, untouched])
+        assert not torch.equal(b.k[:, :, slots], before.k[:, :, slots])  # it did write
+
+
+def test_static_runner_fused_eagle1_equals_the_eager_proposer():
+    """Whole engine runs with EAGLE-1 drafters (a fitted 1-layer one, a random 2-layer one; chain, dynamic and
+    static trees; per-step and whole-tree growth): HF generate's output and the eager proposer's trees."""
+    model, fitted = agreeing("llama", "eagle1")
+    for drafter in (fitted, eagle1_for(model, layers=2, seed=7)):
+        for kind in SPECS:
+            for tree_graphs in (False, True):
+                eager = SpeculativeEngine(HFTarget(model), drafter, SPECS[kind])
+                fused = SpeculativeEngine(HFTarget(model), drafter, SPECS[kind])
+                runner = enable_draft_graphs(fused, max_len=96, buckets=(1, 4, 8), tree_graphs=tree_graphs,
+                                             fused=True)
+                assert isinstance(runner.forward, FusedEagle1Step)
+                same_runs(model, eager, fused, PROMPTS)
+
+
+def test_round_graphs_with_the_fused_eagle1_step():
+    """The round graph (round_graph.py, eager on CPU) over FusedEagle1Step: HF generate's tokens, and no host sync
+    or host->device copy inside the round function (the CPU proxy for CUDA-graph capturability)."""
+    from _hostcount import HostCounter
+    from eaglespec.round_graph import enable_round_graphs
+    from eaglespec.target.fast import FastTarget
+
+    from conftest import reference_greedy
+
+    model, drafter = agreeing("llama", "eagle1")
+    for kind in ("chain", "dynamic"):
+        engine = SpeculativeEngine(FastTarget(model, max_len=128), drafter, SPECS[kind])
+        runner = enable_draft_graphs(engine, max_len=128, fused=True)
+        assert isinstance(runner.forward, FusedEagle1Step)
+        rg = enable_round_graphs(engine).get()
+        seen = []
+        body = rg.body
+
+        def counted(span_d, span_t, sampling=None, _body=body, seen=seen):
+            with HostCounter() as c:
+                out = _body(span_d, span_t, sampling)
+            seen.append(c)
+            return out
+
+        rg.body = counted
+        for prompt in PROMPTS:
+            assert engine.generate(prompt, 24).token_ids == reference_greedy(model, prompt, 24)
+        assert seen and all(c.syncs == 0 and c.h2d == 0 for c in seen), kind

@@ -528,6 +528,89 @@ def test_fused_draft_step_gemm_kernels_match_its_torch_path(norm_output, monkeyp
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
 
 
+def _eagle1_step_outputs(layers: int, dtype: torch.dtype, kernels_gemm: tuple[tuple[bool, bool], ...]):
+    """FusedEagle1Step's (logits, state) and KV caches for each (kernels, gemm), from the same inputs; asserts the
+    caller's state unchanged. A wired tiny EAGLE-1 drafter (G = 2, Hkv = 2), its norm weights and biases moved."""
+    from eaglespec.draft.eagle1 import Eagle1Drafter
+    from eaglespec.draft.fast import StaticKV
+    from eaglespec.draft.fused import FusedEagle1Step
+
+    from conftest import tiny_draft_config
+
+    model = tiny_target("llama", seed=1)
+    torch.manual_seed(4)
+    d = Eagle1Drafter(tiny_draft_config(model, method="eagle1", aux_layer_ids=(), num_hidden_layers=layers)).eval()
+    SpeculativeEngine(HFTarget(model), d)  # wiring: embedding, final norm + lm_head
+    d = d.to(dtype)
+    with torch.no_grad():
+        for n, p in d.named_parameters():
+            if "norm" in n or "bias" in n:
+                p.add_(0.3 * torch.randn_like(p))
+    rows, size, span = 5, 48, 32
+    torch.manual_seed(0)
+    slots = torch.arange(17, 17 + rows)
+    ks = [torch.randn(1, layer.self_attn.kv_heads, size, layer.self_attn.head_dim).to(dtype) for layer in d.layers]
+    vs = [torch.randn_like(k) for k in ks]
+    state = torch.randn(rows, d.cfg.hidden_size).to(dtype)
+    state_before = state.clone()
+    tokens, positions = torch.randint(0, d.cfg.vocab_size, (rows,)), torch.tensor([3, 9, 9, 12, 16])
+    visible = torch.rand(rows, span) < 0.6
+    visible[torch.arange(rows), slots] = True
+    outs, caches = [], []
+    for kernels, gemm in kernels_gemm:
+        cache = [StaticKV(k.clone(), v.clone(), slots, span) for k, v in zip(ks, vs)]
+        with torch.no_grad():
+            outs.append(FusedEagle1Step(d, size, kernels=kernels, gemm=gemm)(state, tokens, positions, cache, visible))
+        caches.append(cache)
+    assert torch.equal(state, state_before)  # the caller's state is read, never written
+    untouched = torch.ones(size, dtype=torch.bool)
+    untouched[slots] = False
+    for cache in caches[1:]:
+        for a, b in zip(caches[0], cache):
+            assert torch.equal(a.k[:, :, untouched], b.k[:, :, untouched])
+            assert torch.equal(a.v[:, :, untouched], b.v[:, :, untouched])
+    return outs, caches
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_fused_eagle1_step_kernels_match_its_torch_path(dtype, layers, monkeypatch):
+    """FusedEagle1Step(kernels=True) == (kernels=False): every layer's KV rows, the logits and the state within the
+    RMSNorm's summation order (fp32) / a few bf16 ulps; one rope + KV write and one silu * up per layer, and
+    2L - 1 RMSNorms (layer 0 has no input norm)."""
+    calls = count_calls(monkeypatch, "rms_norm_weight", "rope_qk_kv_write", "silu_mul")
+    outs, caches = _eagle1_step_outputs(layers, dtype, ((False, False), (True, False)))
+    assert calls == {"rms_norm_weight": 2 * layers - 1, "rope_qk_kv_write": layers, "silu_mul": layers}
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0.05, atol=0.05)
+    for a, b in zip(*caches):
+        torch.testing.assert_close(b.k, a.k, **tol)
+        torch.testing.assert_close(b.v, a.v, **tol)
+    for a, b in zip(outs[0], outs[1]):
+        torch.testing.assert_close(b.float(), a.float(), **tol)
+
+
+def test_fused_eagle1_step_gemm_kernels_match_its_torch_path(monkeypatch):
+    """FusedEagle1Step(kernels=True, gemm=True) == its torch path (fp32, to accumulation order): input norm + qkv
+    (layers >= 1), post-norm + gate_up and the MLP tail one kernel each."""
+    import eaglespec.target.gemm_kernels as G
+
+    calls: dict[str, int] = {}
+    for name in ("rms_norm_linear", "silu_mul_linear_"):
+        real = getattr(G, name)
+
+        def counted(*a, _real=real, _name=name, **kw):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(G, name, counted)
+    outs, caches = _eagle1_step_outputs(2, torch.float32, ((False, False), (True, True)))
+    assert calls == {"rms_norm_linear": 3, "silu_mul_linear_": 2}
+    for a, b in zip(*caches):
+        torch.testing.assert_close(b.k, a.k, rtol=1e-5, atol=1e-5)
+    for a, b in zip(outs[0], outs[1]):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
 def test_kernels_are_wanted_on_cuda_by_default(monkeypatch):
     """Unset: on for CUDA devices where triton imports, off elsewhere; 0 / 1 force it; compiling turns the
     default off (torch.compile makes its own kernels)."""

@@ -26,11 +26,12 @@ keeps one run() per tree depth); catch-up stays the bucketed per-step path below
 
 The step is the drafter's own forward (same modules, weights and op order) over `StaticKV`, a
 KVCache stand-in whose `append` writes by index into the whole static buffers and returns their first
-`span` slots: no re-implemented layers; or, by default on CUDA for EAGLE-3 drafters (fused=None), the same
-layer with ~15 kernels instead of ~47, by count (draft/fused.py: fused projections, a rope table, Triton
-kernels where target/kernels.wanted says so). Attention over a span instead of all S slots matters: a cuDNN
-attention over a static KV costs in proportion to the slots it is given (bench/RESULTS.md), and S is
-sized for the longest context (api.py: 8704 slots for SmolLM2) while the live rows are a few hundred.
+`span` slots: no re-implemented layers; or, by default on CUDA for EAGLE-3 and EAGLE-1 (HASS) drafters
+(fused=None), the same layers with ~15 kernels instead of ~47 (EAGLE-1: per layer), by count (draft/fused.py:
+fused projections, a rope table, Triton kernels where target/kernels.wanted says so). Attention over a span
+instead of all S slots matters: a cuDNN attention over a static KV costs in proportion to the slots it is
+given (bench/RESULTS.md), and S is sized for the longest context (api.py: 8704 slots for SmolLM2) while the
+live rows are a few hundred.
 Masked slots add exp(finfo.min - max) = 0 to the softmax, so the rows equal the eager ones up to float
 rounding (padded matmuls and the longer attention row reduce in another order: ~1e-7 relative in fp32
 on CPU); the CPU tests get identical tree tokens and logq within 1e-5.
@@ -48,7 +49,8 @@ from torch import nn
 from ..errors import EagleSpecError
 from ..target import kernels
 from ..target.fast import SPAN_STEP, capture_graph, round_span, smallest_bucket
-from .fused import FusedEagle3Step, unfusable_reason
+from .eagle1 import Eagle1Drafter
+from .fused import FusedEagle1Step, FusedEagle3Step, unfusable_reason
 from .layers import Attention
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -95,8 +97,9 @@ class StaticDraftRunner:
     Same interface as proposer.EagerRows: reset(), length, run(state, tokens, positions, visible),
     crop(n). On an H200, bench/draft_check.py found graph replay == the eager step exactly.
     span_step: steps attend over the first span(length + rows) KV slots (a multiple of span_step).
-    fused: step with draft/fused.py's FusedEagle3Step (None: on CUDA when the drafter allows it), with the
-    Triton kernels when target/kernels.wanted(device) (EAGLESPEC_FUSED_KERNELS).
+    fused: step with draft/fused.py's FusedEagle3Step or FusedEagle1Step, by the drafter's type (None: on CUDA
+    when the drafter allows it), with the Triton kernels when target/kernels.wanted(device)
+    (EAGLESPEC_FUSED_KERNELS).
     """
 
     def __init__(self, drafter: nn.Module, max_len: int = 4096, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
@@ -127,8 +130,10 @@ class StaticDraftRunner:
         if fused is None:
             fused = self.device.type == "cuda" and reason is None
         # the step: (state, tokens, positions, [StaticKV], visible) -> (logits, states)
-        self.forward = (FusedEagle3Step(drafter, self.size, kernels=kernels.wanted(self.device)) if fused
-                        else drafter)
+        self.forward = drafter
+        if fused:
+            step = FusedEagle1Step if isinstance(drafter, Eagle1Drafter) else FusedEagle3Step
+            self.forward = step(drafter, self.size, kernels=kernels.wanted(self.device))
         self.use_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise EagleSpecError("draft cuda_graphs=True needs the drafter on a CUDA device")

@@ -1,8 +1,9 @@
-"""The EAGLE-3 drafter's step with fewer kernels, for the static draft runner (draft/fast.py) on CUDA.
+"""The EAGLE-3 and EAGLE-1 drafters' steps with fewer kernels, for the static draft runner (draft/fast.py) on CUDA.
 
 Eagle3Drafter.forward over a StaticKV (draft/eagle3.py) launches ~47 kernels per step on CUDA, and a step
 is launch-bound: 0.22 ms in a CUDA graph on an H200 whether it drafts 1 row or 10 (bench/RESULTS.md, session
-6), 7 of them per depth-6 tree. This step computes the same layer the way target/fast.py's step does:
+6), 7 of them per depth-6 tree; Eagle1Drafter.forward (draft/eagle1.py, HASS drafters too) as many per layer.
+These steps compute the same layers the way target/fast.py's step does. FusedEagle3Step:
 
     x = cat([norm(embed(tokens)), norm(state)])               # one Triton kernel (kernels), else 4
     qkv = x @ [Wq; Wk; Wv].T                                  # one GEMM
@@ -10,6 +11,12 @@ is launch-bound: 0.22 ms in a CUDA graph on an H200 whether it drafts 1 row or 1
     o = SDPA(q as [Hkv, B*G] rows, the unrepeated KV span)    # no repeat_interleave copies of the KV
     h = residual + o @ Wo'.T; out = h + down(silu(gate) * up) # residuals in the GEMMs (addmm), silu * up fused
     logits = lm_head(norm(out))
+
+FusedEagle1Step: x = fc(cat([embed(tokens), state])) (one GEMM with fc's bias), then per layer the same block
+on qkv = (layer 0: x, else norm(x)) @ [Wq; Wk; Wv].T with x's residuals accumulated in place (x is the step's
+own: the caller's state is only read), then logits = the target's lm_head(x) and the next state x: with the
+Triton kernels ~14 kernels for one layer (embedding, cat, fc, the grouped mask once, 8-9 per layer, lm_head), by
+count, not yet measured on a GPU.
 
 The table holds, for every KV slot position, the values Rotary.cos_sin computes per step (same fp32 products
 and cos/sin, then the dtype cast), so the rope is bitwise the module's (target/fast._rope's sign flip is
@@ -23,6 +30,8 @@ sampler uses. The weights are copied (concatenated) at construction: build it af
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +49,9 @@ from ..target.fast import (
     _rms,
     _rope_table,
 )
+from .eagle1 import Eagle1Drafter
 from .eagle3 import Eagle3Drafter
+from .layers import MLP, Attention
 
 
 def _cat_linear(*mods: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -49,11 +60,11 @@ def _cat_linear(*mods: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     return torch.cat([m.weight for m in mods]).detach(), None if bias is None else bias.detach()
 
 
-def unfusable_reason(drafter: nn.Module) -> str | None:
-    """Why FusedEagle3Step cannot run `drafter` (None = it can)."""
-    if not isinstance(drafter, Eagle3Drafter):
-        return f"{type(drafter).__name__} is not an EAGLE-3 drafter"
-    at = drafter.midlayer.self_attn
+def _detached(mod: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return mod.weight.detach(), None if mod.bias is None else mod.bias.detach()
+
+
+def _attention_reason(at: Attention) -> str | None:
     if at.rotary.rotary_dim != at.head_dim:
         return f"partial rotary ({at.rotary.rotary_dim} of {at.head_dim})"
     if at.head_dim % 2 or at.heads % at.kv_heads:
@@ -61,48 +72,133 @@ def unfusable_reason(drafter: nn.Module) -> str | None:
     return None
 
 
-class FusedEagle3Step:
+def unfusable_reason(drafter: nn.Module) -> str | None:
+    """Why neither FusedEagle3Step nor FusedEagle1Step can run `drafter` (None = one of them can)."""
+    if isinstance(drafter, Eagle3Drafter):
+        return _attention_reason(drafter.midlayer.self_attn)
+    if isinstance(drafter, Eagle1Drafter):
+        if not drafter._target_head:
+            return "the EAGLE-1 drafter has no target lm_head (call set_target_head)"
+        for layer in drafter.layers:
+            reason = _attention_reason(layer.self_attn)
+            if reason is not None:
+                return reason
+        return None
+    return f"{type(drafter).__name__} is not an EAGLE-3 or EAGLE-1 drafter"
+
+
+@dataclass
+class _Block:
+    """One decoder layer's attention and MLP weights, q/k/v and gate/up concatenated, o_proj's columns grouped."""
+
+    hq: int
+    hk: int
+    d: int
+    qkv_w: torch.Tensor  # [(Hq + 2 Hkv) D, in]
+    qkv_b: torch.Tensor | None
+    table: torch.Tensor  # [S, 2, 2, D/2]: the rope for every KV slot position
+    o_w: torch.Tensor  # [H, Hq*D], columns in the grouped (r, j, d) order
+    o_b: torch.Tensor | None
+    post_norm: torch.Tensor  # [H]
+    gate_up_w: torch.Tensor  # [2I, H]
+    gate_up_b: torch.Tensor | None
+    down_w: torch.Tensor  # [H, I]
+    down_b: torch.Tensor | None
+
+    @classmethod
+    def of(cls, at: Attention, post_norm: nn.Module, mlp: MLP, max_positions: int) -> _Block:
+        qkv_w, qkv_b = _cat_linear(at.q_proj, at.k_proj, at.v_proj)
+        gate_up_w, gate_up_b = _cat_linear(mlp.gate_proj, mlp.up_proj)
+        positions = torch.arange(max_positions, device=qkv_w.device)
+        cos, sin = at.rotary.cos_sin(positions, qkv_w.dtype)  # [S, D]: Rotary's per-step values, for every slot
+        return cls(hq=at.heads, hk=at.kv_heads, d=at.head_dim, qkv_w=qkv_w, qkv_b=qkv_b,
+                   table=_rope_table(cos, sin).contiguous(),
+                   o_w=_grouped_o_weight(at.o_proj.weight, at.kv_heads, at.head_dim),
+                   o_b=None if at.o_proj.bias is None else at.o_proj.bias.detach(),
+                   post_norm=post_norm.weight.detach(), gate_up_w=gate_up_w, gate_up_b=gate_up_b,
+                   down_w=mlp.down_proj.weight.detach(),
+                   down_b=None if mlp.down_proj.bias is None else mlp.down_proj.bias.detach())
+
+
+class _FusedStep:
+    """What the fused steps share: the switches, the norms and one decoder layer's attention + MLP (`_layer`)."""
+
+    def _setup(self, weight: torch.Tensor, eps: float, kernels: bool, gemm: bool | None) -> None:
+        """weight: any of the drafter's weights (device, dtype)."""
+        self.eps = eps
+        self._open = torch.zeros((), device=weight.device, dtype=weight.dtype)
+        self._shut = torch.full((), torch.finfo(weight.dtype).min, device=weight.device, dtype=weight.dtype)
+        self.kernels = kernels
+        # target/gemm_kernels.py with the kernels (None: $EAGLESPEC_GEMM_KERNELS): post-norm + gate_up, the MLP tail
+        # (silu * up, down, residual) and final norm + lm_head, one kernel each
+        self.gemm = G if kernels and (G.wanted() if gemm is None else gemm) else None
+        if kernels and not K.available(weight.device):
+            raise ValueError("kernels=True needs triton and a CUDA drafter (or TRITON_INTERPRET=1)")
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return K.rms_norm_weight(x, w, self.eps) if self.kernels else _rms(x, w, self.eps)
+
+    def _norm_linear(self, x: torch.Tensor, norm_w: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None) -> torch.Tensor:
+        """F.linear(norm(x), weight, bias): one kernel with gemm_kernels (the norm in the GEMM's prologue)."""
+        if self.gemm is not None:
+            return self.gemm.rms_norm_linear(x, norm_w, self.eps, weight, bias)
+        return F.linear(self._norm(x, norm_w), weight, bias)
+
+    def _mask(self, visible: torch.Tensor, blk: _Block) -> torch.Tensor:
+        """visible [B, span] bool -> the additive mask [1, 1, B*G, span] of the grouped query rows."""
+        return _grouped_mask(visible, blk.hq // blk.hk, self._open, self._shut)
+
+    def _layer(self, blk: _Block, qkv: torch.Tensor, residual: torch.Tensor, positions: torch.Tensor, kv,
+               mask: torch.Tensor, inplace: bool) -> torch.Tensor:
+        """qkv [B, (Hq + 2 Hkv) D] (the layer's projected input), residual [B, H], positions [B], kv a StaticKV
+        (consecutive slots), mask [1, 1, B*G, span] -> the layer's output [B, H]. inplace: the attention's
+        residual accumulates into `residual` (only for one nothing else holds; the MLP's always into the step's
+        own h)."""
+        b, hq, hk, d = qkv.shape[0], blk.hq, blk.hk, blk.d
+        span = kv.span
+        qk, v = qkv.view(b, hq + 2 * hk, d).split([hq + hk, hk], dim=1)
+        rope = K.rope_qk_kv_write if self.kernels else K.rope_qk_kv_write_ref
+        kc, vc = kv.k[0], kv.v[0]  # [Hkv, S, D]
+        q = rope(qk, v, blk.table, positions, kv.slots[0], kc, vc)  # [B, G, Hkv, D]; k, v written at the slots
+        # GQA over the unrepeated KV: head j*G + r of token t -> kv head j, query row t*G + r (as target/fast.py)
+        o = F.scaled_dot_product_attention(_grouped_queries(q), kc[None, :, :span], vc[None, :, :span],
+                                           attn_mask=mask)  # [1, Hkv, B*G, D]
+        o = _grouped_output(o, b)  # [B, Hq*D], columns (r, j, d)
+        h = _add_linear(residual, o, blk.o_w, blk.o_b, inplace=inplace)
+        gemm = self.gemm
+        gate_up = self._norm_linear(h, blk.post_norm, blk.gate_up_w, blk.gate_up_b)  # [B, 2I]
+        if gemm is not None and blk.down_b is None:
+            return gemm.silu_mul_linear_(h, gate_up, blk.down_w)  # [B, H]: h += silu(gate) * up @ down.T
+        if self.kernels:
+            act = K.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        return _add_linear(h, act, blk.down_w, blk.down_b, inplace=True)  # [B, H]
+
+
+class FusedEagle3Step(_FusedStep):
     """Callable like Eagle3Drafter.forward(state, tokens, positions, cache, visible) for StaticKV caches whose
     `slots` are consecutive (both users: StaticDraftRunner.run and tree_graph.DeviceTreeRows) and `visible`
     a full [B, span] bool mask. Positions must be below `max_positions`."""
 
     def __init__(self, drafter: Eagle3Drafter, max_positions: int, kernels: bool = False, gemm: bool | None = None):
-        reason = unfusable_reason(drafter)
+        reason = unfusable_reason(drafter) if isinstance(drafter, Eagle3Drafter) else "not an EAGLE-3 drafter"
         if reason is not None:
             raise ValueError(f"cannot fuse this drafter's step: {reason}")
-        layer, at, mlp = drafter.midlayer, drafter.midlayer.self_attn, drafter.midlayer.mlp
+        layer = drafter.midlayer
         self.drafter = drafter
         self.norm_before_residual, self.norm_output = drafter.cfg.norm_before_residual, drafter.cfg.norm_output
-        self.eps = layer.input_layernorm.eps
         self.in_norm, self.hidden_norm = layer.input_layernorm.weight.detach(), layer.hidden_norm.weight.detach()
-        self.post_norm, self.final_norm = layer.post_attention_layernorm.weight.detach(), drafter.norm.weight.detach()
-        self.hq, self.hk, self.d = at.heads, at.kv_heads, at.head_dim
-        self.qkv_w, self.qkv_b = _cat_linear(at.q_proj, at.k_proj, at.v_proj)
-        self.o_w = _grouped_o_weight(at.o_proj.weight, self.hk, self.d)  # columns in the grouped (r, j) order
-        self.o_b = None if at.o_proj.bias is None else at.o_proj.bias.detach()
-        self.gate_up_w, self.gate_up_b = _cat_linear(mlp.gate_proj, mlp.up_proj)
-        self.down_w = mlp.down_proj.weight.detach()
-        self.down_b = None if mlp.down_proj.bias is None else mlp.down_proj.bias.detach()
+        self.final_norm = drafter.norm.weight.detach()
+        self.block = _Block.of(layer.self_attn, layer.post_attention_layernorm, layer.mlp, max_positions)
         self.lm_w = drafter.lm_head.weight.detach()
-        w = self.qkv_w
-        positions = torch.arange(max_positions, device=w.device)
-        cos, sin = at.rotary.cos_sin(positions, w.dtype)  # [S, D]: Rotary's per-step values, for every slot
-        self.table = _rope_table(cos, sin).contiguous()  # [S, 2, 2, D/2]
-        self._open = torch.zeros((), device=w.device, dtype=w.dtype)
-        self._shut = torch.full((), torch.finfo(w.dtype).min, device=w.device, dtype=w.dtype)
-        self.kernels = kernels
-        # target/gemm_kernels.py with the kernels (None: $EAGLESPEC_GEMM_KERNELS): post-norm + gate_up, the MLP tail
-        # (silu * up, down, residual) and final norm + lm_head, one kernel each
-        self.gemm = G if kernels and (G.wanted() if gemm is None else gemm) else None
+        self._setup(self.block.qkv_w, layer.input_layernorm.eps, kernels, gemm)
         self.dtype = drafter.fc.weight.dtype  # the model dtype (drafter.embed casts the target's embedding to it)
         # eagle3_input's normalised halves are in state's dtype; the torch path's `w * rms(x)` promotes to the
         # weights' dtype: the one kernel only where they agree
         self._fusable_input = self.in_norm.dtype == self.hidden_norm.dtype == self.dtype
-        if kernels and not K.available(w.device):
-            raise ValueError("kernels=True needs triton and a CUDA drafter (or TRITON_INTERPRET=1)")
-
-    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return K.rms_norm_weight(x, w, self.eps) if self.kernels else _rms(x, w, self.eps)
 
     def _embedding_weight(self, state: torch.Tensor) -> torch.Tensor | None:
         """The weight drafter.embed gathers from, where K.eagle3_input can do that lookup (and the cast of the
@@ -144,37 +240,48 @@ class FusedEagle3Step:
                  visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """state [B, H], tokens [B] target ids, positions [B], cache [StaticKV], visible [B, span] bool ->
         (logits over the draft vocab [B, Vd], next state [B, H])."""
-        b, hq, hk, d = tokens.shape[0], self.hq, self.hk, self.d
-        g = hq // hk
-        kv = cache[0]
-        span = kv.span
+        blk = self.block
         x, residual = self._input(state, tokens)  # [B, 2H], [B, H]
-        qkv = F.linear(x, self.qkv_w, self.qkv_b)  # [B, (Hq + 2 Hkv) D]
-        qk, v = qkv.view(b, hq + 2 * hk, d).split([hq + hk, hk], dim=1)
-        rope = K.rope_qk_kv_write if self.kernels else K.rope_qk_kv_write_ref
-        kc, vc = kv.k[0], kv.v[0]  # [Hkv, S, D]
-        q = rope(qk, v, self.table, positions, kv.slots[0], kc, vc)  # [B, G, Hkv, D]; k, v written at the slots
-        # GQA over the unrepeated KV: head j*G + r of token t -> kv head j, query row t*G + r (as target/fast.py)
-        mask = _grouped_mask(visible, g, self._open, self._shut)  # [1, 1, B*G, span]
-        o = F.scaled_dot_product_attention(_grouped_queries(q), kc[None, :, :span], vc[None, :, :span],
-                                           attn_mask=mask)  # [1, Hkv, B*G, D]
-        o = _grouped_output(o, b)  # [B, Hq*D], columns (r, j, d)
-        h = _add_linear(residual, o, self.o_w, self.o_b)  # out of place: residual may be the caller's state
+        qkv = F.linear(x, blk.qkv_w, blk.qkv_b)  # [B, (Hq + 2 Hkv) D]
+        # out of place: the residual may be the caller's state (or a view of x)
+        out = self._layer(blk, qkv, residual, positions, cache[0], self._mask(visible, blk), inplace=False)
         gemm = self.gemm
-        if gemm is not None:
-            gate_up = gemm.rms_norm_linear(h, self.post_norm, self.eps, self.gate_up_w, self.gate_up_b)  # [B, 2I]
-        else:
-            gate_up = F.linear(self._norm(h, self.post_norm), self.gate_up_w, self.gate_up_b)  # [B, 2I]
-        if gemm is not None and self.down_b is None:
-            out = gemm.silu_mul_linear_(h, gate_up, self.down_w)  # [B, H]: h += silu(gate) * up @ down.T
-        else:
-            if self.kernels:
-                act = K.silu_mul(gate_up)
-            else:
-                gate, up = gate_up.chunk(2, dim=-1)
-                act = F.silu(gate) * up
-            out = _add_linear(h, act, self.down_w, self.down_b, inplace=True)  # [B, H]
         if gemm is not None and not self.norm_output:  # the normed output is not a result: norm + lm_head at once
             return gemm.rms_norm_linear(out, self.final_norm, self.eps, self.lm_w), out
         normed = self._norm(out, self.final_norm)
         return F.linear(normed, self.lm_w), (normed if self.norm_output else out)
+
+
+class FusedEagle1Step(_FusedStep):
+    """Callable like Eagle1Drafter.forward(state, tokens, positions, cache, visible) (HASS drafters too) for one
+    StaticKV per layer, their `slots` consecutive, and `visible` a full [B, span] bool mask. Positions must be
+    below `max_positions`. The drafter must be wired to its target (set_target_head, an embedding)."""
+
+    def __init__(self, drafter: Eagle1Drafter, max_positions: int, kernels: bool = False, gemm: bool | None = None):
+        reason = unfusable_reason(drafter) if isinstance(drafter, Eagle1Drafter) else "not an EAGLE-1 drafter"
+        if reason is not None:
+            raise ValueError(f"cannot fuse this drafter's step: {reason}")
+        self.drafter = drafter
+        self.fc_w, self.fc_b = _detached(drafter.fc)  # [H, 2H], [H]
+        # layer 0 has no input norm (None): its qkv reads x itself
+        self.in_norms = [None if layer.input_layernorm is None else layer.input_layernorm.weight.detach()
+                         for layer in drafter.layers]
+        self.blocks = [_Block.of(layer.self_attn, layer.post_attention_layernorm, layer.mlp, max_positions)
+                       for layer in drafter.layers]
+        self.lm_head = drafter._head()[1]  # the target's (a module: a bias or a tied weight as the drafter's)
+        self._setup(self.fc_w, drafter.layers[0].post_attention_layernorm.eps, kernels, gemm)
+
+    def __call__(self, state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache: list,
+                 visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """state [B, H], tokens [B] target ids, positions [B], cache [StaticKV per layer], visible [B, span] bool
+        -> (logits over the target vocab [B, V], next state [B, H])."""
+        x = F.linear(torch.cat([self.drafter.embed(tokens), state], dim=-1), self.fc_w, self.fc_b)  # [B, H]: ours
+        mask = self._mask(visible, self.blocks[0])  # every layer has the same heads (one config): one mask per step
+        for in_norm, blk, kv in zip(self.in_norms, self.blocks, cache):
+            if in_norm is None:
+                qkv = F.linear(x, blk.qkv_w, blk.qkv_b)  # [B, (Hq + 2 Hkv) D]
+            else:
+                qkv = self._norm_linear(x, in_norm, blk.qkv_w, blk.qkv_b)
+            x = self._layer(blk, qkv, x, positions, kv, mask, inplace=True)  # x: the step's own, not the caller's
+        lm_head = self.lm_head
+        return lm_head(x.to(lm_head.weight.dtype)), x
