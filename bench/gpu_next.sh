@@ -36,6 +36,11 @@
 #   bash bench/gpu_next.sh fit         # bench/fit_static_tree.py (10 MT-bench prompts) and a sweep of fitted static
 #                                      # trees against the 25-node tree and dynamic 6/8/40, under round graphs
 #   bash bench/gpu_next.sh rgtimeline  # bench/round_timeline.py with round graphs (GPU busy vs wall per round)
+# Session 9's order (session 8 measured rg/sweep8/t1rg/s8c/s8bench and the EAGLE-1 check; 333 s of its budget were
+# left): on the x2 kind, drafter run 6 (`CARRY=.gpu/s8 bash bench/gpu_x2.sh stash7` with each stash call, regen2,
+# `STEPS=100000 RUN_S=390 bash bench/gpu_x2.sh run`, bench7, measure); then `s8bench` and a `sweep8`-style sweep of
+# dynamic 7/10/60 .. 9/10/100 with it. The fused GEMMs (EAGLESPEC_GEMM_KERNELS) lost: only worth another look with a
+# split-K down kernel and block sizes that fit 227 KiB of shared memory (bench/gemm_check.py --sweep died on one).
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
 set -uo pipefail
 stage=${1:?stage}

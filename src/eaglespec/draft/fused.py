@@ -16,7 +16,8 @@ FusedEagle1Step: x = fc(cat([embed(tokens), state])) (one GEMM with fc's bias), 
 on qkv = (layer 0: x, else norm(x)) @ [Wq; Wk; Wv].T with x's residuals accumulated in place (x is the step's
 own: the caller's state is only read), then logits = the target's lm_head(x) and the next state x: with the
 Triton kernels ~14 kernels for one layer (embedding, cat, fc, the grouped mask once, 8-9 per layer, lm_head), by
-count, not yet measured on a GPU.
+count. On an H200 (session 8, bench/eagle1_fused_check.py, a random SmolLM2-shaped drafter, bf16): chain 304 -> 360
+and dynamic tree 316 -> 400 tok/s against the drafter's own forward; fp32 output identical to HF generate.
 
 The table holds, for every KV slot position, the values Rotary.cos_sin computes per step (same fp32 products
 and cos/sin, then the dtype cast), so the rope is bitwise the module's (target/fast._rope's sign flip is
