@@ -24,10 +24,10 @@ per-phase path). --compile and catch-ups longer than P rows keep the per-phase p
 
 Sampled rounds (chains and static trees with sampled children; on by default since session 8, off with
 `sampled=False` / $EAGLESPEC_ROUND_GRAPHS_SAMPLED=0; measured on an H200 at T=1, MT-bench 20: chain 0.83x -> 1.13x,
-static tree 0.62x -> 1.09x plain decoding, the same tau): the random numbers are drawn before the replay into static buffers, in three generator
-calls (the drafter's race noise, the acceptance coins [T], the bonus's race noise [V]), and step 4 becomes
-verify.sibling_tests + verify.sampled_path (tree_rejection_sample's walk as tensor ops: the same path for the same
-coins) and the bonus an exponential race over the final residual. A sampled static tree's children outside q's
+static tree 0.62x -> 1.09x plain decoding, the same tau): the random numbers are drawn before the replay into
+static buffers, in three generator calls (the drafter's race noise, the acceptance coins [T], the bonus's race
+noise [V]), and step 4 becomes verify.sibling_tests + verify.sampled_path (tree_rejection_sample's walk as tensor
+ops: the same path for the same coins) and the bonus an exponential race over the final residual. A sampled static tree's children outside q's
 support are left out of the tests (as the per-phase path prunes them). The bonus is drawn by a race, not
 torch.multinomial: the same distribution, other draws than the per-phase path for one seed. Dynamic trees under
 sampling (point-mass verification) stay per-phase.
