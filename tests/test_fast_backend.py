@@ -390,18 +390,19 @@ def test_qwen3_q_and_k_norms_apply_per_head():
     _close(ref.forward(toks), fast.forward(toks))
 
 
-def test_fast_steps_keep_cudnn_attention_off(monkeypatch):
-    """cuDNN's attention builds a graph per new shape (~1 s per new prompt length on the H200): the target's step
-    and the fused draft step call SDPA with it disabled (the default; EAGLESPEC_CUDNN_SDPA=1 allows it)."""
+def test_eager_prefill_keeps_cudnn_attention_off(monkeypatch):
+    """cuDNN's attention builds a graph per new shape (~1 s per new prompt length on the H200): the target's eager
+    steps (a prefill at its exact size) call SDPA with it disabled (EAGLESPEC_CUDNN_SDPA=1 allows it); the bucketed
+    steps, captured once per shape on CUDA, keep torch's choice."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend
 
     import eaglespec.target.fast as fast
-    from eaglespec.draft.fast import enable_draft_graphs
 
-    assert SDPBackend.CUDNN_ATTENTION not in fast.SDPA_BACKENDS and SDPBackend.EFFICIENT_ATTENTION in fast.SDPA_BACKENDS
+    assert SDPBackend.CUDNN_ATTENTION not in fast.EAGER_SDPA_BACKENDS
+    assert SDPBackend.EFFICIENT_ATTENTION in fast.EAGER_SDPA_BACKENDS
     monkeypatch.setenv(fast.SDPA_ENV, "1")
-    assert SDPBackend.CUDNN_ATTENTION in fast._sdpa_backends()
+    assert SDPBackend.CUDNN_ATTENTION in fast._eager_sdpa_backends()
     seen: list[bool] = []
     real = F.scaled_dot_product_attention
 
@@ -411,8 +412,10 @@ def test_fast_steps_keep_cudnn_attention_off(monkeypatch):
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     model = tiny_target("llama", seed=2)
-    engine = SpeculativeEngine(FastTarget(model, max_len=64), tiny_drafter(model, seed=3), TreeSpec("chain", depth=2))
-    enable_draft_graphs(engine, max_len=64, fused=True)
-    engine.generate([5, 17, 33, 8], max_new_tokens=6)
-    assert seen and not any(seen)  # every call: target prefill, steps, the fused drafter's steps
-    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored outside the steps
+    target = FastTarget(model, max_len=64, buckets=(1, 4))
+    target.forward(torch.tensor([5, 17, 33, 8, 9, 11]))  # 6 rows: past the buckets, eager
+    layers = target.num_layers
+    assert seen == [False] * layers
+    target.commit(torch.arange(6))
+    target.forward(torch.tensor([12]))  # a bucketed step
+    assert seen[layers:] == [True] * layers and torch.backends.cuda.cudnn_sdp_enabled()

@@ -49,7 +49,6 @@ from ..target.fast import (
     _grouped_queries,
     _rms,
     _rope_table,
-    sdpa,
 )
 from .eagle1 import Eagle1Drafter
 from .eagle3 import Eagle3Drafter
@@ -164,7 +163,8 @@ class _FusedStep:
         kc, vc = kv.k[0], kv.v[0]  # [Hkv, S, D]
         q = rope(qk, v, blk.table, positions, kv.slots[0], kc, vc)  # [B, G, Hkv, D]; k, v written at the slots
         # GQA over the unrepeated KV: head j*G + r of token t -> kv head j, query row t*G + r (as target/fast.py)
-        o = sdpa(_grouped_queries(q), kc[None, :, :span], vc[None, :, :span], mask)  # [1, Hkv, B*G, D]
+        o = F.scaled_dot_product_attention(_grouped_queries(q), kc[None, :, :span], vc[None, :, :span],
+                                           attn_mask=mask)  # [1, Hkv, B*G, D]
         o = _grouped_output(o, b)  # [B, Hq*D], columns (r, j, d)
         h = _add_linear(residual, o, blk.o_w, blk.o_b, inplace=inplace)
         gemm = self.gemm

@@ -164,28 +164,22 @@ def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: to
     return h + F.linear(x, weight, bias)
 
 
-SDPA_ENV = "EAGLESPEC_CUDNN_SDPA"  # "1": let SDPA pick cuDNN's attention too (default: every backend but cuDNN's)
+SDPA_ENV = "EAGLESPEC_CUDNN_SDPA"  # "1": eager steps may use cuDNN's attention too (default: not)
 
 
-def _sdpa_backends() -> list[SDPBackend]:
-    """The SDPA backends the fast steps allow: all but cuDNN's unless $EAGLESPEC_CUDNN_SDPA=1 (read at import).
-    cuDNN's attention builds a graph per new shape: on the H200 (session 8, bench/prefill_shapes.py) the first
-    prefill of each new prompt length cost ~1 s with it (190 tokens: 1021 ms first, 28 ms repeat) and 14-63 ms more
-    than a repeat without it (190 tokens: 36 / 22 ms), and every new CUDA-graph capture paid it too."""
+def _eager_sdpa_backends() -> list[SDPBackend]:
+    """The SDPA backends of the eager steps (a prefill, or a tree past the buckets, at its exact size): all but
+    cuDNN's unless $EAGLESPEC_CUDNN_SDPA=1 (read at import). cuDNN's attention builds a graph per new shape, so each
+    new prompt length paid it: on the H200 (session 8, bench/prefill_shapes.py) a 190-token prefill took 1021 ms
+    the first time and 28 ms the next with it, 36 / 22 ms without it. The CUDA-graph steps (fixed shapes, captured
+    once) keep torch's own choice."""
     allowed = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     if os.environ.get(SDPA_ENV, "").strip() == "1":
         allowed.append(SDPBackend.CUDNN_ATTENTION)
     return allowed
 
 
-SDPA_BACKENDS = _sdpa_backends()
-
-
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-         scale: float | None = None) -> torch.Tensor:
-    """F.scaled_dot_product_attention over SDPA_BACKENDS (the same function whichever backend computes it)."""
-    with sdpa_kernel(SDPA_BACKENDS):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+EAGER_SDPA_BACKENDS = _eager_sdpa_backends()
 
 
 def _grouped_o_weight(w: torch.Tensor, n_kv: int, head_dim: int) -> torch.Tensor:
@@ -465,7 +459,8 @@ class FastTarget:
             else:  # the same in one kernel: q [B, G, Hkv, D], k and v written at slots base..base+B-1
                 q = fused.rope_qk_kv_write(qk, v, self.rope_table, positions, base, kc, vc)
             # GQA without repeating the cache: head j*G + r of token t is row t*G + r of kv head j
-            o = sdpa(_grouped_queries(q), kc[None], vc[None], mask, self.scaling)  # [1, Hkv, B*G, D]
+            o = F.scaled_dot_product_attention(_grouped_queries(q), kc[None], vc[None], attn_mask=mask,
+                                               scale=self.scaling)  # [1, Hkv, B*G, D]
             o = _grouped_output(o, b)  # [B, Hq*D], columns (r, j, d): a view of BMHK memory
             # residuals accumulate in place, except into the h that feats[i] holds (the layer's input)
             h = _add_linear(h, o, w.o_w, w.o_b, inplace=i not in wanted)
@@ -555,7 +550,8 @@ class FastTarget:
             depths = torch.arange(t, device=dev) if depths is None else depths.to(dev)
             visible = torch.ones(t, t, dtype=torch.bool, device=dev).tril() if visible is None else visible.to(dev)
             base_t = torch.tensor(base, dtype=torch.long, device=dev)
-            logits, features = self._step(tokens, base + depths, visible, base_t, self.cols[: base + t])  # eager
+            with sdpa_kernel(EAGER_SDPA_BACKENDS):  # a new shape: no cuDNN attention graph built for it
+                logits, features = self._step(tokens, base + depths, visible, base_t, self.cols[: base + t])
             return TargetOutput(logits=logits, features=features)
         self.reserve(base + b)
         run = self._runner(b, self.span(base + b))
