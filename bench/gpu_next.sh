@@ -41,6 +41,8 @@
 # `STEPS=100000 RUN_S=390 bash bench/gpu_x2.sh run`, bench7, measure); then `s8bench` and a `sweep8`-style sweep of
 # dynamic 7/10/60 .. 9/10/100 with it. The fused GEMMs (EAGLESPEC_GEMM_KERNELS) lost: only worth another look with a
 # split-K down kernel and block sizes that fit 227 KiB of shared memory (bench/gemm_check.py --sweep died on one).
+# Also time e5b319d (the target's eager prefill without cuDNN attention): bench/prefill_shapes.py again, and s8bench
+# with EAGLESPEC_CUDNN_SDPA unset vs =1 (the captured steps keep torch's SDPA choice; untested without cuDNN).
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
 set -uo pipefail
 stage=${1:?stage}
