@@ -172,3 +172,35 @@ def test_static_method_drafts_the_drafters_recommended_tree():
     bench = Bench(model, _Tok(), drafter, [2], args)
     bench.static_override = TreeSpec("static", depth=1, budget=2)
     assert bench.engine("eagle3-static")[0].spec.static_choices() == ((0,), (1,))
+
+
+def test_extra_draft_methods_run_a_second_drafter_in_the_same_bench(tmp_path):
+    """--extra-draft: an EAGLE-1 drafter (saved, loaded back for the target) runs as extra-chain / extra-static /
+    extra-dynamic beside the EAGLE-3 methods on the same fast target, each reproducing HF generate (fp32); the extra
+    methods without one are skipped with the reason."""
+    import types
+
+    from eaglespec.bench import extra_drafter
+    from eaglespec.checkpoint.drafter import save_drafter
+    from eaglespec.draft.eagle1 import Eagle1Drafter
+    from test_eagle1 import make as make_eagle1
+
+    model = tiny_target("llama", seed=4)
+    save_drafter(make_eagle1(model, seed=5), tmp_path / "e1")
+    es = types.SimpleNamespace(model=model, tokenizer=_Tok())
+    args = _args(depth=3, top_k=3, budget=6, extra_draft=str(tmp_path / "e1"), aux_rule="auto")
+    extra, note = extra_drafter(es, args)
+    assert isinstance(extra, Eagle1Drafter) and "eagle1" in note
+    assert extra_drafter(es, _args())[0] is None
+    bench = Bench(model, _Tok(), tiny_drafter(model, seed=2), [2], args, extra)
+    assert bench.engine("extra-dynamic")[0].proposer.drafter is extra
+    assert bench.engine("eagle3-dynamic")[0].proposer.drafter is bench.drafter
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 90, (n,), generator=gen).tolist() for n in (5, 8)]
+    ref = bench.run("hf", prompts, 8, warmup=1)
+    for m in ("eagle3-chain", "extra-chain", "extra-static", "extra-dynamic", "eagle3-dynamic"):
+        run = bench.run(m, prompts, 8, warmup=1)
+        assert not run.skipped and run.token_ids == ref.token_ids, m
+        assert summarize_run(run)["drafted"] > 0, m
+    alone = Bench(model, _Tok(), tiny_drafter(model, seed=2), [2], _args())
+    assert alone.run("extra-chain", prompts, 8, warmup=1).skipped == "no --extra-draft"

@@ -61,6 +61,19 @@ GENERIC_TREES: dict[str, dict[str, int]] = {"chain": {"k": 5}, "dynamic": {"dept
                                              "static": {"depth": 8, "top_k": 10, "budget": 60}}
 
 
+def load_drafter_for(model, tokenizer, draft: str, aux_rule: str = "auto", strict: bool = False
+                     ) -> tuple[torch.nn.Module, str]:
+    """The drafter in `draft` (a directory) for `model`: checked against it (its manifest too; `strict` refuses one
+    made for another target), on the model's device and dtype. Returns (drafter, a one-line description)."""
+    c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    drafter = load_drafter(draft, target_num_layers=c.num_hidden_layers, target_hidden_size=c.hidden_size,
+                           target_vocab_size=model.get_output_embeddings().weight.shape[0], aux_rule=aux_rule)
+    note = f"drafter {draft} ({drafter.cfg.method}, aux ids {list(drafter.cfg.aux_layer_ids)}: {drafter.cfg.aux_rule})"
+    if drafter.manifest is not None:
+        check_manifest(drafter.manifest, model, tokenizer, strict=strict, where=f"drafter {draft}")
+    return drafter.to(device=model.device, dtype=model.dtype), note
+
+
 def tree_defaults(drafter, where: str = "drafter") -> dict[str, dict[str, Any]]:
     """The tree shapes a drafter's manifest recommends (`tree_defaults`, e.g. {"dynamic": {"depth": 5, "top_k": 6,
     "budget": 24}}: measured with bench/tree_sweep.py for that drafter), {} when it has none. `static` may also
@@ -227,20 +240,13 @@ class EagleSpec:
         graphs); None = $EAGLESPEC_ROUND_GRAPHS, else on CUDA.
         """
         model, tok = load_target(target, device=device, dtype=dtype)
-        c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        note = ""
         if draft is None and target in (None, DEFAULT_TARGET) and DEFAULT_DRAFT.is_dir():
             draft = str(DEFAULT_DRAFT)
         if draft is None:
-            drafter = random_drafter(model)
+            drafter = random_drafter(model).to(device=model.device, dtype=model.dtype)
             note = "no trained drafter given: using a RANDOMLY INITIALISED drafter (expect tau ~ 1)"
         else:
-            drafter = load_drafter(draft, target_num_layers=c.num_hidden_layers, target_hidden_size=c.hidden_size,
-                                   target_vocab_size=model.get_output_embeddings().weight.shape[0], aux_rule=aux_rule)
-            note = f"drafter {draft} ({drafter.cfg.method}, aux ids {list(drafter.cfg.aux_layer_ids)}: {drafter.cfg.aux_rule})"
-            if drafter.manifest is not None:
-                check_manifest(drafter.manifest, model, tok, strict=strict, where=f"drafter {draft}")
-        drafter.to(device=model.device, dtype=model.dtype)
+            drafter, note = load_drafter_for(model, tok, draft, aux_rule, strict)
         sampled_spec = None
         if spec is None:
             spec, sampled_spec = resolve_trees(tree or {}, drafter, f"drafter {draft}", model.device)

@@ -40,7 +40,9 @@ import torch
 from .errors import EagleSpecError
 from .target.fast import fused_by_default
 
-ALL_METHODS = ("hf", "hf-plain", "fast-plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic")
+ALL_METHODS = ("hf", "hf-plain", "fast-plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic",
+               "extra-chain", "extra-static", "extra-dynamic")  # extra-*: the --extra-draft drafter (EAGLE-1, HASS)
+EXTRA_METHODS = ("extra-chain", "extra-static", "extra-dynamic")
 DEFAULT_METHODS = "hf,fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic"
 NEAR_TIE = 0.1
 WARM_TOKENS = 2  # --warm-prompts: the prefill's token and one round
@@ -131,10 +133,12 @@ class _Synced:
 
 
 class Bench:
-    def __init__(self, model, tokenizer, drafter, eos: list[int], args: argparse.Namespace):
+    def __init__(self, model, tokenizer, drafter, eos: list[int], args: argparse.Namespace, extra_drafter=None):
+        """extra_drafter: a second drafter (e.g. EAGLE-1 / HASS) for the extra-* methods, on the same target."""
         from .target.fast import make_target, unsupported_reason
 
         self.model, self.tok, self.drafter, self.eos, self.args = model, tokenizer, drafter, eos, args
+        self.extra_drafter = extra_drafter
         self.static_override = None  # a TreeSpec for eagle3-static instead of the drafter's recommendation
         self.device = next(model.parameters()).device
         self.fast = None
@@ -166,14 +170,19 @@ class Bench:
         target = _Synced(self.fast) if phase_sync else self.fast
         if method == "fast-plain":
             return SpeculativeEngine(target, None, TreeSpec("chain", depth=0)), None
-        if self.drafter is None:
-            return None, "no drafter"
+        extra = method in EXTRA_METHODS
+        drafter = self.extra_drafter if extra else self.drafter
+        if drafter is None:
+            return None, "no --extra-draft" if extra else "no drafter"
         kind = method.split("-", 1)[1]
         try:
-            spec = self.static_spec() if kind == "static" else tree_spec(kind, a.k, a.top_k, a.depth, a.budget)
+            if kind != "static":
+                spec = tree_spec(kind, a.k, a.top_k, a.depth, a.budget)
+            else:  # the extra drafter's recommended static tree, else EAGLE-1's
+                spec = static_spec(drafter) if extra else self.static_spec()
         except (EagleSpecError, NotImplementedError, ValueError) as exc:
             return None, f"{kind} trees unavailable: {exc}"
-        engine = SpeculativeEngine(target, self.drafter, spec, adaptive=getattr(a, "adaptive", False))
+        engine = SpeculativeEngine(target, drafter, spec, adaptive=getattr(a, "adaptive", False))
         if use_draft_graphs(getattr(a, "draft_graphs", None), self.fast):
             from .draft.fast import enable_draft_graphs
 
@@ -393,6 +402,7 @@ def markdown(report: dict) -> str:
              f"tokens, batch 1, {cfg['dtype']}, T={cfg['temperature']}; drafter: {cfg['draft']}; "
              f"chain k={cfg['k']}, dynamic depth {cfg['depth']} top-k {cfg['top_k']} budget {cfg['budget']}"
              + (f", static tree {cfg['static']}" if cfg.get("static") else "")
+             + (f"; extra-* methods: {cfg['extra_draft']}" if cfg.get("extra_draft") else "")
              + (f"; HF generate on the first {cfg['hf_prompts']} prompts only (ratios vs HF and identity over those)"
                 if 0 < cfg.get("hf_prompts", 0) < cfg["prompts"] else "")
              + ("; fused Triton kernels" if cfg.get("fused_kernels") else "")
@@ -516,8 +526,21 @@ def resolve_tree_args(args, drafter) -> None:
     args.k, args.depth, args.top_k, args.budget = chain.depth, tree.depth, tree.top_k, tree.budget
 
 
-def run_methods(es, prompts: list[list[int]], methods: list[str], args) -> tuple[dict, dict]:
-    bench = Bench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args)
+def extra_drafter(es, args) -> tuple[Any, str]:
+    """(the --extra-draft drafter for es's target, its description), or (None, "") without the flag."""
+    path = getattr(args, "extra_draft", None)
+    if not path:
+        return None, ""
+    from .api import load_drafter_for
+
+    return load_drafter_for(es.model, es.tokenizer, path, args.aux_rule, getattr(args, "strict", False))
+
+
+def run_methods(es, prompts: list[list[int]], methods: list[str], args, extra=None) -> tuple[dict, dict]:
+    """extra: the --extra-draft drafter for es's target (loaded here when an extra-* method needs it)."""
+    if extra is None and any(m in EXTRA_METHODS for m in methods):
+        extra = extra_drafter(es, args)[0]
+    bench = Bench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args, extra)
     runs: dict[str, Run] = {}
     hf_limit = getattr(args, "hf_limit", None)
     for m in methods:
@@ -543,10 +566,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if v is not None and v < 0:
             raise EagleSpecError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
     methods = _methods(args.methods)
+    if getattr(args, "extra_draft", None) and not any(m in EXTRA_METHODS for m in methods):
+        methods += list(EXTRA_METHODS)  # --extra-draft given: its methods join the run
     device = torch.device(resolve_device(args.device))
     texts = load_prompts(args.dataset, args.limit)
     es = _load(args, args.dtype)
     _log(f"bench: {es.draft_note}")
+    extra, extra_note = extra_drafter(es, args)  # loaded before any timing: a bad --extra-draft fails at once
+    if extra_note:
+        _log(f"bench: extra-*: {extra_note}")
     resolve_tree_args(args, es.drafter)
     prompts = [es.encode(t) for t in texts]
     if args.max_len is None:
@@ -554,7 +582,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if device.type == "cuda" and str(es.model.dtype) == "torch.float32":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    summaries, _ = run_methods(es, prompts, methods, args)
+    summaries, _ = run_methods(es, prompts, methods, args, extra)
+    del extra
     report: dict[str, Any] = {
         "environment": environment(device),
         "config": {"target": args.target or "SmolLM2-135M-Instruct", "draft": es.draft_note,
@@ -563,6 +592,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "dtype": str(es.model.dtype).replace("torch.", ""), "temperature": args.temperature,
                    "k": args.k, "depth": args.depth, "top_k": args.top_k, "budget": args.budget,
                    "static": static_label(es.drafter),
+                   "extra_draft": extra_note,
                    "methods": methods, "compile": args.compile, "max_len": args.max_len,
                    "draft_graphs": getattr(args, "draft_graphs", None),  # None: the default (on CUDA)
                    "phase_sync": getattr(args, "phase_sync", True),
@@ -610,6 +640,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma separated, from {', '.join(ALL_METHODS)}")
+    p.add_argument("--extra-draft", default=None, metavar="DIR",
+                   help="a second drafter (e.g. EAGLE-1 or HASS) measured in the same run as extra-chain / "
+                        "extra-static / extra-dynamic (added to --methods unless it names some)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--seed", type=int, default=0)
     add_tree_args(p, policy=False)  # --k for the chain; --depth/--top-k/--budget for the trees
