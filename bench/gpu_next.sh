@@ -43,6 +43,8 @@
 # split-K down kernel and block sizes that fit 227 KiB of shared memory (bench/gemm_check.py --sweep died on one).
 # Also time e5b319d (the target's eager prefill without cuDNN attention): bench/prefill_shapes.py again, and s8bench
 # with EAGLESPEC_CUDNN_SDPA unset vs =1 (the captured steps keep torch's SDPA choice; untested without cuDNN).
+# Issue 6's EAGLE-1/HASS row needs a trained one for SmolLM2 (`eaglespec train --method hass ...` on the GPU), then
+# `eaglespec bench --extra-draft DIR` measures it beside the shipped EAGLE-3 drafter in one run.
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
 set -uo pipefail
 stage=${1:?stage}
