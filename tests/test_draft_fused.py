@@ -253,9 +253,9 @@ def test_static_runner_fused_eagle1_equals_the_eager_proposer():
 def test_round_graphs_with_the_fused_eagle1_step():
     """The round graph (round_graph.py, eager on CPU) over FusedEagle1Step: HF generate's tokens, and no host sync
     or host->device copy inside the round function (the CPU proxy for CUDA-graph capturability)."""
-    from _hostcount import HostCounter
     from eaglespec.round_graph import enable_round_graphs
     from eaglespec.target.fast import FastTarget
+    from test_round_graph import count_body_host_ops
 
     from conftest import reference_greedy
 
@@ -264,17 +264,7 @@ def test_round_graphs_with_the_fused_eagle1_step():
         engine = SpeculativeEngine(FastTarget(model, max_len=128), drafter, SPECS[kind])
         runner = enable_draft_graphs(engine, max_len=128, fused=True)
         assert isinstance(runner.forward, FusedEagle1Step)
-        rg = enable_round_graphs(engine).get()
-        seen = []
-        body = rg.body
-
-        def counted(span_d, span_t, sampling=None, _body=body, seen=seen):
-            with HostCounter() as c:
-                out = _body(span_d, span_t, sampling)
-            seen.append(c)
-            return out
-
-        rg.body = counted
+        seen = count_body_host_ops(enable_round_graphs(engine).get())
         for prompt in PROMPTS:
             assert engine.generate(prompt, 24).token_ids == reference_greedy(model, prompt, 24)
-        assert seen and all(c.syncs == 0 and c.h2d == 0 for c in seen), kind
+        assert seen and all(c.syncs == 0 and c.h2d == 0 for _, c in seen), kind

@@ -33,17 +33,19 @@ from conftest import reference_greedy, tiny_drafter, tiny_target
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-def count_calls(monkeypatch, *names: str) -> dict[str, int]:
-    """Wrap the named kernels of target/kernels.py to count their calls: {name: calls so far}."""
-    calls = dict.fromkeys(names, 0)
+def count_calls(monkeypatch, *names: str, module=K, calls: dict[str, int] | None = None) -> dict[str, int]:
+    """Wrap the named kernels of `module` (target/kernels.py by default) to count their calls into `calls` (a new
+    dict unless given): {name: calls so far}."""
+    calls = {} if calls is None else calls
+    calls.update(dict.fromkeys(names, 0))
     for name in names:
-        real = getattr(K, name)
+        real = getattr(module, name)
 
         def counted(*args, _real=real, _name=name, **kw):
             calls[_name] += 1
             return _real(*args, **kw)
 
-        monkeypatch.setattr(K, name, counted)
+        monkeypatch.setattr(module, name, counted)
     return calls
 
 
@@ -323,14 +325,7 @@ def test_gemm_kernels_replace_norm_gemm_pairs_and_the_mlp_tail(monkeypatch):
     model = tiny_target("qwen3", seed=2)
     fused = FastTarget(model, max_len=64, fused_kernels=True, gemm_kernels=True)
     calls = count_calls(monkeypatch, "rms_norm_weight", "rope_qk_kv_write", "silu_mul")
-    for name in ("rms_norm_linear", "silu_mul_linear_"):
-        real = getattr(G, name)
-
-        def counted(*a, _real=real, _name=name, **kw):
-            calls[_name] = calls.get(_name, 0) + 1
-            return _real(*a, **kw)
-
-        monkeypatch.setattr(G, name, counted)
+    count_calls(monkeypatch, "rms_norm_linear", "silu_mul_linear_", module=G, calls=calls)
     fused.forward(torch.tensor([5, 6, 7]))
     layers = fused.num_layers
     assert calls == {"rms_norm_weight": 0, "rope_qk_kv_write": layers, "silu_mul": 0,
@@ -423,6 +418,22 @@ def test_make_target_reads_the_environment_switch(monkeypatch):
 
 
 # -- the drafter's fused step (draft/fused.py) with the kernels --------------------------------------------
+def _draft_step_inputs(d, dtype: torch.dtype) -> tuple:
+    """A seeded 5-row step of EAGLE-3 drafter d: (KV size 48, span 32, slots 17..21, k and v [1, Hkv, 48, D],
+    state [5, H], tokens, positions (tree rows share depths), visible [5, 32] with each row's own slot)."""
+    at = d.midlayer.self_attn
+    rows, size, span = 5, 48, 32
+    torch.manual_seed(0)
+    slots = torch.arange(17, 17 + rows)
+    k = torch.randn(1, at.kv_heads, size, at.head_dim).to(dtype)
+    v = torch.randn_like(k)
+    state = torch.randn(rows, d.cfg.hidden_size).to(dtype)
+    tokens, positions = torch.randint(0, d.cfg.vocab_size, (rows,)), torch.tensor([3, 9, 9, 12, 16])
+    visible = torch.rand(rows, span) < 0.6
+    visible[torch.arange(rows), slots] = True
+    return size, span, slots, k, v, state, tokens, positions, visible
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm_before_residual", [False, True])
 @pytest.mark.parametrize("embedding", ["target", "target-in-dtype", "own", "subclass"])
@@ -451,17 +462,8 @@ def test_fused_draft_step_kernels_match_its_torch_path(dtype, norm_before_residu
                 return super().forward(ids) * 2.0
 
         d.set_target_embedding(Scaled.from_pretrained(target_embed.weight.detach()))
-    at = d.midlayer.self_attn
-    rows, size, span = 5, 48, 32
-    torch.manual_seed(0)
-    slots = torch.arange(17, 17 + rows)
-    k = torch.randn(1, at.kv_heads, size, at.head_dim).to(dtype)
-    v = torch.randn_like(k)
-    state = torch.randn(rows, d.cfg.hidden_size).to(dtype)
+    size, span, slots, k, v, state, tokens, positions, visible = _draft_step_inputs(d, dtype)
     state_before = state.clone()
-    tokens, positions = torch.randint(0, d.cfg.vocab_size, (rows,)), torch.tensor([3, 9, 9, 12, 16])
-    visible = torch.rand(rows, span) < 0.6
-    visible[torch.arange(rows), slots] = True
     calls = count_calls(monkeypatch, "eagle3_input", "rms_norm_weight")
     outs, kvs = [], []
     for kernels in (False, True):
@@ -498,25 +500,8 @@ def test_fused_draft_step_gemm_kernels_match_its_torch_path(norm_output, monkeyp
         for n, p in d.named_parameters():
             if "norm" in n:
                 p.add_(0.3 * torch.randn_like(p))
-    at = d.midlayer.self_attn
-    rows, size, span = 5, 48, 32
-    torch.manual_seed(0)
-    slots = torch.arange(17, 17 + rows)
-    k = torch.randn(1, at.kv_heads, size, at.head_dim)
-    v = torch.randn_like(k)
-    state = torch.randn(rows, d.cfg.hidden_size)
-    tokens, positions = torch.randint(0, d.cfg.vocab_size, (rows,)), torch.tensor([3, 9, 9, 12, 16])
-    visible = torch.rand(rows, span) < 0.6
-    visible[torch.arange(rows), slots] = True
-    calls: dict[str, int] = {}
-    for name in ("rms_norm_linear", "silu_mul_linear_"):
-        real = getattr(G, name)
-
-        def counted(*a, _real=real, _name=name, **kw):
-            calls[_name] = calls.get(_name, 0) + 1
-            return _real(*a, **kw)
-
-        monkeypatch.setattr(G, name, counted)
+    size, span, slots, k, v, state, tokens, positions, visible = _draft_step_inputs(d, torch.float32)
+    calls = count_calls(monkeypatch, "rms_norm_linear", "silu_mul_linear_", module=G)
     outs = []
     for kernels in (False, True):
         cache = [StaticKV(k.clone(), v.clone(), slots, span)]
@@ -594,15 +579,7 @@ def test_fused_eagle1_step_gemm_kernels_match_its_torch_path(monkeypatch):
     (layers >= 1), post-norm + gate_up and the MLP tail one kernel each."""
     import eaglespec.target.gemm_kernels as G
 
-    calls: dict[str, int] = {}
-    for name in ("rms_norm_linear", "silu_mul_linear_"):
-        real = getattr(G, name)
-
-        def counted(*a, _real=real, _name=name, **kw):
-            calls[_name] = calls.get(_name, 0) + 1
-            return _real(*a, **kw)
-
-        monkeypatch.setattr(G, name, counted)
+    calls = count_calls(monkeypatch, "rms_norm_linear", "silu_mul_linear_", module=G)
     outs, caches = _eagle1_step_outputs(2, torch.float32, ((False, False), (True, True)))
     assert calls == {"rms_norm_linear": 3, "silu_mul_linear_": 2}
     for a, b in zip(*caches):

@@ -59,6 +59,21 @@ def count_bodies(rg: RoundGraph) -> list[int]:
     return calls
 
 
+def count_body_host_ops(rg: RoundGraph) -> list[tuple[bool, HostCounter]]:
+    """Wrap rg.body: for each call (sampled or not, the HostCounter of what it dispatched)."""
+    seen: list[tuple[bool, HostCounter]] = []
+    body = rg.body
+
+    def counted(span_d, span_t, sampling=None):
+        with HostCounter() as c:
+            out = body(span_d, span_t, sampling)
+        seen.append((sampling is not None, c))
+        return out
+
+    rg.body = counted
+    return seen
+
+
 def _trees(result) -> list[tuple[list[int], list[int], list[int], list[int]]]:
     return [(r.detail["tokens"].tolist(), r.detail["parents"].tolist(), r.detail["depths"].tolist(),
              r.detail["rows"].tolist()) for r in result.rounds]
@@ -107,20 +122,10 @@ def test_round_function_has_no_host_sync(pair):
     model, drafter = pair
     for kind, spec in SPECS.items():
         _, graphed = engines(model, drafter, spec)
-        rg = graphed.round_graph.get()
-        seen = []
-        body = rg.body
-
-        def counted(span_d, span_t, sampling=None, _body=body, seen=seen):
-            with HostCounter() as c:
-                out = _body(span_d, span_t, sampling)
-            seen.append(c)
-            return out
-
-        rg.body = counted
+        seen = count_body_host_ops(graphed.round_graph.get())
         graphed.generate(PROMPTS[1], 24)
         assert seen, kind
-        for c in seen:
+        for _, c in seen:
             assert c.syncs == 0 and c.h2d == 0, (kind, c.names)
             assert c.ops > 100  # the counter saw the round
 

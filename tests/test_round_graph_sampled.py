@@ -9,14 +9,13 @@ import pytest
 import torch
 
 import eaglespec.round_graph as rg_mod
-from _hostcount import HostCounter
 from eaglespec.draft.fast import enable_draft_graphs
 from eaglespec.engine import SpeculativeEngine
 from eaglespec.round_graph import enable_round_graphs
 from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.target.fast import FastTarget
 from eaglespec.tree import TreeSpec
-from test_round_graph import count_bodies
+from test_round_graph import count_bodies, count_body_host_ops
 from test_sampling import first3_pvalue
 from test_sampling_engine import PROMPT, _exact_first3, sharp_target  # noqa: F401 (fixture)
 from test_sampling_static import SPEC as STATIC
@@ -94,17 +93,7 @@ def test_negative_control_point_mass_test_is_caught(sharp_target, monkeypatch): 
 @pytest.mark.parametrize("spec", [CHAIN, STATIC], ids=["chain", "static"])
 def test_sampled_round_has_no_host_sync(sharp_target, spec):  # noqa: F811
     engine = graphed(sharp_target, spec)
-    rg = engine.round_graph.get()
-    seen = []
-    body = rg.body
-
-    def counted(span_d, span_t, sampling=None):
-        with HostCounter() as c:
-            out = body(span_d, span_t, sampling)
-        seen.append((sampling is not None, c))
-        return out
-
-    rg.body = counted
+    seen = count_body_host_ops(engine.round_graph.get())
     engine.generate(PROMPT, 20, sampling=SamplingConfig(SamplingParams(temperature=0.8, top_k=10), seed=1))
     assert len(seen) > 3 and all(s for s, _ in seen)
     for _, c in seen[1:]:  # the first call builds the tree's static plan once (on CUDA: in the capture's warm-up)
