@@ -40,9 +40,8 @@ import torch
 from .errors import EagleSpecError
 from .target.fast import fused_by_default
 
-ALL_METHODS = ("hf", "hf-plain", "fast-plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic",
-               "extra-chain", "extra-static", "extra-dynamic")  # extra-*: the --extra-draft drafter (EAGLE-1, HASS)
-EXTRA_METHODS = ("extra-chain", "extra-static", "extra-dynamic")
+EXTRA_METHODS = ("extra-chain", "extra-static", "extra-dynamic")  # the --extra-draft drafter's (EAGLE-1, HASS)
+ALL_METHODS = ("hf", "hf-plain", "fast-plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic", *EXTRA_METHODS)
 DEFAULT_METHODS = "hf,fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic"
 NEAR_TIE = 0.1
 WARM_TOKENS = 2  # --warm-prompts: the prefill's token and one round
