@@ -19,6 +19,8 @@
 #                                # 20 at T=1 run on GPU 1 (two processes at once: said in the results)
 #   bash bench/gpu_x2.sh measure # the new drafter: round_timeline (GPU 0) while --adaptive at T=1 and T=0.7 (GPU 1)
 # Each session-7 stage tars its results into $OUT/<stage>.tgz ($OUT returns at most 8 files).
+# Session 9: CARRY=".gpu/s8 .gpu/s9" (s9: prompts_s2, the 15,056 first turns shuffled, ids -s2), and regen2 answers
+# them on GPU 0 after t2a, sampled at S2_T (0.7) in batches of S2_BS (1024), until REGEN_S.
 # Session 8: the same stages with CARRY=.gpu/s8 (every regenerated file so far, 28,818 conversations, and the 7,392
 # two-turn prompts left, split in two): `CARRY=.gpu/s8 bash bench/gpu_x2.sh stash7`, then regen2 (appends to
 # regen_t2a/b), run (INIT= the shipped run 5), bench7 and measure as in session 7.
@@ -104,7 +106,9 @@ case "$stage" in
     ;;
   stash7)
     bash .gpu/install.sh stash >/dev/null
-    for f in "${CARRY:-.gpu/s7}"/*.gz; do [ -f "$f" ] && gunzip -c "$f" > "$W/$(basename "$f" .gz)"; done
+    for d in ${CARRY:-.gpu/s7}; do  # one folder or several, space-separated
+      for f in "$d"/*.gz; do [ -f "$f" ] && gunzip -c "$f" > "$W/$(basename "$f" .gz)"; done
+    done
     wc -l "$W"/*.jsonl | tail -1
     ;;
   regen2)
@@ -113,13 +117,14 @@ case "$stage" in
              --max-new-tokens 384 --device cuda --dtype bfloat16 "${@:2}" > "$W/regen_$1.log" 2>&1; }
     CUDA_VISIBLE_DEVICES=1 timeout "${REGEN_S:-300}" bash -c "$(declare -f rg); $(declare -p W); \
       rg s1r --max-turns 1 --temperature 1; rg t2b --max-turns 2" &
-    CUDA_VISIBLE_DEVICES=0 timeout "${REGEN_S:-300}" bash -c "$(declare -f rg); $(declare -p W); rg t2a --max-turns 2" &
+    CUDA_VISIBLE_DEVICES=0 timeout "${REGEN_S:-300}" bash -c "$(declare -f rg); $(declare -p W); rg t2a --max-turns 2; \
+      rg s2 --max-turns 1 --temperature ${S2_T:-0.7} --batch-size ${S2_BS:-1024}" &
     wait
-    for r in s1r t2a t2b; do tr '\r' '\n' < "$W/regen_$r.log" | grep -v '^\s*$' | tail -n 1; done
-    cat "$W"/regen.jsonl "$W"/regen_more.jsonl "$W"/regen_s1.jsonl "$W"/regen_t2.jsonl "$W"/regen_s1r.jsonl \
-      "$W"/regen_t2a.jsonl "$W"/regen_t2b.jsonl > "$W/all.jsonl"
+    for r in s1r t2a t2b s2; do [ -f "$W/regen_$r.log" ] && tr '\r' '\n' < "$W/regen_$r.log" | grep -v '^\s*$' | tail -n 1; done
+    new=(); for r in s1r t2a t2b s2; do [ -f "$W/regen_$r.jsonl" ] && new+=("$W/regen_$r.jsonl"); done
+    cat "$W"/regen.jsonl "$W"/regen_more.jsonl "$W"/regen_s1.jsonl "$W"/regen_t2.jsonl "${new[@]}" > "$W/all.jsonl"
     wc -l "$W"/regen*.jsonl "$W/all.jsonl"
-    mkdir -p "$W/res/regen2"; cp "$W"/regen_s1r.jsonl "$W"/regen_t2a.jsonl "$W"/regen_t2b.jsonl "$W/res/regen2/"
+    mkdir -p "$W/res/regen2"; cp "${new[@]}" "$W/res/regen2/"
     tar czf "$OUT/regen2.tgz" -C "$W/res/regen2" .
     ;;
   run)
