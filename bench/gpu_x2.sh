@@ -175,4 +175,31 @@ PY
     for f in "$R"/*.log; do echo "== $f"; grep -v "Loading weights" "$f" | tail -6; done
     tar czf "$OUT/measure.tgz" -C "$R" .
     ;;
+  s9)  # after run: GPU 0 sweeps tree shapes with the new drafter (copied over the shipped one in this copy of the tree),
+        # then times e5b319d (eager prefill without cuDNN attention: EAGLESPEC_CUDNN_SDPA unset vs =1); GPU 1 trains a
+        # HASS drafter from scratch for HASS_S seconds and benches it beside the new EAGLE-3 drafter (--extra-draft)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/s9; mkdir -p "$R"; m=models/smollm2-135m-instruct-eagle3
+    rm -f "$m"/*.safetensors "$m"/model.safetensors.index.json; cp "$W"/r5-bf16/* "$m"/
+    g0() {
+      timeout 190 python3 bench/tree_sweep.py --skip 16 --limit 20 \
+        --configs chain:5,static:5/10/25,dynamic:6/8/40,dynamic:7/10/60,dynamic:8/10/80,dynamic:9/10/100 \
+        --json "$R/h200_tree_sweep_run6_$c.json" > "$R/sweep.log" 2>&1
+      for cu in 0 1; do
+        EAGLESPEC_CUDNN_SDPA=$cu timeout 60 python3 bench/prefill_shapes.py --device cuda > "$R/prefill_cudnn$cu.log" 2>&1
+        EAGLESPEC_CUDNN_SDPA=$cu timeout 80 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --methods fast-plain \
+          --json "$R/h200_mtbench80_plain_cudnn${cu}_$c.json" --results "$R/RESULTS_cudnn.md" > "$R/plain_cudnn$cu.log" 2>&1
+      done; }
+    g1() {
+      timeout 300 python3 -m eaglespec.cli train --data "$W/all.jsonl" --method hass --batch-size 32 --grad-accum 2 \
+        --lr 3e-4 --steps 100000 --time-budget "${HASS_S:-200}" --log-every 10 --out "$W/hass" --device cuda > "$R/hass_train.log" 2>&1
+      cp "$W/hass/train_log.jsonl" "$R/train_log_hass.jsonl"
+      timeout 170 python3 -m eaglespec.cli bench --dataset mtbench --limit 40 --extra-draft "$W/hass" \
+        --methods fast-plain,eagle3-chain,eagle3-dynamic,extra-chain,extra-static,extra-dynamic \
+        --json "$R/h200_mtbench40_hass_$c.json" --results "$R/RESULTS_hass.md" > "$R/hass_bench.log" 2>&1; }
+    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f g0); $(declare -p c R W); g0" &
+    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f g1); $(declare -p c R W); g1" &
+    wait
+    for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v "Loading weights" | grep -v '^\s*$' | tail -9; done
+    tar czf "$OUT/s9.tgz" -C "$R" .
+    ;;
 esac
