@@ -244,12 +244,17 @@ class RoundGraph:
         self.n, self.dlen, self.tlen = n, dlen, tlen
         return True
 
+    def _drop_graphs(self) -> None:
+        """Forget the captured rounds and their pool (a pool whose graphs are all freed takes no new capture)."""
+        self.graphs.clear()
+        self._pool = None
+
     def _grow_ids(self, size: int) -> None:
         if self.ids.shape[0] < size:
             new = torch.zeros(max(size, 2 * self.ids.shape[0], 1024), dtype=torch.long, device=self.device)
             new[: self.ids.shape[0]].copy_(self.ids)
             self.ids = new
-            self.graphs.clear()  # they write the old buffer
+            self._drop_graphs()  # they write the old buffer
 
     def _mine(self, ids: torch.Tensor, pending: torch.Tensor) -> bool:
         """The engine handed back what the last round graph returned (nothing to stage)."""
@@ -261,7 +266,7 @@ class RoundGraph:
         if self.device.type != "cuda":
             return self.body(span_d, span_t, sampling)
         if self.target.cache.data_ptr() != self._cache_ptr:  # the target's cache was reallocated
-            self.graphs.clear()
+            self._drop_graphs()
             self._cache_ptr = self.target.cache.data_ptr()
         key = (span_d, span_t, None if sampling is None else (sampling.target, self.proposer.sampling))
         if key not in self.graphs:

@@ -387,7 +387,7 @@ class FastTarget:
         self.rope_table = _rope_table(cos[0].to(self.dtype), sin[0].to(self.dtype))  # [S, 2, 2, D/2], cast as HF
         self.cols = torch.arange(max_len, device=self.device)
         self.max_len = max_len
-        self._graphs.clear()
+        self._drop_graphs()
 
     def span(self, n: int) -> int:
         """Cache slots a step over slots 0..n-1 attends over: n rounded up to span_step, capped at the cache."""
@@ -406,12 +406,18 @@ class FastTarget:
             if not 0 <= j <= self.num_layers:
                 raise ValueError(f"feature layer id {j} out of range 0..{self.num_layers}")
         if tuple(ids) != self.feature_layer_ids:
-            self._graphs.clear()
+            self._drop_graphs()
         self.feature_layer_ids = tuple(ids)
 
     def reset(self) -> None:
         self.committed_len = 0
         self._pending = 0  # rows of the last forward, not committed yet
+
+    def _drop_graphs(self) -> None:
+        """Forget the captured steps and their memory pool: once its last graph is freed, a pool cannot take
+        another capture (torch asserts use_count > 0), so the next capture starts a new one."""
+        self._graphs.clear()
+        self._pool = None
 
     # -- the step (graph-captured on CUDA) ------------------------------------------------------
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
