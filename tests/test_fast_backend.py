@@ -101,6 +101,24 @@ def test_feature_layer_ids_include_last_layer_and_order():
     torch.testing.assert_close(b.features[:, 64:], hs[2][0], atol=ATOL, rtol=0)  # entering layer 2
 
 
+def test_dropping_the_captured_steps_drops_their_pool():
+    """A CUDA graph pool whose graphs are all freed takes no new capture (torch asserts use_count > 0: hit on the
+    H200 when bench --extra-draft moved the target's feature layers), so whatever drops the captured steps (new
+    feature layers, a cache reallocation) drops the pool handle too; unchanged feature layers keep both."""
+    fast = FastTarget(tiny_target("llama", seed=3), (0, 2), buckets=(1, 4), max_len=8)
+    for change in (lambda: fast.set_feature_layers((0, 2)), lambda: fast.set_feature_layers((4,)),
+                   lambda: fast.reserve(300)):
+        fast.reset()
+        fast.forward(torch.tensor([3, 4, 5]))  # bucket 4: one step runner
+        pool = fast._pool = object()  # stands for torch.cuda.graph_pool_handle()
+        kept = (fast.feature_layer_ids, fast.max_len)
+        change()
+        if (fast.feature_layer_ids, fast.max_len) == kept:
+            assert fast._graphs and fast._pool is pool
+        else:
+            assert not fast._graphs and fast._pool is None
+
+
 @pytest.mark.parametrize("k", [0, 3])
 def test_greedy_engine_with_fast_backend_matches_generate(arch, k):
     model = tiny_target(arch, seed=7)

@@ -151,6 +151,18 @@ def test_target_cache_growth_mid_stream(pair):
     assert graphed.target.max_len > 24
 
 
+def test_dropping_the_round_graphs_drops_their_pool(pair):
+    """Growing the id buffer drops the captured rounds and their pool handle (a pool whose graphs are all freed
+    takes no new capture)."""
+    model, drafter = pair
+    _, graphed = engines(model, drafter, SPECS["chain"])
+    rg = graphed.round_graph.get()
+    rg.graphs[(1, 1, None)] = None
+    rg._pool = object()
+    rg._grow_ids(rg.ids.shape[0] + 1)
+    assert not rg.graphs and rg._pool is None
+
+
 def test_sampling_keeps_the_phased_rounds_when_sampled_round_graphs_are_off(pair, monkeypatch):
     model, drafter = pair
     monkeypatch.setenv("EAGLESPEC_ROUND_GRAPHS_SAMPLED", "0")
