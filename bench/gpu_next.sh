@@ -45,6 +45,14 @@
 # with EAGLESPEC_CUDNN_SDPA unset vs =1 (the captured steps keep torch's SDPA choice; untested without cuDNN).
 # Issue 6's EAGLE-1/HASS row needs a trained one for SmolLM2 (`eaglespec train --method hass ...` on the GPU), then
 # `eaglespec bench --extra-draft DIR` measures it beside the shipped EAGLE-3 drafter in one run.
+# Session 10's order (session 9 trained run 6 on 33,426 conversations, swept trees, timed e5b319d and benched a HASS
+# drafter): drafter run 7 on the x2 kind. The data is ready in .gpu/s10a and .gpu/s10b (all 33,426 regenerated
+# conversations plus 8,192 of the first turns answered again at T=0.7, regen_s2, and prompts_s2 for the 6,864 left):
+# `CARRY=.gpu/s10a bash bench/gpu_x2.sh stash7` with part00, `CARRY=.gpu/s10b bash bench/gpu_x2.sh stash7` with
+# part01 (the tree is ~29 MB: one data folder per call keeps a call under 64 MiB), part02, then the install with
+# `REGEN_S=200 bash bench/gpu_x2.sh regen2` (only regen_s2 has prompts left: GPU 0 finishes them in ~150 s),
+# `STEPS=100000 RUN_S=420 bash bench/gpu_x2.sh run` (session 9: 380 s of training took a 413-s call), bench7. Make the calls back to back: an idle lease is given
+# back (session 9 lost one, and the drafter on it, while a script was edited between two calls).
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
 set -uo pipefail
 stage=${1:?stage}
