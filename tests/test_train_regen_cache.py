@@ -59,6 +59,27 @@ def test_regenerate_batched_and_resumable(tmp_path):
     assert first["messages"][1]["content"] == tok.decode(ref).strip()
 
 
+def test_sampled_regeneration_follows_its_seed(tmp_path):
+    """Sampled passes over the same prompts: the same seed writes the same answers, another seed other ones (without
+    a seed, every fresh process would start from torch's same default state)."""
+    model = sharp_target()
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": "old"}]}) + "\n" for i in range(4)))
+
+    def answers(seed: int, name: str) -> list[str]:
+        out = tmp_path / name
+        regenerate(model, CharTokenizer(), data, out, batch_size=4, max_new_tokens=12, temperature=4.0,
+                   progress=False, seed=seed)
+        return [json.loads(line)["messages"][1]["content"] for line in out.read_text().splitlines()]
+
+    torch.manual_seed(123)
+    first = answers(1, "a.jsonl")
+    torch.manual_seed(456)  # the state before the call does not matter
+    assert answers(1, "b.jsonl") == first
+    assert answers(2, "c.jsonl") != first
+
+
 def test_feature_cache_round_trip_and_refusal(tmp_path):
     model = sharp_target()
     samples = greedy_samples(model, 3, new=5)

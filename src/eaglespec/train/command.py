@@ -72,6 +72,8 @@ def add_parser(subparsers) -> None:
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     r.add_argument("--max-turns", type=int, default=None, help="regenerate at most N assistant turns each")
     r.add_argument("--limit", type=int, default=None, help="only the first N conversations")
+    r.add_argument("--seed", type=int, default=None,
+                   help="seed of the sampling (with --temperature): another seed, other answers to the same prompts")
     r.add_argument("--device", default=None)
     r.add_argument("--dtype", default=None)
     r.set_defaults(func=cmd_regenerate)
@@ -165,6 +167,6 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
             raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {getattr(args, k)}")
     model, tok = load_target(args.target, device=args.device, dtype=args.dtype)
     n = regenerate(model, tok, args.data, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                   temperature=args.temperature, max_turns=args.max_turns, limit=args.limit)
+                   temperature=args.temperature, max_turns=args.max_turns, limit=args.limit, seed=args.seed)
     _log(f"eaglespec regenerate: wrote {n} conversations to {args.out}")
     return 0

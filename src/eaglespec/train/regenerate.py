@@ -73,9 +73,15 @@ def generate_batch(model, tokenizer, chats: list[list[dict]], max_new_tokens: in
 
 def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_size: int = 16,
                max_new_tokens: int = 512, temperature: float = 0.0, max_turns: int | None = None,
-               limit: int | None = None, max_prompt_tokens: int = 1536, progress: bool = True) -> int:
-    """Regenerate every conversation of `data` not yet in `out`; returns how many were written."""
+               limit: int | None = None, max_prompt_tokens: int = 1536, progress: bool = True,
+               seed: int | None = None) -> int:
+    """Regenerate every conversation of `data` not yet in `out`; returns how many were written. `seed` seeds the
+    sampling (temperature > 0): without it a fresh process starts from torch's fixed default state, so two sampled
+    passes over the same prompts and batches would write the same answers."""
     from tqdm import tqdm
+
+    if seed is not None:
+        torch.manual_seed(seed)  # CPU and every CUDA device
 
     out = Path(out)
     convs = read_conversations(data, limit)
