@@ -52,7 +52,8 @@
 # part01 (the tree is ~29 MB: one data folder per call keeps a call under 64 MiB), part02, then the install with
 # `REGEN_S=200 bash bench/gpu_x2.sh regen2` (only regen_s2 has prompts left: GPU 0 finishes them in ~150 s),
 # `STEPS=100000 RUN_S=420 bash bench/gpu_x2.sh run` (session 9: 380 s of training took a 413-s call), bench7. Make the calls back to back: an idle lease is given
-# back (session 9 lost one, and the drafter on it, while a script was edited between two calls).
+# back (session 9 lost one, and the drafter on it, while a script was edited between two calls). Also run
+# `bash bench/gpu_next.sh growth` once (34589fc's fix, untested on a GPU; ~1 min).
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
 set -uo pipefail
 stage=${1:?stage}
@@ -61,6 +62,10 @@ OUT=${OUT:-out}; mkdir -p "$OUT"; c=${EAGLESPEC_COMMIT:-unknown}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
 case "$stage" in
+  growth)  # bench/growth_check.py (34589fc on the GPU: captured steps dropped by a cache growth or a drafter switch
+           # and captured again, fp32 tokens vs HF generate), ~1 min
+    timeout 240 python3 bench/growth_check.py --json "$OUT/h200_growth_check_$c.json" 2>&1 | grep -v "Loading weights" | tail -5
+    ;;
   kernels)
     timeout 240 python3 bench/kernel_check.py --json "$OUT/h200_kernel_check_$c.json" 2>&1 | grep -v "Loading weights"
     timeout 300 python3 bench/draft_check.py --json "$OUT/h200_draft_check_$c.json" 2>&1 | grep -v "Loading weights" \
