@@ -53,7 +53,8 @@
 # `REGEN_S=200 bash bench/gpu_x2.sh regen2` (only regen_s2 has prompts left: GPU 0 finishes them in ~150 s),
 # `STEPS=100000 RUN_S=420 bash bench/gpu_x2.sh run` (session 9: 380 s of training took a 413-s call), bench7. Make the calls back to back: an idle lease is given
 # back (session 9 lost one, and the drafter on it, while a script was edited between two calls). Also run
-# `bash bench/gpu_next.sh growth` once (34589fc's fix, untested on a GPU; ~1 min).
+# `bash bench/gpu_next.sh growth` once (34589fc's fix, untested on a GPU; ~1 min), and `trainprof` BEFORE the run:
+# if --ttt-attention factored trains faster at equal loss, give it to run 7 (TTT_ATTENTION=factored for bench/gpu_x2.sh).
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
 set -uo pipefail
 stage=${1:?stage}
@@ -62,6 +63,13 @@ OUT=${OUT:-out}; mkdir -p "$OUT"; c=${EAGLESPEC_COMMIT:-unknown}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
 case "$stage" in
+  trainprof)  # bench/train_profile.py, dense vs factored TTT attention (--ttt-attention), run 6's batch shape, on
+              # the regenerated data that bench/gpu_x2.sh stash7 unpacks into $HOME/ship; ~1.5 min each
+    for t in dense factored; do
+      timeout 240 python3 bench/train_profile.py --data "$HOME/ship/regen.jsonl" --batch-size 32 --max-length 2048 \
+        --draft-vocab 12000 --ttt-attention $t --json "$OUT/h200_train_profile_${t}_$c.json" 2>&1 | grep '^{\|^step'
+    done
+    ;;
   growth)  # bench/growth_check.py (34589fc on the GPU: captured steps dropped by a cache growth or a drafter switch
            # and captured again, fp32 tokens vs HF generate), ~1 min
     timeout 240 python3 bench/growth_check.py --json "$OUT/h200_growth_check_$c.json" 2>&1 | grep -v "Loading weights" | tail -5

@@ -36,7 +36,8 @@ DEVICE=${DEVICE:-cuda}
 DATA=${DATA:-$W/all.jsonl}
 STEPS=${STEPS:-1800}; NA=${NA:-100}; NB=${NB:-600}; NC=${NC:-40}; BS=${BS:-32}
 common=(--data "$DATA" --method eagle3 --batch-size "$BS" --max-length "${MAXLEN:-2048}" --lr "${LR:-3e-4}"
-        --steps "$STEPS" --save-every 100 --log-every 1 --device "$DEVICE" ${TARGET:+--target "$TARGET"})
+        --steps "$STEPS" --save-every 100 --log-every 1 --device "$DEVICE" ${TARGET:+--target "$TARGET"}
+        ${TTT_ATTENTION:+--ttt-attention "$TTT_ATTENTION"})
 INIT=${INIT-models/smollm2-135m-instruct-eagle3}  # INIT= (empty): a new drafter
 init=(); [ -n "$INIT" ] && init=(--init "$INIT")
 one() { python3 -m eaglespec.cli train "${common[@]}" --grad-accum 2 "$@" 2>&1 | tr '\r' '\n' | grep -v '^train eagle3:' \

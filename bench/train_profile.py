@@ -5,6 +5,11 @@ prepare (pack + target forward + soft labels), drafter forward (7 TTT steps), ba
 then the top ops of one step under torch.profiler.
 
     PYTHONPATH=src python bench/train_profile.py --data regen.jsonl [--batch-size 48 --max-length 4096]
+        [--ttt-attention dense|factored]
+
+`--ttt-attention factored` (draft/layers.factored_attention) scores the prefix block plus each row's own keys of the
+earlier steps instead of SDPA over every step's keys with a dense mask: the report's peak memory says what its
+materialized scores cost.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=6400)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--ttt-attention", default="dense", choices=["dense", "factored"])
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     dev = torch.device(a.device)
@@ -49,7 +55,8 @@ def main() -> None:
     t_tok = time.perf_counter() - t0
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = select_draft_vocab(token_counts(((s.ids, s.loss_mask) for s in samples), vocab), a.draft_vocab)
-    cfg = TrainConfig(batch_size=a.batch_size, max_length=a.max_length, device=a.device, progress=False)
+    cfg = TrainConfig(batch_size=a.batch_size, max_length=a.max_length, device=a.device, progress=False,
+                      ttt_attention=a.ttt_attention)
     trainer = Trainer(model, new_drafter(model, "eagle3", ids, 0).to(dev), cfg)
     batches = MicroBatches(samples, a.batch_size, 0)
     phases: dict[str, list[float]] = {"prepare": [], "forward": [], "backward": [], "optimizer": []}
@@ -90,7 +97,9 @@ def main() -> None:
     total = sum(med.values()) / 1000
     report = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
               "load_s": round(t_load, 1), "tokenize_s_per_1k_convs": round(1000 * t_tok / max(1, len(convs)), 2),
-              "batch_size": a.batch_size, "max_length": a.max_length, "median_ms": med,
+              "batch_size": a.batch_size, "max_length": a.max_length, "ttt_attention": a.ttt_attention,
+              "peak_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2) if dev.type == "cuda" else None,
+              "median_ms": med,
               "tokens_per_step": statistics.median(tokens), "tokens_per_s": round(statistics.median(tokens) / total)}
     print(json.dumps(report), flush=True)
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])

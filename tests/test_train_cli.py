@@ -11,8 +11,8 @@ def test_train_flags_parse():
                                       "--lr", "1e-3", "--ttt-steps", "4", "--draft-vocab", "100", "--device", "cpu",
                                       "--resume"])
     assert (args.method, args.steps, args.ttt_steps, args.draft_vocab, args.resume) == ("hass", 5, 4, 100, True)
-    r = build_parser().parse_args(["regenerate", "--target", "T", "--data", "a", "--out", "b"])
-    assert r.func.__name__ == "cmd_regenerate"
+    r = build_parser().parse_args(["regenerate", "--target", "T", "--data", "a", "--out", "b", "--seed", "3"])
+    assert r.func.__name__ == "cmd_regenerate" and r.seed == 3
 
 
 def test_train_bad_config_and_values(tmp_path, capsys):
@@ -53,11 +53,14 @@ def test_train_init_end_to_end_and_refusals(tmp_path, capsys):
     assert main([*common, "--out", str(tmp_path / "a"), "--draft-vocab", "40", "--stop-after", "1"]) == 0
     assert load_drafter(tmp_path / "a", target_num_layers=4).manifest["trained_steps"] == 1  # paused, then resumed:
     assert main([*common, "--out", str(tmp_path / "a"), "--draft-vocab", "40", "--resume"]) == 0
-    assert main([*common, "--out", str(tmp_path / "b"), "--init", str(tmp_path / "a"), "--lr", "0"]) == 0
+    assert main([*common, "--out", str(tmp_path / "b"), "--init", str(tmp_path / "a"), "--lr", "0",
+                 "--ttt-attention", "factored"]) == 0
     a = load_drafter(tmp_path / "a", target_num_layers=4)
     b = load_drafter(tmp_path / "b", target_num_layers=4)
     assert b.cfg.draft_vocab_size == 40 and all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
     assert b.manifest["hyperparameters"]["init_from"] == str(tmp_path / "a")
+    assert (a.manifest["hyperparameters"]["ttt_attention"], b.manifest["hyperparameters"]["ttt_attention"]) == \
+        ("dense", "factored")
     capsys.readouterr()
     assert main([*common, "--out", str(tmp_path / "c"), "--init", str(tmp_path / "a"), "--draft-vocab", "50"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # (after the target's loading bar)

@@ -44,6 +44,35 @@ def test_frozen_target_and_drafter_grads(method):
     assert not prep.target.features.requires_grad and not prep.target.hidden.requires_grad
 
 
+@pytest.mark.parametrize("method", ["eagle3", "hass"])
+def test_factored_ttt_attention_gives_the_dense_loss_and_grads(method):
+    """--ttt-attention factored is the same objective as the dense masks: loss, metrics and every gradient."""
+    model = sharp_target()
+    samples = greedy_samples(model, 5, new=10)
+    runs = []
+    for attention in ("dense", "factored"):
+        drafter = new_drafter(model, method, None, seed=0)
+        trainer = Trainer(model, drafter, small_cfg(method=method, hass_steps=3, ttt_attention=attention))
+        preps = trainer.prepare_many([samples[:2], samples[2:]])
+        counts = torch.stack([p.sup.sum(1) for p in preps]).sum(0).float()
+        loss, stats = trainer.micro_loss(preps, counts)
+        loss.backward()
+        runs.append((loss.detach(), stats, [p.grad for p in drafter.parameters()]))
+    (loss, stats, grads), (f_loss, f_stats, f_grads) = runs
+    torch.testing.assert_close(f_loss, loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(f_stats, stats, rtol=1e-5, atol=1e-4)
+    for a, b in zip(f_grads, grads):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_unknown_ttt_attention_is_refused():
+    model = sharp_target()
+    with pytest.raises(EagleSpecError, match="--ttt-attention 'sparse'"):
+        train(model, greedy_samples(model, 2, new=4), small_cfg(ttt_attention="sparse"))
+
+
 def test_zero_supervised_rows_skip_the_update():
     model = sharp_target()
     s = greedy_samples(model, 2, new=4)

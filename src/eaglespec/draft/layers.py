@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -95,6 +96,34 @@ class KVCache:
             self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
 
 
+class StepVisible(NamedTuple):
+    """A training-time-test step's visibility, factored (train/masks.step_visible's layout): the keys are a prefix
+    block of M rows followed by one block of M per earlier step; the query of row r sees prefix[r] in the first
+    block and row r alone in every later block (its own draft ancestors and itself). Attention then scores M + steps
+    keys per query instead of (steps + 1) * M, and no [M, (steps + 1) M] mask is built."""
+
+    prefix: torch.Tensor  # [(B,) M, M] bool
+    steps: int  # the later blocks (the TTT / HASS step index)
+
+
+def factored_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: StepVisible) -> torch.Tensor:
+    """Softmax attention over StepVisible's keys, exactly: q [B, H, M, D]; k, v [B, Hkv, (steps + 1) M, D] (grouped
+    queries: head h reads kv head h // (H / Hkv)) -> [B, H, M, D]."""
+    b, h, m, d = q.shape
+    hk, s = k.shape[1], visible.steps
+    g = h // hk
+    qg = q.view(b, hk, g, m, d)
+    prefix = visible.prefix if visible.prefix.dim() == 3 else visible.prefix[None]  # [B, M, M]
+    scores = qg @ k[:, :, None, :m].transpose(-1, -2)  # [B, Hkv, G, M, M]: the prefix block
+    scores = scores.masked_fill(~prefix[:, None, None], float("-inf"))
+    kd, vd = k[:, :, m:].view(b, hk, s, m, d), v[:, :, m:].view(b, hk, s, m, d)  # the later blocks' rows
+    own = torch.einsum("bjgmd,bjsmd->bjgms", qg, kd)  # [B, Hkv, G, M, s]: row r's own key in each later block
+    probs = torch.softmax(torch.cat([scores, own], -1).float() / math.sqrt(d), -1).to(q.dtype)
+    out = probs[..., :m] @ v[:, :, None, :m]  # [B, Hkv, G, M, D]
+    out = out + torch.einsum("bjgms,bjsmd->bjgmd", probs[..., m:], vd)
+    return out.reshape(b, h, m, d)
+
+
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Bool visibility [.., T, S] -> float additive mask (0 visible, finfo.min hidden)."""
     zero = torch.zeros((), dtype=dtype, device=visible.device)
@@ -120,11 +149,12 @@ class Attention(nn.Module):
         self.rotary = Rotary(rotary_dim, theta, rope_scaling)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                visible: torch.Tensor | None) -> torch.Tensor:
+                visible: torch.Tensor | StepVisible | None) -> torch.Tensor:
         """x: [T, in]; positions: [T]; visible: [T, S_past+T] bool (None = causal).
 
         Training may pass a leading batch dim (independent sequences): x [B, T, in], positions
-        [B, T], visible [B, T, S]; the cache then holds [B, H_kv, S, D].
+        [B, T], visible [B, T, S]; the cache then holds [B, H_kv, S, D]. It may also pass a StepVisible
+        (a training-time-test step's keys, attended to by factored_attention).
         """
         batched = x.dim() == 3
         b, t = (x.shape[0], x.shape[1]) if batched else (1, x.shape[0])
@@ -137,6 +167,11 @@ class Attention(nn.Module):
         q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
         past = cache.length
         k_all, v_all = cache.append(k, v)  # [B, Hkv, S, D]
+        if isinstance(visible, StepVisible):
+            if visible.steps:
+                out = factored_attention(q, k_all, v_all, visible).transpose(1, 2).reshape(b, t, -1)
+                return self.o_proj(out if batched else out[0])
+            visible = visible.prefix
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             k_all, v_all = k_all.repeat_interleave(rep, dim=1), v_all.repeat_interleave(rep, dim=1)

@@ -12,7 +12,7 @@ from ..errors import EagleSpecError
 TRAIN_FLAGS = ("target", "data", "method", "out", "steps", "epochs", "max_length", "batch_size", "lr", "ttt_steps",
                "draft_vocab", "device", "dtype", "grad_accum", "limit", "seed", "save_every", "eval_every",
                "eval_fraction", "warmup_steps", "hass_steps", "noise", "weight_decay", "log_every", "feature_cache", "time_budget",
-               "init")
+               "init", "ttt_attention")
 
 
 def _log(msg: str) -> None:
@@ -34,6 +34,9 @@ def add_parser(subparsers) -> None:
     t.add_argument("--grad-accum", type=int, default=None, help="micro-batches per optimizer step (1)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (1e-4)")
     t.add_argument("--ttt-steps", type=int, default=None, help="EAGLE-3 training-time test steps (7)")
+    t.add_argument("--ttt-attention", default=None, choices=["dense", "factored"],
+                   help="how a TTT / HASS step attends: a dense mask over every step's keys (default), or factored: "
+                        "the prefix block plus each row's own keys of the earlier steps (the same result, less work)")
     t.add_argument("--hass-steps", type=int, default=None, help="HASS alignment steps (3)")
     t.add_argument("--draft-vocab", type=int, default=None, help="EAGLE-3 draft vocabulary size (32000, capped)")
     t.add_argument("--noise", default=None, choices=["uniform", "length-scaled", "none"],
@@ -127,7 +130,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {o[k]}")
     fields = {k: o[k] for k in ("steps", "epochs", "batch_size", "grad_accum", "max_length", "lr", "ttt_steps",
                                 "hass_steps", "draft_vocab", "seed", "save_every", "eval_every", "eval_fraction",
-                                "warmup_steps", "noise", "weight_decay", "log_every") if o.get(k) is not None}
+                                "warmup_steps", "noise", "weight_decay", "log_every", "ttt_attention")
+              if o.get(k) is not None}
     if o.get("time_budget") is not None:
         fields["time_budget_s"] = float(o["time_budget"])
     device = init_distributed(resolve_device(o.get("device")))

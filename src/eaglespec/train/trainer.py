@@ -37,6 +37,7 @@ from ..checkpoint.drafter import MANIFEST, build_drafter, load_drafter, save_dra
 from ..checkpoint.io import replace_dir
 from ..checkpoint.manifest import build_manifest, manifest_mismatches
 from ..checkpoint.rope import resolve_rope_theta
+from ..draft.layers import StepVisible
 from ..errors import CheckpointError, EagleSpecError
 from . import losses
 from .data import Packed, Sample, group_for_packing, pack, split_eval
@@ -64,6 +65,7 @@ class TrainConfig:
     clip: float = 0.5
     ttt_steps: int = 7  # EAGLE-3 training-time test steps
     ttt_decay: float = 0.8
+    ttt_attention: str = "dense"  # dense | factored: how a TTT / HASS step attends (draft/layers.StepVisible)
     hass_steps: int = 3  # HASS alignment steps (EAGLE-1: 1)
     hass_decay: float = 1.0
     topk: int = 10  # HASS top-K distillation
@@ -89,6 +91,9 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+TTT_ATTENTION = ("dense", "factored")
 
 
 @dataclass
@@ -429,6 +434,13 @@ class Trainer:
             return torch.autocast(self.device.type, enabled=False)
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
+    def _visible(self, segment: torch.Tensor, src: torch.Tensor, step: int, prefix: torch.Tensor):
+        """Step `step`'s keys as a dense mask [(P,) M, (step+1) M], or factored (cfg.ttt_attention="factored":
+        the same attention, M + step keys scored per query)."""
+        if self.cfg.ttt_attention == "factored":
+            return StepVisible(prefix, step)
+        return step_visible(segment, src, step, prefix)
+
     def micro_loss(self, preps: Prepared | list[Prepared], counts: torch.Tensor, training: bool = True):
         """Weighted sum of per-step masked sums / global counts; and metric sums [R, 4].
 
@@ -459,7 +471,7 @@ class Trainer:
         with self._autocast():
             state = d.project(b.features)  # [P, M, H]
             for s in range(self.steps_per_row):
-                visible = step_visible(b.segment, b.src, s, prefix)  # [P, M, (s+1) M]
+                visible = self._visible(b.segment, b.src, s, prefix)  # [P, M, (s+1) M]
                 logits, state = d(state, b.tokens[s], b.position + s, cache, visible)
                 rows = b.sup[s].reshape(-1).nonzero().squeeze(1)  # flattened (pack, row) indices
                 if rows.numel():
@@ -498,7 +510,7 @@ class Trainer:
             for s in range(self.steps_per_row):
                 # step s > 0 (HASS) reads the draft-produced feature of step s-1, as at decode time
                 tokens = prep.packed.tokens[plan.next_index[s]]
-                visible = step_visible(plan.segment, plan.src, s, prefix)
+                visible = self._visible(plan.segment, plan.src, s, prefix)
                 logits, state = d(state, tokens, plan.position + s, cache, visible)
                 rows = prep.sup[s].nonzero().squeeze(1)
                 if rows.numel():
@@ -702,6 +714,8 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
     world, rank = world_rank()
     if cfg.method not in ("eagle3", "hass", "eagle1"):
         raise EagleSpecError(f"--method {cfg.method!r} is not one of eagle1, hass, eagle3")
+    if cfg.ttt_attention not in TTT_ATTENTION:
+        raise EagleSpecError(f"--ttt-attention {cfg.ttt_attention!r} is not one of {', '.join(TTT_ATTENTION)}")
     out = Path(out) if out is not None else None
     st = None
     if resume:
