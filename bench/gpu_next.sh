@@ -47,10 +47,10 @@
 # `eaglespec bench --extra-draft DIR` measures it beside the shipped EAGLE-3 drafter in one run.
 # Session 10's order (session 9 trained run 6 on 33,426 conversations, swept trees, timed e5b319d and benched a HASS
 # drafter): drafter run 7 on the x2 kind. The data is ready in .gpu/s10a and .gpu/s10b (all 33,426 regenerated
-# conversations plus 8,192 of the first turns answered again at T=0.7, regen_s2, and prompts_s2 for the 6,864 left):
+# conversations plus 8,192 of the first turns answered again at T=0.7, regen_s2, prompts_s2 for the 6,864 left, and prompts_t3s: 8,586 three-turn conversations):
 # `CARRY=.gpu/s10a bash bench/gpu_x2.sh stash7` with part00, `CARRY=.gpu/s10b bash bench/gpu_x2.sh stash7` with
 # part01 (the tree is ~29 MB: one data folder per call keeps a call under 64 MiB), part02, then the install with
-# `REGEN_S=200 bash bench/gpu_x2.sh regen2` (only regen_s2 has prompts left: GPU 0 finishes them in ~150 s),
+# `REGEN_S=300 bash bench/gpu_x2.sh regen2` (GPU 0 finishes regen_s2 in ~150 s while GPU 1 answers prompts_t3s, sampled),
 # `STEPS=100000 RUN_S=420 bash bench/gpu_x2.sh run` (session 9: 380 s of training took a 413-s call), bench7. Make the calls back to back: an idle lease is given
 # back (session 9 lost one, and the drafter on it, while a script was edited between two calls). Also run
 # `bash bench/gpu_next.sh growth` once (34589fc's fix, untested on a GPU; ~1 min), and `trainprof` BEFORE the run:

@@ -19,6 +19,8 @@
 #                                # 20 at T=1 run on GPU 1 (two processes at once: said in the results)
 #   bash bench/gpu_x2.sh measure # the new drafter: round_timeline (GPU 0) while --adaptive at T=1 and T=0.7 (GPU 1)
 # Each session-7 stage tars its results into $OUT/<stage>.tgz ($OUT returns at most 8 files).
+# Session 10: .gpu/s10b also holds prompts_t3s (the 8,586 conversations with three user turns, ids -t3s): GPU 1
+# answers all three turns sampled at S2_T (0.7), --seed 3, batch S2_BS, while GPU 0 finishes regen_s2.
 # Session 9: CARRY=".gpu/s8 .gpu/s9" (s9: prompts_s2, the 15,056 first turns shuffled, ids -s2), and regen2 answers
 # them on GPU 0 after t2a, sampled at S2_T (0.7) in batches of S2_BS (1024), until REGEN_S.
 # Session 8: the same stages with CARRY=.gpu/s8 (every regenerated file so far, 28,818 conversations, and the 7,392
@@ -117,12 +119,13 @@ case "$stage" in
     rg() { [ -f "$W/prompts_$1.jsonl" ] || return 0; python3 -m eaglespec.cli regenerate --data "$W/prompts_$1.jsonl" --out "$W/regen_$1.jsonl" --batch-size 512 \
              --max-new-tokens 384 --device cuda --dtype bfloat16 "${@:2}" > "$W/regen_$1.log" 2>&1; }
     CUDA_VISIBLE_DEVICES=1 timeout "${REGEN_S:-300}" bash -c "$(declare -f rg); $(declare -p W); \
-      rg s1r --max-turns 1 --temperature 1; rg t2b --max-turns 2" &
+      rg s1r --max-turns 1 --temperature 1; rg t2b --max-turns 2; \
+      rg t3s --max-turns 3 --temperature ${S2_T:-0.7} --seed 3 --batch-size ${S2_BS:-1024}" &
     CUDA_VISIBLE_DEVICES=0 timeout "${REGEN_S:-300}" bash -c "$(declare -f rg); $(declare -p W); rg t2a --max-turns 2; \
       rg s2 --max-turns 1 --temperature ${S2_T:-0.7} --batch-size ${S2_BS:-1024}" &
     wait
-    for r in s1r t2a t2b s2; do [ -f "$W/regen_$r.log" ] && tr '\r' '\n' < "$W/regen_$r.log" | grep -v '^\s*$' | tail -n 1; done
-    new=(); for r in s1r t2a t2b s2; do [ -f "$W/regen_$r.jsonl" ] && new+=("$W/regen_$r.jsonl"); done
+    for r in s1r t2a t2b s2 t3s; do [ -f "$W/regen_$r.log" ] && tr '\r' '\n' < "$W/regen_$r.log" | grep -v '^\s*$' | tail -n 1; done
+    new=(); for r in s1r t2a t2b s2 t3s; do [ -f "$W/regen_$r.jsonl" ] && new+=("$W/regen_$r.jsonl"); done
     cat "$W"/regen.jsonl "$W"/regen_more.jsonl "$W"/regen_s1.jsonl "$W"/regen_t2.jsonl "${new[@]}" > "$W/all.jsonl"
     wc -l "$W"/regen*.jsonl "$W/all.jsonl"
     mkdir -p "$W/res/regen2"; cp "${new[@]}" "$W/res/regen2/"
