@@ -112,16 +112,16 @@ def factored_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibl
     b, h, m, d = q.shape
     hk, s = k.shape[1], visible.steps
     g = h // hk
-    qg = q.view(b, hk, g, m, d)
+    qg = q.view(b, hk, g, m, d) / math.sqrt(d)  # the scale on the small side
     prefix = visible.prefix if visible.prefix.dim() == 3 else visible.prefix[None]  # [B, M, M]
     scores = qg @ k[:, :, None, :m].transpose(-1, -2)  # [B, Hkv, G, M, M]: the prefix block
-    scores = scores.masked_fill(~prefix[:, None, None], float("-inf"))
+    scores.masked_fill_(~prefix[:, None, None], float("-inf"))  # in place: the matmul's backward needs no output
     kd, vd = k[:, :, m:].view(b, hk, s, m, d), v[:, :, m:].view(b, hk, s, m, d)  # the later blocks' rows
     own = torch.einsum("bjgmd,bjsmd->bjgms", qg, kd)  # [B, Hkv, G, M, s]: row r's own key in each later block
-    probs = torch.softmax(torch.cat([scores, own], -1).float() / math.sqrt(d), -1).to(q.dtype)
+    probs = torch.softmax(torch.cat([scores, own], -1), -1)  # accumulates in fp32 (autocast: fp32 out)
     out = probs[..., :m] @ v[:, :, None, :m]  # [B, Hkv, G, M, D]
     out = out + torch.einsum("bjgms,bjsmd->bjgmd", probs[..., m:], vd)
-    return out.reshape(b, h, m, d)
+    return out.reshape(b, h, m, d).to(q.dtype)
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
