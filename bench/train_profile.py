@@ -9,7 +9,8 @@ then the top ops of one step under torch.profiler.
 
 `--ttt-attention factored` (draft/layers.factored_attention) scores the prefix block plus each row's own keys of the
 earlier steps instead of SDPA over every step's keys with a dense mask: the report's peak memory says what its
-materialized scores cost.
+materialized scores cost, and its per-step losses (same batches, same seed) must match the dense run's up to
+rounding.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def main() -> None:
     trainer = Trainer(model, new_drafter(model, "eagle3", ids, 0).to(dev), cfg)
     batches = MicroBatches(samples, a.batch_size, 0)
     phases: dict[str, list[float]] = {"prepare": [], "forward": [], "backward": [], "optimizer": []}
-    tokens = []
+    tokens, losses = [], []
 
     def step(k: int, record: bool) -> None:
         groups = group_for_packing(batches(k), a.max_length)
@@ -86,7 +87,8 @@ def main() -> None:
             for name, x, y in zip(phases, t, t[1:]):
                 phases[name].append(y - x)
             tokens.append(sum(int(p.packed.valid.sum()) for p in preps))
-            print(f"step {k}: {len(groups)} packs, {tokens[-1]} tokens, "
+            losses.append(round(float(loss), 5))
+            print(f"step {k}: {len(groups)} packs, {tokens[-1]} tokens, loss {losses[-1]}, "
                   + " ".join(f"{n} {1000 * (y - x):.0f} ms" for n, x, y in zip(phases, t, t[1:])), flush=True)
 
     for k in range(a.warmup):
@@ -99,7 +101,7 @@ def main() -> None:
               "load_s": round(t_load, 1), "tokenize_s_per_1k_convs": round(1000 * t_tok / max(1, len(convs)), 2),
               "batch_size": a.batch_size, "max_length": a.max_length, "ttt_attention": a.ttt_attention,
               "peak_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2) if dev.type == "cuda" else None,
-              "median_ms": med,
+              "median_ms": med, "losses": losses,
               "tokens_per_step": statistics.median(tokens), "tokens_per_s": round(statistics.median(tokens) / total)}
     print(json.dumps(report), flush=True)
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
