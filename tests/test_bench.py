@@ -124,6 +124,9 @@ def test_ratios_vs_hf_use_only_the_prompts_hf_ran():
     assert "no sync before verify" not in markdown(report)  # the default (phase_sync absent or True)
     report["config"]["phase_sync"] = False
     assert "; no sync before verify (--no-phase-sync" in markdown(report)
+    assert "round graphs" not in markdown(report)
+    report["config"]["round_graphs"] = True
+    assert "greedy round; such a round's whole time is its verify column)" in markdown(report)
     ag = agreement(Run("hf", token_ids=[[1, 2], [3, 4]]), Run("x", token_ids=[[1, 2], [3, 4], [5, 6]]))
     assert ag["sequences"] == 2 and ag["identical_rate"] == 1.0
 
