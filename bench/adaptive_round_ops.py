@@ -14,9 +14,12 @@ host microseconds per round for both (the tiny model's forward included; noisy o
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
+
+os.environ.setdefault("EAGLESPEC_ONEDNN", "0")  # a CUDA proxy: count the GEMMs F.linear / addmm would run
 
 ROOT = Path(__file__).resolve().parents[1]
 

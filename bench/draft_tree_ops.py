@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +31,8 @@ from eaglespec.draft.fast import enable_draft_graphs  # noqa: E402
 from eaglespec.engine import SpeculativeEngine  # noqa: E402
 from eaglespec.target.hf import HFTarget  # noqa: E402
 from eaglespec.tree import TreeSpec  # noqa: E402
+
+os.environ.setdefault("EAGLESPEC_ONEDNN", "0")  # a CUDA proxy: count the GEMMs F.linear / addmm would run
 
 SPECS = {
     "d8k10b60": TreeSpec("dynamic", depth=8, top_k=10, budget=60),

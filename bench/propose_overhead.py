@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -46,6 +47,8 @@ from eaglespec.draft.fast import enable_draft_graphs  # noqa: E402
 from eaglespec.engine import SpeculativeEngine  # noqa: E402
 from eaglespec.target.hf import HFTarget  # noqa: E402
 from eaglespec.tree import TreeSpec, flatten  # noqa: E402
+
+os.environ.setdefault("EAGLESPEC_ONEDNN", "0")  # a CUDA proxy: count the GEMMs F.linear / addmm would run
 
 SPECS = {
     "chain": TreeSpec("chain", depth=5),

@@ -15,6 +15,7 @@ bookkeeping), verify (the target's step), the rest (acceptance, KV commit, next 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from collections import Counter
@@ -28,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from eaglespec.api import EagleSpec, tree_spec
 from eaglespec.draft.fast import enable_draft_graphs
 from eaglespec.round_graph import RoundGraphs, enable_round_graphs
+
+os.environ.setdefault("EAGLESPEC_ONEDNN", "0")  # a CUDA proxy: count the GEMMs F.linear / addmm would run
 
 FREE = ("aten.empty", "aten.empty_strided", "aten.empty_like", "aten.new_empty", "aten.new_empty_strided",
         "aten._unsafe_view", "aten.lift_fresh", "aten.detach")

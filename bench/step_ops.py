@@ -19,6 +19,7 @@ input) nor the extra kernels a CUDA op launches (the memset of cuDNN's SDPA).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from _opcount import HostOps  # noqa: E402
+
+os.environ.setdefault("EAGLESPEC_ONEDNN", "0")  # a CUDA proxy: count the GEMMs F.linear / addmm would run
 
 # non-view ops that launch no kernel (allocations, and the view half of a reshape's copy)
 NO_KERNEL = {"aten._unsafe_view.default", "aten.empty.memory_format", "aten.empty_strided.default",

@@ -150,3 +150,11 @@ def cycle_target(tokenizer, text: str = "aé中😀 "):
         head[nxt, torch.arange(v)] = 1.0  # logits[x] peaks at nxt[x]
         model.lm_head.weight.copy_(head)
     return model
+
+
+@pytest.fixture
+def without_onednn(monkeypatch):
+    """F.linear on CPU too (eaglespec.linear off): the op-count tests count the CUDA path's GEMMs (addmm / addmm_)."""
+    import eaglespec.linear
+
+    monkeypatch.setattr(eaglespec.linear, "available", lambda: False)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import linear as onednn
 from ..checkpoint.config import DraftConfig
 from .layers import MLP, Attention, KVCache, RMSNorm, TargetEmbedding
 
@@ -126,8 +127,8 @@ class Eagle1Drafter(TargetEmbedding, nn.Module):
         Returns (logits over the target vocab [T, V], predicted next feature [T, H]).
         """
         _, lm_head = self._head()
-        x = self.fc(torch.cat([self.embed(tokens), state], dim=-1))  # [T, 2H] -> [T, H], embedding first
+        x = onednn.apply(self.fc, torch.cat([self.embed(tokens), state], dim=-1))  # [T, 2H] -> [T, H], embedding first
         for layer, layer_cache in zip(self.layers, cache):
             x = layer(x, positions, layer_cache, visible)
-        logits = lm_head(x.to(lm_head.weight.dtype))
+        logits = onednn.apply(lm_head, x.to(lm_head.weight.dtype))
         return logits, x

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import linear as onednn
 from ..checkpoint.config import DraftConfig
 from .layers import MLP, Attention, KVCache, RMSNorm, TargetEmbedding
 
@@ -97,7 +98,7 @@ class Eagle3Drafter(TargetEmbedding, nn.Module):
             features = torch.cat([norm(p) for norm, p in zip(self.fc_norm, parts)], dim=-1)
         if self.input_norm is not None:
             features = self.input_norm(features)
-        return self.fc(features)
+        return onednn.apply(self.fc, features)
 
     def forward(self, state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                 cache: list[KVCache], visible: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,5 +108,5 @@ class Eagle3Drafter(TargetEmbedding, nn.Module):
         """
         out = self.midlayer(self.embed(tokens), state, positions, cache[0], visible)
         normed = self.norm(out)
-        logits = self.lm_head(normed)
+        logits = onednn.apply(self.lm_head, normed)
         return logits, (normed if self.cfg.norm_output else out)

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import linear as onednn
 from ..target import gemm_kernels as G
 from ..target import kernels as K
 from ..target.fast import (
@@ -144,7 +145,7 @@ class _FusedStep:
         """F.linear(norm(x), weight, bias): one kernel with gemm_kernels (the norm in the GEMM's prologue)."""
         if self.gemm is not None:
             return self.gemm.rms_norm_linear(x, norm_w, self.eps, weight, bias)
-        return F.linear(self._norm(x, norm_w), weight, bias)
+        return onednn.linear(self._norm(x, norm_w), weight, bias)
 
     def _mask(self, visible: torch.Tensor, blk: _Block) -> torch.Tensor:
         """visible [B, span] bool -> the additive mask [1, 1, B*G, span] of the grouped query rows."""
@@ -243,14 +244,14 @@ class FusedEagle3Step(_FusedStep):
         (logits over the draft vocab [B, Vd], next state [B, H])."""
         blk = self.block
         x, residual = self._input(state, tokens)  # [B, 2H], [B, H]
-        qkv = F.linear(x, blk.qkv_w, blk.qkv_b)  # [B, (Hq + 2 Hkv) D]
+        qkv = onednn.linear(x, blk.qkv_w, blk.qkv_b)  # [B, (Hq + 2 Hkv) D]
         # out of place: the residual may be the caller's state (or a view of x)
         out = self._layer(blk, qkv, residual, positions, cache[0], self._mask(visible, blk), inplace=False)
         gemm = self.gemm
         if gemm is not None and not self.norm_output:  # the normed output is not a result: norm + lm_head at once
             return gemm.rms_norm_linear(out, self.final_norm, self.eps, self.lm_w), out
         normed = self._norm(out, self.final_norm)
-        return F.linear(normed, self.lm_w), (normed if self.norm_output else out)
+        return onednn.linear(normed, self.lm_w), (normed if self.norm_output else out)
 
 
 class FusedEagle1Step(_FusedStep):
@@ -276,13 +277,13 @@ class FusedEagle1Step(_FusedStep):
                  visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """state [B, H], tokens [B] target ids, positions [B], cache [StaticKV per layer], visible [B, span] bool
         -> (logits over the target vocab [B, V], next state [B, H])."""
-        x = F.linear(torch.cat([self.drafter.embed(tokens), state], dim=-1), self.fc_w, self.fc_b)  # [B, H]: ours
+        x = onednn.linear(torch.cat([self.drafter.embed(tokens), state], dim=-1), self.fc_w, self.fc_b)  # [B, H]: ours
         mask = self._mask(visible, self.blocks[0])  # every layer has the same heads (one config): one mask per step
         for in_norm, blk, kv in zip(self.in_norms, self.blocks, cache):
             if in_norm is None:
-                qkv = F.linear(x, blk.qkv_w, blk.qkv_b)  # [B, (Hq + 2 Hkv) D]
+                qkv = onednn.linear(x, blk.qkv_w, blk.qkv_b)  # [B, (Hq + 2 Hkv) D]
             else:
                 qkv = self._norm_linear(x, in_norm, blk.qkv_w, blk.qkv_b)
             x = self._layer(blk, qkv, x, positions, kv, mask, inplace=True)  # x: the step's own, not the caller's
         lm_head = self.lm_head
-        return lm_head(x.to(lm_head.weight.dtype)), x
+        return onednn.apply(lm_head, x.to(lm_head.weight.dtype)), x

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import linear as onednn
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
@@ -158,9 +160,9 @@ class Attention(nn.Module):
         """
         batched = x.dim() == 3
         b, t = (x.shape[0], x.shape[1]) if batched else (1, x.shape[0])
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = onednn.apply(self.q_proj, x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        k = onednn.apply(self.k_proj, x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = onednn.apply(self.v_proj, x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = self.rotary.cos_sin(positions, q.dtype)
         if batched:
             cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, rot]
@@ -170,7 +172,7 @@ class Attention(nn.Module):
         if isinstance(visible, StepVisible):
             if visible.steps:
                 out = factored_attention(q, k_all, v_all, visible).transpose(1, 2).reshape(b, t, -1)
-                return self.o_proj(out if batched else out[0])
+                return onednn.apply(self.o_proj, out if batched else out[0])
             visible = visible.prefix
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
@@ -180,7 +182,7 @@ class Attention(nn.Module):
         mask = additive_mask(visible, q.dtype)
         out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask[:, None] if batched else mask)
         out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
-        return self.o_proj(out if batched else out[0])
+        return onednn.apply(self.o_proj, out if batched else out[0])
 
 
 class TargetEmbedding:
@@ -208,4 +210,4 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return onednn.apply(self.down_proj, F.silu(onednn.apply(self.gate_proj, x)) * onednn.apply(self.up_proj, x))

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .. import linear as onednn
 from ..errors import EagleSpecError
 from .base import TargetOutput
 from .capture import decoder_layers
@@ -158,10 +159,12 @@ def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: to
     twice (HF rounds the projection to the model dtype, then the sum), a last-bit difference that contract 1
     allows (bf16 near-ties); fp32 differs by accumulation order only. `inplace`: accumulate into h (addmm_), for an
     h nothing else holds; an out-of-place addmm first copies h into its result (a device copy per call on CUDA:
-    the 60 DtoD copies of the H200 profile at 87db194)."""
-    if bias is None:
+    the 60 DtoD copies of the H200 profile at 87db194). On CPU in fp32 the projection goes through oneDNN
+    (eaglespec.linear), then one add."""
+    if bias is None and not onednn.applies(x, weight):
         return h.addmm_(x, weight.t()) if inplace else torch.addmm(h, x, weight.t())
-    return h + F.linear(x, weight, bias)
+    y = onednn.linear(x, weight, bias)
+    return h.add_(y) if inplace else h + y
 
 
 SDPA_ENV = "EAGLESPEC_CUDNN_SDPA"  # "1": eager steps may use cuDNN's attention too (default: not)
@@ -438,7 +441,7 @@ class FastTarget:
             """F.linear(norm(x), weight, bias): one kernel with gemm_kernels (the norm in the GEMM's prologue)."""
             if gemm is not None:
                 return gemm.rms_norm_linear(x, norm_w, self.eps, weight, bias)
-            return F.linear(norm(x, norm_w, self.eps), weight, bias)
+            return onednn.linear(norm(x, norm_w, self.eps), weight, bias)  # F.linear; oneDNN on CPU
         if fused is None:
             slots = base + cols[:b]  # [B]: this step's cache slots (cols[:b] = 0..b-1)
             rope = self.rope_table[positions][None]  # [1, B, 2, 2, D/2]: broadcast over head-major [heads, B, D]
@@ -595,8 +598,9 @@ def fused_by_default(device: torch.device, compile: bool = False) -> bool:
 
 
 def make_target(model: nn.Module, backend: str = "auto", feature_layer_ids: tuple[int, ...] = (), **fast_kw):
-    """The target backend for `model`: "fast" (static cache + CUDA graphs), "hf", or "auto"
-    (fast on CUDA when the architecture is supported, else the generic HF backend). A fast backend gets
+    """The target backend for `model`: "fast" (static cache + CUDA graphs), "hf", or "auto" (fast when the
+    architecture is supported, on CUDA and on CPU, where its projections run through oneDNN: 1.75x the HF
+    backend's plain decoding on 2 cores, bench/RESULTS.md session 9; else the generic HF backend). A fast backend gets
     fused_kernels from kernels.wanted (EAGLESPEC_FUSED_KERNELS 0 or 1; unset: on CUDA where triton imports, unless
     compiling) unless fast_kw names it."""
     from .hf import HFTarget
@@ -604,8 +608,8 @@ def make_target(model: nn.Module, backend: str = "auto", feature_layer_ids: tupl
     if backend not in ("auto", "fast", "hf"):
         raise EagleSpecError(f"backend {backend!r} is not one of auto, fast, hf")
     if backend == "auto":
-        on_cuda = next(model.parameters()).device.type == "cuda"
-        backend = "fast" if on_cuda and unsupported_reason(model) is None else "hf"
+        device = next(model.parameters()).device.type
+        backend = "fast" if device in ("cuda", "cpu") and unsupported_reason(model) is None else "hf"
     if backend == "fast":
         if "fused_kernels" not in fast_kw:
             fast_kw["fused_kernels"] = fused_by_default(next(model.parameters()).device, fast_kw.get("compile", False))

@@ -1,0 +1,63 @@
+"""y = x @ W.T + b for inference on CPU through oneDNN (PyTorch's mkldnn backend) instead of the BLAS behind
+F.linear.
+
+On the development machine (AMD EPYC, 2 cores, torch 2.13, fp32) F.linear took 6.97 ms for SmolLM2's lm_head and
+one row, oneDNN 1.87 ms; with four rows 12.2 vs 1.7 ms (bench/RESULTS.md, session 9). `linear` takes the oneDNN
+op only where it applies (CPU, fp32 input and weight, a contiguous weight, no autograd needed, not inside
+torch.compile, $EAGLESPEC_ONEDNN not "0") and where a one-time probe found it working and equal to F.linear; everywhere
+else, and on GPUs, it is F.linear. The two differ by float summation order only (fp32 rounding).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ENV = "EAGLESPEC_ONEDNN"  # "0": F.linear everywhere
+
+
+def _onednn(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x2d, weight, bias, "none", [], "")
+
+
+@functools.cache
+def available() -> bool:
+    """The oneDNN linear exists here, runs, and matches F.linear on a probe (read once per process)."""
+    if os.environ.get(ENV, "").strip() == "0" or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        g = torch.Generator().manual_seed(0)
+        x, w, b = torch.randn(3, 40, generator=g), torch.randn(24, 40, generator=g), torch.randn(24, generator=g)
+        return all(torch.allclose(_onednn(x, w, bias), F.linear(x, w, bias), rtol=1e-4, atol=1e-5)
+                   for bias in (None, b))
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Would `linear` take the oneDNN op for these tensors?"""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and weight.dim() == 2 and weight.is_contiguous()
+            and not (torch.is_grad_enabled()
+                     and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)))
+            and not torch.compiler.is_compiling() and available())
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias): x [..., in], weight [out, in], bias [out] -> [..., out]; oneDNN where it applies."""
+    if not applies(x, weight, bias):
+        return F.linear(x, weight, bias)
+    y = _onednn(x.reshape(-1, x.shape[-1]), weight, bias)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def apply(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """module(x), through `linear` when the module is a plain nn.Linear without hooks (a subclass may compute
+    otherwise; a hook must see the call)."""
+    if type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks):
+        return linear(x, module.weight, module.bias)
+    return module(x)
