@@ -54,6 +54,16 @@ def test_chat_piped_stdin_multi_turn(model_dir):
     assert "conversation cleared" in r.stderr and "tokens" in r.stderr
 
 
+@pytest.mark.parametrize("backend", ["auto", "hf"])
+def test_generate_names_its_backend(model_dir, backend):
+    """auto picks the fast backend on CPU for a Llama target; --backend hf keeps the model's own forward."""
+    cmd = [sys.executable, "-m", "eaglespec.cli", "generate", "--target", str(model_dir), "--device", "cpu",
+           "--prompt", "hi", "--max-new-tokens", "6", "--backend", backend, "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=ENV, encoding="utf-8")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["stats"]["backend"] == ("fast" if backend == "auto" else "hf")
+
+
 def test_chat_keeps_the_conversation():
     torch.manual_seed(0)
     tok = byte_tokenizer()

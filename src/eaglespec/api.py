@@ -261,7 +261,8 @@ class EagleSpec:
         kw = dict(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype, spec=spec,
                   aux_rule=args.aux_rule, strict=getattr(args, "strict", False),
                   draft_graphs=getattr(args, "draft_graphs", None), tree=knobs,
-                  adaptive=getattr(args, "adaptive", False), round_graphs=getattr(args, "round_graphs", None))
+                  adaptive=getattr(args, "adaptive", False), round_graphs=getattr(args, "round_graphs", None),
+                  backend=getattr(args, "backend", "auto"))
         kw.update(overrides)
         return cls.from_pretrained(**kw)
 
