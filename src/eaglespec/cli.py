@@ -27,7 +27,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--backend", default="auto", choices=["auto", "fast", "hf"],
                    help="target backend: fast (static KV cache; CUDA graphs on a GPU, oneDNN projections on CPU), hf "
-                        "(the model's own forward), or auto (fast where the architecture is supported, default)")
+                        "(the model's own forward), or auto (fast where the architecture is supported, default; "
+                        "bench ignores it: its methods name their backends)")
     p.add_argument("--aux-rule", default="auto", choices=["auto", "output", "entering"],
                    help="how to read the checkpoint's aux layer ids: auto (+1 when the first id is 1, as SGLang), "
                         "output (output-of-layer ids, +1), entering (as written)")
