@@ -47,12 +47,14 @@ def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
             and not torch.compiler.is_compiling() and available())
 
 
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The oneDNN op for x [..., in] (the caller checked `applies`) -> [..., out]."""
+    return _onednn(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias): x [..., in], weight [out, in], bias [out] -> [..., out]; oneDNN where it applies."""
-    if not applies(x, weight, bias):
-        return F.linear(x, weight, bias)
-    y = _onednn(x.reshape(-1, x.shape[-1]), weight, bias)
-    return y.view(*x.shape[:-1], weight.shape[0])
+    return project(x, weight, bias) if applies(x, weight, bias) else F.linear(x, weight, bias)
 
 
 def apply(module: nn.Module, x: torch.Tensor) -> torch.Tensor:

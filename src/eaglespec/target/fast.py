@@ -161,10 +161,12 @@ def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: to
     h nothing else holds; an out-of-place addmm first copies h into its result (a device copy per call on CUDA:
     the 60 DtoD copies of the H200 profile at 87db194). On CPU in fp32 the projection goes through oneDNN
     (eaglespec.linear), then one add."""
-    if bias is None and not onednn.applies(x, weight):
+    if onednn.applies(x, weight, bias):
+        y = onednn.project(x, weight, bias)
+        return h.add_(y) if inplace else h + y
+    if bias is None:
         return h.addmm_(x, weight.t()) if inplace else torch.addmm(h, x, weight.t())
-    y = onednn.linear(x, weight, bias)
-    return h.add_(y) if inplace else h + y
+    return h + F.linear(x, weight, bias)
 
 
 SDPA_ENV = "EAGLESPEC_CUDNN_SDPA"  # "1": eager steps may use cuDNN's attention too (default: not)
