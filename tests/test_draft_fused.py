@@ -50,6 +50,15 @@ def caches(d, size: int, slots: torch.Tensor, span: int) -> list[StaticKV]:
     return [StaticKV(k, torch.randn_like(k), slots, span)]
 
 
+def tree_rows(rows: int, slots: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions [rows], visible [rows, span]) of a tree step's rows: positions shared by siblings (not the slots),
+    a random visibility (seeded by the caller) in which each row sees its own slot."""
+    positions = torch.tensor([3, 9, 9, 12, 16][:rows])
+    visible = torch.rand(rows, span) < 0.6
+    visible[torch.arange(rows), slots] = True
+    return positions, visible
+
+
 def clone(cache: list[StaticKV]) -> list[StaticKV]:
     return [StaticKV(c.k.clone(), c.v.clone(), c.slots, c.span) for c in cache]
 
@@ -63,9 +72,7 @@ def test_fused_step_equals_the_drafter_forward(name, rows):
     slots = torch.arange(start, start + rows)
     cache = caches(d, size, slots, span)
     state, tokens = torch.randn(rows, d.cfg.hidden_size), torch.randint(0, d.cfg.vocab_size, (rows,))
-    positions = torch.tensor([3, 9, 9, 12, 16][:rows])  # tree rows share depths: positions are not slots
-    visible = torch.rand(rows, span) < 0.6
-    visible[torch.arange(rows), slots] = True  # each row sees its own slot
+    positions, visible = tree_rows(rows, slots, span)
     ref_cache, fused_cache = clone(cache), clone(cache)
     with torch.no_grad():
         ref_logits, ref_state = d(state, tokens, positions, ref_cache, visible=visible)
@@ -214,9 +221,7 @@ def test_fused_eagle1_step_equals_the_drafter_forward(name, layers, rows):
     state = torch.randn(rows, 2 * h)[:, h:]  # a view: writing into it would show in the base too
     base_before = state._base.clone()
     tokens = torch.randint(0, d.cfg.vocab_size, (rows,))
-    positions = torch.tensor([3, 9, 9, 12, 16][:rows])  # tree rows share depths: positions are not slots
-    visible = torch.rand(rows, span) < 0.6
-    visible[torch.arange(rows), slots] = True  # each row sees its own slot
+    positions, visible = tree_rows(rows, slots, span)
     ref_cache, fused_cache = clone(cache), clone(cache)
     with torch.no_grad():
         ref_logits, ref_state = d(state, tokens, positions, ref_cache, visible=visible)
