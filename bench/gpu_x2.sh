@@ -19,6 +19,8 @@
 #                                # 20 at T=1 run on GPU 1 (two processes at once: said in the results)
 #   bash bench/gpu_x2.sh measure # the new drafter: round_timeline (GPU 0) while --adaptive at T=1 and T=0.7 (GPU 1)
 # Each session-7 stage tars its results into $OUT/<stage>.tgz ($OUT returns at most 8 files).
+# Session 10: ALSO0="bash bench/gpu_next.sh trainprof; bash bench/gpu_next.sh growth" runs them on GPU 0 after its
+# regeneration (s2 ends in ~150 s), while GPU 1 still answers prompts_t3s: one call instead of two.
 # Session 10: .gpu/s10b also holds prompts_t3s (the 8,586 conversations with three user turns, ids -t3s): GPU 1
 # answers all three turns sampled at S2_T (0.7), --seed 3, batch S2_BS, while GPU 0 finishes regen_s2.
 # Session 9: CARRY=".gpu/s8 .gpu/s9" (s9: prompts_s2, the 15,056 first turns shuffled, ids -s2), and regen2 answers
@@ -121,8 +123,9 @@ case "$stage" in
     CUDA_VISIBLE_DEVICES=1 timeout "${REGEN_S:-300}" bash -c "$(declare -f rg); $(declare -p W); \
       rg s1r --max-turns 1 --temperature 1; rg t2b --max-turns 2; \
       rg t3s --max-turns 3 --temperature ${S2_T:-0.7} --seed 3 --batch-size ${S2_BS:-1024}" &
-    CUDA_VISIBLE_DEVICES=0 timeout "${REGEN_S:-300}" bash -c "$(declare -f rg); $(declare -p W); rg t2a --max-turns 2; \
-      rg s2 --max-turns 1 --temperature ${S2_T:-0.7} --batch-size ${S2_BS:-1024}" &
+    (CUDA_VISIBLE_DEVICES=0 timeout "${REGEN_S:-300}" bash -c "$(declare -f rg); $(declare -p W); rg t2a --max-turns 2; \
+      rg s2 --max-turns 1 --temperature ${S2_T:-0.7} --batch-size ${S2_BS:-1024}"
+     [ -z "${ALSO0:-}" ] || CUDA_VISIBLE_DEVICES=0 bash -c "$ALSO0") &  # ALSO0: more work for GPU 0 once it is done
     wait
     for r in s1r t2a t2b s2 t3s; do [ -f "$W/regen_$r.log" ] && tr '\r' '\n' < "$W/regen_$r.log" | grep -v '^\s*$' | tail -n 1; done
     new=(); for r in s1r t2a t2b s2 t3s; do [ -f "$W/regen_$r.jsonl" ] && new+=("$W/regen_$r.jsonl"); done
