@@ -11,7 +11,7 @@ from eaglespec.checkpoint.manifest import build_manifest
 from eaglespec.errors import EagleSpecError
 from eaglespec.train.data import pack
 from eaglespec.train.features import TargetFeatures, open_feature_cache, write_feature_cache
-from eaglespec.train.regenerate import regenerate
+from eaglespec.train.regenerate import parse_shard, regenerate
 from train_helpers import greedy_samples, sharp_target
 
 
@@ -78,6 +78,35 @@ def test_sampled_regeneration_follows_its_seed(tmp_path):
     torch.manual_seed(456)  # the state before the call does not matter
     assert answers(1, "b.jsonl") == first
     assert answers(2, "c.jsonl") != first
+
+
+def test_regenerate_shards_split_one_file(tmp_path):
+    """N shards, each with its own output, write every conversation exactly once, in parts of alike lengths (every
+    N-th of the length-sorted file); a resumed shard takes up its own part; a bad --shard is one clear error."""
+    model = sharp_target()
+    data = tmp_path / "in.jsonl"
+    lengths = [7, 1, 5, 3, 6, 2, 4]  # first-message lengths, not in order
+    data.write_text("".join(json.dumps({"id": f"c{n}", "conversations": [
+        {"from": "human", "value": "q" * n}, {"from": "gpt", "value": "old"}]}) + "\n" for n in lengths))
+    tok = CharTokenizer()
+
+    def run(i: int) -> int:
+        return regenerate(model, tok, data, tmp_path / f"out{i}.jsonl", batch_size=2, max_new_tokens=3,
+                          progress=False, shard=(i, 2))
+
+    def ids(i: int) -> list[str]:
+        return [json.loads(line)["id"] for line in (tmp_path / f"out{i}.jsonl").read_text().splitlines()]
+
+    assert run(0) == 4 and run(1) == 3
+    assert ids(0) == ["c1", "c3", "c5", "c7"] and ids(1) == ["c2", "c4", "c6"]
+    out0 = tmp_path / "out0.jsonl"
+    out0.write_text("".join(line + "\n" for line in out0.read_text().splitlines()[:2]))  # killed after 2
+    assert run(0) == 2 and run(1) == 0
+    assert ids(0) == ["c1", "c3", "c5", "c7"] and ids(1) == ["c2", "c4", "c6"]
+    for bad in ("2/2", "1", "a/b", "0/0", "-1/2"):
+        with pytest.raises(EagleSpecError, match="--shard"):
+            parse_shard(bad)
+    assert parse_shard("1/3") == (1, 3)
 
 
 def test_feature_cache_round_trip_and_refusal(tmp_path):

@@ -77,6 +77,9 @@ def add_parser(subparsers) -> None:
     r.add_argument("--limit", type=int, default=None, help="only the first N conversations")
     r.add_argument("--seed", type=int, default=None,
                    help="seed of the sampling (with --temperature): another seed, other answers to the same prompts")
+    r.add_argument("--shard", default=None, metavar="I/N",
+                   help="only every N-th conversation (by first-message length) from the I-th: N processes, each "
+                        "with its own --out, split one file")
     r.add_argument("--device", default=None)
     r.add_argument("--dtype", default=None)
     r.set_defaults(func=cmd_regenerate)
@@ -164,13 +167,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_regenerate(args: argparse.Namespace) -> int:
     from ..target.loading import load_target
-    from .regenerate import regenerate
+    from .regenerate import parse_shard, regenerate
 
     for k in ("batch_size", "max_new_tokens"):
         if getattr(args, k) <= 0:
             raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {getattr(args, k)}")
+    shard = parse_shard(args.shard) if args.shard is not None else None
     model, tok = load_target(args.target, device=args.device, dtype=args.dtype)
     n = regenerate(model, tok, args.data, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                   temperature=args.temperature, max_turns=args.max_turns, limit=args.limit, seed=args.seed)
+                   temperature=args.temperature, max_turns=args.max_turns, limit=args.limit, seed=args.seed,
+                   shard=shard)
     _log(f"eaglespec regenerate: wrote {n} conversations to {args.out}")
     return 0

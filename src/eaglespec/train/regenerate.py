@@ -4,7 +4,9 @@ Training on the target's own outputs raises acceptance (EAGLE-1 ablation 3.62 ->
 trains on regenerated data). Conversations are regenerated turn by turn (later user turns see the
 regenerated earlier answers), batched across conversations with left padding. The output is JSONL
 ({"id", "messages"} in OpenAI form), appended one conversation at a time: an interrupted run is
-resumed by running the same command again (ids already written are skipped).
+resumed by running the same command again (ids already written are skipped). `shard=(i, n)` takes every n-th
+conversation of the length-sorted file from the i-th on, so that n processes (one per GPU, each with its own output)
+split one file into parts of alike lengths; a resumed shard takes the same part.
 """
 
 from __future__ import annotations
@@ -34,6 +36,17 @@ def done_ids(out_path: Path) -> set[str]:
         good.append(line)
     out_path.write_text("".join(g + "\n" for g in good), encoding="utf-8")  # drop a torn tail
     return done
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'I/N' -> (I, N) with 0 <= I < N; a clear error otherwise."""
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise EagleSpecError(f"--shard {text!r} is not of the form I/N (e.g. 0/2)") from None
+    if n < 1 or not 0 <= i < n:
+        raise EagleSpecError(f"--shard {text!r}: I must be in 0..N-1 and N >= 1")
+    return i, n
 
 
 def _prompts_until_turn(messages: list[dict], turn: int) -> list[dict] | None:
@@ -74,7 +87,7 @@ def generate_batch(model, tokenizer, chats: list[list[dict]], max_new_tokens: in
 def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_size: int = 16,
                max_new_tokens: int = 512, temperature: float = 0.0, max_turns: int | None = None,
                limit: int | None = None, max_prompt_tokens: int = 1536, progress: bool = True,
-               seed: int | None = None) -> int:
+               seed: int | None = None, shard: tuple[int, int] | None = None) -> int:
     """Regenerate every conversation of `data` not yet in `out`; returns how many were written. `seed` seeds the
     sampling (temperature > 0): without it a fresh process starts from torch's fixed default state, so two sampled
     passes over the same prompts and batches would write the same answers."""
@@ -85,9 +98,11 @@ def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_siz
 
     out = Path(out)
     convs = read_conversations(data, limit)
+    convs.sort(key=lambda c: len(c["messages"][0]["content"]))  # similar lengths batch together
+    if shard is not None:
+        convs = convs[shard[0]::shard[1]]
     done = done_ids(out)
     todo = [c for c in convs if c["id"] not in done]
-    todo.sort(key=lambda c: len(c["messages"][0]["content"]))  # similar lengths batch together
     out.parent.mkdir(parents=True, exist_ok=True)
     written = 0
     bar = tqdm(total=len(convs), initial=len(convs) - len(todo), desc="regenerate", disable=not progress,
