@@ -27,6 +27,8 @@ def test_train_bad_config_and_values(tmp_path, capsys):
     assert "--steps must be > 0" in capsys.readouterr().err
     assert main(["train", "--data", "x", "--out", "o", "--stop-after", "0"]) == 2
     assert "--stop-after must be > 0" in capsys.readouterr().err
+    assert main(["train", "--data", "x", "--out", "o", "--stop-after-seconds", "-5"]) == 2
+    assert "--stop-after-seconds must be > 0" in capsys.readouterr().err
     assert main(["train", "--out", "o"]) == 2
     assert "--data is required" in capsys.readouterr().err
 

@@ -1,5 +1,6 @@
 """Data parallel training: a 2-process torchrun (gloo, CPU) run equals one process with 2x accumulation, and a
-2-process run paused after 2 steps resumes in one process (2x accumulation) to the same drafter."""
+2-process run paused after 2 steps resumes in one process (2x accumulation) to the same drafter; a time pause
+follows rank 0's clock on every rank."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def test_torchrun_two_processes_match_single(tmp_path):
     worker = Path(__file__).with_name("train_ddp_worker.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(worker), str(tmp_path / "ddp"), str(tmp_path / "paused")]
+           str(worker), str(tmp_path / "ddp"), str(tmp_path / "paused"), str(tmp_path / "clocks")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     # No retry: the rare "terminate called without an active exception" at exit was gloo threads left running
     # into interpreter exit (finish_distributed now joins them; test_train_ddp_teardown.py checks that).
@@ -35,6 +36,9 @@ def test_torchrun_two_processes_match_single(tmp_path):
                and not torch.equal(v, init.drafter.state_dict()[n].to(v.dtype))]
     assert changed and single.steps == 3 and len(single.history) == 3
     assert ddp.manifest["hyperparameters"]["world_size"] == 2 and one.manifest["hyperparameters"]["world_size"] == 1
+    clocks = load_drafter(tmp_path / "clocks", target_num_layers=4)
+    assert clocks.manifest["trained_steps"] == 3
+    assert all(torch.equal(clocks.state_dict()[n], v) for n, v in ddp.state_dict().items())
     paused = load_drafter(tmp_path / "paused", target_num_layers=4)
     assert paused.manifest["trained_steps"] == 2
     assert not all(torch.equal(paused.state_dict()[n], v) for n, v in one.state_dict().items())

@@ -149,6 +149,14 @@ def test_pause_writes_a_checkpoint_and_resume_finishes_the_same_run(tmp_path):
     assert train(model, samples, cfg, tmp_path / "c", pause_after=9).steps == 5
     budget = train(model, samples, small_cfg(steps=500, time_budget_s=1e-3), tmp_path / "d", pause_after=3)
     assert budget.steps == 11
+    # --stop-after-seconds: the first step past the time pauses the same way, and the run resumes to the same drafter
+    timed = train(model, samples, cfg, tmp_path / "e", pause_after_s=1e-9)
+    assert timed.steps == 1 and torch.load(tmp_path / "e" / "training_state.pt", weights_only=True)["step"] == 1
+    resumed = train(model, samples, cfg, tmp_path / "e", resume=True)
+    assert all(torch.equal(v, resumed.drafter.state_dict()[k]) for k, v in full.drafter.state_dict().items())
+    assert train(model, samples, cfg, tmp_path / "f", pause_after_s=1e9).steps == 5
+    budget = train(model, samples, small_cfg(steps=500, time_budget_s=1e-3), tmp_path / "g", pause_after_s=1e-9)
+    assert budget.steps == 11
 
 
 def test_rng_state_from_a_machine_with_more_gpus(monkeypatch):

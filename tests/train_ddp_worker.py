@@ -1,6 +1,7 @@
-"""Worker for test_train_ddp: `torchrun --nproc_per_node 2 tests/train_ddp_worker.py OUT PAUSED` (gloo, CPU).
+"""Worker for test_train_ddp: `torchrun --nproc_per_node 2 tests/train_ddp_worker.py OUT PAUSED CLOCKS` (gloo, CPU).
 
-OUT: a whole 3-step run; PAUSED: the same run paused (checkpoint written) after 2 steps, for a 1-process resume.
+OUT: a whole 3-step run; PAUSED: the same run paused (checkpoint written) after 2 steps, for a 1-process resume;
+CLOCKS: the whole run again with a pause time that rank 1 passes at once and rank 0 never (rank 0 decides: no pause).
 """
 
 from __future__ import annotations
@@ -32,4 +33,6 @@ if __name__ == "__main__":
     model, samples = data()
     train(model, samples, config(grad_accum=1), sys.argv[1])
     train(model, samples, config(grad_accum=1), sys.argv[2], pause_after=2)
+    rank = torch.distributed.get_rank()
+    train(model, samples, config(grad_accum=1), sys.argv[3], pause_after_s=1e9 if rank == 0 else 1e-9)
     finish_distributed()

@@ -58,6 +58,9 @@ def add_parser(subparsers) -> None:
     t.add_argument("--stop-after", type=int, default=None, metavar="STEPS",
                    help="train this many steps of the run now, write the checkpoint and stop; --resume continues "
                         "(on any number of GPUs with the same global batch: batch-size x grad-accum x GPUs)")
+    t.add_argument("--stop-after-seconds", type=float, default=None, metavar="SECONDS",
+                   help="the same after about this many seconds of steps (for jobs with a time limit: a run longer "
+                        "than one job, e.g. --time-budget 1800 over several jobs, each continued with --resume)")
     t.add_argument("--init", default=None, metavar="DIR",
                    help="start from this drafter checkpoint (its weights and draft vocabulary) with a fresh "
                         "optimizer and schedule; it must fit the target (refused otherwise)")
@@ -125,8 +128,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not o.get(req):
             raise EagleSpecError(f"train: --{req} is required")
     check_start(o.get("init"), o["resume"])  # before loading the target
-    if args.stop_after is not None and args.stop_after <= 0:
-        raise EagleSpecError(f"--stop-after must be > 0, got {args.stop_after}")
+    for k in ("stop_after", "stop_after_seconds"):
+        if getattr(args, k) is not None and getattr(args, k) <= 0:
+            raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {getattr(args, k)}")
     for k in ("steps", "batch_size", "max_length", "ttt_steps", "draft_vocab", "grad_accum", "hass_steps",
               "time_budget"):
         if o.get(k) is not None and o[k] <= 0:
@@ -156,7 +160,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         ids = drafter.feature_layer_ids if drafter is not None else drafter_config(model, cfg.method, 1).aux_layer_ids
         samples = attach_feature_cache(o["feature_cache"], model, tok, samples, ids, rank=rank)
     res = train(model, samples, cfg, o["out"], tokenizer=tok, resume=o["resume"], drafter=drafter,
-                pause_after=args.stop_after)
+                pause_after=args.stop_after, pause_after_s=args.stop_after_seconds)
     finish_distributed()
     if rank == 0 and res.history:
         last = res.history[-1]

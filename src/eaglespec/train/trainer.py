@@ -678,6 +678,15 @@ def total_steps(cfg: TrainConfig, n_train: int, world: int) -> int:
 FIT_SKIP, FIT_STEPS = 2, 8  # a time budget times steps FIT_SKIP.. (after the warm-up) to fix the schedule
 
 
+def _rank0_says(flag: bool, device: torch.device) -> bool:
+    """Rank 0's `flag` on every rank (each rank calls this at the same step)."""
+    if not _dist():
+        return flag
+    t = torch.tensor([int(flag)], device=device)
+    _dist().broadcast(t, 0)
+    return bool(t.item())
+
+
 def fitted_total(step: int, total: int, elapsed_s: float, budget_s: float, per_step_s: float) -> int:
     """The schedule length that ends the run within `budget_s` (of which `elapsed_s` are spent) at
     `per_step_s` per step: never longer than `total`, never shorter than the steps taken plus one."""
@@ -702,7 +711,8 @@ def _init_record(cfg: TrainConfig, drafter: nn.Module) -> dict[str, Any] | None:
 
 def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | Path | None = None, *,
           tokenizer=None, resume: bool = False, drafter: nn.Module | None = None,
-          stop_after: int | None = None, pause_after: int | None = None) -> TrainResult:
+          stop_after: int | None = None, pause_after: int | None = None,
+          pause_after_s: float | None = None) -> TrainResult:
     """Train a drafter for the frozen `model` on tokenized samples; checkpoints go to `out` (rank 0).
 
     drafter: train this module (wired to the target) instead of a new one or `cfg.init_from`'s.
@@ -710,6 +720,8 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
     pause_after: after this many steps of this invocation, write the checkpoint and return; `resume` continues
         (for jobs with a time limit, or to move a run to another machine or number of GPUs). With a time budget
         the pause waits until the schedule is fitted, so that the saved run keeps it.
+    pause_after_s: the same after the first step that ends this many seconds into this invocation's steps (rank 0's
+        clock decides for every rank).
     """
     world, rank = world_rank()
     if cfg.method not in ("eagle3", "hass", "eagle1"):
@@ -810,7 +822,10 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
             bar.close()
             return TrainResult(drafter, step + 1, history, {}, out)
         fitted_yet = fit_from is None or step + 1 > fit_from + FIT_STEPS
-        if pause_after is not None and step + 1 - start >= pause_after and step + 1 < total and fitted_yet:
+        pause = pause_after is not None and step + 1 - start >= pause_after
+        if pause_after_s is not None:
+            pause = _rank0_says(time.perf_counter() - t_start >= pause_after_s, trainer.device) or pause
+        if pause and step + 1 < total and fitted_yet:
             bar.close()
             if rank == 0 and out is not None:
                 write_checkpoint(out, trainer, step + 1, total, manifest)
