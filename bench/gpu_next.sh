@@ -56,6 +56,22 @@
 # `bash bench/gpu_next.sh growth` once (34589fc's fix, untested on a GPU; ~1 min), and `trainprof` BEFORE the run:
 # if --ttt-attention factored trains faster at equal loss, give it to run 7 (TTT_ATTENTION=factored for bench/gpu_x2.sh).
 # Set EAGLESPEC_COMMIT to the snapshot's commit (bench/gpu_ship.sh's header: run a `git archive` of HEAD).
+# Session 11's order (session 10 shipped run 7: MT-bench tau 4.10, 1.94-2.02x; HumanEval tau 5.14, 2.45x; timed the
+# factored TTT attention (no gain: dense stays) and ran growth_check (identical)): drafter run 8 as ONE longer schedule
+# over two calls (run 7 had 420 s of steps; this has ~980 s). On the x2 kind, back to back:
+#   1. carry [part00, install.sh, .gpu/s11a]: `CARRY=.gpu/s11a bash bench/gpu_x2.sh stash7`
+#   2. carry [part01, install.sh, .gpu/s11b]: `CARRY=.gpu/s11b bash bench/gpu_x2.sh stash7`
+#   3. carry [part02, install.sh, .gpu/s11c]: `CARRY=.gpu/s11c bash bench/gpu_x2.sh stash7`
+#      (s11a/b/c: every regenerated file, 52,578 conversations: run 7's 49,506, 2,048 more three-turn ones and 1,024
+#      second answers to three-turn prompts (-t3r); prompts_t3s holds the 5,514 three-turn prompts left. A call carries the tree,
+#      ~29 MB, a model part, 20-24 MB, and one data folder: keep each under 64 MiB)
+#   4. carry [part03, WHEEL_NAME, .gpu/whl, install.sh]: `bash .gpu/install.sh >/dev/null && export
+#      PYTHONPATH=$HOME/site:$PWD/src EAGLESPEC_COMMIT=<hash> && OUT=$OUT STEPS=100000 bash bench/gpu_x2.sh run2a`
+#      (--time-budget RUN_TB=980 s, paused by --stop-after-seconds STOP_S=490 with its checkpoint; ~540-s call)
+#   5. `... OUT=$OUT STEPS=100000 bash bench/gpu_x2.sh run2b` (resumed to the end of the schedule; converted, packed)
+#   6. `... bash bench/gpu_x2.sh bench7`, then give_back. With time left, answer the three-turn prompts left on both
+#      GPUs with `regenerate --shard 0/2` and `--shard 1/2` (two outputs; reversing the file does not split it: the
+#      prompts are sorted by length inside).
 set -uo pipefail
 stage=${1:?stage}
 export PYTHONPATH=$HOME/site:$PWD/src PYTHONUNBUFFERED=1

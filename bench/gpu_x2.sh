@@ -19,6 +19,8 @@
 #                                # 20 at T=1 run on GPU 1 (two processes at once: said in the results)
 #   bash bench/gpu_x2.sh measure # the new drafter: round_timeline (GPU 0) while --adaptive at T=1 and T=0.7 (GPU 1)
 # Each session-7 stage tars its results into $OUT/<stage>.tgz ($OUT returns at most 8 files).
+# Session 11: run2a / run2b train ONE --time-budget schedule (RUN_TB s) over two device calls: run2a pauses after
+# STOP_S s (--stop-after-seconds, checkpoint), run2b resumes it to the end and converts and packs it like `run`.
 # Session 10: ALSO0="bash bench/gpu_next.sh trainprof; bash bench/gpu_next.sh growth" runs them on GPU 0 after its
 # regeneration (s2 ends in ~150 s), while GPU 1 still answers prompts_t3s: one call instead of two.
 # Session 10: .gpu/s10b also holds prompts_t3s (the 8,586 conversations with three user turns, ids -t3s): GPU 1
@@ -52,6 +54,20 @@ compare() {  # the three runs' logs into $OUT, and their comparison
   for r in a b c; do cp "$W/$r/train_log.jsonl" "$OUT/train_log_$r.jsonl"; done
   python3 bench/ddp_compare.py --one "$W/a/train_log.jsonl" --two "$W/b/train_log.jsonl" \
     --resumed "$W/c/train_log.jsonl" --paused-at "$NB" --json "$OUT/ddp_compare.json"
+}
+ship() {  # $1: a finished run -> $1-bf16 (native, bf16, the shipped manifest's tree_defaults), packed into $OUT
+  rm -rf "$1-bf16"
+  python3 -m eaglespec.cli convert "$1" "$1-bf16" --to native --dtype bfloat16
+  python3 - "$1-bf16/eaglespec_manifest.json" models/smollm2-135m-instruct-eagle3/eaglespec_manifest.json <<'PY'
+import json, sys
+new, old = (json.load(open(p)) for p in sys.argv[1:])
+new["tree_defaults"] = old["tree_defaults"]  # the shapes measured for the shipped drafter, until a sweep says otherwise
+json.dump(new, open(sys.argv[1], "w"), indent=2)
+PY
+  tail -n 3 "$1/train_log.jsonl" | cut -c1-400
+  ls "$1"
+  OUT=$OUT bash bench/gpu_ship.sh pack "$1-bf16" > /dev/null
+  cp "$1/train_log.jsonl" "$OUT/train_log_$(basename "$1").jsonl"; ls -la "$OUT"
 }
 gpu0() { if [ "$DEVICE" = cuda ]; then CUDA_VISIBLE_DEVICES=0 "$@"; else "$@"; fi; }
 
@@ -137,17 +153,17 @@ case "$stage" in
   run)
     rm -rf "$W/r5" "$W/r5-bf16"
     two "${init[@]}" --out "$W/r5" --time-budget "${RUN_S:-400}" --log-every 10
-    python3 -m eaglespec.cli convert "$W/r5" "$W/r5-bf16" --to native --dtype bfloat16
-    python3 - "$W/r5-bf16/eaglespec_manifest.json" models/smollm2-135m-instruct-eagle3/eaglespec_manifest.json <<'PY'
-import json, sys
-new, old = (json.load(open(p)) for p in sys.argv[1:])
-new["tree_defaults"] = old["tree_defaults"]  # the shapes measured for run 4, until a sweep says otherwise
-json.dump(new, open(sys.argv[1], "w"), indent=2)
-PY
-    tail -n 3 "$W/r5/train_log.jsonl" | cut -c1-400
-    ls "$W/r5"
-    OUT=$OUT bash bench/gpu_ship.sh pack "$W/r5-bf16" > /dev/null
-    cp "$W/r5/train_log.jsonl" "$OUT/train_log_r5.jsonl"; ls -la "$OUT"
+    ship "$W/r5"
+    ;;
+  run2a)  # one --time-budget schedule of RUN_TB s over two calls: this one trains STOP_S s and writes the checkpoint
+    rm -rf "$W/r5" "$W/r5-bf16"
+    [ -f "$DATA" ] || cat "$W"/regen*.jsonl > "$DATA"; wc -l "$DATA"
+    two "${init[@]}" --out "$W/r5" --time-budget "${RUN_TB:-980}" --stop-after-seconds "${STOP_S:-490}" --log-every 10
+    tail -n 1 "$W/r5/train_log.jsonl" | cut -c1-300
+    ;;
+  run2b)  # ... and this one resumes it to the end of the schedule, then converts and packs it like `run`
+    two --resume --out "$W/r5" --time-budget "${RUN_TB:-980}" --log-every 10
+    ship "$W/r5"
     ;;
   bench7)
     draft=${DRAFT:-$W/r5-bf16}; c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/bench7; mkdir -p "$R"
