@@ -69,7 +69,9 @@
 #      PYTHONPATH=$HOME/site:$PWD/src EAGLESPEC_COMMIT=<hash> && OUT=$OUT STEPS=100000 bash bench/gpu_x2.sh run2a`
 #      (--time-budget RUN_TB=980 s, paused by --stop-after-seconds STOP_S=490 with its checkpoint; ~540-s call)
 #   5. `... OUT=$OUT STEPS=100000 bash bench/gpu_x2.sh run2b` (resumed to the end of the schedule; converted, packed)
-#   6. `... bash bench/gpu_x2.sh bench7`, then give_back. With time left, answer the three-turn prompts left on both
+#   6. `... bash bench/gpu_x2.sh bench7` (its T=1 part now times the sampled dynamic tree as a round graph, new in
+#      session 10: drawn children, tau 2.03 -> 2.38 at T=1 on CPU; if it beats the chain, make it the manifest's
+#      `sampled` tree), then give_back. With time left, answer the three-turn prompts left on both
 #      GPUs with `regenerate --shard 0/2` and `--shard 1/2` (two outputs; reversing the file does not split it: the
 #      prompts are sorted by length inside).
 set -uo pipefail

@@ -1,7 +1,7 @@
 """Sampled round graphs (round_graph.py, sampled=True), run eagerly on CPU: the first 3 emitted tokens follow the
 target's processed distribution (chi-square, with a power check and a negative control that breaks the acceptance
-test), for a sampled chain and a sampled static tree whose first round is already a round graph; no host sync
-inside the sampled round; sampled dynamic trees and sampled=False keep the per-phase rounds."""
+test), for a sampled chain, static tree and dynamic tree whose first round is already a round graph; no host sync
+inside the sampled round; sampled=False keeps the per-phase rounds."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from test_sampling_static import SPEC as STATIC
 from conftest import tiny_drafter
 
 CHAIN = TreeSpec("chain", depth=3)  # P = 4 rows >= the 3-token prompt: the first round is a round graph too
+DYNAMIC = TreeSpec("dynamic", depth=3, top_k=3, budget=5)  # the budget cuts the 3 + 9 + 9 candidates
 
 
 def graphed(model, spec: TreeSpec, sampled: bool = True) -> SpeculativeEngine:
@@ -59,7 +60,9 @@ def first3(engine, params: SamplingParams, runs: int) -> tuple[torch.Tensor, int
     (CHAIN, SamplingParams(temperature=1.0), 1500),
     (STATIC, SamplingParams(temperature=1.0), 1200),
     (STATIC, SamplingParams(temperature=0.7, top_p=0.9), 1200),
-], ids=["chain-T1", "static-T1", "static-T0.7-top_p0.9"])
+    (DYNAMIC, SamplingParams(temperature=1.0), 1200),
+    (DYNAMIC, SamplingParams(temperature=0.7, top_p=0.9), 1200),
+], ids=["chain-T1", "static-T1", "static-T0.7-top_p0.9", "dynamic-T1", "dynamic-T0.7-top_p0.9"])
 def test_sampled_round_graphs_match_the_target(sharp_target, spec, params, runs):  # noqa: F811
     engine = graphed(sharp_target, spec)
     emitted, accepted, bodies, pruned = first3(engine, params, runs)
@@ -90,7 +93,7 @@ def test_negative_control_point_mass_test_is_caught(sharp_target, monkeypatch): 
     assert p < 1e-3
 
 
-@pytest.mark.parametrize("spec", [CHAIN, STATIC], ids=["chain", "static"])
+@pytest.mark.parametrize("spec", [CHAIN, STATIC, DYNAMIC], ids=["chain", "static", "dynamic"])
 def test_sampled_round_has_no_host_sync(sharp_target, spec):  # noqa: F811
     engine = graphed(sharp_target, spec)
     seen = count_body_host_ops(engine.round_graph.get())
@@ -109,10 +112,9 @@ def test_the_draws_are_the_generators(sharp_target):  # noqa: F811
     assert runs[0] == runs[1] and runs[0] != runs[2]
 
 
-@pytest.mark.parametrize("spec,sampled", [(TreeSpec("dynamic", depth=2, top_k=3, budget=4), True), (CHAIN, False)],
-                         ids=["dynamic", "sampled-off"])
-def test_per_phase_where_sampled_round_graphs_do_not_apply(sharp_target, spec, sampled):  # noqa: F811
-    engine = graphed(sharp_target, spec, sampled=sampled)
+@pytest.mark.parametrize("spec", [CHAIN, DYNAMIC], ids=["chain", "dynamic"])
+def test_per_phase_where_sampled_round_graphs_are_off(sharp_target, spec):  # noqa: F811
+    engine = graphed(sharp_target, spec, sampled=False)
     bodies = count_bodies(engine.round_graph.get())
     out = engine.generate(PROMPT, 12, sampling=SamplingConfig(SamplingParams(temperature=1.0), seed=0))
     assert len(out.token_ids) == 12 and not bodies

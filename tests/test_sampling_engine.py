@@ -119,6 +119,41 @@ def test_engine_first_three_tokens_match_target(sharp_target, spec, params, runs
     assert p_other < 1e-3, "the check has no power: it cannot tell two processor settings apart"
 
 
+@pytest.mark.parametrize("broken", [False, True], ids=["rank-valued", "negative-control-own-q"])
+def test_sampled_dynamic_tree_keeps_its_first_draws(sharp_target, broken, monkeypatch):
+    """A sampled dynamic tree (children drawn without replacement, real-q rejection sampling) whose budget keeps
+    2 of the root's 4 draws: the first two tokens follow the target (the first is the prefill's, the second the
+    first round's; chi-square over 3000 seeds). Negative control: valuing each draw by its own q, the budget keeps
+    the likeliest draws rather than the first ones, and the test must see the bias."""
+    from eaglespec.draft import proposer
+
+    if broken:
+        monkeypatch.setattr(proposer, "draw_values", lambda ranked, probs, draws: probs.gather(-1, draws))
+    params = SamplingParams(temperature=1.0)
+    engine = SpeculativeEngine(HFTarget(sharp_target), tiny_drafter(sharp_target, seed=1),
+                               TreeSpec("dynamic", depth=2, top_k=4, budget=2))
+    codes, sizes = [], set()
+    for seed in range(3000):
+        out = engine.generate(PROMPT, 2, sampling=SamplingConfig(params, seed=seed))
+        codes.append(out.token_ids[0] * V + out.token_ids[1])
+        sizes.add(out.rounds[0].drafted)
+    assert sizes == {2}  # the budget cut every tree
+    with torch.no_grad():
+        seqs = torch.cat([torch.tensor(PROMPT).expand(V, -1), torch.arange(V)[:, None]], dim=1)  # [V, P+1]
+        probs = process_logits(sharp_target(seqs).logits, params).double()  # [V, P+1, V]
+    exp = (probs[0, -2][:, None] * probs[:, -1]).reshape(-1) * len(codes)  # p(t1) p(t2 | t1) n
+    obs = torch.bincount(torch.tensor(codes), minlength=V * V).double()
+    big = exp >= 5
+    o, e = torch.cat([obs[big], obs[~big].sum()[None]]), torch.cat([exp[big], exp[~big].sum()[None]])
+    chi2 = float(((o - e) ** 2 / e).sum())
+    pval = float(torch.special.gammaincc(torch.tensor((o.numel() - 1) / 2, dtype=torch.float64),
+                                         torch.tensor(chi2 / 2, dtype=torch.float64)))
+    if broken:
+        assert pval < 1e-3, f"the own-q valuation went unseen (p = {pval:.2e})"
+    else:
+        assert pval > 1e-3, f"the first two tokens are not the target's distribution (p = {pval:.2e})"
+
+
 def test_seeded_runs_are_reproducible(sharp_target):
     engine = SpeculativeEngine(HFTarget(sharp_target), tiny_drafter(sharp_target, seed=1), TreeSpec("chain", depth=3))
     cfg = SamplingConfig(SamplingParams(temperature=1.0), seed=7)

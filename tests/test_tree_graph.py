@@ -137,11 +137,11 @@ def same_sampled_tree(a, b) -> None:
 
 @pytest.mark.parametrize("cfg", [T07, T1], ids=["t0.7-topk-topp", "t1"])
 def test_sampled_trees_use_the_graph(cfg, restore_grow):
-    """At T>0 dynamic trees pick children by top-k (no RNG); sampled chains race over noise drawn before the
-    growth, and sampled static trees draw their children without replacement by a race over noise drawn
-    before the growth: whole-tree graph, the same trees (tokens, parents, q) and the same sampled tokens as
-    the eager Proposer for the same seed, over whole generations at many committed lengths. At T=0.7 with
-    top-p 0.9 / top-k 20 some static trees lose children outside q's support (pruned after the growth)."""
+    """At T>0 sampled chains race over noise drawn before the growth, and sampled static and dynamic trees draw
+    their children without replacement by a race over noise drawn before the growth: whole-tree graph, the same
+    trees (tokens, parents, q) and the same sampled tokens as the eager Proposer for the same seed, over whole
+    generations at many committed lengths. At T=0.7 with top-p 0.9 / top-k 20 some static trees lose children
+    outside q's support (pruned after the growth)."""
     model, drafter = agreeing("llama", "eagle3")
     full = len(static_layout(SPECS["static"].static_choices()).parents)
     for kind in ("dynamic", "chain", "static"):
@@ -154,7 +154,7 @@ def test_sampled_trees_use_the_graph(cfg, restore_grow):
         assert len(grows) == len(t_whole) and len(set(grows)) > 4
         assert list(runner.trees) == [(spec, cfg.draft_params)]
         assert len(t_eager) == len(t_whole) > 4
-        assert all((t.draft_probs is not None) == (kind != "dynamic") for t in t_whole)
+        assert all(t.draft_probs is not None for t in t_whole)
         for ta, tb in zip(t_eager, t_whole):
             same_sampled_tree(ta, tb)
         if kind == "static" and cfg is T07:
@@ -229,7 +229,7 @@ def test_one_graph_object_for_every_committed_length(kind, sampling):
             g = static._tree_graph(logits.shape[-1])
             graph = graph or g
             assert g is graph  # the same function object (one CUDA graph on the device)
-            assert static._draft_noise(logits.shape[-1], g.noise) is g.noise  # None unless sampled chain / static
+            assert static._draft_noise(logits.shape[-1], g.noise) is g.noise  # None unless sampled
             committed = static.committed
             static.committed = static.runner.length = 10_000  # poisoned: nothing may read them now
             try:
@@ -244,8 +244,8 @@ def test_one_graph_object_for_every_committed_length(kind, sampling):
 @pytest.mark.parametrize("kind", list(SPECS))
 def test_growth_has_no_host_sync(kind, sampling):
     """The growth the CUDA graph captures: zero syncs (item, nonzero, bool masks, tolist) and zero
-    host->device copies, with the draft processors for dynamic trees, sampled chains and sampled static trees
-    (their noise is drawn before the growth; a static tree's pruning is after it, in finish_tree). (top-p's `drop[..., -1] = False` lifts a CPU scalar on CPU, counted as a
+    host->device copies, with the draft processors for greedy dynamic trees and sampled chains, static and dynamic
+    trees (their noise is drawn before the growth; a tree's pruning is after it, in finish_tree). (top-p's `drop[..., -1] = False` lifts a CPU scalar on CPU, counted as a
     copy; on CUDA that scalar is made on the device by a fill.)"""
     model, drafter = agreeing("llama", "eagle3")
     prop = Proposer(drafter, SPECS[kind], runner=StaticDraftRunner(drafter, max_len=64))
@@ -264,9 +264,9 @@ def test_growth_has_no_host_sync(kind, sampling):
         assert c.h2d == 0
     assert c.ops > 50  # the counter saw the growth
     assert tree.size > 1 and (flags is not None) == (kind == "dynamic")
-    drawn = sampling is not None and kind != "dynamic"  # sampled chains and static trees race over noise
+    drawn = sampling is not None  # sampled chains and static and dynamic trees race over noise
     assert (graph.noise is not None) == drawn == (tree.draft_probs is not None)
-    assert (keep is not None) == (drawn and kind == "static")
+    assert (keep is not None) == (drawn and kind != "chain")
 
 
 @pytest.mark.parametrize("broken", [False, True], ids=["race", "negative-control-argmax"])

@@ -16,6 +16,7 @@ from eaglespec.verify import (
     sample_accept,
     sampled_path,
     sibling_table,
+    sibling_table_of,
     sibling_tests,
     tree_rejection_sample,
 )
@@ -158,6 +159,20 @@ def test_tensor_walk_accepts_what_the_vector_loop_accepts():
         agree += int(last) == ref[-1]
         deep += len(ref) > 2
     assert agree == 400 and deep > 20
+
+
+def test_device_sibling_table_equals_the_host_one():
+    """sibling_table_of (a dynamic tree's, built every round inside a round graph) equals sibling_table, padded to
+    the width, for 300 random trees whose siblings need not be adjacent in node order (any parent before a child)."""
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(1, 30))
+        parents = [-1] + [int(rng.integers(0, j)) for j in range(1, n)]
+        host = sibling_table(parents, torch.device("cpu"))
+        width = host.shape[1] + int(rng.integers(0, 3))
+        want = torch.zeros(n, width, dtype=torch.long)
+        want[:, : host.shape[1]] = host
+        assert torch.equal(sibling_table_of(torch.tensor(parents), width), want), parents
 
 
 def test_tensor_walk_skips_pruned_children():

@@ -409,7 +409,7 @@ def markdown(report: dict) -> str:
                 if cfg.get("phase_sync") is False else "")
              + ("; --adaptive (plain steps where drafting cost more per token)" if cfg.get("adaptive") else "")
              + (("; round graphs (one CUDA graph and one host sync per "
-                 + ("round: greedy, and sampled chains / static trees" if cfg.get("sampled_round_graphs")
+                 + ("round: greedy and sampled" if cfg.get("sampled_round_graphs")
                     else "greedy round") + "; such a round's whole time is its verify column)")
                 if cfg.get("round_graphs") else "")
              + ".\n",

@@ -22,15 +22,16 @@ and feats_out into the inputs (two launches): no other host work per round. Ever
 function runs eagerly on CPU over the same buffers (the CPU tests: HF generate's tokens, the same trees as the
 per-phase path). --compile and catch-ups longer than P rows keep the per-phase path (SpeculativeEngine._phased_round).
 
-Sampled rounds (chains and static trees with sampled children; on by default since session 8, off with
+Sampled rounds (chains, static and dynamic trees with sampled children; on by default since session 8, off with
 `sampled=False` / $EAGLESPEC_ROUND_GRAPHS_SAMPLED=0; measured on an H200 at T=1, MT-bench 20: chain 0.83x -> 1.13x,
 static tree 0.62x -> 1.09x plain decoding, the same tau): the random numbers are drawn before the replay into
 static buffers, in three generator calls (the drafter's race noise, the acceptance coins [T], the bonus's race
 noise [V]), and step 4 becomes verify.sibling_tests + verify.sampled_path (tree_rejection_sample's walk as tensor
-ops: the same path for the same coins) and the bonus an exponential race over the final residual. A sampled static tree's children outside q's
-support are left out of the tests (as the per-phase path prunes them). The bonus is drawn by a race, not
-torch.multinomial: the same distribution, other draws than the per-phase path for one seed. Dynamic trees under
-sampling (point-mass verification) stay per-phase.
+ops: the same path for the same coins) and the bonus an exponential race over the final residual. A sampled
+tree's children outside q's support are left out of the tests (as the per-phase path prunes them). The bonus is
+drawn by a race, not torch.multinomial: the same distribution, other draws than the per-phase path for one seed. A
+dynamic tree's sibling table is built every round from its parents (verify.sibling_table_of; since session 10,
+untimed on a GPU).
 
 engine.round_graph is a RoundGraphs: one RoundGraph per tree spec (an EagleSpec drafts requests with a temperature
 with another tree).
@@ -52,7 +53,7 @@ from .metrics import round_detail
 from .sampling import exponential_noise, process_logits, race_argmax
 from .target.fast import FastTarget, capture_graph
 from .tree import DraftTree, FlatTree, TreeSpec, ancestry, check_dynamic_flags, static_layout
-from .verify import greedy_path_end, sampled_path, sibling_table, sibling_tests
+from .verify import greedy_path_end, sampled_path, sibling_table, sibling_table_of, sibling_tests
 
 if TYPE_CHECKING:
     from .engine import GenerationResult, SpeculativeEngine
@@ -147,19 +148,20 @@ class RoundGraph:
         self.next_row = self.ahead.clamp(max=self.P - 1)  # [P]: its index into the path, in range
         self.no_flags = torch.zeros(4, dtype=torch.long, device=dev)  # a chain's or static tree's flags
         self.graphs: dict[tuple, tuple] = {}  # (span_d, span_t, sampling) -> (CUDA graph, outputs)
-        # sampled rounds (chains, static trees): the sibling table of the fixed layout and the random inputs
-        self.sampled = sampled and spec.kind in ("chain", "static")
+        # sampled rounds: the sibling table of a chain's or static tree's fixed layout (a dynamic tree's is built
+        # every round) and the random inputs
+        self.sampled = sampled
         self.kids = self.draft_noise = self.coins = self.race = None
         # a chain's or static tree's layout is fixed: its parents and ancestry mask [T, T] once, not every round
         parents = (list(range(-1, spec.depth)) if spec.kind == "chain"
                    else list(static_layout(spec.static_choices()).parents) if spec.kind == "static" else None)
         self.visible = None if parents is None else ancestry(torch.tensor(parents, device=dev), check=False)
         if self.sampled:
-            self.kids = sibling_table(parents, dev)  # [T, K]
+            self.kids = None if parents is None else sibling_table(parents, dev)  # [T, K]
             vd = self._draft_vocab()
             rows = spec.depth if spec.kind == "chain" else 1 + self.R  # Proposer._noise_rows when sampling
             self.draft_noise = torch.ones(rows, vd, device=dev) if rows else None
-            self.coins = torch.zeros(len(parents), device=dev)  # [T] uniform
+            self.coins = torch.zeros(self.T, device=dev)  # [T] uniform
             self.race = torch.ones(self.target.vocab_size, device=dev)  # [V] Exp(1): the bonus's draw
         self._pool = None
         self._cache_ptr = None
@@ -206,9 +208,10 @@ class RoundGraph:
             best, bonus = greedy_path_end(flat, out_logits)  # [1], [1]
         else:  # 4. lossless rejection sampling with real q (verify.sample_accept's recursion, as tensor ops)
             p = process_logits(out_logits, sampling.target)  # [T, V]
-            live = self.kids > 0 if keep is None else (self.kids > 0) & keep[self.kids]
-            r_at, q_at, final = sibling_tests(tree.tokens, self.kids, p, tree.draft_probs, live)
-            best = sampled_path(visible, tree.depths, self.kids, r_at, q_at, self.coins, live)
+            kids = self.kids if self.kids is not None else sibling_table_of(tree.parents, self.spec.top_k)
+            live = kids > 0 if keep is None else (kids > 0) & keep[kids]
+            r_at, q_at, final = sibling_tests(tree.tokens, kids, p, tree.draft_probs, live)
+            best = sampled_path(visible, tree.depths, kids, r_at, q_at, self.coins, live)
             bonus = race_argmax(final.index_select(0, best), self.race[None])  # [1]
         on_path = visible.index_select(0, best)[0]  # [T]
         m = on_path.sum()

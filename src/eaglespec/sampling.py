@@ -27,17 +27,28 @@ lossless (DESIGN.md contract 2):
   anything drawn before; the accepted child's subtree is then verified the same way against
   p(.|child). This needs the number of children of a node to be fixed before its children are
   drawn (chains and fixed-shape trees), NOT a selection that depends on the drawn values.
-* Tree with DETERMINISTIC children (tree.draft_probs is None: EAGLE-2 dynamic trees ranked by
-  the drafter's processed distribution, always; their reranking selects children by the drawn
-  values, which breaks the real-q argument): the point-mass scheme (EAGLE's
-  q = 1). Every child is treated as a draft from q_i = delta(x_i): accept with prob r_i(x_i);
-  on rejection r_{i+1} = r_i with x_i removed, renormalised. The same identity makes each node's
-  emitted token exactly p-distributed for ANY fixed set of children, so conditioning on the whole
-  tree (however it was built, reranked or pruned) leaves the output distribution exact.
+* DYNAMIC tree under sampling (Proposer._dynamic, draft_probs recorded): every expanded node's children
+  are draws WITHOUT replacement from its q, in draw order, verified as above. EAGLE-2 grows and prunes
+  the tree by path values; here the i-th draw of a node is valued by the i-th LARGEST q of that node
+  (proposer.draw_values), not by its own q. Values then fall along each node's draws, so the budget
+  keeps a prefix of them; and whether the i-th draw is kept depends only on what ranks above it in the
+  growth and selection: the tokens of earlier draws and of other branches, never the i-th draw itself or
+  later ones. Each test of sibling i is therefore made on a draw from q_i, as the recursion needs, and
+  the kept count is decided by what the recursion has already conditioned on. Valued by its own q, the
+  selection would keep the likeliest draws, and the output would be biased (a negative control in
+  tests/test_sampling_engine.py shows it).
+* Tree with DETERMINISTIC children (tree.draft_probs is None: trees drafted greedily, e.g. with greedy
+  draft processors under a sampled target): the point-mass scheme (EAGLE's q = 1). Every child is
+  treated as a draft from q_i = delta(x_i): accept with prob r_i(x_i); on rejection r_{i+1} = r_i with
+  x_i removed, renormalised. The same identity makes each node's emitted token exactly p-distributed for
+  ANY fixed set of children, so conditioning on the whole tree (however it was built, reranked or pruned)
+  leaves the output distribution exact.
 
 Summary (temperature > 0; temperature 0 always takes verify.greedy_accept with top-k / argmax
 drafts): chain -> sampled drafts, real q; static -> sampled children without replacement, real q;
-dynamic -> top-k children reranked, point mass.
+dynamic -> sampled children without replacement valued by rank, real q. (Until session 10 the dynamic
+tree took top-k children with the point-mass scheme: tau at T=1 on 2 CPU cores, run 7, 7/10/60, 2.03 ->
+2.38 with the draws; at T=0.7, 2.42 -> 3.02.)
 
 A seeded torch.Generator drives every random draw (drafting, acceptance, bonus): the same seed,
 prompt and models give the same tokens.

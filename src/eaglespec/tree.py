@@ -441,15 +441,17 @@ def select_nodes(cand: Candidates, budget: int) -> torch.Tensor:
 
 
 def _select(root: int | torch.Tensor, cand: Candidates, budget: int,
-            token_map: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[DraftTree, torch.Tensor]:
-    """select_tree without reading anything back: (tree, 0-dim bool "NOT ancestor-closed" on the device).
-    token_map: applied to the chosen candidates' tokens (not the root's), e.g. draft -> target ids."""
+            token_map: Callable[[torch.Tensor], torch.Tensor] | None = None
+            ) -> tuple[DraftTree, torch.Tensor, torch.Tensor]:
+    """select_tree without reading anything back: (tree, 0-dim bool "NOT ancestor-closed" on the device, the chosen
+    candidate ids [N-1] of tree nodes 1..). token_map: applied to the chosen candidates' tokens (not the root's),
+    e.g. draft -> target ids."""
     dev = cand.tokens.device
     root_t = root_tensor(root, dev)
     if budget <= 0 or cand.size == 0:
         tree = chain_tree(root_t, cand.tokens[:0])
         tree.logq = torch.zeros(1, device=dev)
-        return tree, torch.zeros((), dtype=torch.bool, device=dev)
+        return tree, torch.zeros((), dtype=torch.bool, device=dev), cand.tokens[:0]
     chosen = select_nodes(cand, budget)  # [B] candidate ids, ascending
     levels = cand.levels if cand.levels is not None else torch.arange(-1, 1, device=dev)  # [-1, 0, ...]
     parent_ids = cand.parents[chosen]  # [B] candidate ids, -1 = the root
@@ -466,7 +468,7 @@ def _select(root: int | torch.Tensor, cand: Candidates, budget: int,
         stats={"candidates": cand.size},
         ordered=True,  # chosen ids ascend and every parent id is below its child's: once closed, in order
     )
-    return tree, not_closed
+    return tree, not_closed, chosen
 
 
 _NOT_CLOSED = "dynamic tree selection is not ancestor-closed"  # impossible from valid (monotone) values
@@ -474,7 +476,7 @@ _NOT_CLOSED = "dynamic tree selection is not ancestor-closed"  # impossible from
 
 def select_tree(root: int | torch.Tensor, cand: Candidates, budget: int) -> DraftTree:
     """The selected candidates as a DraftTree (node 0 = root). Asserts ancestor closure."""
-    tree, not_closed = _select(root, cand, budget)
+    tree, not_closed, _ = _select(root, cand, budget)
     assert not bool(not_closed), _NOT_CLOSED
     return tree
 
@@ -482,23 +484,27 @@ def select_tree(root: int | torch.Tensor, cand: Candidates, budget: int) -> Draf
 def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand,
                       top_k: int, depth: int, budget: int, sorted_children: bool = False,
                       distinct_children: bool = False,
-                      token_map: Callable[[torch.Tensor], torch.Tensor] | None = None
-                      ) -> tuple[DraftTree, torch.Tensor]:
+                      token_map: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                      with_chosen: bool = False) -> tuple[DraftTree, torch.Tensor] | tuple[DraftTree, torch.Tensor,
+                                                                                            torch.Tensor]:
     """dynamic_tree without reading anything back (CUDA-graph capturable when `expand` is):
     (tree, [4] bool flags on the device: invalid input x3, not ancestor-closed). check_dynamic_flags reads them.
     `distinct_children`: no row of children repeats a token (top-k indices): that check is skipped (its flag
     False). `token_map`: applied to the tree's tokens but the root (e.g. draft -> target ids), before they are
-    joined to the root's.
+    joined to the root's. `with_chosen`: also return the candidate ids [N-1] of tree nodes 1.. (in generation
+    order: the callback's children of one expansion are ids start.. row-major).
     """
     _check_int("width (top-k)", top_k, 1)
     _check_int("depth", depth, 0)
     _check_int("budget", budget, 0)
     if depth == 0 or budget == 0:
         tree = chain_tree(root, root_tokens.new_empty(0).long())
-        return tree, torch.zeros(4, dtype=torch.bool, device=root_tokens.device)
+        flags = torch.zeros(4, dtype=torch.bool, device=root_tokens.device)
+        return (tree, flags, root_tokens.new_empty(0).long()) if with_chosen else (tree, flags)
     cand, flags = _grow(root_tokens, root_conf, expand, top_k, depth, sorted_children, distinct_children)
-    tree, not_closed = _select(root, cand, budget, token_map)
-    return tree, torch.stack([*flags, not_closed])
+    tree, not_closed, chosen = _select(root, cand, budget, token_map)
+    flags = torch.stack([*flags, not_closed])
+    return (tree, flags, chosen) if with_chosen else (tree, flags)
 
 
 def check_dynamic_flags(flags: torch.Tensor) -> None:

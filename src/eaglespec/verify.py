@@ -173,6 +173,18 @@ def sibling_table(parents: list[int], device: torch.device) -> torch.Tensor:
                         dtype=torch.long).to(device, non_blocking=True)
 
 
+def sibling_table_of(parents: torch.Tensor, width: int) -> torch.Tensor:
+    """sibling_table from the device parents [T] (-1 at the root) of a tree with at most `width` children per
+    node, as tensor ops (no host sync: a dynamic tree's, which changes every round). [T, width] long."""
+    t, dev = parents.shape[0], parents.device
+    earlier = torch.ones(t, t, dtype=torch.bool, device=dev).tril(-1)  # [T, T]: j' < j
+    rank = ((parents[:, None] == parents[None, :]) & earlier).sum(1)  # [T]: earlier siblings, in node order
+    kids = torch.zeros(t * width, dtype=torch.long, device=dev)
+    at = parents[1:].clamp(min=0) * width + rank[1:]  # [T-1]: one distinct (parent, rank) cell per node
+    kids.index_copy_(0, at, torch.arange(1, t, device=dev))
+    return kids.view(t, width)
+
+
 def sibling_tests(tokens: torch.Tensor, kids: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
                   live: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For a tree whose siblings were drawn from q without replacement (sampled static trees, chains): every node's

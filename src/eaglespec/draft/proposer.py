@@ -161,7 +161,7 @@ class Proposer:
         if self.spec.kind == "chain":
             return self._chain(root, logits, state, new_rows, noise), None, None
         if self.spec.kind == "dynamic":
-            return *self._dynamic(root, logits, state, new_rows), None
+            return self._dynamic(root, logits, state, new_rows, noise)
         tree, keep = self._static(root, logits, state, new_rows, noise)
         return tree, None, keep
 
@@ -173,9 +173,9 @@ class Proposer:
     def _tree_graph(self, draft_vocab: int) -> TreeGraph | None:
         """The whole-tree graph (draft/tree_graph.py) for this spec and draft processors, where the runner is
         a StaticDraftRunner with tree_graphs on. The growth draws no random numbers inside: a sampled chain's
-        or static tree's noise is drawn before the replay into TreeGraph.noise (_draft_noise); dynamic trees
+        or tree's noise is drawn before the replay into TreeGraph.noise (_draft_noise); greedy dynamic trees
         pick children by top-k. A sampled static tree's pruning of children outside q's support (one host
-        sync) happens after the replay (tree_graph.finish_tree)."""
+        sync) happens after the replay (tree_graph.finish_tree), as does a sampled dynamic tree's."""
         runner = self.runner
         if not isinstance(runner, StaticDraftRunner) or not runner.tree_graphs or not self.spec.speculates:
             return None
@@ -187,9 +187,10 @@ class Proposer:
         return None if graph.failed else graph
 
     def _noise_rows(self, draft_vocab: int) -> int:
-        """Rows of Exp(1) noise one growth races over: a sampled chain's k draws, a sampled static tree's
-        1 + R expanded nodes (the root, then tree row r at noise row 1 + r); 0 for growths that draw nothing."""
-        if not self._sampled or self.spec.kind == "dynamic":
+        """Rows of Exp(1) noise one growth races over: a sampled chain's k draws, a sampled static or dynamic
+        tree's 1 + R expanded nodes (the root, then tree row r at noise row 1 + r); 0 for growths that draw
+        nothing."""
+        if not self._sampled:
             return 0
         return self.spec.depth if self.spec.kind == "chain" else 1 + self._tree_rows(draft_vocab)
 
@@ -274,19 +275,49 @@ class Proposer:
         return self.drafter.to_target_ids(draft_ids), self.to_target_probs(probs)
 
     # -- trees: one drafter forward per depth over the nodes of that depth --------------------------
-    def _dynamic(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows
-                 ) -> tuple[DraftTree, torch.Tensor]:
+    def _dynamic(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows,
+                 noise: torch.Tensor | None = None) -> tuple[DraftTree, torch.Tensor, torch.Tensor | None]:
         """EAGLE-2 dynamic tree (tree.grow_dynamic_tree) with the drafter as the expansion callback.
 
         Fixed shapes: every expansion runs k = min(top_k, Vd) rows (the newest layer always has >= k
         nodes). A node's parent is found by arithmetic (the newest layer holds the previous expansion's
-        children, row-major) and its tree mask row by OR-ing in its parent's (rows.inherit). Children by
-        tree.draft_topk. No host sync: returns (tree, [4] validation flags on the device).
+        children, row-major) and its tree mask row by OR-ing in its parent's (rows.inherit). Greedy
+        drafting: children by tree.draft_topk (verified with the point-mass scheme under sampling).
+
+        Sampled drafting: an expanded node's children are k draws WITHOUT replacement from its processed
+        draft distribution q, in draw order (the exponential race over noise [1 + R, Vd]: row 0 for the
+        root's children, 1 + r for tree row r's), and q goes to draft_probs (recursive rejection sampling
+        with real q). The growth and the selection value the i-th draw by the i-th LARGEST q of its parent,
+        whatever was drawn: a node's draws then rank in draw order, the budget keeps a prefix of them, and
+        whether a draw is kept depends only on what ranks above it (never on the draw itself or later ones),
+        which keeps the acceptance exact. Draws outside q's support (zero q) are marked off in the keep mask
+        [N] (with their subtrees; it depends on q only). No host sync: returns (tree, [4] validation flags,
+        keep mask or None when greedy), on the device.
         """
         spec = self.spec
         k = min(spec.top_k, logits.shape[-1])
+        sampled = self._sampled
+        if sampled and (noise is None or noise.shape[0] != 1 + max(spec.depth - 1, 0) * k):
+            raise ValueError("a sampled dynamic tree needs its noise [1 + tree rows, Vd] (Proposer._draft_noise)")
         rows = new_rows(torch.eye(max(spec.depth - 1, 0) * k, dtype=torch.bool, device=logits.device))
         prev = _Expansion(out=state[None], row0=0, rows=0)  # depth 0: the catch-up row (not a tree row)
+        # sampled: per expansion (the root's first) the q rows [n, Vd], the candidate ids expanded, and per layer
+        # of children [n, k] whether each draw is inside q's support (and its ancestors were)
+        q_rows: list[torch.Tensor] = []
+        expanded: list[torch.Tensor] = []
+        alive: list[torch.Tensor] = []
+
+        def children(logits: torch.Tensor, r0: int, parent_alive: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+            """[n, Vd] draft logits -> (child draft ids [n, k], confidences [n, k] sorted descending)."""
+            probs = self.draft_dist(logits)
+            conf, tok = draft_topk(probs, k)  # [n, k] sorted: the growth skips its re-sort
+            if sampled:  # the draws, valued by rank (see above)
+                _, tok = draft_topk(probs.float() / noise[r0: r0 + probs.shape[0]], k)  # zero-q tokens come last
+                conf = draw_values(conf, probs, tok)
+                q_rows.append(probs)
+                alive.append((conf > 0) & parent_alive[:, None])
+            return tok, conf
 
         def expand(nodes: torch.Tensor, cand: Candidates, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
             local = cand.newest  # [n] the nodes' indices within the newest layer (the previous expansion's children)
@@ -300,13 +331,30 @@ class Proposer:
             tokens = self.drafter.to_target_ids(cand.newest_tokens[local])
             logits, out = rows.run(states, tokens, depth, r0)
             prev.out, prev.row0, prev.rows = out, r0, n
-            conf, tok = draft_topk(self.draft_dist(logits), k)  # [n, k] sorted: the growth skips its re-sort
-            return tok, conf
+            if sampled:
+                expanded.append(nodes)
+                return children(logits, 1 + r0, alive[-1].reshape(-1)[local])
+            return children(logits, 0, None)
 
-        root_conf, root_tok = draft_topk(self.draft_dist(logits), k)
-        # top-k children: sorted, distinct per row; the tree's draft ids -> target ids (d2t) as it is assembled
-        return grow_dynamic_tree(root, root_tok, root_conf, expand, k, spec.depth, spec.budget,
-                                 sorted_children=True, distinct_children=True, token_map=self.drafter.to_target_ids)
+        root_alive = torch.ones(1, dtype=torch.bool, device=logits.device) if sampled else None
+        root_tok, root_conf = children(logits[None], 0, root_alive)
+        # children distinct per row, sorted by value; the tree's draft ids -> target ids (d2t) as it is assembled
+        tree, flags, chosen = grow_dynamic_tree(root, root_tok[0], root_conf[0], expand, k, spec.depth, spec.budget,
+                                                sorted_children=True, distinct_children=True,
+                                                token_map=self.drafter.to_target_ids, with_chosen=True)
+        if not sampled:
+            return tree, flags, None
+        # each node's q: its expansion's row (the root's is row 0), else a zero row (a leaf: no children)
+        table = torch.cat([*q_rows, q_rows[0].new_zeros(1, q_rows[0].shape[-1])])  # [1 + E + 1, Vd]
+        row_of = chosen.new_full((sum(a.numel() for a in alive),), table.shape[0] - 1)  # candidate id -> q row
+        if expanded:
+            ids = torch.cat(expanded)
+            row_of[ids] = torch.arange(1, 1 + ids.numel(), device=ids.device)
+        node_rows = torch.cat([chosen.new_zeros(1), row_of[chosen]])  # [N]
+        tree.draft_probs = self.to_target_probs(table[node_rows])  # [N, V]
+        keep = torch.cat([torch.ones(1, dtype=torch.bool, device=chosen.device),
+                          torch.cat([a.reshape(-1) for a in alive])[chosen]])
+        return tree, flags, keep
 
     def _static(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows,
                 noise: torch.Tensor | None = None) -> tuple[DraftTree, torch.Tensor | None]:
@@ -378,6 +426,13 @@ class Proposer:
         if key not in plans:
             plans[key] = _StaticPlan.build(static_layout(self.spec.static_choices()), sampled, self.device)
         return plans[key]
+
+
+def draw_values(ranked: torch.Tensor, probs: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """The values a sampled dynamic tree gives its draws [n, k]: the i-th draw gets the i-th largest q
+    (`ranked`, q's sorted top-k), not its own q (`probs` gathered at `draws`). Valued by their own q, the budget
+    would keep the likeliest draws instead of the first ones, and the acceptance would no longer be exact."""
+    return ranked
 
 
 class _Expansion:
