@@ -187,6 +187,21 @@ def test_grow_dynamic_tree_token_map_and_distinct_children():
     assert int(mapped.tokens[0]) == ROOT and torch.equal(mapped.tokens[1:], plain.tokens[1:] * 100)
     assert torch.equal(mapped.parents, plain.parents) and torch.equal(mapped.depths, plain.depths)
     assert torch.equal(mapped.logq, plain.logq)
+    # with_chosen: node j >= 1 is candidate chosen[j - 1] (its token, parent's candidate and value), in node order
+    seen = {}
+
+    def recording(nodes, cand, depth):
+        seen["cand"] = cand
+        return _width_two_expand(nodes, cand, depth)
+
+    tree, _, chosen = grow_dynamic_tree(ROOT, *args[1:3], recording, *args[4:], sorted_children=True, with_chosen=True)
+    cand = seen["cand"]
+    assert chosen.shape[0] == tree.size - 1 == 7 and bool((chosen[1:] > chosen[:-1]).all())
+    assert torch.equal(tree.tokens[1:], cand.tokens[chosen]) and torch.equal(tree.logq[1:], cand.logv[chosen])
+    node_of = {int(c): j + 1 for j, c in enumerate(chosen.tolist())}
+    assert [node_of.get(int(cand.parents[c]), 0) for c in chosen] == tree.parents[1:].tolist()
+    empty, _, none = grow_dynamic_tree(*args[:6], 0, with_chosen=True)  # budget 0: the root alone
+    assert empty.size == 1 and none.numel() == 0
 
     def dup(nodes, cand, depth):
         return torch.tensor([[7, 7]]).repeat(nodes.numel(), 1), torch.tensor([[0.5, 0.25]]).repeat(nodes.numel(), 1)
