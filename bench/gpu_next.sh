@@ -71,7 +71,9 @@
 #   5. `... OUT=$OUT STEPS=100000 bash bench/gpu_x2.sh run2b` (resumed to the end of the schedule; converted, packed)
 #   6. `... bash bench/gpu_x2.sh bench7` (its T=1 part now times the sampled dynamic tree as a round graph, new in
 #      session 10: drawn children, tau 2.03 -> 2.38 at T=1 on CPU; if it beats the chain, make it the manifest's
-#      `sampled` tree), then give_back. With time left, answer the three-turn prompts left on both
+#      `sampled` tree), then give_back. With time left: `bench/tree_sweep.py --temperature 1 --limit 20 --configs
+#      chain:3,chain:5,static:5/10/25,dynamic:4/10/40,dynamic:7/10/60` (the chain shape is also the CPU default;
+#      on 2 CPU cores k=3 was 1.02x plain in sessions 9 and 10, k=5 1.02x and 0.89x). With time left, answer the three-turn prompts left on both
 #      GPUs with `regenerate --shard 0/2` and `--shard 1/2` (two outputs; reversing the file does not split it: the
 #      prompts are sorted by length inside).
 set -uo pipefail
