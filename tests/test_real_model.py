@@ -39,11 +39,12 @@ def test_shipped_drafter_is_exact_on_smollm2(es, tree):
 
 
 def test_default_pair_uses_the_shipped_drafters_tree_shapes(es):
-    """No tree flags: the shipped manifest's tree_defaults (chain k=5; dynamic 7/10/60) replace the generic shapes
-    (chain of 5; dynamic 8/10/60)."""
+    """No tree flags: the shipped manifest's tree_defaults (chain k=5, k=3 on CPU; dynamic 7/10/60) replace the
+    generic shapes (chain of 5; dynamic 8/10/60)."""
     from eaglespec.api import tree_defaults, tree_spec
 
     shapes = tree_defaults(es.drafter)
-    assert es.spec.kind == "chain" and es.spec.depth == shapes["chain"]["k"] == 5
+    assert shapes["chain"]["k"] == 5 and tree_defaults(es.drafter, device="cpu")["chain"]["k"] == 3
+    assert es.spec.kind == "chain" and es.spec.depth == 3  # this pair runs on CPU
     dyn = tree_spec("dynamic", defaults=shapes)
     assert (dyn.depth, dyn.top_k, dyn.budget) == (7, 10, 60) != (8, 10, 60)

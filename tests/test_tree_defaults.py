@@ -66,7 +66,32 @@ def test_shipped_drafter_recommends_measured_shapes():
     drafter = _drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json"))
     on_gpu, sampled_on_gpu = resolve_trees({}, drafter, device="cuda")
     assert (on_gpu.kind, sampled_on_gpu.kind, sampled_on_gpu.depth) == ("dynamic", "chain", 5)
-    assert resolve_trees({}, drafter, device="cpu")[0].kind == "chain"
+    on_cpu, sampled_on_cpu = resolve_trees({}, drafter, device="cpu")
+    assert (on_cpu.kind, on_cpu.depth, sampled_on_cpu) == ("chain", 3, None)  # tree_defaults.cpu (sessions 9-10)
+
+
+def test_cpu_overrides_apply_on_cpu_only():
+    """tree_defaults.cpu overrides shapes knob by knob on a CPU device (bench's shapes too), nowhere else; a
+    malformed override is one line naming its field."""
+    from eaglespec.api import resolve_trees
+
+    manifest = {"tree_defaults": {**RECOMMENDED, "cpu": {"chain": {"k": 2}, "dynamic": {"budget": 8}}}}
+    drafter = _drafter(manifest)
+    assert tree_defaults(drafter)["chain"] == {"k": 3} and "cpu" not in tree_defaults(drafter)
+    assert tree_defaults(drafter, device="cuda")["chain"] == {"k": 3}
+    on_cpu = tree_defaults(drafter, device="cpu")
+    assert on_cpu["chain"] == {"k": 2} and on_cpu["dynamic"] == {"depth": 5, "top_k": 6, "budget": 8}
+    assert resolve_trees({}, drafter, device="cpu")[0].depth == 2
+    assert resolve_trees({"k": 4}, drafter, device="cpu")[0].depth == 4  # an explicit flag wins
+    assert resolve_trees({"tree": "chain"}, drafter, device="cuda")[0].depth == 3
+    args = argparse.Namespace(k=None, depth=None, top_k=None, budget=None)
+    resolve_tree_args(args, drafter, "cpu")
+    assert (args.k, args.depth, args.top_k, args.budget) == (2, 5, 6, 8)
+    for bad, field in (({"cpu": [1]}, r"tree_defaults\.cpu must be an object"),
+                       ({"cpu": {"chain": {"k": -1}}}, r"tree_defaults\.cpu\.chain\.k")):
+        with pytest.raises(EagleSpecError, match=field):
+            tree_defaults(_drafter({"tree_defaults": bad}), "drafter /x", device="cpu")
+    assert tree_defaults(_drafter({"tree_defaults": {"cpu": [1]}}), device="cuda") == {}  # read where it applies
 
 
 def test_bench_resolves_and_records_the_shapes_it_runs():

@@ -74,20 +74,33 @@ def load_drafter_for(model, tokenizer, draft: str, aux_rule: str = "auto", stric
     return drafter.to(device=model.device, dtype=model.dtype), note
 
 
-def tree_defaults(drafter, where: str = "drafter") -> dict[str, dict[str, Any]]:
+def tree_defaults(drafter, where: str = "drafter", device: torch.device | str | None = None
+                  ) -> dict[str, dict[str, Any]]:
     """The tree shapes a drafter's manifest recommends (`tree_defaults`, e.g. {"dynamic": {"depth": 5, "top_k": 6,
     "budget": 24}}: measured with bench/tree_sweep.py for that drafter), {} when it has none. `static` may also
     carry `choices` (rank paths [[0], [1], [0, 0], ...], best first: bench/fit_static_tree.py --write), returned
-    as a tuple of tuples."""
+    as a tuple of tuples. On a CPU `device`, `tree_defaults.cpu` (shapes in the same form, e.g. {"chain": {"k": 3}})
+    overrides them knob by knob."""
     found = (getattr(drafter, "manifest", None) or {}).get("tree_defaults") or {}
     if not isinstance(found, dict):
         raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults must be an object")
+    out = _shapes(found, where, "tree_defaults")
+    if device is not None and torch.device(device).type == "cpu" and found.get("cpu") is not None:
+        if not isinstance(found["cpu"], dict):
+            raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.cpu must be an object")
+        for kind, knobs in _shapes(found["cpu"], where, "tree_defaults.cpu").items():
+            out[kind] = {**out.get(kind, {}), **knobs}
+    return out
+
+
+def _shapes(found: dict, where: str, field: str) -> dict[str, dict[str, Any]]:
+    """The tree kinds of a manifest object (chain / static / dynamic -> knobs), validated; other keys skipped."""
     out: dict[str, dict[str, Any]] = {}
     for kind, knobs in found.items():
         if kind not in GENERIC_TREES:
-            continue  # e.g. "measured": provenance text
+            continue  # e.g. "measured": provenance text; "cuda" / "sampled": policies; "cpu": overrides
         if not isinstance(knobs, dict):
-            raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.{kind} must be an object")
+            raise EagleSpecError(f"{where}: eaglespec_manifest.json field {field}.{kind} must be an object")
         knobs = dict(knobs)
         if kind == "static" and "choices" in knobs:
             knobs["choices"] = _manifest_choices(knobs["choices"], where)
@@ -95,7 +108,7 @@ def tree_defaults(drafter, where: str = "drafter") -> dict[str, dict[str, Any]]:
             if key == "choices" and kind == "static":
                 continue
             if key not in GENERIC_TREES[kind] or not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.{kind}.{key} must be "
+                raise EagleSpecError(f"{where}: eaglespec_manifest.json field {field}.{kind}.{key} must be "
                                      f"one of {', '.join(GENERIC_TREES[kind])} with a non-negative integer value")
         out[kind] = knobs
     return out
@@ -154,8 +167,8 @@ def resolve_trees(knobs: dict, drafter, where: str = "drafter", device: torch.de
                   ) -> tuple[TreeSpec, TreeSpec | None]:
     """tree_spec's knobs -> (the tree, the tree for sampled requests or None = the same). When the knobs name no
     tree: the drafter's tree_defaults.cuda policy on a CUDA device (else a chain), and its tree_defaults.sampled
-    policy for requests with a temperature."""
-    shapes = tree_defaults(drafter, where)
+    policy for requests with a temperature; on a CPU device, the shapes with tree_defaults.cpu's overrides."""
+    shapes = tree_defaults(drafter, where, device)
     if knobs.get("tree"):
         return tree_spec(**knobs, defaults=shapes), None
     greedy = recommended_tree(drafter, "cuda", where) if torch.device(device).type == "cuda" else None

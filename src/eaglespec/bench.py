@@ -515,12 +515,12 @@ def static_label(drafter) -> str:
             + ("(fitted to the drafter)" if spec.choices is not None else "(EAGLE-1's)"))
 
 
-def resolve_tree_args(args, drafter) -> None:
-    """--k/--depth/--top-k/--budget left out -> the drafter's recommended shapes (tree_defaults), else the
-    generic defaults; written back into args so the report names the shapes that ran."""
+def resolve_tree_args(args, drafter, device: torch.device | str | None = None) -> None:
+    """--k/--depth/--top-k/--budget left out -> the drafter's recommended shapes on `device` (tree_defaults), else
+    the generic defaults; written back into args so the report names the shapes that ran."""
     from .api import tree_defaults, tree_spec
 
-    found = tree_defaults(drafter) if drafter is not None else {}
+    found = tree_defaults(drafter, device=device) if drafter is not None else {}
     chain = tree_spec("chain", args.k, defaults=found)
     tree = tree_spec("dynamic", None, args.top_k, args.depth, args.budget, defaults=found)
     args.k, args.depth, args.top_k, args.budget = chain.depth, tree.depth, tree.top_k, tree.budget
@@ -575,7 +575,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     extra, extra_note = extra_drafter(es, args)  # loaded before any timing: a bad --extra-draft fails at once
     if extra_note:
         _log(f"bench: extra-*: {extra_note}")
-    resolve_tree_args(args, es.drafter)
+    resolve_tree_args(args, es.drafter, device)
     prompts = [es.encode(t) for t in texts]
     if args.max_len is None:
         args.max_len = max(len(p) for p in prompts) + args.max_new_tokens + 2 * max(args.budget, 64)
