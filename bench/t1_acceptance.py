@@ -7,7 +7,7 @@ The shipped pair (EagleSpec.from_pretrained's defaults) in fp32 on CPU, on the f
 
   engine   SpeculativeEngine, chain k=--k at T=1 (sampled drafts x ~ q, verified with the real q: min(1, p/q)),
            fixed seed: per-round accepted drafts. Also greedy (T=0) and, unless --no-dynamic, a dynamic tree at
-           T=1 (top-k children, point-mass verification).
+           T=1 (drawn children with real q since session 10; top-k children with point mass before).
   theory   teacher-forced on each run's own emitted text: ONE target forward (p = process_logits(logits, T=1),
            the engine's p) and the drafter as the Proposer runs it (catch-up rows over the verified prefix,
            then chain rows fed the text's tokens with the drafter's own states), q = process_logits(draft

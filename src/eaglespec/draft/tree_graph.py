@@ -3,12 +3,13 @@
 With the per-step draft graphs (draft/fast.py) a drafter step replays in 0.29 ms on the H200, yet propose()
 took 3.0 ms (chain k=5) and 10.3 ms (dynamic, budget 60, depth 8, top-k 10): the ~320 eager ops around the
 steps (top-k, gathers, masks, tree.grow_dynamic_tree). Here the growth of a chain (greedy, or sampled by an
-exponential race over noise drawn before the replay), of an EAGLE-2 dynamic tree (children by top-k: no RNG,
-so at any temperature) or of a static tree (greedy: top-k children; sampled: children drawn without
-replacement by the exponential race top-c over noise drawn before the replay) is ONE
+exponential race over noise drawn before the replay), of an EAGLE-2 dynamic tree or of a static tree (greedy:
+top-k children; sampled: children drawn without replacement by the exponential race top-c over noise drawn
+before the replay) is ONE
 function of static buffers (root [1], catch-up logits [Vd], state [H], committed length `base` []), whose
 shapes and host ints never depend on the committed length (a sampled chain also reads its Exp(1) noise
-[k, Vd], a sampled static tree its noise [1 + R, Vd] (row 0: the root's children; row 1 + r: tree row r's),
+[k, Vd], a sampled static or dynamic tree its noise [1 + R, Vd] (row 0: the root's children; row 1 + r: tree
+row r's),
 both drawn by the proposer into TreeGraph.noise before the replay in one generator call: the graph itself
 draws nothing, and the eager Proposer races over the same noise, so one seed gives the same trees):
 
