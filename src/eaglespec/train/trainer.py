@@ -678,13 +678,13 @@ def total_steps(cfg: TrainConfig, n_train: int, world: int) -> int:
 FIT_SKIP, FIT_STEPS = 2, 8  # a time budget times steps FIT_SKIP.. (after the warm-up) to fix the schedule
 
 
-def _rank0_says(flag: bool, device: torch.device) -> bool:
-    """Rank 0's `flag` on every rank (each rank calls this at the same step)."""
+def _rank0(value: int, device: torch.device) -> int:
+    """Rank 0's `value` on every rank (each rank calls this at the same step)."""
     if not _dist():
-        return flag
-    t = torch.tensor([int(flag)], device=device)
+        return value
+    t = torch.tensor([value], device=device)
     _dist().broadcast(t, 0)
-    return bool(t.item())
+    return int(t.item())
 
 
 def fitted_total(step: int, total: int, elapsed_s: float, budget_s: float, per_step_s: float) -> int:
@@ -790,11 +790,8 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
             t_fit = time.perf_counter()
         if fit_from is not None and step == fit_from + FIT_STEPS:
             now = time.perf_counter()
-            fitted = torch.tensor([fitted_total(step, total, now - t_start, cfg.time_budget_s,
-                                                (now - t_fit) / FIT_STEPS)], device=trainer.device)
-            if _dist():  # every rank runs rank 0's schedule
-                _dist().broadcast(fitted, 0)
-            total = int(fitted.item())
+            total = _rank0(fitted_total(step, total, now - t_start, cfg.time_budget_s, (now - t_fit) / FIT_STEPS),
+                           trainer.device)  # every rank runs rank 0's schedule
             bar.total = total
             bar.refresh()
             if rank == 0:
@@ -824,7 +821,7 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
         fitted_yet = fit_from is None or step + 1 > fit_from + FIT_STEPS
         pause = pause_after is not None and step + 1 - start >= pause_after
         if pause_after_s is not None:
-            pause = _rank0_says(time.perf_counter() - t_start >= pause_after_s, trainer.device) or pause
+            pause = bool(_rank0(int(time.perf_counter() - t_start >= pause_after_s), trainer.device)) or pause
         if pause and step + 1 < total and fitted_yet:
             bar.close()
             if rank == 0 and out is not None:
