@@ -65,7 +65,7 @@ def test_shipped_drafter_recommends_measured_shapes():
 
     drafter = _drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json"))
     on_gpu, sampled_on_gpu = resolve_trees({}, drafter, device="cuda")
-    assert (on_gpu.kind, sampled_on_gpu.kind, sampled_on_gpu.depth) == ("dynamic", "chain", 5)
+    assert (on_gpu.kind, sampled_on_gpu.kind, sampled_on_gpu.depth) == ("dynamic", "chain", 3)  # session 11
     on_cpu, sampled_on_cpu = resolve_trees({}, drafter, device="cpu")
     assert (on_cpu.kind, on_cpu.depth, sampled_on_cpu) == ("chain", 3, None)  # tree_defaults.cpu (sessions 9-10)
 
@@ -115,6 +115,35 @@ def test_a_sampled_policy_applies_only_when_no_tree_is_named():
     assert resolve_trees({}, _drafter({"tree_defaults": RECOMMENDED}))[1] is None  # no policy: one tree
     with pytest.raises(EagleSpecError, match=r"tree_defaults\.sampled must be one of"):
         resolve_trees({}, _drafter({"tree_defaults": {"sampled": "beam"}}), "drafter /x")
+
+
+def test_a_sampled_policy_may_name_its_shape():
+    """tree_defaults.sampled = {"chain": {"k": 2}}: requests with a temperature draft that chain, greedy ones keep
+    the chain's own shape (and on a CPU device tree_defaults.cpu wins: it is measured there); bench's rows at a
+    temperature follow it. A malformed shape is one line naming its field."""
+    from eaglespec.api import resolve_trees
+
+    manifest = {"tree_defaults": {**RECOMMENDED, "cuda": "dynamic", "sampled": {"chain": {"k": 2}}}}
+    spec, sampled = resolve_trees({}, _drafter(manifest), device="cuda")
+    assert (spec.kind, spec.depth, spec.budget) == ("dynamic", 5, 24)
+    assert (sampled.kind, sampled.depth) == ("chain", 2)
+    spec, sampled = resolve_trees({}, _drafter(manifest), device="cpu")  # greedy chain k=3, sampled chain k=2
+    assert (spec.kind, spec.depth, sampled.kind, sampled.depth) == ("chain", 3, "chain", 2)
+    assert resolve_trees({"k": 4}, _drafter(manifest), device="cpu") == (tree_spec("chain", 4), None)  # flag wins
+    assert resolve_trees({"tree": "chain"}, _drafter(manifest), device="cuda")[0].depth == 3  # named: its shape
+    with_cpu = {"tree_defaults": {**manifest["tree_defaults"], "cpu": {"chain": {"k": 4}}}}
+    assert resolve_trees({}, _drafter(with_cpu), device="cpu") == (tree_spec("chain", 4), None)
+    assert tree_defaults(_drafter(manifest))["chain"] == {"k": 3}  # greedy requests: unchanged
+    assert tree_defaults(_drafter(manifest), sampled=True)["chain"] == {"k": 2}
+    for temperature, k in ((0.0, 3), (1.0, 2)):
+        args = argparse.Namespace(k=None, depth=None, top_k=None, budget=None, temperature=temperature)
+        resolve_tree_args(args, _drafter(manifest), "cuda")
+        assert args.k == k
+    for bad, field in (({"sampled": {"chain": {"k": -1}}}, r"tree_defaults\.sampled\.chain\.k"),
+                       ({"sampled": {"beam": {}}}, r"tree_defaults\.sampled must be one of .*with its shape"),
+                       ({"sampled": {"chain": {}, "static": {}}}, r"tree_defaults\.sampled must be one of")):
+        with pytest.raises(EagleSpecError, match=field):
+            resolve_trees({}, _drafter({"tree_defaults": bad}), "drafter /x", device="cuda")
 
 
 def test_a_cuda_policy_applies_on_cuda_devices_only():

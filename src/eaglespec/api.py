@@ -74,21 +74,26 @@ def load_drafter_for(model, tokenizer, draft: str, aux_rule: str = "auto", stric
     return drafter.to(device=model.device, dtype=model.dtype), note
 
 
-def tree_defaults(drafter, where: str = "drafter", device: torch.device | str | None = None
-                  ) -> dict[str, dict[str, Any]]:
+def tree_defaults(drafter, where: str = "drafter", device: torch.device | str | None = None,
+                  sampled: bool = False) -> dict[str, dict[str, Any]]:
     """The tree shapes a drafter's manifest recommends (`tree_defaults`, e.g. {"dynamic": {"depth": 5, "top_k": 6,
     "budget": 24}}: measured with bench/tree_sweep.py for that drafter), {} when it has none. `static` may also
     carry `choices` (rank paths [[0], [1], [0, 0], ...], best first: bench/fit_static_tree.py --write), returned
-    as a tuple of tuples. On a CPU `device`, `tree_defaults.cpu` (shapes in the same form, e.g. {"chain": {"k": 3}})
-    overrides them knob by knob."""
+    as a tuple of tuples. Overrides, knob by knob, in this order: with `sampled` (requests with a temperature),
+    the shape the `sampled` policy names when it has one (e.g. {"chain": {"k": 3}}); then on a CPU `device`,
+    `tree_defaults.cpu` (shapes in the same form)."""
     found = (getattr(drafter, "manifest", None) or {}).get("tree_defaults") or {}
     if not isinstance(found, dict):
         raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults must be an object")
     out = _shapes(found, where, "tree_defaults")
-    if device is not None and torch.device(device).type == "cpu" and found.get("cpu") is not None:
-        if not isinstance(found["cpu"], dict):
-            raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.cpu must be an object")
-        for kind, knobs in _shapes(found["cpu"], where, "tree_defaults.cpu").items():
+    on_cpu = device is not None and torch.device(device).type == "cpu"
+    for key, applies in (("sampled", sampled and isinstance(found.get("sampled"), dict)),
+                         ("cpu", on_cpu and found.get("cpu") is not None)):
+        if not applies:
+            continue
+        if not isinstance(found[key], dict):
+            raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.{key} must be an object")
+        for kind, knobs in _shapes(found[key], where, f"tree_defaults.{key}").items():
             out[kind] = {**out.get(kind, {}), **knobs}
     return out
 
@@ -129,11 +134,14 @@ def _manifest_choices(value: Any, where: str) -> tuple[tuple[int, ...], ...]:
 def recommended_tree(drafter, key: str, where: str = "drafter") -> str | None:
     """The tree policy a drafter's manifest recommends when the user names none: `tree_defaults.cuda` (greedy
     requests on a CUDA device, e.g. "static") or `tree_defaults.sampled` (requests with a temperature, on any
-    device), else None."""
+    device; a kind, or one kind with its shape: {"chain": {"k": 3}}), else None."""
     found = ((getattr(drafter, "manifest", None) or {}).get("tree_defaults") or {}).get(key)
-    if found is not None and found not in GENERIC_TREES:
+    if key == "sampled" and isinstance(found, dict) and len(found) == 1:
+        found = next(iter(found))  # its shape: tree_defaults(..., sampled=True)
+    if found is not None and (not isinstance(found, str) or found not in GENERIC_TREES):
         raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.{key} must be one of "
-                             f"{', '.join(GENERIC_TREES)}, got {found!r}")
+                             f"{', '.join(GENERIC_TREES)}" + (" (or one of them with its shape, e.g. "
+                             '{"chain": {"k": 3}})' if key == "sampled" else "") + f", got {found!r}")
     return found
 
 
@@ -167,16 +175,18 @@ def resolve_trees(knobs: dict, drafter, where: str = "drafter", device: torch.de
                   ) -> tuple[TreeSpec, TreeSpec | None]:
     """tree_spec's knobs -> (the tree, the tree for sampled requests or None = the same). When the knobs name no
     tree: the drafter's tree_defaults.cuda policy on a CUDA device (else a chain), and its tree_defaults.sampled
-    policy for requests with a temperature; on a CPU device, the shapes with tree_defaults.cpu's overrides."""
+    policy (with its shape, if it names one) for requests with a temperature; on a CPU device, the shapes with
+    tree_defaults.cpu's overrides."""
     shapes = tree_defaults(drafter, where, device)
     if knobs.get("tree"):
         return tree_spec(**knobs, defaults=shapes), None
     greedy = recommended_tree(drafter, "cuda", where) if torch.device(device).type == "cuda" else None
     spec = tree_spec(**{**knobs, "tree": greedy}, defaults=shapes)
     policy = recommended_tree(drafter, "sampled", where)
-    if policy is None or policy == spec.kind:
+    if policy is None:
         return spec, None
-    return spec, tree_spec(**{**knobs, "tree": policy}, defaults=shapes)
+    sampled = tree_spec(**{**knobs, "tree": policy}, defaults=tree_defaults(drafter, where, device, sampled=True))
+    return spec, (None if sampled == spec else sampled)
 
 
 def tree_label(spec: TreeSpec) -> str:

@@ -178,7 +178,7 @@ class Bench:
             if kind != "static":
                 spec = tree_spec(kind, a.k, a.top_k, a.depth, a.budget)
             else:  # the extra drafter's recommended static tree, else EAGLE-1's
-                spec = static_spec(drafter, self.device) if extra else self.static_spec()
+                spec = static_spec(drafter, self.device, bool(a.temperature)) if extra else self.static_spec()
         except (EagleSpecError, NotImplementedError, ValueError) as exc:
             return None, f"{kind} trees unavailable: {exc}"
         engine = SpeculativeEngine(target, drafter, spec, adaptive=getattr(a, "adaptive", False))
@@ -196,7 +196,9 @@ class Bench:
 
     def static_spec(self):
         """The static tree: `static_override` when set (bench/tree_sweep.py's static configs), else static_spec."""
-        return self.static_override if self.static_override is not None else static_spec(self.drafter, self.device)
+        if self.static_override is not None:
+            return self.static_override
+        return static_spec(self.drafter, self.device, bool(self.args.temperature))
 
     def hf_generate(self, ids: list[int], max_new: int, logits: bool):
         x = torch.tensor([ids], device=self.device)
@@ -497,31 +499,34 @@ def _load(args, dtype):
     return es
 
 
-def static_spec(drafter, device: torch.device | str | None = None):
+def static_spec(drafter, device: torch.device | str | None = None, sampled: bool = False):
     """eagle3-static's tree: the drafter's recommendation on `device` (tree_defaults.static: a fitted tree's
-    `choices`, its depth and budget), else EAGLE-1's 25-node tree. The --depth/--top-k/--budget flags shape the
-    dynamic tree only."""
+    `choices`, its depth and budget; with `sampled`, a run with a temperature, the sampled policy's shape), else
+    EAGLE-1's 25-node tree. The --depth/--top-k/--budget flags shape the dynamic tree only."""
     from .api import tree_defaults, tree_spec
 
-    return tree_spec("static", defaults=tree_defaults(drafter, device=device) if drafter is not None else {})
+    found = tree_defaults(drafter, device=device, sampled=sampled) if drafter is not None else {}
+    return tree_spec("static", defaults=found)
 
 
-def static_label(drafter, device: torch.device | str | None = None) -> str:
+def static_label(drafter, device: torch.device | str | None = None, sampled: bool = False) -> str:
     """The static tree eagle3-static drafts, e.g. "25 nodes, depth 5 (EAGLE-1's)"."""
     if drafter is None:
         return ""
-    spec = static_spec(drafter, device)
+    spec = static_spec(drafter, device, sampled)
     choices = spec.static_choices()
     return (f"{len(choices)} nodes, depth {max(map(len, choices))} "
             + ("(fitted to the drafter)" if spec.choices is not None else "(EAGLE-1's)"))
 
 
 def resolve_tree_args(args, drafter, device: torch.device | str | None = None) -> None:
-    """--k/--depth/--top-k/--budget left out -> the drafter's recommended shapes on `device` (tree_defaults), else
-    the generic defaults; written back into args so the report names the shapes that ran."""
+    """--k/--depth/--top-k/--budget left out -> the drafter's recommended shapes on `device` (tree_defaults; with
+    --temperature, the sampled policy's shape too), else the generic defaults; written back into args so the
+    report names the shapes that ran."""
     from .api import tree_defaults, tree_spec
 
-    found = tree_defaults(drafter, device=device) if drafter is not None else {}
+    sampled = bool(getattr(args, "temperature", 0))
+    found = tree_defaults(drafter, device=device, sampled=sampled) if drafter is not None else {}
     chain = tree_spec("chain", args.k, defaults=found)
     tree = tree_spec("dynamic", None, args.top_k, args.depth, args.budget, defaults=found)
     args.k, args.depth, args.top_k, args.budget = chain.depth, tree.depth, tree.top_k, tree.budget
@@ -592,7 +597,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "hf_prompts": min(len(prompts), args.hf_limit or len(prompts)) if "hf" in methods else 0,
                    "dtype": str(es.model.dtype).replace("torch.", ""), "temperature": args.temperature,
                    "k": args.k, "depth": args.depth, "top_k": args.top_k, "budget": args.budget,
-                   "static": static_label(es.drafter, device),
+                   "static": static_label(es.drafter, device, bool(args.temperature)),
                    "extra_draft": extra_note,
                    "methods": methods, "compile": args.compile, "max_len": args.max_len,
                    "draft_graphs": getattr(args, "draft_graphs", None),  # None: the default (on CUDA)
