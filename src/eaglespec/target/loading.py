@@ -7,6 +7,7 @@ a normal checkpoint under the user's cache directory (never inside the repositor
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -46,8 +47,13 @@ def default_target_dir() -> Path:
 
     major = transformers.__version__.split(".")[0]
     out = cache_dir() / "targets" / f"{DEFAULT_TARGET}-transformers{major}"
-    if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
+    if not _missing(out):
         return out
+    if out.exists():  # our own cache, left incomplete (e.g. by an older version): set it aside, convert again
+        stale = out.with_name(f".{out.name}.stale-{os.getpid()}")
+        with contextlib.suppress(OSError):  # another process moved it first
+            out.replace(stale)
+        shutil.rmtree(stale, ignore_errors=True)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf()
@@ -64,11 +70,27 @@ def default_target_dir() -> Path:
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    if out.exists():  # another process finished first
+    missing = _missing(tmp)
+    if missing:
         shutil.rmtree(tmp, ignore_errors=True)
-    else:
+        raise EagleSpecError(f"{out}: the converted default target lacks {', '.join(missing)} "
+                             "(was it saved on a non-zero torch.distributed rank?)")
+    try:
         tmp.replace(out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if _missing(out):
+            raise EagleSpecError(f"{out}: cannot move the converted default target into place ({exc})") from None
+        # another process finished first: its checkpoint is complete, use it
     return out
+
+
+def _missing(d: Path) -> list[str]:
+    """What a converted checkpoint directory lacks: [] when it is complete."""
+    missing = [name for name in ("config.json", "tokenizer_config.json") if not (d / name).is_file()]
+    if not any(d.glob("*.safetensors")):
+        missing.append("weights (*.safetensors)")
+    return missing
 
 
 def resolve_target(name: str | None) -> str:

@@ -111,7 +111,7 @@ def _options(args: argparse.Namespace) -> dict:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..target.loading import load_target, resolve_device
+    from ..target.loading import load_target, resolve_device, resolve_target
     from .data import read_conversations, tokenize_all
     from .trainer import (
         TrainConfig,
@@ -141,10 +141,13 @@ def cmd_train(args: argparse.Namespace) -> int:
               if o.get(k) is not None}
     if o.get("time_budget") is not None:
         fields["time_budget_s"] = float(o["time_budget"])
+    # before init_distributed: converting the default target saves a checkpoint, which transformers skips on
+    # ranks other than 0 once a process group exists
+    target = resolve_target(o.get("target"))
     device = init_distributed(resolve_device(o.get("device")))
     _, rank = world_rank()
     cfg = TrainConfig(method=o.get("method") or "eagle3", device=device, init_from=o.get("init"), **fields)
-    model, tok = load_target(o.get("target"), device=device, dtype=o.get("dtype"))
+    model, tok = load_target(target, device=device, dtype=o.get("dtype"))
     drafter = init_drafter(cfg.init_from, model, cfg, tok) if cfg.init_from else None  # refused before the data
     convs = read_conversations(o["data"], o.get("limit"))
     max_length = o.get("max_length") or 2048
