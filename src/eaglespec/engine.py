@@ -3,10 +3,16 @@
 State between rounds (DESIGN.md contract 7): `ids` holds every emitted token; the target has
 committed KV and features for ids[:-1]; ids[-1] (the bonus / frontier token) is emitted but
 append-required: it is the root row of the next verification forward.
+
+Switches read from the environment:
+    EAGLESPEC_CHUNKED_PREFILL  "1": a prompt longer than a FastTarget's largest bucket is prefilled in chunks of
+                               that bucket (captured steps) instead of one eager pass; "0" or unset: one pass
+                               (see `prefill`; read when the engine is built: SpeculativeEngine.chunked_prefill)
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -15,12 +21,48 @@ import torch
 from torch import nn
 
 from .draft.proposer import Proposer, shifted_tokens
+from .errors import EagleSpecError
 from .gate import SpeculationGate
 from .metrics import round_detail
 from .sampling import SamplingConfig, process_logits, sample
-from .target.base import TargetBackend
+from .target.base import TargetBackend, TargetOutput
 from .tree import DraftTree, TreeSpec, flatten
 from .verify import greedy_accept, sample_accept
+
+CHUNKED_PREFILL_ENV = "EAGLESPEC_CHUNKED_PREFILL"  # "1" on, "0" off, unset or "": off (not timed on a GPU yet)
+
+
+def chunked_prefill_wanted() -> bool:
+    """$EAGLESPEC_CHUNKED_PREFILL: "1" -> True, "0", "" or unset -> False; anything else is refused."""
+    env = os.environ.get(CHUNKED_PREFILL_ENV, "").strip()
+    if env not in ("", "0", "1"):
+        raise EagleSpecError(f"{CHUNKED_PREFILL_ENV}={env!r}: expected 0 or 1 (or unset: off)")
+    return env == "1"
+
+
+def prefill(target: TargetBackend, prompt: torch.Tensor, chunked: bool = False) -> TargetOutput:
+    """Forward and commit the prompt [n] on a freshly reset target. Returns logits [1, V] of the last row (they
+    give the first token) and features [n, F] of every row (the drafter's first pending features).
+
+    chunked=False, a target without `buckets` (HFTarget), or a prompt within the largest bucket: one forward of
+    the n rows, then commit them all (a FastTarget runs a prompt past its largest bucket as one eager pass at its
+    exact size: launch-bound on a GPU). chunked=True on a FastTarget with buckets and n > the largest bucket c:
+    chunks of c rows (the last one shorter), each a plain causal forward then a commit of all its rows, so each
+    chunk attends to the committed prefix plus its own causal block and runs as a captured bucket step: the same
+    logits and features as the one pass up to float rounding, and the same committed KV.
+    """
+    n = prompt.numel()
+    size = max(getattr(target, "buckets", None) or (0,))
+    if not chunked or size < 1 or n <= size:
+        out = target.forward(prompt)
+        target.commit(torch.arange(n, device=prompt.device))
+        return TargetOutput(logits=out.logits[-1:], features=out.features)
+    feats, keep = [], torch.arange(size, device=prompt.device)
+    for start in range(0, n, size):
+        out = target.forward(prompt[start:start + size])
+        target.commit(keep[: out.logits.shape[0]])
+        feats.append(out.features)
+    return TargetOutput(logits=out.logits[-1:], features=torch.cat(feats))
 
 
 @dataclass
@@ -111,6 +153,7 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.proposer = Proposer(drafter, self.spec) if drafter is not None else None
         self.round_graph = None  # round_graph.RoundGraph (enable_round_graphs): greedy rounds as one CUDA graph
+        self.chunked_prefill = chunked_prefill_wanted()  # $EAGLESPEC_CHUNKED_PREFILL: see prefill()
         if drafter is not None:
             if hasattr(drafter, "set_target_embedding") and getattr(drafter, "embed_tokens", None) is None:
                 drafter.set_target_embedding(target.embedding())
@@ -145,8 +188,7 @@ class SpeculativeEngine:
 
         # prefill: commit the prompt; its last logits give the first token (the first root)
         prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=dev)
-        out = target.forward(prompt)
-        target.commit(torch.arange(prompt.numel(), device=dev))
+        out = prefill(target, prompt, self.chunked_prefill)
         root = self._next_token(out.logits[-1])  # [1] on the device: the next round's root row
         first = int(root)
         result.token_ids.append(first)
