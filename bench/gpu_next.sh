@@ -76,6 +76,21 @@
 #      on 2 CPU cores k=3 was 1.02x plain in sessions 9 and 10, k=5 1.02x and 0.89x). With time left, answer the three-turn prompts left on both
 #      GPUs with `regenerate --shard 0/2` and `--shard 1/2` (two outputs; reversing the file does not split it: the
 #      prompts are sorted by length inside).
+# Session 12's order (session 11 shipped run 8: MT-bench tau 4.26, 2.08x; HumanEval tau 5.40; the sampled default
+# became a chain of 3; chunked prefill landed behind EAGLESPEC_CHUNKED_PREFILL=1, untimed). On the x2 kind, back to back
+# (an idle lease is released after ~30 s):
+#   1-3. the three stash calls of session 11 (carry [part0N, install.sh, .gpu/s11a|b|c], `CARRY=.gpu/s11X bash
+#      bench/gpu_x2.sh stash7`), s11b holding prompts_t3s (the 5,514 three-turn prompts left)
+#   4. carry [part03, WHEEL_NAME, .gpu/whl, install.sh]: `bash .gpu/install.sh >/dev/null && export
+#      PYTHONPATH=$HOME/site:$PWD/src EAGLESPEC_COMMIT=<hash> && OUT=$OUT bash bench/gpu_x2.sh prefill` (~6 min: the
+#      chunked prefill timed on HumanEval 164 and MT-bench 80; if it wins, make it the CUDA default)
+#   5. `... OUT=$OUT STEPS=100000 DECAY_S=300 bash bench/gpu_x2.sh decay` (~8 min: --ttt-decay 0.8 vs 1.0 from run 8,
+#      one GPU each, then a tree sweep on MT-bench 40 with each: do the late TTT steps limit the deep trees' tau?)
+#   6. `... OUT=$OUT REGEN_S=480 bash bench/gpu_x2.sh regen3` (the 5,514 three-turn prompts, --shard 0/2 and 1/2; ~6
+#      conversations/s per GPU, so ~460 s), then give_back. Keep regen3.tgz: with decay's verdict it feeds run 9.
+# The first torchrun of session 11 died on a fresh machine (the default target converted on rank 1 after joining the
+# process group: fixed in 0f93fd9); if a 2-GPU train fails at once, convert the target first in one process:
+# python3 -c "from eaglespec.target.loading import load_target; load_target(None, device='cpu')".
 set -uo pipefail
 stage=${1:?stage}
 export PYTHONPATH=$HOME/site:$PWD/src PYTHONUNBUFFERED=1

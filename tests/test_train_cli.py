@@ -29,6 +29,8 @@ def test_train_bad_config_and_values(tmp_path, capsys):
     assert "--stop-after must be > 0" in capsys.readouterr().err
     assert main(["train", "--data", "x", "--out", "o", "--stop-after-seconds", "-5"]) == 2
     assert "--stop-after-seconds must be > 0" in capsys.readouterr().err
+    assert main(["train", "--data", "x", "--out", "o", "--ttt-decay", "0"]) == 2
+    assert "--ttt-decay must be > 0" in capsys.readouterr().err
     assert main(["train", "--out", "o"]) == 2
     assert "--data is required" in capsys.readouterr().err
 
@@ -56,13 +58,14 @@ def test_train_init_end_to_end_and_refusals(tmp_path, capsys):
     assert load_drafter(tmp_path / "a", target_num_layers=4).manifest["trained_steps"] == 1  # paused, then resumed:
     assert main([*common, "--out", str(tmp_path / "a"), "--draft-vocab", "40", "--resume"]) == 0
     assert main([*common, "--out", str(tmp_path / "b"), "--init", str(tmp_path / "a"), "--lr", "0",
-                 "--ttt-attention", "factored"]) == 0
+                 "--ttt-attention", "factored", "--ttt-decay", "1.0"]) == 0
     a = load_drafter(tmp_path / "a", target_num_layers=4)
     b = load_drafter(tmp_path / "b", target_num_layers=4)
     assert b.cfg.draft_vocab_size == 40 and all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
     assert b.manifest["hyperparameters"]["init_from"] == str(tmp_path / "a")
     assert (a.manifest["hyperparameters"]["ttt_attention"], b.manifest["hyperparameters"]["ttt_attention"]) == \
         ("dense", "factored")
+    assert (a.manifest["hyperparameters"]["ttt_decay"], b.manifest["hyperparameters"]["ttt_decay"]) == (0.8, 1.0)
     capsys.readouterr()
     assert main([*common, "--out", str(tmp_path / "c"), "--init", str(tmp_path / "a"), "--draft-vocab", "50"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # (after the target's loading bar)

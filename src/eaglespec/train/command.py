@@ -12,7 +12,7 @@ from ..errors import EagleSpecError
 TRAIN_FLAGS = ("target", "data", "method", "out", "steps", "epochs", "max_length", "batch_size", "lr", "ttt_steps",
                "draft_vocab", "device", "dtype", "grad_accum", "limit", "seed", "save_every", "eval_every",
                "eval_fraction", "warmup_steps", "hass_steps", "noise", "weight_decay", "log_every", "feature_cache", "time_budget",
-               "init", "ttt_attention")
+               "init", "ttt_attention", "ttt_decay")
 
 
 def _log(msg: str) -> None:
@@ -34,6 +34,8 @@ def add_parser(subparsers) -> None:
     t.add_argument("--grad-accum", type=int, default=None, help="micro-batches per optimizer step (1)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (1e-4)")
     t.add_argument("--ttt-steps", type=int, default=None, help="EAGLE-3 training-time test steps (7)")
+    t.add_argument("--ttt-decay", type=float, default=None,
+                   help="EAGLE-3 TTT step s weighs decay**s in the loss (0.8, the paper's); 1.0 weighs every step alike")
     t.add_argument("--ttt-attention", default=None, choices=["dense", "factored"],
                    help="how a TTT / HASS step attends: a dense mask over every step's keys (default), or factored: "
                         "the prefix block plus each row's own keys of the earlier steps (the same result, less work)")
@@ -132,12 +134,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         if getattr(args, k) is not None and getattr(args, k) <= 0:
             raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {getattr(args, k)}")
     for k in ("steps", "batch_size", "max_length", "ttt_steps", "draft_vocab", "grad_accum", "hass_steps",
-              "time_budget"):
+              "time_budget", "ttt_decay"):
         if o.get(k) is not None and o[k] <= 0:
             raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {o[k]}")
     fields = {k: o[k] for k in ("steps", "epochs", "batch_size", "grad_accum", "max_length", "lr", "ttt_steps",
                                 "hass_steps", "draft_vocab", "seed", "save_every", "eval_every", "eval_fraction",
-                                "warmup_steps", "noise", "weight_decay", "log_every", "ttt_attention")
+                                "warmup_steps", "noise", "weight_decay", "log_every", "ttt_attention", "ttt_decay")
               if o.get(k) is not None}
     if o.get("time_budget") is not None:
         fields["time_budget_s"] = float(o["time_budget"])
