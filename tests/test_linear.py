@@ -111,3 +111,59 @@ def test_fast_target_and_drafter_project_through_onednn(counted):
         state = drafter.project(torch.randn(3, drafter.cfg.target_hidden_size * len(drafter.feature_layer_ids)))
         drafter(state, torch.tensor([4, 5, 6]), torch.arange(3), drafter.new_cache())
     assert len(counted) == 1 + 4 + 3 + 1  # project's fc, then q/k/v/o, gate/up/down and the lm_head
+
+
+@pytest.mark.skipif(not onednn.packing_available(), reason="no packed oneDNN weights in this torch build")
+@pytest.mark.parametrize("rows", [1, 3, 8, 20])
+def test_a_packed_weight_gives_f_linear(rows, counted):
+    """pack(): oneDNN's blocked layout, the same projection for any row count (fp32 rounding); with and without
+    a bias, and through _add_linear's residual (the fast target's o and down projections)."""
+    from eaglespec.target.fast import _add_linear
+
+    g = torch.Generator().manual_seed(rows)
+    x, w, b = torch.randn(rows, 24, generator=g), torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
+    packed = onednn.pack(w)
+    assert packed.is_mkldnn and tuple(packed.shape) == (40, 24) and onednn.applies(x, packed)
+    for bias in (None, b):
+        torch.testing.assert_close(onednn.linear(x, packed, bias), F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+    h = torch.randn(rows, 40, generator=g)
+    torch.testing.assert_close(_add_linear(h.clone(), x, packed, None, inplace=True), h + x @ w.T,
+                               rtol=1e-5, atol=1e-5)
+    assert len(counted) == 3
+
+
+def test_pack_keeps_the_weight_where_it_does_not_apply(monkeypatch):
+    w = torch.randn(5, 6)
+    assert onednn.pack(w.double()) is not None and not onednn.pack(w.double()).is_mkldnn  # not fp32
+    assert not onednn.pack(torch.randn(5)).is_mkldnn  # not 2-d
+    onednn._packed_probe.cache_clear()
+    try:
+        monkeypatch.setenv(onednn.PACK_ENV, "0")
+        assert onednn.pack(w) is w
+    finally:
+        onednn._packed_probe.cache_clear()
+    monkeypatch.setattr(onednn, "available", lambda: False)  # oneDNN off: nothing is packed either
+    assert onednn.pack(w) is w
+
+
+@pytest.mark.skipif(not onednn.packing_available(), reason="no packed oneDNN weights in this torch build")
+def test_fast_target_packs_its_projections_on_cpu(monkeypatch):
+    """Every projection of the fast target's CPU step is packed (qkv, o, gate_up, down, the lm_head), and the
+    logits of a several-row step equal those of the plain layout ($EAGLESPEC_ONEDNN_PACK=0) up to fp32 rounding."""
+    model = tiny_target("llama", seed=1)
+    fast = FastTarget(model, (0, 2), max_len=64)
+    assert fast.lm_w.is_mkldnn
+    assert all(w.is_mkldnn for layer in fast.layers for w in (layer.qkv_w, layer.o_w, layer.gate_up_w, layer.down_w))
+    onednn._packed_probe.cache_clear()
+    try:
+        monkeypatch.setenv(onednn.PACK_ENV, "0")
+        plain = FastTarget(model, (0, 2), max_len=64)
+    finally:
+        onednn._packed_probe.cache_clear()
+    assert not plain.lm_w.is_mkldnn and plain.lm_w is model.get_output_embeddings().weight
+    for t in (fast, plain):
+        t.forward(torch.arange(3, 9))
+        t.commit(torch.arange(6))
+    a, b = fast.forward(torch.arange(20, 25)), plain.forward(torch.arange(20, 25))
+    torch.testing.assert_close(a.logits, b.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(a.features, b.features, rtol=1e-5, atol=1e-5)

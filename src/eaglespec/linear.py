@@ -6,6 +6,12 @@ one row, oneDNN 1.87 ms; with four rows 12.2 vs 1.7 ms (bench/RESULTS.md, sessio
 op only where it applies (CPU, fp32 input and weight, a contiguous weight, no autograd needed, not inside
 torch.compile, $EAGLESPEC_ONEDNN not "0") and where a one-time probe found it working and equal to F.linear; everywhere
 else, and on GPUs, it is F.linear. The two differ by float summation order only (fp32 rounding).
+
+`pack` puts a weight into oneDNN's blocked layout once (an opaque CPU tensor that `linear` / `project` take, a
+copy): then a few rows cost about what one does (gate/up of SmolLM2, 4 rows: 0.115 -> 0.058 ms; 8 rows 0.142 ->
+0.080 ms; 1 row unchanged), which is what a chain's or a small tree's verification needs. FastTarget packs its
+projections and lm_head on CPU (bench/RESULTS.md, session 11: the chain k=3 1.16x -> 1.29x plain decoding on 2
+cores); $EAGLESPEC_ONEDNN_PACK = "0" keeps the plain layout (no copy).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 ENV = "EAGLESPEC_ONEDNN"  # "0": F.linear everywhere
+PACK_ENV = "EAGLESPEC_ONEDNN_PACK"  # "0": `pack` returns the weight itself
+PACK_ROWS = 8  # the row count oneDNN's blocked layout is chosen for (it serves any count)
 
 
 def _onednn(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -38,8 +46,42 @@ def available() -> bool:
         return False
 
 
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS)
+
+
+def packing_available() -> bool:
+    """`available`, $EAGLESPEC_ONEDNN_PACK not "0", and a packed probe runs and matches F.linear (read once)."""
+    return available() and _packed_probe()
+
+
+@functools.cache
+def _packed_probe() -> bool:
+    if os.environ.get(PACK_ENV, "").strip() == "0":
+        return False
+    try:
+        g = torch.Generator().manual_seed(0)
+        x, w, b = torch.randn(3, 40, generator=g), torch.randn(24, 40, generator=g), torch.randn(24, generator=g)
+        return all(torch.allclose(_onednn(x, _pack(w), bias), F.linear(x, w, bias), rtol=1e-4, atol=1e-5)
+                   for bias in (None, b))
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """weight [out, in] in oneDNN's blocked layout (a packed copy, the same values) where `linear` would take the
+    oneDNN op for it (CPU, fp32, 2-d) and packing is available; else the weight itself. For inference only: a
+    packed weight has no autograd and no F.linear fallback, so use it only where `applies` holds for the input."""
+    if (weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2
+            or torch.compiler.is_compiling() or not packing_available()):
+        return weight
+    return _pack(weight)
+
+
 def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Would `linear` take the oneDNN op for these tensors?"""
+    """Would `linear` take the oneDNN op for these tensors? (A packed weight: whenever x is a CPU fp32 input.)"""
+    if weight.is_mkldnn:
+        return x.device.type == "cpu" and x.dtype == torch.float32
     return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
             and weight.dim() == 2 and weight.is_contiguous()
             and not (torch.is_grad_enabled()

@@ -290,7 +290,10 @@ class FastTarget:
         self.embed_w = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
         head = model.get_output_embeddings()
-        self.lm_w, self.lm_b = head.weight, getattr(head, "bias", None)
+        # on CPU in fp32, the projections in oneDNN's packed layout (eaglespec.linear.pack: copies; lm_head and down
+        # add ~40% of the weights' memory, the others replace FastTarget's own concatenated copies)
+        self._pack = (lambda w: w) if compile else onednn.pack
+        self.lm_w, self.lm_b = self._pack(head.weight), getattr(head, "bias", None)
         self.vocab_size = head.weight.shape[0]
         self._rotary = inner.rotary_emb
         # the attention mask's values (0-dim tensors: a Python scalar in torch.where makes a tensor per step)
@@ -354,17 +357,18 @@ class FastTarget:
     def _fuse(self, layer: nn.Module) -> _Layer:
         at, mlp = layer.self_attn, layer.mlp
         qn, kn = getattr(at, "q_norm", None), getattr(at, "k_norm", None)
+        pk = self._pack
         return _Layer(
             in_norm=layer.input_layernorm.weight,
-            qkv_w=torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]),
+            qkv_w=pk(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])),
             qkv_b=_cat_bias(at.q_proj, at.k_proj, at.v_proj),
             qk_norm=None if qn is None else torch.cat([qn.weight.expand(self.n_heads, -1),
                                                        kn.weight.expand(self.n_kv, -1)]),
-            o_w=_grouped_o_weight(at.o_proj.weight, self.n_kv, self.head_dim), o_b=at.o_proj.bias,
+            o_w=pk(_grouped_o_weight(at.o_proj.weight, self.n_kv, self.head_dim)), o_b=at.o_proj.bias,
             post_norm=layer.post_attention_layernorm.weight,
-            gate_up_w=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+            gate_up_w=pk(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
             gate_up_b=_cat_bias(mlp.gate_proj, mlp.up_proj),
-            down_w=mlp.down_proj.weight, down_b=mlp.down_proj.bias,
+            down_w=pk(mlp.down_proj.weight), down_b=mlp.down_proj.bias,
             act=mlp.act_fn,
         )
 
