@@ -290,16 +290,12 @@ class FastTarget:
         self.embed_w = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
         head = model.get_output_embeddings()
-        # on CPU in fp32, the projections in oneDNN's packed layout (eaglespec.linear.pack: copies; lm_head and down
-        # add ~40% of the weights' memory, the others replace FastTarget's own concatenated copies)
-        self._pack = (lambda w: w) if compile else onednn.pack
-        self.lm_w, self.lm_b = self._pack(head.weight), getattr(head, "bias", None)
+        self.lm_w, self.lm_b = head.weight, getattr(head, "bias", None)
         self.vocab_size = head.weight.shape[0]
         self._rotary = inner.rotary_emb
         # the attention mask's values (0-dim tensors: a Python scalar in torch.where makes a tensor per step)
         self._open = torch.zeros((), device=self.device, dtype=self.dtype)
         self._shut = torch.full((), torch.finfo(self.dtype).min, device=self.device, dtype=self.dtype)
-        self.layers = [self._fuse(layer) for layer in layers]
         self.buckets = tuple(sorted(buckets))
         self.use_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
         if self.use_graphs and self.device.type != "cuda":
@@ -324,6 +320,12 @@ class FastTarget:
             from . import gemm_kernels as gemm
 
             self._gemm = gemm
+        # on CPU in fp32, the projections in oneDNN's packed layout (eaglespec.linear.pack: copies; lm_head and down
+        # add ~40% of the weights' memory, the others replace FastTarget's own concatenated copies); not for the
+        # GEMM kernels or torch.compile, which read the weights themselves
+        self._pack = (lambda w: w) if compile or self._gemm is not None else onednn.pack
+        self.lm_w = self._pack(self.lm_w)
+        self.layers = [self._fuse(layer) for layer in layers]
         self.compiled = compile
         # the bucket is static (one compile each), the span dynamic (cols' length); a torch without
         # maybe_mark_dynamic would recompile per span: its compiled steps attend over the whole cache
