@@ -167,3 +167,25 @@ def test_fast_target_packs_its_projections_on_cpu(monkeypatch):
     a, b = fast.forward(torch.arange(20, 25)), plain.forward(torch.arange(20, 25))
     torch.testing.assert_close(a.logits, b.logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a.features, b.features, rtol=1e-5, atol=1e-5)
+
+
+def test_affordable_reads_available_memory(tmp_path):
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       16000000 kB\nMemAvailable:    4000000 kB\n")
+    assert onednn.affordable(1_000_000_000, str(info)) and not onednn.affordable(3_000_000_000, str(info))
+    assert onednn.affordable(10**15, str(tmp_path / "missing"))  # unknown: allowed
+    info.write_text("MemTotal: 1 kB\n")
+    assert onednn.affordable(10**15, str(info))
+
+
+@pytest.mark.skipif(not onednn.packing_available(), reason="no packed oneDNN weights in this torch build")
+def test_fast_target_skips_the_packed_copies_without_the_memory(monkeypatch):
+    """Short of memory for the copies packing adds (lm_head, down: the model keeps its own), those two stay the
+    model's weights; qkv, o and gate/up, FastTarget's own copies anyway, are still packed."""
+    monkeypatch.setattr(onednn, "affordable", lambda nbytes: False)
+    model = tiny_target("llama", seed=1)
+    fast = FastTarget(model, (0, 2), max_len=64)
+    assert fast.lm_w is model.get_output_embeddings().weight
+    layers = model.model.layers
+    assert all(w.down_w is layer.mlp.down_proj.weight for w, layer in zip(fast.layers, layers))
+    assert all(w.qkv_w.is_mkldnn and w.o_w.is_mkldnn and w.gate_up_w.is_mkldnn for w in fast.layers)

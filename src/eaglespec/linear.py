@@ -78,6 +78,17 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return _pack(weight)
 
 
+def affordable(nbytes: int, meminfo: str = "/proc/meminfo") -> bool:
+    """Can `nbytes` more be held? False when they exceed half of the memory the OS reports available (MemAvailable);
+    True where that is unknown. For packed copies that add to a model's weights."""
+    try:
+        with open(meminfo) as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return True
+    return nbytes <= kib * 1024 // 2
+
+
 def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Would `linear` take the oneDNN op for these tensors? (A packed weight: whenever x is a CPU fp32 input.)"""
     if weight.is_mkldnn:

@@ -152,6 +152,11 @@ def _is_silu(act: nn.Module) -> bool:
     return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
 
 
+def _unpacked(weight: torch.Tensor) -> torch.Tensor:
+    """A weight kept in its own layout (FastTarget._pack where oneDNN's packed layout does not apply)."""
+    return weight
+
+
 def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 inplace: bool = False) -> torch.Tensor:
     """The residual h + x @ weight.T (+ bias). Without a bias one addmm (one GEMM kernel, the add in its epilogue)
@@ -320,11 +325,14 @@ class FastTarget:
             from . import gemm_kernels as gemm
 
             self._gemm = gemm
-        # on CPU in fp32, the projections in oneDNN's packed layout (eaglespec.linear.pack: copies; lm_head and down
-        # add ~40% of the weights' memory, the others replace FastTarget's own concatenated copies); not for the
-        # GEMM kernels or torch.compile, which read the weights themselves
-        self._pack = (lambda w: w) if compile or self._gemm is not None else onednn.pack
-        self.lm_w = self._pack(self.lm_w)
+        # on CPU in fp32, the projections in oneDNN's packed layout (eaglespec.linear.pack), not for the GEMM kernels
+        # or torch.compile, which read the weights themselves. qkv, o and gate/up replace FastTarget's own
+        # concatenated copies; lm_head and down are the model's own weights, so packing them adds copies (~40% of
+        # SmolLM2's weights): only where half the available memory holds them
+        self._pack = _unpacked if compile or self._gemm is not None else onednn.pack
+        copies = self.lm_w.nbytes + sum(layer.mlp.down_proj.weight.nbytes for layer in layers)
+        self._pack_copy = self._pack if self._pack is _unpacked or onednn.affordable(copies) else _unpacked
+        self.lm_w = self._pack_copy(self.lm_w)
         self.layers = [self._fuse(layer) for layer in layers]
         self.compiled = compile
         # the bucket is static (one compile each), the span dynamic (cols' length); a torch without
@@ -370,7 +378,7 @@ class FastTarget:
             post_norm=layer.post_attention_layernorm.weight,
             gate_up_w=pk(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
             gate_up_b=_cat_bias(mlp.gate_proj, mlp.up_proj),
-            down_w=pk(mlp.down_proj.weight), down_b=mlp.down_proj.bias,
+            down_w=self._pack_copy(mlp.down_proj.weight), down_b=mlp.down_proj.bias,
             act=mlp.act_fn,
         )
 
