@@ -10,8 +10,8 @@ else, and on GPUs, it is F.linear. The two differ by float summation order only 
 `pack` puts a weight into oneDNN's blocked layout once (an opaque CPU tensor that `linear` / `project` take, a
 copy): then a few rows cost about what one does (gate/up of SmolLM2, 4 rows: 0.115 -> 0.058 ms; 8 rows 0.142 ->
 0.080 ms; 1 row unchanged), which is what a chain's or a small tree's verification needs. FastTarget packs its
-projections and lm_head on CPU (bench/RESULTS.md, session 11: the chain k=3 1.16x -> 1.29x plain decoding on 2
-cores); $EAGLESPEC_ONEDNN_PACK = "0" keeps the plain layout (no copy).
+projections and lm_head on CPU (bench/RESULTS.md, session 11, 2 cores: a 4-row verify 31 -> 18.5 ms, the chain k=3
+45-47 -> 66-68 tok/s); $EAGLESPEC_ONEDNN_PACK = "0" keeps the plain layout (no copy).
 """
 
 from __future__ import annotations

@@ -326,9 +326,9 @@ class FastTarget:
 
             self._gemm = gemm
         # on CPU in fp32, the projections in oneDNN's packed layout (eaglespec.linear.pack), not for the GEMM kernels
-        # or torch.compile, which read the weights themselves. qkv, o and gate/up replace FastTarget's own
-        # concatenated copies; lm_head and down are the model's own weights, so packing them adds copies (~40% of
-        # SmolLM2's weights): only where half the available memory holds them
+        # or torch.compile, which read the weights themselves. qkv and gate/up (and o where GQA reorders its columns)
+        # replace FastTarget's own copies; lm_head and down are the model's own weights, so packing them adds copies
+        # (~40% of SmolLM2's weights): only where half the available memory holds them
         self._pack = _unpacked if compile or self._gemm is not None else onednn.pack
         copies = self.lm_w.nbytes + sum(layer.mlp.down_proj.weight.nbytes for layer in layers)
         self._pack_copy = self._pack if self._pack is _unpacked or onednn.affordable(copies) else _unpacked
