@@ -12,7 +12,6 @@ Switches read from the environment:
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import torch
 from torch import nn
 
 from .draft.proposer import Proposer, shifted_tokens
-from .errors import EagleSpecError
+from .errors import env_switch
 from .gate import SpeculationGate
 from .metrics import round_detail
 from .sampling import SamplingConfig, process_logits, sample
@@ -34,10 +33,7 @@ CHUNKED_PREFILL_ENV = "EAGLESPEC_CHUNKED_PREFILL"  # "1" on, "0" off, unset or "
 
 def chunked_prefill_wanted() -> bool:
     """$EAGLESPEC_CHUNKED_PREFILL: "1" -> True, "0", "" or unset -> False; anything else is refused."""
-    env = os.environ.get(CHUNKED_PREFILL_ENV, "").strip()
-    if env not in ("", "0", "1"):
-        raise EagleSpecError(f"{CHUNKED_PREFILL_ENV}={env!r}: expected 0 or 1 (or unset: off)")
-    return env == "1"
+    return env_switch(CHUNKED_PREFILL_ENV, "off", strip=True) is True
 
 
 def prefill(target: TargetBackend, prompt: torch.Tensor, chunked: bool = False) -> TargetOutput:

@@ -30,12 +30,11 @@ Triton is imported lazily (kernels._load's rules apply: the interpreter mode is 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 
-from ..errors import EagleSpecError
+from ..errors import env_switch
 from . import kernels
 
 GEMM_KERNELS_ENV = "EAGLESPEC_GEMM_KERNELS"  # "1" on, "0" off; unset: off (slower on the H200, see wanted())
@@ -48,10 +47,7 @@ def wanted() -> bool:
     32-64 rows (cuBLAS's GEMM alone: 3.1 us); silu_mul_linear_ (K = 1536 in one program per tile, no split over K)
     50-136 us. A static-tree round graph with them: 423 device activities instead of 529, but 7.2 ms of GPU time
     instead of 1.5. Kept as an opt-in for other GPUs and block sizes (--sweep)."""
-    env = os.environ.get(GEMM_KERNELS_ENV, "")
-    if env not in ("", "0", "1"):
-        raise EagleSpecError(f"{GEMM_KERNELS_ENV}={env!r}: expected 0 or 1 (or unset: off)")
-    return env == "1"
+    return env_switch(GEMM_KERNELS_ENV, "off") is True
 
 
 # -- plain-torch references (the code of fast.py each kernel replaces) ---------------------------------------

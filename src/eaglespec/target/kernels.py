@@ -37,7 +37,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from ..errors import EagleSpecError
+from ..errors import env_switch
 
 FUSED_KERNELS_ENV = "EAGLESPEC_FUSED_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
 
@@ -46,12 +46,10 @@ def wanted(device: torch.device | str) -> bool:
     """Whether a fast step on `device` should use these kernels: EAGLESPEC_FUSED_KERNELS=1 (they must be
     available), =0 (never), unset or empty: on a CUDA device where triton imports. Measured on an H200 (bf16,
     SmolLM2-135M, bench/RESULTS.md session 6): a 1-row target step 1.49 -> 1.10 ms, 498 -> 315 kernels."""
-    env = os.environ.get(FUSED_KERNELS_ENV, "")
-    if env not in ("", "0", "1"):
-        raise EagleSpecError(f"{FUSED_KERNELS_ENV}={env!r}: expected 0 or 1 (or unset: on where available on CUDA)")
-    if env == "":
+    env = env_switch(FUSED_KERNELS_ENV, "on where available on CUDA")
+    if env is None:
         return torch.device(device).type == "cuda" and available(device)
-    return env == "1"
+    return env
 
 
 def available(device: torch.device | str) -> bool:
