@@ -329,9 +329,11 @@ class FastTarget:
         # or torch.compile, which read the weights themselves. qkv and gate/up (and o where GQA reorders its columns)
         # replace FastTarget's own copies; lm_head and down are the model's own weights, so packing them adds copies
         # (~40% of SmolLM2's weights): only where half the available memory holds them
-        self._pack = _unpacked if compile or self._gemm is not None else onednn.pack
-        copies = self.lm_w.nbytes + sum(layer.mlp.down_proj.weight.nbytes for layer in layers)
-        self._pack_copy = self._pack if self._pack is _unpacked or onednn.affordable(copies) else _unpacked
+        packs = (not compile and self._gemm is None and self.device.type == "cpu" and self.dtype == torch.float32
+                 and onednn.packing_available())
+        self._pack = onednn.pack if packs else _unpacked
+        self._pack_copy = onednn.pack if packs and onednn.affordable(
+            self.lm_w.nbytes + sum(layer.mlp.down_proj.weight.nbytes for layer in layers)) else _unpacked
         self.lm_w = self._pack_copy(self.lm_w)
         self.layers = [self._fuse(layer) for layer in layers]
         self.compiled = compile
