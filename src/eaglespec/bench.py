@@ -142,9 +142,13 @@ class Bench:
         self.device = next(model.parameters()).device
         self.fast = None
         self.fast_reason = unsupported_reason(model)
+        self.overlap = False  # engine.overlap_wanted: rounds launched ahead, so no sync before a forward
         if self.fast_reason is None:
+            from .engine import overlap_wanted
+
             ids = tuple(drafter.feature_layer_ids) if drafter is not None else ()
             self.fast = make_target(model, "fast", ids, max_len=args.max_len, compile=args.compile)
+            self.overlap = overlap_wanted(self.device)
 
     def sampling(self):
         if not self.args.temperature:
@@ -165,7 +169,8 @@ class Bench:
             return SpeculativeEngine(HFTarget(self.model), None, TreeSpec("chain", depth=0)), None
         if self.fast is None:
             return None, f"fast backend unavailable: {self.fast_reason}"
-        phase_sync = self.device.type == "cuda" and getattr(a, "phase_sync", True)
+        # a sync before each forward would wait for the round launched ahead: no phase sync under overlap
+        phase_sync = self.device.type == "cuda" and getattr(a, "phase_sync", True) and not self.overlap
         target = _Synced(self.fast) if phase_sync else self.fast
         if method == "fast-plain":
             return SpeculativeEngine(target, None, TreeSpec("chain", depth=0)), None
@@ -409,6 +414,8 @@ def markdown(report: dict) -> str:
              + ("; fused Triton kernels" if cfg.get("fused_kernels") else "")
              + ("; no sync before verify (--no-phase-sync: the draft / verify split is blurred)"
                 if cfg.get("phase_sync") is False else "")
+             + ("; overlap (each round or plain step launched before the host reads the one before it)"
+                if cfg.get("overlap") else "")
              + ("; --adaptive (plain steps where drafting cost more per token)" if cfg.get("adaptive") else "")
              + (("; round graphs (one CUDA graph and one host sync per "
                  + ("round: greedy and sampled" if cfg.get("sampled_round_graphs")
@@ -563,6 +570,7 @@ def run_methods(es, prompts: list[list[int]], methods: list[str], args, extra=No
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from .engine import overlap_wanted
     from .round_graph import wanted as round_graphs_wanted
     from .round_graph import wanted_sampled
     from .target.loading import resolve_device
@@ -602,6 +610,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "methods": methods, "compile": args.compile, "max_len": args.max_len,
                    "draft_graphs": getattr(args, "draft_graphs", None),  # None: the default (on CUDA)
                    "phase_sync": getattr(args, "phase_sync", True),
+                   "overlap": overlap_wanted(device),
                    "adaptive": getattr(args, "adaptive", False),
                    "round_graphs": round_graphs_wanted(device, getattr(args, "round_graphs", None)),
                    "sampled_round_graphs": wanted_sampled(),

@@ -8,6 +8,9 @@ Switches read from the environment:
     EAGLESPEC_CHUNKED_PREFILL  "1": a prompt longer than a FastTarget's largest bucket is prefilled in chunks of
                                that bucket (captured steps) instead of one eager pass; "0" or unset: one pass
                                (see `prefill`; read when the engine is built: SpeculativeEngine.chunked_prefill)
+    EAGLESPEC_OVERLAP          "1": launch the next round (or plain step) before the host reads this one's tokens,
+                               so the host's work per round runs while the GPU computes; "0": one round at a time;
+                               unset: on for a fast target on CUDA (see `overlap_wanted`)
 """
 
 from __future__ import annotations
@@ -29,11 +32,23 @@ from .tree import DraftTree, TreeSpec, flatten
 from .verify import greedy_accept, sample_accept
 
 CHUNKED_PREFILL_ENV = "EAGLESPEC_CHUNKED_PREFILL"  # "1" on, "0" off, unset or "": off (not timed on a GPU yet)
+OVERLAP_ENV = "EAGLESPEC_OVERLAP"  # "1" on, "0" off, unset or "": on for a fast target on CUDA
 
 
 def chunked_prefill_wanted() -> bool:
     """$EAGLESPEC_CHUNKED_PREFILL: "1" -> True, "0", "" or unset -> False; anything else is refused."""
     return env_switch(CHUNKED_PREFILL_ENV, "off", strip=True) is True
+
+
+def overlap_wanted(device: torch.device | str, fast: bool = True) -> bool:
+    """$EAGLESPEC_OVERLAP: "1" -> True, "0" -> False, "" or unset -> a fast target (`fast`) on a CUDA `device`,
+    where a round's kernels run while the host works; anything else is refused in one line. Overlap launches the
+    next round (or plain step) before the host reads this one's tokens: on CPU every op runs as it is called, so
+    there it would only add a wasted step at the end of a stream."""
+    flag = env_switch(OVERLAP_ENV, "on for a fast target on CUDA", strip=True)
+    if flag is not None:
+        return flag
+    return fast and torch.device(device).type == "cuda"
 
 
 def prefill(target: TargetBackend, prompt: torch.Tensor, chunked: bool = False) -> TargetOutput:
@@ -150,6 +165,12 @@ class SpeculativeEngine:
         self.proposer = Proposer(drafter, self.spec) if drafter is not None else None
         self.round_graph = None  # round_graph.RoundGraph (enable_round_graphs): greedy rounds as one CUDA graph
         self.chunked_prefill = chunked_prefill_wanted()  # $EAGLESPEC_CHUNKED_PREFILL: see prefill()
+        # $EAGLESPEC_OVERLAP: a round (round graphs) or plain step launched ahead, before the host reads the tokens
+        # of the one before it; it is used only by the next call of the same stream (_stream, _continues)
+        self.overlap = overlap_wanted(getattr(target, "device", "cpu"), getattr(target, "buckets", None) is not None)
+        self._stream = 0  # counts stream() calls: what a round launched ahead belongs to
+        self._stop: tuple[frozenset[int], int] = (frozenset(), 0)  # the stream's EOS ids and max_new_tokens
+        self._plain_ahead: tuple[torch.Tensor, TargetOutput] | None = None  # (root, its forward), launched ahead
         if drafter is not None:
             if hasattr(drafter, "set_target_embedding") and getattr(drafter, "embed_tokens", None) is None:
                 drafter.set_target_embedding(target.embedding())
@@ -172,6 +193,8 @@ class SpeculativeEngine:
         result = result if result is not None else GenerationResult(list(prompt_ids), [])
         result.backend = self.target.name
         eos = set(eos_token_ids)
+        self._stream += 1
+        self._stop, self._plain_ahead = (frozenset(eos), max_new_tokens), None
         start = time.perf_counter()
         target, dev = self.target, getattr(self.target, "device", torch.device("cpu"))
         target.reset()
@@ -210,7 +233,7 @@ class SpeculativeEngine:
             elif speculating:
                 emitted, ids, pending_feats = self._round(ids, pending_feats, result)
             else:
-                emitted, root, _ = self._plain_round(root, plain_rows, result)
+                emitted, root, _ = self._plain_round(root, plain_rows, result, ahead=self.overlap)
             emitted = self._cut(emitted, eos, max_new_tokens - len(result.token_ids), result)
             result.token_ids.extend(emitted)
             result.rounds[-1].emitted = len(emitted)
@@ -225,6 +248,14 @@ class SpeculativeEngine:
         if self.proposer is not None:
             self.proposer.sampling = self._sampling.draft_params if self._sampling is not None else None
             self.proposer.generator = self._generator
+
+    def _continues(self, emitted: list[int], result: GenerationResult) -> bool:
+        """Whether the stream goes on to another round after `emitted` (this round's tokens, before `_cut` and
+        before they join result.token_ids): no adaptive gate (its next round may be a plain step), no EOS among
+        them and room left after them. What may launch the next round ahead (overlap)."""
+        eos, max_new_tokens = self._stop
+        room = max_new_tokens - len(result.token_ids)
+        return self.gate is None and len(emitted) < room and eos.isdisjoint(emitted)
 
     def _next_token(self, logits: torch.Tensor) -> torch.Tensor:
         """The token after one row's logits [V], as a [1] device tensor (no host sync): argmax, or a
@@ -242,16 +273,26 @@ class SpeculativeEngine:
                 return emitted[: i + 1]
         return emitted[:room]
 
-    def _plain_round(self, root: torch.Tensor, rows: _PlainRows, result: GenerationResult
+    def _plain_round(self, root: torch.Tensor, rows: _PlainRows, result: GenerationResult, ahead: bool = False
                      ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """Plain decoding, no tree: the root [1] -> one forward -> the next token (ONE host sync). Returns
-        ([token], the token [1] on the device, the root's features [1, F])."""
+        ([token], the token [1] on the device, the root's features [1, F]).
+
+        ahead (overlap): the next token's forward is launched before the host reads the token, unless this token is
+        the stream's last by length; the next call with that token as its root takes it instead of launching its
+        own. An EOS found by the read leaves the launched step unused (the next stream resets the target)."""
         t0 = time.perf_counter()
-        out = self.target.forward(root)
+        launched, self._plain_ahead = self._plain_ahead, None
+        if launched is not None and launched[0] is root:
+            out = launched[1]
+        else:
+            out = self.target.forward(root)
         nxt = self._next_token(out.logits[-1])  # [1]: the next round's root, still on the device
+        self.target.commit(rows.rows)
+        if ahead and len(result.token_ids) + 1 < self._stop[1]:
+            self._plain_ahead = (nxt, self.target.forward(nxt))
         token = int(nxt)
         t1 = time.perf_counter()
-        self.target.commit(rows.rows)
         detail = round_detail(DraftTree(tokens=root, parents=rows.parents, depths=rows.depths), rows.rows)
         result.rounds.append(RoundStats(drafted=0, accepted=0, emitted=1, verify_s=t1 - t0,
                                         commit_s=time.perf_counter() - t1, detail=detail))

@@ -165,6 +165,7 @@ class RoundGraph:
             self.race = torch.ones(self.target.vocab_size, device=dev)  # [V] Exp(1): the bonus's draw
         self._pool = None
         self._cache_ptr = None
+        self._ahead: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # (stream, outputs): overlap
         self.failed = False
         self.n = self.dlen = self.tlen = 0  # host mirrors of state_in[0:3]
 
@@ -288,23 +289,44 @@ class RoundGraph:
         graph.replay()
         return out
 
+    def _launch(self, sampling) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Replay (or capture) the round from the staged inputs and host mirrors: (result row, logq) still on the
+        device, no host sync; None when the capture failed (self.failed: the per-phase path takes over)."""
+        n, dlen, tlen, P = self.n, self.dlen, self.tlen, self.P
+        rows_d, rows_t = max(P, n + self.R), max(P, self.T)  # KV rows past dlen / tlen this round
+        self.runner.check_room(dlen + rows_d)
+        self.target.reserve(tlen + rows_t)
+        self._grow_ids(tlen + 1 + P)
+        if sampling is not None:  # the round's random numbers, into the graph's static inputs
+            self._draw(self.engine._generator)
+        return self._run(self.runner.span(dlen + rows_d), self.target.span(tlen + rows_t), sampling)
+
+    def _launch_ahead(self, sampling) -> None:
+        """Overlap: launch the next round now, from the inputs this round left, so its kernels run while the host
+        does this round's bookkeeping. Kept for the next round() call of the same stream that hands back this
+        round's ids and features (_mine); any other call drops it. Rows it writes lie past the committed KV,
+        ids and features, so an unused one changes nothing the engine reads. A launch that raises (no room left)
+        launches nothing: the next round() raises it in its turn."""
+        try:
+            out = self._launch(sampling)
+        except Exception:
+            return
+        if out is not None:
+            self._ahead = (self.engine._stream, out)
+
     def round(self, ids: torch.Tensor, pending: torch.Tensor, result: GenerationResult):
         """SpeculativeEngine._round's contract, as one round graph where it applies (else _phased_round)."""
         engine = self.engine
         sampling = engine._sampling  # None: greedy
+        t0 = time.perf_counter()
+        ahead, self._ahead = self._ahead, None
         if (self.failed or (sampling is not None and not self.sampled) or engine.spec != self.spec
                 or not (self._mine(ids, pending) or self._stage(ids, pending))):
             return engine._phased_round(ids, pending, result)
-        n, dlen, tlen, P = self.n, self.dlen, self.tlen, self.P
-        tgt, runner = self.target, self.runner
-        rows_d, rows_t = max(P, n + self.R), max(P, self.T)  # KV rows past dlen / tlen this round
-        runner.check_room(dlen + rows_d)
-        tgt.reserve(tlen + rows_t)
-        self._grow_ids(tlen + 1 + P)
-        t0 = time.perf_counter()
-        if sampling is not None:  # the round's random numbers, into the graph's static inputs
-            self._draw(engine._generator)
-        out = self._run(runner.span(dlen + rows_d), tgt.span(tlen + rows_t), sampling)
+        if ahead is not None and ahead[0] == engine._stream and self._mine(ids, pending):
+            out = ahead[1]  # launched by the last round of this stream (overlap), from these inputs
+        else:
+            out = self._launch(sampling)
         if out is None:
             return engine._phased_round(ids, pending, result)
         res_t, logq = out
@@ -313,17 +335,20 @@ class RoundGraph:
         t1 = time.perf_counter()
         if any(flags):
             check_dynamic_flags(torch.tensor(flags))
+        logq = logq.clone()  # queued before a launch ahead overwrites it
         self.state_in.copy_(self.state_out)  # the next round's inputs (queued: no sync)
         self.feats_in.copy_(self.feats_out)
-        size = (len(vals) - 6 - 2 * P) // 3
-        order, path = vals[6:6 + m], vals[6 + P:6 + P + m]
-        nodes = vals[6 + 2 * P:]
-        tree = DraftTree(tokens=torch.tensor(nodes[:size]), parents=torch.tensor(nodes[size:2 * size]),
-                         depths=torch.tensor(nodes[2 * size:]), logq=logq.clone(), ordered=True)
-        self.proposer.committed = runner.length = dlen + n  # the catch-up's rows; the tree rows stay stale past them
-        tgt.committed_len, tgt._pending = tlen + m, 0
+        n, dlen, tlen, P = self.n, self.dlen, self.tlen, self.P
+        self.proposer.committed = self.runner.length = dlen + n  # the catch-up's rows; the tree rows stay stale
+        self.target.committed_len, self.target._pending = tlen + m, 0
         self.n, self.dlen, self.tlen = m, dlen + n, tlen + m
-        emitted = [*path[1:], bonus]
+        emitted = [*vals[6 + P:6 + P + m][1:], bonus]  # the path past the root, then the bonus
+        if engine.overlap and engine._continues(emitted, result):
+            self._launch_ahead(sampling)
+        size = (len(vals) - 6 - 2 * P) // 3
+        order, nodes = vals[6:6 + m], vals[6 + 2 * P:]
+        tree = DraftTree(tokens=torch.tensor(nodes[:size]), parents=torch.tensor(nodes[size:2 * size]),
+                         depths=torch.tensor(nodes[2 * size:]), logq=logq, ordered=True)
         result.rounds.append(RoundStats(drafted=size - 1, accepted=m - 1, emitted=len(emitted), verify_s=t1 - t0,
                                         commit_s=time.perf_counter() - t1,
                                         detail=round_detail(tree, torch.tensor(order))))

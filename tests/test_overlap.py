@@ -1,0 +1,221 @@
+"""Overlap (engine.overlap, $EAGLESPEC_OVERLAP): the next round graph or plain step is launched before the host
+reads the tokens of the one before it. On CPU every op runs as it is called, so these tests check what the GPU
+relies on: the same tokens, trees and committed KV as one round at a time (greedy and seeded sampling), the
+launched round used only by the next call of its own stream, no launch past the last round by length, one unused
+launch after an EOS, a clean state for the next stream after an EOS or a consumer that stops early, and the same
+error at the same round when a launch cannot be made."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglespec.engine import SpeculativeEngine, overlap_wanted
+from eaglespec.errors import EagleSpecError
+from eaglespec.round_graph import RoundGraph
+from eaglespec.sampling import SamplingConfig, SamplingParams
+from eaglespec.target.fast import FastTarget
+from eaglespec.target.hf import HFTarget
+from test_draft_static import agreeing
+from test_round_graph import PROMPTS, SPECS, _trees, count_bodies, engines
+
+from conftest import reference_greedy
+
+
+@pytest.fixture(scope="module", params=[("llama", "eagle3"), ("llama", "eagle1")], ids=["eagle3", "eagle1"])
+def pair(request):
+    return agreeing(*request.param)
+
+
+def graph_like(rg: RoundGraph) -> None:
+    """Make rg's rounds return the same output tensors every time, as a replayed CUDA graph does (on CPU the body
+    returns fresh ones): a round launched ahead then overwrites what the host has not copied yet."""
+    run, static = rg._run, {}
+
+    def replayed(span_d, span_t, sampling):
+        res, logq = run(span_d, span_t, sampling)
+        out = static.setdefault((res.shape, logq.shape), (torch.empty_like(res), torch.empty_like(logq)))
+        out[0].copy_(res)
+        out[1].copy_(logq)
+        return out
+
+    rg._run = replayed
+
+
+def overlapped(model, drafter, spec) -> tuple[SpeculativeEngine, SpeculativeEngine]:
+    """(round graphs one round at a time, round graphs with overlap), both with graph-like outputs."""
+    _, one = engines(model, drafter, spec)
+    _, two = engines(model, drafter, spec)
+    one.overlap, two.overlap = False, True
+    graph_like(one.round_graph.get())
+    graph_like(two.round_graph.get())
+    return one, two
+
+
+def count_ahead(rg: RoundGraph) -> list[int]:
+    """Wrap rg._launch_ahead: the target length each launch ahead started from."""
+    calls: list[int] = []
+    launch = rg._launch_ahead
+
+    def counted(sampling):
+        calls.append(rg.tlen)
+        return launch(sampling)
+
+    rg._launch_ahead = counted
+    return calls
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_overlap_gives_the_rounds_of_one_at_a_time(pair, kind):
+    """HF generate's tokens, the same trees and accepted rows, the same committed KV; every round graph after the
+    second was launched ahead, and none was launched past the last round (the stream ends by length)."""
+    model, drafter = pair
+    one, two = overlapped(model, drafter, SPECS[kind])
+    bodies = count_bodies(two.round_graph.get())
+    ahead = count_ahead(two.round_graph.get())
+    rounds = 0
+    for prompt in PROMPTS:
+        ref = reference_greedy(model, prompt, 40)
+        a, b = one.generate(prompt, 40), two.generate(prompt, 40)
+        rounds += len(b.rounds)
+        assert a.token_ids == b.token_ids == ref
+        assert _trees(a) == _trees(b)
+        for ra, rb in zip(a.rounds, b.rounds):
+            assert torch.equal(ra.detail["logq"], rb.detail["logq"])
+        n = one.target.committed_len
+        assert n == two.target.committed_len
+        torch.testing.assert_close(two.target.cache[:, :, :, :n], one.target.cache[:, :, :, :n])
+        d = one.proposer.committed
+        assert d == two.proposer.committed
+        for ka, kb in zip(one.proposer.runner.k + one.proposer.runner.v,
+                          two.proposer.runner.k + two.proposer.runner.v):
+            torch.testing.assert_close(kb[:, :, :d], ka[:, :, :d])
+    # per stream: the first round is per-phase, the second launched fresh, the rest ahead; none wasted
+    assert len(bodies) == rounds - len(PROMPTS)
+    assert len(ahead) == len(bodies) - len(PROMPTS) > 10
+
+
+def test_overlap_with_seeded_sampling_draws_the_same_numbers(pair):
+    """The launch ahead draws the next round's random numbers where the round itself would: same seed, same tokens."""
+    model, drafter = pair
+    cfg = SamplingConfig(SamplingParams(temperature=0.9, top_k=20), seed=11)
+    for kind in ("chain", "dynamic"):
+        one, two = overlapped(model, drafter, SPECS[kind])
+        bodies = count_bodies(two.round_graph.get())
+        ahead = count_ahead(two.round_graph.get())
+        for prompt in PROMPTS:
+            a, b = one.generate(prompt, 40, sampling=cfg), two.generate(prompt, 40, sampling=cfg)
+            assert a.token_ids == b.token_ids and len(a.token_ids) == 40, kind
+            assert _trees(a) == _trees(b), kind
+        assert bodies and len(ahead) == len(bodies) - len(PROMPTS), kind
+
+
+def test_eos_leaves_one_unused_launch_and_a_clean_next_stream(pair):
+    model, drafter = pair
+    _, two = overlapped(model, drafter, SPECS["chain"])
+    bodies = count_bodies(two.round_graph.get())
+    ref = reference_greedy(model, PROMPTS[1], 30)
+    eos = ref[17]
+    out = two.generate(PROMPTS[1], 30, eos_token_ids=[eos])
+    assert out.token_ids == ref[: ref.index(eos) + 1] and out.finish_reason == "stop"
+    # the round that found the EOS launched nothing (its own tokens hold it); no body past the last round
+    assert len(bodies) == len(out.rounds) - 1
+    for prompt in PROMPTS:  # the next streams start from their own prefill, whatever was launched before
+        for new in (1, 2, 7, 33):
+            assert two.generate(prompt, new).token_ids == reference_greedy(model, prompt, new)
+
+
+def test_a_consumer_that_stops_early_leaves_its_launch_unused(pair):
+    """A stream abandoned after 3 rounds has a round in flight; the next stream must not take it."""
+    model, drafter = pair
+    _, two = overlapped(model, drafter, SPECS["dynamic"])
+    rg = two.round_graph.get()
+    stream = two.stream(PROMPTS[0], 60)
+    for _ in range(4):
+        next(stream)
+    stream.close()
+    assert rg._ahead is not None  # launched, never read
+    for prompt in (PROMPTS[0], PROMPTS[1]):
+        assert two.generate(prompt, 30).token_ids == reference_greedy(model, prompt, 30)
+
+
+def test_a_launch_that_raises_raises_at_the_round_that_needs_it(pair, monkeypatch):
+    """No room for the next round: overlap yields the same tokens, then the same error, as one round at a time."""
+    model, drafter = pair
+    seen = []
+    for engine in overlapped(model, drafter, SPECS["chain"]):
+        rg = engine.round_graph.get()
+        launch, calls = rg._launch, []
+
+        def failing(sampling, launch=launch, calls=calls):
+            calls.append(1)
+            if len(calls) >= 3:
+                raise EagleSpecError("no room for the next round")
+            return launch(sampling)
+
+        monkeypatch.setattr(rg, "_launch", failing)
+        got = []
+        with pytest.raises(EagleSpecError, match="no room"):
+            for tokens in engine.stream(PROMPTS[1], 40):
+                got.append(tokens)
+        seen.append(got)
+    assert seen[0] == seen[1] and len(seen[0]) == 4  # the prefill's token and rounds 1-3
+
+
+@pytest.mark.parametrize("target_kind", ["fast", "hf"])
+def test_plain_decoding_overlap(pair, target_kind):
+    """Plain steps: the next forward launched before the token is read; same tokens as HF generate (greedy and
+    seeded sampling as without overlap), no forward past max_new_tokens, one unused forward after an EOS."""
+    model, _ = pair
+    engines_ = []
+    for on in (False, True):
+        target = FastTarget(model, max_len=128) if target_kind == "fast" else HFTarget(model)
+        engine = SpeculativeEngine(target, None)
+        engine.overlap = on
+        engines_.append(engine)
+    one, two = engines_
+    calls = []
+    forward = two.target.forward
+    two.target.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    for new in (1, 2, 3, 17):
+        calls.clear()
+        assert two.generate(PROMPTS[0], new).token_ids == reference_greedy(model, PROMPTS[0], new)
+        assert len(calls) == new  # the prefill and new - 1 steps
+    ref = reference_greedy(model, PROMPTS[1], 20)
+    eos = ref[9]
+    calls.clear()
+    out = two.generate(PROMPTS[1], 20, eos_token_ids=[eos])
+    assert out.token_ids == ref[: ref.index(eos) + 1]
+    assert len(calls) == len(out.token_ids) + 1  # the prefill, the steps, one launched past the EOS
+    assert two.generate(PROMPTS[0], 9).token_ids == reference_greedy(model, PROMPTS[0], 9)
+    cfg = SamplingConfig(SamplingParams(temperature=1.0), seed=4)
+    assert one.generate(PROMPTS[1], 25, sampling=cfg).token_ids == two.generate(PROMPTS[1], 25,
+                                                                                  sampling=cfg).token_ids
+
+
+def test_adaptive_streams_launch_nothing_ahead(pair):
+    """The gate may take a plain step next: a speculative round never launches the next one under --adaptive."""
+    model, drafter = pair
+    _, two = overlapped(model, drafter, SPECS["chain"])
+    two.adaptive = True
+    ahead = count_ahead(two.round_graph.get())
+    for prompt in PROMPTS:
+        assert two.generate(prompt, 40).token_ids == reference_greedy(model, prompt, 40)
+    assert not ahead and two._plain_ahead is None
+
+
+@pytest.mark.parametrize("env,device,fast,expected", [
+    (None, "cpu", True, False), (None, "cuda", True, True), (None, "cuda", False, False),
+    ("1", "cpu", True, True), ("0", "cuda", True, False), (" 1 ", "cpu", False, True)])
+def test_overlap_wanted(monkeypatch, env, device, fast, expected):
+    if env is None:
+        monkeypatch.delenv("EAGLESPEC_OVERLAP", raising=False)
+    else:
+        monkeypatch.setenv("EAGLESPEC_OVERLAP", env)
+    assert overlap_wanted(device, fast) is expected
+
+
+def test_overlap_switch_refuses_other_values(monkeypatch):
+    monkeypatch.setenv("EAGLESPEC_OVERLAP", "yes")
+    with pytest.raises(EagleSpecError, match=r"EAGLESPEC_OVERLAP='yes': expected 0 or 1"):
+        overlap_wanted("cuda")
