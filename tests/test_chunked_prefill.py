@@ -74,11 +74,13 @@ def test_targets_without_buckets_prefill_in_one_pass():
 
 
 def test_switch_reads_the_environment(monkeypatch):
+    """Unset: on for CUDA (timed there), off on CPU; "0" / "1" win on either."""
     monkeypatch.delenv(CHUNKED_PREFILL_ENV, raising=False)
-    assert chunked_prefill_wanted() is False
-    for value, want in (("0", False), ("1", True), ("", False)):
+    assert chunked_prefill_wanted() is False and chunked_prefill_wanted("cpu") is False
+    assert chunked_prefill_wanted("cuda") is True and chunked_prefill_wanted(torch.device("cuda", 1)) is True
+    for value, cpu, cuda in (("0", False, False), ("1", True, True), ("", False, True), (" 1 ", True, True)):
         monkeypatch.setenv(CHUNKED_PREFILL_ENV, value)
-        assert chunked_prefill_wanted() is want
+        assert chunked_prefill_wanted("cpu") is cpu and chunked_prefill_wanted("cuda") is cuda
     monkeypatch.setenv(CHUNKED_PREFILL_ENV, "yes")
     with pytest.raises(EagleSpecError, match=CHUNKED_PREFILL_ENV):
         chunked_prefill_wanted()

@@ -416,6 +416,8 @@ def markdown(report: dict) -> str:
                 if cfg.get("phase_sync") is False else "")
              + ("; overlap (each round or plain step launched before the host reads the one before it)"
                 if cfg.get("overlap") else "")
+             + ("; chunked prefill (prompts past the largest bucket in captured chunks)"
+                if cfg.get("chunked_prefill") else "")
              + ("; --adaptive (plain steps where drafting cost more per token)" if cfg.get("adaptive") else "")
              + (("; round graphs (one CUDA graph and one host sync per "
                  + ("round: greedy and sampled" if cfg.get("sampled_round_graphs")
@@ -570,7 +572,7 @@ def run_methods(es, prompts: list[list[int]], methods: list[str], args, extra=No
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .engine import overlap_wanted
+    from .engine import chunked_prefill_wanted, overlap_wanted
     from .round_graph import wanted as round_graphs_wanted
     from .round_graph import wanted_sampled
     from .target.loading import resolve_device
@@ -611,6 +613,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "draft_graphs": getattr(args, "draft_graphs", None),  # None: the default (on CUDA)
                    "phase_sync": getattr(args, "phase_sync", True),
                    "overlap": overlap_wanted(device),
+                   "chunked_prefill": chunked_prefill_wanted(device),
                    "adaptive": getattr(args, "adaptive", False),
                    "round_graphs": round_graphs_wanted(device, getattr(args, "round_graphs", None)),
                    "sampled_round_graphs": wanted_sampled(),
