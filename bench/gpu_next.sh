@@ -88,6 +88,17 @@
 #      one GPU each, then a tree sweep on MT-bench 40 with each: do the late TTT steps limit the deep trees' tau?)
 #   6. `... OUT=$OUT REGEN_S=480 bash bench/gpu_x2.sh regen3` (the 5,514 three-turn prompts, --shard 0/2 and 1/2; ~6
 #      conversations/s per GPU, so ~460 s), then give_back. Keep regen3.tgz: with decay's verdict it feeds run 9.
+# Session 13's starting point (session 12 timed overlap and the chunked prefill, both CUDA defaults now; --ttt-decay
+# 1.0 vs 0.8: no difference; 4,096 of the 5,514 three-turn prompts answered, in this workspace's .gpu/s12a, the
+# 1,418 left are the rest of prompts_t3s). A round is bound by its kernel count: a profiled dynamic 7/10/60 round
+# is 672 kernels in 2.55 ms (~2.9 us run + ~0.9 us gap each; bench/results/h200_round_timeline_*_78be9b0.json),
+# a plain step ~310 in 1.15 ms. 3x plain at tau 4.26 needs <= ~430 kernels per round: the drafting side (~360:
+# catch-up, 6 drafter steps of ~14 kernels, ~17 of tree bookkeeping per depth) must shrink to ~120. The candidates:
+# one Triton kernel per depth for the children (draft softmax, top-k, log value + the parent's, the gathers), and a
+# drafter step of fewer kernels (or one persistent kernel for the whole draft). Build them on CPU under
+# TRITON_INTERPRET=1 (tests/test_kernels.py's way), then time them with bench/round_timeline.py and `eaglespec bench`
+# on one H200 (the stash: 3 calls with `bash .gpu/install.sh stash` carrying part00..02, then part03 + WHEEL_NAME +
+# .gpu/whl + install.sh; `bench/gpu_x2.sh final12` is the whole benchmark in one ~270-s call on the x2 kind).
 # The first torchrun of session 11 died on a fresh machine (the default target converted on rank 1 after joining the
 # process group: fixed in 0f93fd9); if a 2-GPU train fails at once, convert the target first in one process:
 # python3 -c "from eaglespec.target.loading import load_target; load_target(None, device='cpu')".
