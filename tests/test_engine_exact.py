@@ -136,6 +136,7 @@ def test_plain_round_has_one_host_sync_and_no_host_to_device_copy():
     target = FastTarget(model, max_len=64)
     patch_forward(target, 16)
     engine = SpeculativeEngine(target, None)
+    engine.overlap = False  # one step at a time, whatever $EAGLESPEC_OVERLAP says (overlap adds the token's copy)
     st = engine.stream([4, 5, 6], max_new_tokens=13)
     next(st), next(st)  # the prefill, then a round that allocates the 1-row bucket
     count = OpCount()
