@@ -33,6 +33,14 @@ drawn by a race, not torch.multinomial: the same distribution, other draws than 
 dynamic tree's sibling table is built every round from its parents (verify.sibling_table_of; since session 10,
 untimed on a GPU).
 
+Overlap (engine.overlap, $EAGLESPEC_OVERLAP; on by default for CUDA since session 12): once the host has read a
+round's result row (the one sync), it copies state_out / feats_out into the inputs and replays the next round right
+away when the stream goes on (engine._continues: no EOS, room left, no adaptive gate), then builds this round's
+tree and telemetry while the GPU runs the next one. The next round() call of the same stream takes that launch if
+it hands back this round's ids and features (_mine); anything else drops it. Its writes lie past everything
+committed, so an unused launch (a consumer that stops reading) changes nothing. On the H200 it took the host's
+turn out of the round (GPU idle at a round's head and tail 0.2 -> 0 ms; bench/RESULTS.md, session 12).
+
 engine.round_graph is a RoundGraphs: one RoundGraph per tree spec (an EagleSpec drafts requests with a temperature
 with another tree).
 """
@@ -49,6 +57,7 @@ import torch
 from .draft.fast import StaticDraftRunner, StaticKV
 from .draft.tree_graph import DeviceTreeRows
 from .engine import RoundStats
+from .errors import EagleSpecError
 from .metrics import round_detail
 from .sampling import exponential_noise, process_logits, race_argmax
 from .target.fast import FastTarget, capture_graph
@@ -309,7 +318,7 @@ class RoundGraph:
         launches nothing: the next round() raises it in its turn."""
         try:
             out = self._launch(sampling)
-        except Exception:
+        except (EagleSpecError, RuntimeError):  # no room in the drafter's KV; out of memory growing the target's
             return
         if out is not None:
             self._ahead = (self.engine._stream, out)
