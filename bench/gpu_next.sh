@@ -99,6 +99,8 @@
 # TRITON_INTERPRET=1 (tests/test_kernels.py's way), then time them with bench/round_timeline.py and `eaglespec bench`
 # on one H200 (the stash: 3 calls with `bash .gpu/install.sh stash` carrying part00..02, then part03 + WHEEL_NAME +
 # .gpu/whl + install.sh; `bench/gpu_x2.sh final12` is the whole benchmark in one ~270-s call on the x2 kind).
+# bench/round_timeline.py now lists a round's kernels by kind (count and device us per round): run it first
+# (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
 # The first torchrun of session 11 died on a fresh machine (the default target converted on rank 1 after joining the

@@ -34,6 +34,9 @@ Per round (the CPU range of rt:round, host clock, to which the profiler aligns d
                   idle_tail (last activity end -> round end) and max_gap (the longest bubble) break it down
     activities    device activities LAUNCHED in the round (a CUDA graph replay counts every kernel it runs)
     after_round   device time of kernels launched in the round that ran after the round's host range ended
+Per round, too, the activities it launched by kind (kernel_kind: the name without templates and arguments), with
+their count and device time, averaged over rounds (summary "kinds"; the first 20 in the Markdown table): inside
+one replayed round graph this is the only split there is.
 Per phase: host ms (CPU range of the label) and the device busy ms (union) and count of the activities LAUNCHED
 inside that phase's CPU range. Attribution of an activity to the phase that launched it: the activity's CUPTI
 correlation id (FunctionEvent.id) matches the CUDA runtime/driver call that launched it (cudaLaunchKernel,
@@ -143,6 +146,16 @@ def _length(intervals: list[tuple[float, float]]) -> float:
     return sum(e - s for s, e in intervals)
 
 
+def kernel_kind(name: str, width: int = 60) -> str:
+    """A device activity's name without its template and argument lists ("void at::native::foo<float, 4>(...)" ->
+    "at::native::foo"), at most `width` characters: kernels of one kind counted together."""
+    name = name.removeprefix("void ").strip()
+    for stop in ("<", "("):
+        if stop in name[1:]:
+            name = name[: name.index(stop, 1)]
+    return name[:width] or "?"
+
+
 def round_metrics(start: float, end: float, acts: list[dict], phase_ranges: list[tuple[str, float, float]],
                   launched: list[dict] | None = None) -> dict:
     """One round. acts: {"start", "end", "launch"} device activities (or CPU ops) that may overlap the round;
@@ -169,6 +182,11 @@ def round_metrics(start: float, end: float, acts: list[dict], phase_ranges: list
         phases[phase]["activities"] += 1
     for phase, ivs in owner.items():
         phases[phase]["busy_ms"] = _length(union(ivs)) / 1000
+    kinds: dict[str, list[float]] = {}  # name -> [count, device us] of the activities launched in the round
+    for a in launched:
+        kind = kinds.setdefault(a.get("name", "?"), [0, 0.0])
+        kind[0] += 1
+        kind[1] += a["end"] - a["start"]
     labelled = 0.0
     for phase, s, e in phase_ranges:
         phases[phase]["host_ms"] += (e - s) / 1000
@@ -176,7 +194,7 @@ def round_metrics(start: float, end: float, acts: list[dict], phase_ranges: list
     phases["other"]["host_ms"] = max(end - start - labelled, 0.0) / 1000
     return {"wall_ms": (end - start) / 1000, "busy_ms": busy_us / 1000, "idle_ms": (end - start - busy_us) / 1000,
             "idle_head_ms": head / 1000, "idle_tail_ms": tail / 1000, "max_gap_ms": max(gaps, default=0.0) / 1000,
-            "activities": len(launched), "after_round_ms": after / 1000, "phases": phases}
+            "activities": len(launched), "after_round_ms": after / 1000, "phases": phases, "kinds": kinds}
 
 
 def _is_device(evt) -> bool:
@@ -215,7 +233,7 @@ def timeline(events, cuda: bool) -> tuple[list[dict], dict]:
                 else:
                     unlinked += 1
                     launch = start
-            acts.append({"start": start, "end": e.time_range.end, "launch": launch})
+            acts.append({"start": start, "end": e.time_range.end, "launch": launch, "name": kernel_kind(e.name)})
     else:  # CPU smoke path: top-level aten ops stand in for kernels
         for e in events:
             if _is_device(e) or not e.name.startswith("aten::"):
@@ -227,7 +245,8 @@ def timeline(events, cuda: bool) -> tuple[list[dict], dict]:
                     break
                 parent = parent.cpu_parent
             if top:
-                acts.append({"start": e.time_range.start, "end": e.time_range.end, "launch": e.time_range.start})
+                acts.append({"start": e.time_range.start, "end": e.time_range.end, "launch": e.time_range.start,
+                             "name": e.name})
     by_start = sorted(acts, key=lambda a: a["start"])
     starts = [a["start"] for a in by_start]
     by_launch = sorted(acts, key=lambda a: a["launch"])
@@ -255,7 +274,22 @@ def summarize(rounds: list[dict], host: list[dict]) -> dict:
     out["phases"] = {p: {k: stat([r["phases"][p][k] for r in rounds]) for k in ("host_ms", "busy_ms", "activities")}
                      for p in (*PHASES, "other")}
     out["engine_host_split_ms"] = {k: stat([h[k] for h in host]) for k in ("draft_ms", "verify_ms", "commit_ms")}
+    out["kinds"] = kinds_per_round(rounds)
     return out
+
+
+def kinds_per_round(rounds: list[dict]) -> list[dict]:
+    """Activities by kind (kernel_kind), most numerous first: the mean count and device us per round."""
+    total: dict[str, list[float]] = {}
+    for r in rounds:
+        for name, (count, us) in r.get("kinds", {}).items():
+            acc = total.setdefault(name, [0, 0.0])
+            acc[0] += count
+            acc[1] += us
+    n = max(len(rounds), 1)
+    ranked = sorted(total.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    return [{"kind": name, "per_round": round(c / n, 2), "us_per_round": round(us / n, 2)}
+            for name, (c, us) in ranked]
 
 
 # -- markdown -------------------------------------------------------------------------------------
@@ -284,6 +318,10 @@ def markdown(report: dict) -> str:
             continue  # no _Synced proxy (CPU, or --no-sync-before-verify)
         lines.append(f"| {p} | " + " | ".join(_fmt(v[k], k == "activities")
                                               for k in ("host_ms", "busy_ms", "activities")) + " |")
+    if s.get("kinds"):
+        lines += ["", f"| {act} by kind (most numerous first) | per round | {unit.split(' ')[0]} us per round |",
+                  "|---|---|---|"]
+        lines += [f"| {k['kind']} | {k['per_round']:.1f} | {k['us_per_round']:.1f} |" for k in s["kinds"][:20]]
     h = s["engine_host_split_ms"]
     lines.append(f"\nengine RoundStats (profiled run, median): draft {h['draft_ms']['median']:.3f} / verify "
                  f"{h['verify_ms']['median']:.3f} / accept+commit {h['commit_ms']['median']:.3f} ms; "
@@ -358,7 +396,8 @@ def main(argv: list[str] | None = None) -> dict:
                          "draft": es.draft_note, "target": args.target or "SmolLM2-135M-Instruct"},
               "rounds": len(rounds), "tau": (tokens - len(results)) / max(len(host), 1),
               "linkage": linkage, "summary": summarize(rounds, host),
-              "per_round": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "phases"}
+              "per_round": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
+                             if k not in ("phases", "kinds")}
                             | {"phases": {p: {k: round(x, 4) for k, x in d.items()} for p, d in r["phases"].items()}}
                             for r in rounds]}
     print(markdown(report))

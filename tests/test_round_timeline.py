@@ -87,5 +87,21 @@ def test_timeline_links_kernels_to_launches():
     assert linkage == {"device_activities_linked": 2, "linked_by_enclosing_op": 1, "device_activities_unlinked": 0}
     (m,) = rounds
     assert m["activities"] == 3 and m["busy_ms"] == pytest.approx(0.041)
+    assert m["kinds"] == {"k_draft": [1, 6], "k_verify": [1, 35], "k_orphan": [1, 2]}
     assert m["phases"]["draft"]["busy_ms"] == pytest.approx(0.006)
     assert m["phases"]["verify"]["activities"] == 2
+
+
+def test_kernel_kinds_and_their_means_per_round():
+    """Kernels of one kind counted together (templates and arguments dropped), most numerous first, per round."""
+    rt = _module()
+    assert rt.kernel_kind("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)") \
+        == "at::native::vectorized_elementwise_kernel"
+    assert rt.kernel_kind("_rms_norm_kernel") == "_rms_norm_kernel"
+    assert rt.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32(x)") == "sm90_xmma_gemm_bf16bf16_bf16f32"
+    assert rt.kernel_kind("x" * 100) == "x" * 60 and rt.kernel_kind("") == "?"
+    rounds = [{"kinds": {"gemm": [3, 9.0], "norm": [2, 4.0]}}, {"kinds": {"gemm": [5, 11.0], "topk": [2, 8.0]}}]
+    assert rt.kinds_per_round(rounds) == [
+        {"kind": "gemm", "per_round": 4.0, "us_per_round": 10.0},
+        {"kind": "norm", "per_round": 1.0, "us_per_round": 2.0},
+        {"kind": "topk", "per_round": 1.0, "us_per_round": 4.0}]
