@@ -127,6 +127,10 @@ def test_ratios_vs_hf_use_only_the_prompts_hf_ran():
     assert "round graphs" not in markdown(report)
     report["config"]["round_graphs"] = True
     assert "greedy round; such a round's whole time is its verify column)" in markdown(report)
+    report["config"]["overlap"] = True  # the host's bookkeeping then runs beside the next round, not inside verify
+    assert "; overlap (each round or plain step launched" in markdown(report)
+    assert "verify is the wait for a round's graph, accept+commit the host's work for it" in markdown(report)
+    assert "whole time is its verify column" not in markdown(report)
     ag = agreement(Run("hf", token_ids=[[1, 2], [3, 4]]), Run("x", token_ids=[[1, 2], [3, 4], [5, 6]]))
     assert ag["sequences"] == 2 and ag["identical_rate"] == 1.0
 

@@ -421,7 +421,9 @@ def markdown(report: dict) -> str:
              + ("; --adaptive (plain steps where drafting cost more per token)" if cfg.get("adaptive") else "")
              + (("; round graphs (one CUDA graph and one host sync per "
                  + ("round: greedy and sampled" if cfg.get("sampled_round_graphs")
-                    else "greedy round") + "; such a round's whole time is its verify column)")
+                    else "greedy round") + ("; verify is the wait for a round's graph, accept+commit the host's "
+                                            "work for it, done while the next round runs)" if cfg.get("overlap")
+                                            else "; such a round's whole time is its verify column)"))
                 if cfg.get("round_graphs") else "")
              + ".\n",
              "| method | backend | tok/s | median tok/s | tau | vs HF generate | vs fast plain | "
