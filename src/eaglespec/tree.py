@@ -31,6 +31,7 @@ from typing import Literal
 
 import torch
 
+from . import tree_kernels
 from .errors import EagleSpecError
 
 TreeKind = Literal["chain", "static", "dynamic"]
@@ -316,8 +317,9 @@ class Candidates:
         return self._joined("logv")
 
 
-# expand(node_ids [n], candidates, depth of those nodes) -> (child tokens [n, c], child confidences [n, c])
-Expand = Callable[[torch.Tensor, Candidates, int], tuple[torch.Tensor, torch.Tensor]]
+# expand(node_ids [n], candidates, depth of those nodes) -> (child tokens [n, c], child confidences [n, c]), or
+# with a third [n, c] tensor, _log_value(confidences) already computed (tree_kernels.children's)
+Expand = Callable[[torch.Tensor, Candidates, int], tuple[torch.Tensor, ...]]
 
 
 def _child_flags(tokens: torch.Tensor | None, conf: torch.Tensor) -> list[torch.Tensor]:
@@ -365,6 +367,15 @@ def _top(values: torch.Tensor, k: int) -> torch.Tensor:
     return values.sort(dim=-1, descending=True, stable=True).indices[..., :k]
 
 
+def top_values(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """values [M] -> (the min(k, M) largest [k'], their indices [k']), descending, ties to the lower index: one
+    kernel (tree_kernels.rank_top) where tree_kernels.wanted, else a stable sort."""
+    k = min(k, values.numel())
+    if tree_kernels.wanted(values.device):
+        return tree_kernels.rank_top(values, k)
+    return tree_kernels.rank_top_ref(values, k)
+
+
 def _keep_top_children(tokens: torch.Tensor, conf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[n, c] children -> the top-k per row by confidence (no-op when already top-k sorted)."""
     order = _top(conf, k)
@@ -380,7 +391,7 @@ def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, to
           sorted_children: bool, distinct_children: bool = False) -> tuple[Candidates, list[torch.Tensor]]:
     """grow_dynamic without reading anything back: (candidates, 3 0-dim bool validation flags on the device).
 
-    Per depth: one stable sort of the newest layer's values, the callback, and 4 small ops (fixed
+    Per depth: the top of the newest layer's values (top_values), the callback, and 4 small ops (fixed
     shapes: the layer has min(top_k, size of the newest layer) nodes): candidate ids, log values (clamp,
     log, add); parents and depths are views (of the ids, of one arange per growth). The layers are joined
     once, at the first read of the candidates' fields. `distinct_children`: no row of children repeats a
@@ -397,18 +408,17 @@ def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, to
                       logv=newest_logv)
     cand.levels = levels
     for d in range(1, depth):
-        values, order = newest_logv.reshape(-1).sort(descending=True, stable=True)  # ties to the lower id
-        cand.newest = order[:top_k]  # [n] the highest-value nodes of depth d, within the newest layer
+        values, cand.newest = top_values(newest_logv.reshape(-1), top_k)  # [n] the highest-value nodes of depth d
         layer = cand.newest + cand.start  # [n] their candidate ids
         cand.expanded.append(layer)
-        ctok, cconf = expand(layer, cand, d)  # [n, c]
+        ctok, cconf, *logc = expand(layer, cand, d)  # [n, c] (and, from a kernel, _log_value(cconf))
         ctok = ctok.long()
         if not sorted_children:
-            ctok, cconf = _keep_top_children(ctok, cconf, top_k)
+            ctok, cconf, logc = *_keep_top_children(ctok, cconf, top_k), []
         all_tok.append(ctok)
         all_conf.append(cconf)
         n, c = ctok.shape
-        newest_logv = values[:top_k, None] + _log_value(cconf)  # [n, c]
+        newest_logv = values[:, None] + (logc[0] if logc else _log_value(cconf))  # [n, c]
         cand.append(ctok, layer[:, None].expand(n, c), levels[d + 2].expand(n, c), newest_logv)
     return cand, _all_child_flags(all_tok, all_conf, distinct_children)
 
@@ -436,8 +446,10 @@ def select_nodes(cand: Candidates, budget: int) -> torch.Tensor:
 
     Candidate ids are in depth order, so a stable sort on -logv realises the full key.
     """
-    chosen = _top(cand.logv, min(budget, cand.size))
-    return chosen.sort().values
+    b = min(budget, cand.size)
+    if tree_kernels.wanted(cand.logv.device):
+        return tree_kernels.rank_top(tree_kernels.rank_top(cand.logv, b)[1], b, descending=False)[0]
+    return _top(cand.logv, b).sort().values
 
 
 def _select(root: int | torch.Tensor, cand: Candidates, budget: int,

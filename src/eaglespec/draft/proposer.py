@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .. import tree_kernels
 from ..sampling import (
     SamplingParams,
     exponential_noise,
@@ -21,6 +22,7 @@ from ..sampling import (
     sample_without_replacement,
 )
 from ..tree import (
+    CONF_FLOOR,
     Candidates,
     DraftTree,
     StaticLayout,
@@ -170,6 +172,11 @@ class Proposer:
         """Drafting under sampling processors (temperature > 0)."""
         return self.sampling is not None and not self.sampling.greedy
 
+    def _kernel_children(self, draft_vocab: int) -> bool:
+        """Greedy children by tree_kernels.children (softmax, top-k and log value in one kernel) instead of
+        draft_dist + draft_topk: drafting without processors, on a device where tree_kernels.wanted."""
+        return not self._sampled and tree_kernels.fits(draft_vocab) and tree_kernels.wanted(self.device)
+
     def _tree_graph(self, draft_vocab: int) -> TreeGraph | None:
         """The whole-tree graph (draft/tree_graph.py) for this spec and draft processors, where the runner is
         a StaticDraftRunner with tree_graphs on. The growth draws no random numbers inside: a sampled chain's
@@ -306,10 +313,14 @@ class Proposer:
         q_rows: list[torch.Tensor] = []
         expanded: list[torch.Tensor] = []
         alive: list[torch.Tensor] = []
+        kernel = self._kernel_children(logits.shape[-1])
 
-        def children(logits: torch.Tensor, r0: int, parent_alive: torch.Tensor | None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-            """[n, Vd] draft logits -> (child draft ids [n, k], confidences [n, k] sorted descending)."""
+        def children(logits: torch.Tensor, r0: int, parent_alive: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+            """[n, Vd] draft logits -> (child draft ids [n, k], confidences [n, k] sorted descending; with the
+            kernel also their log values [n, k])."""
+            if kernel:
+                conf, tok, logc = tree_kernels.children(logits, k, CONF_FLOOR)
+                return tok, conf, logc
             probs = self.draft_dist(logits)
             conf, tok = draft_topk(probs, k)  # [n, k] sorted: the growth skips its re-sort
             if sampled:  # the draws, valued by rank (see above)
@@ -337,7 +348,7 @@ class Proposer:
             return children(logits, 0, None)
 
         root_alive = torch.ones(1, dtype=torch.bool, device=logits.device) if sampled else None
-        root_tok, root_conf = children(logits[None], 0, root_alive)
+        root_tok, root_conf, *_ = children(logits[None], 0, root_alive)
         # children distinct per row, sorted by value; the tree's draft ids -> target ids (d2t) as it is assembled
         tree, flags, chosen = grow_dynamic_tree(root, root_tok[0], root_conf[0], expand, k, spec.depth, spec.budget,
                                                 sorted_children=True, distinct_children=True,
@@ -380,9 +391,14 @@ class Proposer:
             raise ValueError(f"static tree rank {plan.n_ranks - 1} exceeds the draft vocabulary")
         rows = new_rows(plan.tree_visible)
 
+        kernel = self._kernel_children(logits.shape[-1])
+
         def children(probs: torch.Tensor, race: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
             """[rows, Vd] -> (confidences [rows, R], draft ids [rows, R]): top-R, or R draws in order
-            (race [rows, Vd]: their Exp(1) noise, as in sampling.sample_without_replacement)."""
+            (race [rows, Vd]: their Exp(1) noise, as in sampling.sample_without_replacement). With the kernel,
+            `probs` are the draft logits."""
+            if kernel:
+                return tree_kernels.children(probs, plan.n_ranks, CONF_FLOOR)[:2]
             if not sampled:
                 return draft_topk(probs, plan.n_ranks)
             _, draws = draft_topk(probs.float() / race, plan.n_ranks)  # zero-q tokens come last
@@ -391,9 +407,9 @@ class Proposer:
         # children of the root come from the catch-up row; lists hold one [m] entry per depth
         if sampled and (noise is None or noise.shape[0] != 1 + plan.tree_visible.shape[0]):
             raise ValueError("a sampled static tree needs its noise [1 + tree rows, Vd] (Proposer._draft_noise)")
-        root_probs = self.draft_dist(logits)[None]  # [1, Vd]
+        root_probs = logits[None] if kernel else self.draft_dist(logits)[None]  # [1, Vd]
         batch_conf, batch_top = children(root_probs, noise[:1] if sampled else None)  # [rows expanded at d-1, R]
-        tokens, logq = [root_tensor(root, self.device)], [root_probs.new_zeros(1)]
+        tokens, logq = [root_tensor(root, self.device)], [batch_conf.new_zeros(1)]
         # sampled: the draw was inside q's support (greedy: unused, not built)
         alive = [torch.ones(1, dtype=torch.bool, device=self.device)] if sampled else []
         draft_probs = [self.to_target_probs(root_probs)] if sampled else []
@@ -408,7 +424,7 @@ class Proposer:
             if level.expand is None:  # leaves only: the deepest level
                 break
             out, states = rows.run(states[level.expand_slot], tokens[-1][level.expand], d, level.rows[0])
-            probs = self.draft_dist(out)  # [e, Vd] ranked under the draft processors (issue 4)
+            probs = out if kernel else self.draft_dist(out)  # [e, Vd] ranked under the draft processors (issue 4)
             r0, e = level.rows  # the expanded nodes' tree rows r0..r0+e-1: noise rows 1+r0..r0+e
             batch_conf, batch_top = children(probs, noise[1 + r0: 1 + r0 + e] if sampled else None)
             if sampled:

@@ -1,0 +1,167 @@
+"""The greedy tree's Triton kernels (tree_kernels.py) under Triton's CPU interpreter (TRITON_INTERPRET=1): children
+(softmax + top-k + log value) against softmax().topk(), rank_top against a stable sort, and the dynamic and static
+trees they grow: the same trees as the torch path, and greedy output identical to HF generate."""
+
+from __future__ import annotations
+
+import os
+
+# Triton's interpreter: set before the kernels are jitted (on their first use), and stays set for the session.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from eaglespec import tree_kernels as TK
+from eaglespec.draft.fast import enable_draft_graphs
+from eaglespec.draft.proposer import Proposer
+from eaglespec.engine import SpeculativeEngine
+from eaglespec.errors import EagleSpecError
+from eaglespec.target.fast import FastTarget
+from eaglespec.target.hf import HFTarget
+from eaglespec.tree import CONF_FLOOR, TreeSpec
+
+from conftest import reference_greedy, tiny_drafter, tiny_target
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_children_is_softmax_topk_and_log_value(dtype):
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(0)).mul(3).to(dtype)
+    conf, tok, logc = TK.children(logits, 7, CONF_FLOOR)
+    ref_conf, ref_tok, ref_logc = TK.children_ref(logits, 7, CONF_FLOOR)
+    assert conf.dtype == logc.dtype == torch.float32 and tok.dtype == torch.long
+    torch.testing.assert_close(conf, ref_conf, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(logc, ref_logc, rtol=1e-6, atol=1e-6)
+    if dtype == torch.float32:
+        assert torch.equal(tok, ref_tok)
+    else:  # bf16 logits tie often: the same logit at every rank, ids distinct per row
+        assert torch.equal(logits.gather(1, tok), logits.gather(1, ref_tok))
+        assert all(len(set(row)) == 7 for row in tok.tolist())
+
+
+def test_children_ties_go_to_the_lower_id_and_never_repeat():
+    logits = torch.full((3, 40), float("-inf"))
+    logits[0, 3] = 1.0  # one finite logit: the rest of the top-6 are distinct zero-probability ids
+    logits[1, [9, 4, 30]] = 0.5  # a three-way tie: by id
+    logits[2] = 0.0  # all tied
+    conf, tok, logc = TK.children(logits, 6, CONF_FLOOR)
+    assert tok[0].tolist() == [3, 0, 1, 2, 4, 5]
+    assert tok[1].tolist() == [4, 9, 30, 0, 1, 2]
+    assert tok[2].tolist() == [0, 1, 2, 3, 4, 5]
+    assert conf[0].tolist() == [1.0, 0, 0, 0, 0, 0]
+    torch.testing.assert_close(conf[1, :3], torch.full((3,), 1 / 3))
+    torch.testing.assert_close(logc[0, 1:], torch.full((5,), CONF_FLOOR).log())  # the floor, not -inf
+
+
+def test_children_of_a_nan_row_stay_in_the_vocab():
+    logits = torch.randn(2, 50)
+    logits[1] = float("nan")
+    conf, tok, _ = TK.children(logits, 4, CONF_FLOOR)
+    assert int(tok.min()) >= 0 and int(tok.max()) < 50
+    assert conf[1].isnan().all()  # the growth's flags report it
+
+
+@pytest.mark.parametrize("m,k", [(1, 1), (9, 3), (37, 37), (64, 10), (150, 60)])
+@pytest.mark.parametrize("descending", [True, False])
+def test_rank_top_is_a_stable_sort_prefix(m, k, descending):
+    gen = torch.Generator().manual_seed(m)
+    floats = torch.randint(-4, 5, (m,), generator=gen).float() / 2  # many ties: the order among them is by index
+    ints = torch.randperm(3 * m, generator=gen)[:m]
+    for v in (floats, ints):
+        vals, idx = TK.rank_top(v, k, descending)
+        ref_vals, ref_idx = TK.rank_top_ref(v, k, descending)
+        assert torch.equal(vals, ref_vals) and torch.equal(idx, ref_idx), (v.dtype, vals, ref_vals)
+
+
+def test_kernels_refuse_shapes_they_cannot_take():
+    with pytest.raises(ValueError, match="the first 5 of"):
+        TK.rank_top(torch.zeros(4), 5)
+    with pytest.raises(ValueError, match="top-9 of rows of 8"):
+        TK.children(torch.zeros(2, 8), 9, CONF_FLOOR)
+
+
+def test_wanted_reads_its_switch(monkeypatch):
+    monkeypatch.delenv(TK.TREE_KERNELS_ENV, raising=False)
+    assert not TK.wanted("cpu")  # unset: CUDA only
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
+    assert TK.wanted("cpu")  # the interpreter is on
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "0")
+    assert not TK.wanted("cpu")
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "yes")
+    with pytest.raises(EagleSpecError, match="EAGLESPEC_TREE_KERNELS='yes'"):
+        TK.wanted("cpu")
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs triton and a CUDA device"):
+        TK.wanted("cpu")
+
+
+def _trees(engine, prompt, n):
+    """Greedy generation; returns (tokens, every proposed tree as (tokens, parents) lists)."""
+    trees = []
+    real = Proposer.propose
+
+    def recording(self, *args):
+        tree = real(self, *args)
+        trees.append((tree.tokens.tolist(), tree.parents.tolist()))
+        return tree
+
+    Proposer.propose = recording
+    try:
+        return engine.generate(prompt, max_new_tokens=n).token_ids, trees
+    finally:
+        Proposer.propose = real
+
+
+def _count_kernels(monkeypatch) -> dict[str, int]:
+    calls = {"children": 0, "rank_top": 0}
+    for name in calls:
+        real = getattr(TK, name)
+
+        def counted(*a, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(TK, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("spec", [TreeSpec("dynamic", depth=3, top_k=3, budget=7),
+                                  TreeSpec("static", depth=3, top_k=3, budget=6)], ids=["dynamic", "static"])
+@pytest.mark.parametrize("runner", ["eager", "tree-graph"])
+def test_kernel_trees_are_the_torch_trees_and_output_is_generate(spec, runner, monkeypatch):
+    model = tiny_target("llama", seed=5)
+    prompt, n = [5, 17, 33, 62, 8], 10
+
+    def run(kernels: str):
+        monkeypatch.setenv(TK.TREE_KERNELS_ENV, kernels)
+        target = HFTarget(model) if runner == "eager" else FastTarget(model, max_len=96)
+        engine = SpeculativeEngine(target, tiny_drafter(model, seed=3), spec)
+        if runner == "tree-graph":  # on CPU the whole-tree growth runs eagerly over the graph's static buffers
+            enable_draft_graphs(engine, max_len=96, buckets=(1, 4, 8))
+        return _trees(engine, prompt, n)
+
+    ref_tokens, ref_trees = run("0")
+    calls = _count_kernels(monkeypatch)
+    tokens, trees = run("1")
+    assert calls["children"] > 0
+    assert calls["rank_top"] > 0 or spec.kind == "static"
+    assert tokens == ref_tokens == reference_greedy(model, prompt, n)
+    assert trees == ref_trees and len(trees) >= 3
+
+
+def test_sampled_and_processed_drafting_keep_the_torch_path(monkeypatch):
+    """Children drawn from q, or ranked under processors, are not a plain softmax: no children kernel there."""
+    from eaglespec.sampling import SamplingParams
+
+    model = tiny_target("llama", seed=5)
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
+    proposer = Proposer(tiny_drafter(model, seed=3), TreeSpec("dynamic", depth=3, top_k=3, budget=7))
+    assert proposer._kernel_children(96)
+    proposer.sampling = SamplingParams(temperature=1.0)
+    assert not proposer._kernel_children(96)
+    proposer.sampling = SamplingParams(temperature=0.0)
+    assert proposer._kernel_children(96)
+    assert not proposer._kernel_children(TK.MAX_VOCAB + 1)
