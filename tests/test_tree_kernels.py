@@ -1,5 +1,5 @@
 """The greedy tree's Triton kernels (tree_kernels.py) under Triton's CPU interpreter (TRITON_INTERPRET=1): children
-(softmax + top-k + log value) against softmax().topk(), rank_top against a stable sort, and the dynamic and static
+(softmax + top-k + log value, per chunk then merged) against softmax().topk(), rank_top against a stable sort, and the dynamic and static
 trees they grow: the same trees as the torch path, and greedy output identical to HF generate."""
 
 from __future__ import annotations
@@ -27,8 +27,11 @@ from conftest import reference_greedy, tiny_drafter, tiny_target
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_children_is_softmax_topk_and_log_value(dtype):
-    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(0)).mul(3).to(dtype)
+@pytest.mark.parametrize("chunk,vocab", [(1024, 300), (64, 300), (64, 130)], ids=["one-chunk", "chunks", "short-chunk"])
+def test_children_is_softmax_topk_and_log_value(dtype, chunk, vocab, monkeypatch):
+    """One chunk per row, several (the last partial), and a last chunk shorter than k (its keys padded)."""
+    monkeypatch.setattr(TK, "_CHUNK", chunk)
+    logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(0)).mul(3).to(dtype)
     conf, tok, logc = TK.children(logits, 7, CONF_FLOOR)
     ref_conf, ref_tok, ref_logc = TK.children_ref(logits, 7, CONF_FLOOR)
     assert conf.dtype == logc.dtype == torch.float32 and tok.dtype == torch.long
@@ -41,7 +44,9 @@ def test_children_is_softmax_topk_and_log_value(dtype):
         assert all(len(set(row)) == 7 for row in tok.tolist())
 
 
-def test_children_ties_go_to_the_lower_id_and_never_repeat():
+@pytest.mark.parametrize("chunk", [1024, 8])
+def test_children_ties_go_to_the_lower_id_and_never_repeat(chunk, monkeypatch):
+    monkeypatch.setattr(TK, "_CHUNK", chunk)
     logits = torch.full((3, 40), float("-inf"))
     logits[0, 3] = 1.0  # one finite logit: the rest of the top-6 are distinct zero-probability ids
     logits[1, [9, 4, 30]] = 0.5  # a three-way tie: by id
@@ -80,6 +85,7 @@ def test_kernels_refuse_shapes_they_cannot_take():
         TK.rank_top(torch.zeros(4), 5)
     with pytest.raises(ValueError, match="top-9 of rows of 8"):
         TK.children(torch.zeros(2, 8), 9, CONF_FLOOR)
+    assert TK.fits(TK.MAX_VOCAB, TK.MAX_K) and not TK.fits(TK.MAX_VOCAB + 1, 1) and not TK.fits(100, TK.MAX_K + 1)
 
 
 def test_wanted_reads_its_switch(monkeypatch):
@@ -159,9 +165,9 @@ def test_sampled_and_processed_drafting_keep_the_torch_path(monkeypatch):
     model = tiny_target("llama", seed=5)
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
     proposer = Proposer(tiny_drafter(model, seed=3), TreeSpec("dynamic", depth=3, top_k=3, budget=7))
-    assert proposer._kernel_children(96)
+    assert proposer._kernel_children(96, 3)
     proposer.sampling = SamplingParams(temperature=1.0)
-    assert not proposer._kernel_children(96)
+    assert not proposer._kernel_children(96, 3)
     proposer.sampling = SamplingParams(temperature=0.0)
-    assert proposer._kernel_children(96)
-    assert not proposer._kernel_children(TK.MAX_VOCAB + 1)
+    assert proposer._kernel_children(96, 3)
+    assert not proposer._kernel_children(TK.MAX_VOCAB + 1, 3)

@@ -6,9 +6,10 @@ costing ~3.8 us (run + gap) whatever its size; per depth the children of the new
 torch.topk stages (gatherTopK + bitonic sort each: ~12 us of device time per topk), a chunk-offset add and a gather,
 the log value a clamp and a log, and the next expansion's pick a stable radix sort. Here:
 
-    children(logits [n, Vd], k)  -> (conf [n, k] fp32, tok [n, k] long, log conf [n, k] fp32): ONE kernel, one
-                                    program per row: the softmax's max and sum, then k rounds of argmax (ties to
-                                    the lower id), conf = exp(x - max) / sum, log conf = log(max(conf, 1e-12))
+    children(logits [n, Vd], k)  -> (conf [n, k] fp32, tok [n, k] long, log conf [n, k] fp32): TWO kernels: per
+                                    chunk of 1024 logits (one program each) the softmax's max and sum and k
+                                    rounds of argmax (ties to the lower id), then per row the merge: conf =
+                                    exp(x - max) / sum, log conf = log(max(conf, 1e-12))
     rank_top(v [M], k, desc)     -> (values [k], indices [k] long): ONE kernel, the first k of a stable sort of v
                                     (descending: ties to the lower index, as sort(descending=True, stable=True);
                                     ascending likewise), by ranks: rank(i) = #{j: v_j before v_i}, written at rank
@@ -20,8 +21,12 @@ build the same tree (the eager proposer, the whole-tree graph) calls the same fu
 rank_top is exact (comparisons only).
 
 Used where `wanted(device)`: EAGLESPEC_TREE_KERNELS=1 (triton must be importable; on CPU also TRITON_INTERPRET=1),
-=0 never, unset: on CUDA where triton imports. Rows wider than MAX_VOCAB take the torch path (one program holds a
-row in registers). Kernels call triton builtins only (target/kernels.py's _load says why).
+=0 never, unset: on CUDA where triton imports. Rows wider than MAX_VOCAB, or more than MAX_K children, take the
+torch path. Kernels call triton builtins only (target/kernels.py's _load says why).
+
+Measured on the H200 (bench/RESULTS.md, session 13; SmolLM2 + the shipped drafter, MT-bench 40, T=0): with the
+one-program-per-row children kernel of 59e909f, dynamic 7/10/60 1532 -> 1852 tok/s and static 1685 -> 1840, a
+round 672 -> 579 kernels; that kernel took ~21 us per depth (one program per row), hence the chunked two kernels.
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ from .errors import env_switch
 from .target import kernels as K
 
 TREE_KERNELS_ENV = "EAGLESPEC_TREE_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
-MAX_VOCAB = 65536  # children(): the widest draft vocab one program reads whole
+MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge reads vocab / 1024 * k keys per row)
+MAX_K = 32  # children(): the most children per row (the kernels unroll a loop per child)
+_CHUNK = 1024  # children(): logits per program of its first kernel
 _RANK_TILE = 64  # rank_top: at most this many rows per program, and columns per step
 
 
@@ -48,8 +55,9 @@ def wanted(device: torch.device | str) -> bool:
     return env
 
 
-def fits(vocab: int) -> bool:
-    return 0 < vocab <= MAX_VOCAB
+def fits(vocab: int, k: int) -> bool:
+    """Whether children() takes rows of `vocab` logits, k children each."""
+    return 0 < k <= min(vocab, MAX_K) and vocab <= MAX_VOCAB
 
 
 # -- plain-torch references (the code each kernel replaces) --------------------------------------------------
@@ -70,34 +78,61 @@ def _max(a, b):
     return tl.maximum(a, b)
 
 
-def _min(a, b):
-    return tl.minimum(a, b)
-
-
 def _add(a, b):
     return a + b
 
 
-def _children_kernel(x_ptr, conf_ptr, tok_ptr, logc_ptr, x_row_stride, V, floor, K: tl.constexpr,
-                     BLOCK: tl.constexpr):
-    """One program per row of x [n, V]: softmax statistics, then K rounds of (largest logit left, lowest id)."""
+def _key(x, cols):
+    """fp32 x [B] and ids [B] -> int64 keys ordered as (x, then the lower id): the float's bits made monotone as a
+    signed int32 (negative floats: the magnitude bits flipped) in the high word, 2^31 - 1 - id in the low."""
+    bits = x.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - cols).to(tl.int64)
+
+
+def _chunk_top_kernel(x_ptr, key_ptr, stat_ptr, x_row_stride, V, S, K: tl.constexpr, CHUNK: tl.constexpr):
+    """Program (row, s) over x[row, s*CHUNK : (s+1)*CHUNK]: its max and sum(exp(x - max)) -> stat[row, s, 0:2], and
+    the keys of its K largest (by value, then lower id; padding: int64 min) -> key[row, s, :K]."""
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
+    s = tl.program_id(1)
+    cols = s * CHUNK + tl.arange(0, CHUNK)
     inside = cols < V
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=inside, other=float("-inf")).to(tl.float32)
     m = tl.reduce(x, 0, _max)
-    s = tl.reduce(tl.where(inside, tl.exp(x - m), 0.0), 0, _add)
-    alive = inside
+    total = tl.reduce(tl.where(inside, tl.exp(x - m), 0.0), 0, _add)
+    tl.store(stat_ptr + (row * S + s) * 2, m)
+    tl.store(stat_ptr + (row * S + s) * 2 + 1, total)
+    empty = -9223372036854775807 - 1
+    key = tl.where(inside, _key(x, cols), empty)
     for j in tl.static_range(K):
-        left = tl.where(alive, x, float("-inf"))
-        best = tl.reduce(left, 0, _max)
-        pick = tl.reduce(tl.where(alive & (left == best), cols, BLOCK), 0, _min)
-        pick = tl.minimum(pick, V - 1)  # a NaN row matches nothing: stay in range (its conf flags it)
-        conf = tl.exp(best - m) / s
+        best = tl.reduce(key, 0, _max)
+        tl.store(key_ptr + (row * S + s) * K + j, best)
+        key = tl.where(key == best, empty, key)
+
+
+def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, S, floor, K: tl.constexpr,
+                      SP: tl.constexpr, BLOCK: tl.constexpr):
+    """Program row: the softmax statistics of its S chunks combined, then the K largest of its S*K chunk keys ->
+    conf = exp(x - max) / sum, the id, log(max(conf, floor))."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.arange(0, SP)
+    m_s = tl.load(stat_ptr + (row * S + s) * 2, mask=s < S, other=float("-inf"))
+    t_s = tl.load(stat_ptr + (row * S + s) * 2 + 1, mask=s < S, other=0.0)
+    m = tl.reduce(m_s, 0, _max)
+    # a chunk of -inf only (its sum NaN) adds nothing; a row of -inf only gives NaN, as softmax does
+    total = tl.reduce(tl.where(m_s > float("-inf"), t_s * tl.exp(m_s - m), 0.0), 0, _add)
+    i = tl.arange(0, BLOCK)
+    empty = -9223372036854775807 - 1
+    key = tl.load(key_ptr + row * S * K + i, mask=i < S * K, other=empty)
+    for j in tl.static_range(K):
+        best = tl.reduce(key, 0, _max)
+        key = tl.where(key == best, empty, key)
+        ordered = (best >> 32).to(tl.int32)
+        x = (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+        conf = tl.exp(x - m) / total
         tl.store(conf_ptr + row * K + j, conf)
-        tl.store(tok_ptr + row * K + j, pick.to(tl.int64))
+        tl.store(tok_ptr + row * K + j, 0x7FFFFFFF - (best & 0x7FFFFFFF))
         tl.store(logc_ptr + row * K + j, tl.log(tl.maximum(conf, floor)))
-        alive = alive & (cols != pick)
 
 
 def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, M, K, DESC: tl.constexpr, TILE: tl.constexpr):
@@ -121,7 +156,7 @@ def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, M, K, DESC: tl.constexpr, TILE: t
     tl.store(idx_ptr + rank, i.to(tl.int64), mask=keep)
 
 
-_JITTED = ("_max", "_min", "_add", "_children_kernel", "_rank_top_kernel")
+_JITTED = ("_max", "_add", "_key", "_chunk_top_kernel", "_merge_top_kernel", "_rank_top_kernel")
 
 
 @functools.cache
@@ -138,21 +173,27 @@ def _load() -> None:
 
 # -- the launchers -----------------------------------------------------------------------------------------
 def children(logits: torch.Tensor, k: int, floor: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """children_ref in one kernel: logits [n, V] (V <= MAX_VOCAB, k <= V) -> conf [n, k] fp32 descending,
-    tok [n, k] long, log conf [n, k] fp32."""
+    """children_ref in two kernels: logits [n, V] (V <= MAX_VOCAB, k <= V) -> conf [n, k] fp32 descending,
+    tok [n, k] long, log conf [n, k] fp32. The first kernel takes each row in chunks of _CHUNK, one program each
+    (its softmax statistics and top-k keys), the second merges a row's chunks (one program per row)."""
     _load()
     n, v = logits.shape
-    if not fits(v) or not 0 < k <= v:
-        raise ValueError(f"tree kernels: top-{k} of rows of {v} (at most {MAX_VOCAB})")
+    if not fits(v, k):
+        raise ValueError(f"tree kernels: top-{k} of rows of {v} (at most top-{MAX_K} of {MAX_VOCAB})")
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     dev = logits.device
+    chunk = min(_CHUNK, K._pow2(v))
+    splits = -(-v // chunk)
+    keys = torch.empty(n, splits, k, dtype=torch.long, device=dev)
+    stats = torch.empty(n, splits, 2, dtype=torch.float32, device=dev)
     conf = torch.empty(n, k, dtype=torch.float32, device=dev)
     tok = torch.empty(n, k, dtype=torch.long, device=dev)
     logc = torch.empty(n, k, dtype=torch.float32, device=dev)
-    block = K._pow2(v)
-    _children_kernel[(n,)](logits, conf, tok, logc, logits.stride(0), v, floor, K=k, BLOCK=block,
-                           num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4)
+    _chunk_top_kernel[(n, splits)](logits, keys, stats, logits.stride(0), v, splits, K=k, CHUNK=chunk,
+                                   num_warps=4)
+    _merge_top_kernel[(n,)](keys, stats, conf, tok, logc, splits, floor, K=k, SP=K._pow2(splits),
+                            BLOCK=K._pow2(splits * k), num_warps=4)
     return conf, tok, logc
 
 

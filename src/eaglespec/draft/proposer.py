@@ -172,10 +172,10 @@ class Proposer:
         """Drafting under sampling processors (temperature > 0)."""
         return self.sampling is not None and not self.sampling.greedy
 
-    def _kernel_children(self, draft_vocab: int) -> bool:
-        """Greedy children by tree_kernels.children (softmax, top-k and log value in one kernel) instead of
+    def _kernel_children(self, draft_vocab: int, k: int) -> bool:
+        """Greedy children by tree_kernels.children (softmax, top-k and log value in two kernels) instead of
         draft_dist + draft_topk: drafting without processors, on a device where tree_kernels.wanted."""
-        return not self._sampled and tree_kernels.fits(draft_vocab) and tree_kernels.wanted(self.device)
+        return not self._sampled and tree_kernels.fits(draft_vocab, k) and tree_kernels.wanted(self.device)
 
     def _tree_graph(self, draft_vocab: int) -> TreeGraph | None:
         """The whole-tree graph (draft/tree_graph.py) for this spec and draft processors, where the runner is
@@ -313,7 +313,7 @@ class Proposer:
         q_rows: list[torch.Tensor] = []
         expanded: list[torch.Tensor] = []
         alive: list[torch.Tensor] = []
-        kernel = self._kernel_children(logits.shape[-1])
+        kernel = self._kernel_children(logits.shape[-1], k)
 
         def children(logits: torch.Tensor, r0: int, parent_alive: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
             """[n, Vd] draft logits -> (child draft ids [n, k], confidences [n, k] sorted descending; with the
@@ -391,7 +391,7 @@ class Proposer:
             raise ValueError(f"static tree rank {plan.n_ranks - 1} exceeds the draft vocabulary")
         rows = new_rows(plan.tree_visible)
 
-        kernel = self._kernel_children(logits.shape[-1])
+        kernel = self._kernel_children(logits.shape[-1], plan.n_ranks)
 
         def children(probs: torch.Tensor, race: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
             """[rows, Vd] -> (confidences [rows, R], draft ids [rows, R]): top-R, or R draws in order
