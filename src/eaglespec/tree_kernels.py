@@ -13,6 +13,10 @@ the log value a clamp and a log, and the next expansion's pick a stable radix so
     rank_top(v [M], k, desc)     -> (values [k], indices [k] long): ONE kernel, the first k of a stable sort of v
                                     (descending: ties to the lower index, as sort(descending=True, stable=True);
                                     ascending likewise), by ranks: rank(i) = #{j: v_j before v_i}, written at rank
+    expand_rows(...)             -> an expansion's inputs in ONE kernel: the expanded nodes' states (gathered from
+                                    their parents' drafter outputs), target ids (through d2t) and mask rows (their
+                                    parents' OR-ed in), in place of a division, two gathers, the d2t gather, an
+                                    index_select and an OR
 
 Values: children's conf is the softmax's within fp32 rounding (another summation order and exp), not bitwise; the
 order of exactly tied logits is by lower id (torch.topk's tie order is unspecified). Drafts are proposals checked
@@ -71,6 +75,17 @@ def rank_top_ref(v: torch.Tensor, k: int, descending: bool = True) -> tuple[torc
     """The first k of v.sort(descending, stable=True): (values [k], indices [k])."""
     vals, idx = v.sort(descending=descending, stable=True)
     return vals[:k], idx[:k]
+
+
+def expand_rows_ref(local: torch.Tensor, k: int, prev: torch.Tensor, newest: torch.Tensor, table: torch.Tensor | None,
+                    mask: torch.Tensor, r0: int, p0: int, inherit: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Proposer._dynamic's inputs of an expansion: the expanded nodes' states (their parents' drafter outputs)
+    and target ids, and (inherit) their mask rows OR-ed with their parents' (MaskRows.inherit)."""
+    slot = local // k if inherit else torch.zeros_like(local)  # [n] parent row in prev
+    if inherit:
+        mask[r0: r0 + local.shape[0]].bitwise_or_(mask[p0:].index_select(0, slot))
+    tokens = newest[local]
+    return prev[slot], tokens if table is None else table[tokens]
 
 
 # -- the Triton kernels (plain functions here; _load() jits them on first use) --------------------------------
@@ -156,7 +171,32 @@ def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, M, K, DESC: tl.constexpr, TILE: t
     tl.store(idx_ptr + rank, i.to(tl.int64), mask=keep)
 
 
-_JITTED = ("_max", "_add", "_key", "_chunk_top_kernel", "_merge_top_kernel", "_rank_top_kernel")
+def _expand_rows_kernel(local_ptr, prev_ptr, newest_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, prev_stride,
+                        mask_stride, k, r0, p0, H, X, INHERIT: tl.constexpr, MAP: tl.constexpr, HB: tl.constexpr,
+                        XB: tl.constexpr):
+    """Program i: expanded node local[i] -> states[i] = prev[its parent slot], tokens[i] = (table of) newest[local[i]],
+    and (INHERIT) mask row r0 + i |= mask row p0 + slot (a parent's row precedes its children's: no overlap)."""
+    i = tl.program_id(0)
+    node = tl.load(local_ptr + i)
+    if INHERIT:
+        slot = node // k
+    else:
+        slot = node * 0
+    h = tl.arange(0, HB)
+    tl.store(states_ptr + i * H + h, tl.load(prev_ptr + slot * prev_stride + h, mask=h < H), mask=h < H)
+    tok = tl.load(newest_ptr + node)
+    if MAP:
+        tok = tl.load(table_ptr + tok)
+    tl.store(tokens_ptr + i, tok)
+    if INHERIT:
+        for x0 in range(0, X, XB):
+            x = x0 + tl.arange(0, XB)
+            parent = tl.load(mask_ptr + (p0 + slot) * mask_stride + x, mask=x < X)
+            child = tl.load(mask_ptr + (r0 + i) * mask_stride + x, mask=x < X)
+            tl.store(mask_ptr + (r0 + i) * mask_stride + x, child | parent, mask=x < X)
+
+
+_JITTED = ("_max", "_add", "_key", "_chunk_top_kernel", "_merge_top_kernel", "_rank_top_kernel", "_expand_rows_kernel")
 
 
 @functools.cache
@@ -209,3 +249,23 @@ def rank_top(v: torch.Tensor, k: int, descending: bool = True) -> tuple[torch.Te
     tile = min(_RANK_TILE, max(16, K._pow2(m)))
     _rank_top_kernel[(triton.cdiv(m, tile),)](v, vals, idx, m, k, DESC=descending, TILE=tile)
     return vals, idx
+
+
+def expand_rows(local: torch.Tensor, k: int, prev: torch.Tensor, newest: torch.Tensor, table: torch.Tensor | None,
+                mask: torch.Tensor, r0: int, p0: int, inherit: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """expand_rows_ref in one kernel: local [n] long (the expanded nodes' indices in the newest layer, whose
+    parent is prev row local // k; row 0 when not `inherit`: the root's children), prev [m, H] (last dim
+    contiguous), newest [M] long (the newest layer's draft ids), table [Vd] long or None (draft -> target ids),
+    mask [R, X] bool (contiguous rows; written in place when `inherit`) -> (states [n, H], target ids [n])."""
+    _load()
+    n, h = local.shape[0], prev.shape[1]
+    if prev.stride(-1) != 1 or mask.stride(-1) != 1 or mask.dtype != torch.bool:
+        raise ValueError("tree kernels: expand_rows needs prev and a bool mask with contiguous rows")
+    states = torch.empty(n, h, dtype=prev.dtype, device=prev.device)
+    tokens = torch.empty(n, dtype=torch.long, device=prev.device)
+    x = mask.shape[1]
+    _expand_rows_kernel[(n,)](local, prev, newest, table if table is not None else newest, states, tokens,
+                              mask.view(torch.uint8), prev.stride(0), mask.stride(0), k, r0, p0, h, x,
+                              INHERIT=inherit, MAP=table is not None, HB=K._pow2(h),
+                              XB=min(1024, K._pow2(x)), num_warps=4)
+    return states, tokens

@@ -78,16 +78,20 @@ class Eagle3Drafter(TargetEmbedding, nn.Module):
         return [KVCache()]
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        """Contract 5: target_id = draft_id + d2t[draft_id], as one gather from the table arange + d2t (made on
-        first use, again whenever d2t is moved or written: a tree's draft rounds call this once per depth)."""
+        """Contract 5: target_id = draft_id + d2t[draft_id], as one gather from target_id_table()."""
+        return self.target_id_table()[draft_ids]
+
+    def target_id_table(self) -> torch.Tensor:
+        """[Vd] long: arange + d2t, every draft id's target id (made on first use, again whenever d2t is moved or
+        written: a tree's draft rounds map ids once per depth)."""
         d2t = self.d2t
         key = (d2t.data_ptr(), 0 if d2t.is_inference() else d2t._version, d2t.device)  # (no version counter)
         if getattr(self, "_target_ids_key", None) != key:
             table = torch.arange(d2t.shape[0], device=d2t.device) + d2t  # [Vd]
             if d2t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                return table[draft_ids]  # made inside a CUDA-graph capture it holds nothing until a replay: no cache
+                return table  # made inside a CUDA-graph capture it holds nothing until a replay: no cache
             self._target_ids, self._target_ids_key = table, key
-        return self._target_ids[draft_ids]
+        return self._target_ids
 
     # -- math -----------------------------------------------------------------------------------
     def project(self, features: torch.Tensor) -> torch.Tensor:

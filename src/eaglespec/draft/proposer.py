@@ -314,6 +314,7 @@ class Proposer:
         expanded: list[torch.Tensor] = []
         alive: list[torch.Tensor] = []
         kernel = self._kernel_children(logits.shape[-1], k)
+        table = self.drafter.target_id_table() if kernel and hasattr(self.drafter, "target_id_table") else None
 
         def children(logits: torch.Tensor, r0: int, parent_alive: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
             """[n, Vd] draft logits -> (child draft ids [n, k], confidences [n, k] sorted descending; with the
@@ -333,13 +334,17 @@ class Proposer:
         def expand(nodes: torch.Tensor, cand: Candidates, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
             local = cand.newest  # [n] the nodes' indices within the newest layer (the previous expansion's children)
             n, r0 = local.numel(), prev.row0 + prev.rows  # this expansion's rows: r0..r0+n-1
-            if depth == 1:  # the root's children: their parent is the last committed row
-                states = prev.out.expand(n, -1)
+            if kernel:  # the same three steps in one kernel
+                states, tokens = tree_kernels.expand_rows(local, k, prev.out, cand.newest_tokens, table, rows.mask,
+                                                          r0, prev.row0, inherit=depth > 1)
             else:
-                slot = local // k  # [n] parent's index in the previous expansion
-                states = prev.out[slot]
-                rows.inherit(r0, prev.row0, slot)
-            tokens = self.drafter.to_target_ids(cand.newest_tokens[local])
+                if depth == 1:  # the root's children: their parent is the last committed row
+                    states = prev.out.expand(n, -1)
+                else:
+                    slot = local // k  # [n] parent's index in the previous expansion
+                    states = prev.out[slot]
+                    rows.inherit(r0, prev.row0, slot)
+                tokens = self.drafter.to_target_ids(cand.newest_tokens[local])
             logits, out = rows.run(states, tokens, depth, r0)
             prev.out, prev.row0, prev.rows = out, r0, n
             if sampled:
