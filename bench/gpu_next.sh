@@ -103,6 +103,15 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 14's starting point (session 13 built tree_kernels.py: children / rank_top / expand_rows, on by default on
+# CUDA; MT-bench 80 dynamic 7/10/60 2.38x plain (tau 4.25), HumanEval 2.93x (tau 5.33); a round is 560 kernels,
+# 2.12 ms). 1. Time the wider tree as the default: 7/20/120 was 2.37x at tau 4.57 on MT-bench 40 (>= 7/10/60 in two
+# leases); run `bash bench/gpu_x2.sh final13` with the manifest's tree_defaults.dynamic at 7/20/120 (keep a cpu
+# override) and ship it if it wins on the 80 and on HumanEval. 2. Fewer kernels: one Triton kernel for tree._select
+# (~20 torch kernels: gathers, searchsorted, cats) and for the greedy acceptance; the cuDNN SDPA's memset (37 per
+# round) might go with another attention backend for the captured steps. 3. Sampled drafting has no kernels: a
+# sampled dynamic tree is still 0.81x at T=1. Mind: a `while pgrep -f "<text>"` wait inside a device command matches
+# the command's own shell (session 13 lost ~100 s to one); wait on a PID instead.
 # The first torchrun of session 11 died on a fresh machine (the default target converted on rank 1 after joining the
 # process group: fixed in 0f93fd9); if a 2-GPU train fails at once, convert the target first in one process:
 # python3 -c "from eaglespec.target.loading import load_target; load_target(None, device='cpu')".
