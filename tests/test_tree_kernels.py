@@ -194,3 +194,20 @@ def test_sampled_and_processed_drafting_keep_the_torch_path(monkeypatch):
     proposer.sampling = SamplingParams(temperature=0.0)
     assert proposer._kernel_children(96, 3)
     assert not proposer._kernel_children(TK.MAX_VOCAB + 1, 3)
+
+
+@pytest.mark.parametrize("budget", [0, 1, 7, 40])
+def test_select_nodes_with_kernels_is_the_sorted_selection(budget, monkeypatch):
+    """The final pick: the top-`budget` candidates by value (ties to the lower id), returned in id order."""
+    from eaglespec.tree import Candidates, select_nodes
+
+    gen = torch.Generator().manual_seed(budget)
+    logv = (torch.randint(-8, 0, (30,), generator=gen).float() / 2).sort(descending=True).values  # ties
+    logv = logv[torch.randperm(30, generator=gen)]
+    cand = Candidates(tokens=torch.arange(30), parents=torch.full((30,), -1), depths=torch.ones(30, dtype=torch.long),
+                      logv=logv)
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "0")
+    ref = select_nodes(cand, budget)
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
+    got = select_nodes(cand, budget)
+    assert torch.equal(got, ref) and got.tolist() == sorted(got.tolist()) and got.numel() == min(budget, 30)

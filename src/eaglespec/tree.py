@@ -447,7 +447,7 @@ def select_nodes(cand: Candidates, budget: int) -> torch.Tensor:
     Candidate ids are in depth order, so a stable sort on -logv realises the full key.
     """
     b = min(budget, cand.size)
-    if tree_kernels.wanted(cand.logv.device):
+    if b > 0 and tree_kernels.wanted(cand.logv.device):
         return tree_kernels.rank_top(tree_kernels.rank_top(cand.logv, b)[1], b, descending=False)[0]
     return _top(cand.logv, b).sort().values
 
