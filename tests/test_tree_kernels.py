@@ -141,7 +141,7 @@ def _trees(engine, prompt, n):
 
 
 def _count_kernels(monkeypatch) -> dict[str, int]:
-    calls = {"children": 0, "rank_top": 0, "expand_rows": 0}
+    calls = {"children": 0, "rank_top": 0, "expand_rows": 0, "select_tree": 0}
     for name in calls:
         real = getattr(TK, name)
 
@@ -172,7 +172,7 @@ def test_kernel_trees_are_the_torch_trees_and_output_is_generate(spec, runner, m
     calls = _count_kernels(monkeypatch)
     tokens, trees, values = run("1")
     assert calls["children"] > 0
-    assert (calls["rank_top"] > 0 and calls["expand_rows"] > 0) or spec.kind == "static"
+    assert min(calls["rank_top"], calls["expand_rows"], calls["select_tree"]) > 0 or spec.kind == "static"
     assert tokens == ref_tokens == reference_greedy(model, prompt, n)
     assert trees == ref_trees and len(trees) >= 3
     # the values too: a tiny random drafter often proposes the same children whatever a node's state, but not
@@ -211,3 +211,22 @@ def test_select_nodes_with_kernels_is_the_sorted_selection(budget, monkeypatch):
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
     got = select_nodes(cand, budget)
     assert torch.equal(got, ref) and got.tolist() == sorted(got.tolist()) and got.numel() == min(budget, 30)
+
+
+@pytest.mark.parametrize("mapped", [True, False], ids=["d2t", "identity"])
+@pytest.mark.parametrize("closed", [True, False])
+def test_select_tree_assembles_the_tree_and_its_closure_flag(mapped, closed):
+    """Candidates 0..8: 0-2 children of the root, 3-8 children of 0 and 2; node 1 + j is chosen[j]."""
+    parents = torch.tensor([-1, -1, -1, 0, 0, 0, 2, 2, 2])
+    tokens = torch.tensor([11, 12, 13, 14, 15, 16, 17, 18, 19])
+    depths = torch.tensor([1, 1, 1, 2, 2, 2, 2, 2, 2])
+    logv = -torch.arange(9, dtype=torch.float32) / 4
+    chosen = torch.tensor([0, 2, 3, 7]) if closed else torch.tensor([0, 3, 7])  # 7's parent 2 not chosen
+    table = torch.arange(40).flip(0) if mapped else None
+    root = torch.tensor([5])
+    ids, logq, not_closed = TK.select_tree(root, chosen, parents, tokens, depths, logv, table)
+    ref_ids, ref_logq, ref_not_closed = TK.select_tree_ref(root, chosen, parents, tokens, depths, logv, table)
+    assert torch.equal(ids, ref_ids) and torch.equal(logq, ref_logq)
+    assert bool(not_closed) == bool(ref_not_closed) == (not closed)
+    if closed:
+        assert ids[1].tolist() == [-1, 0, 0, 1, 2]  # parent nodes: the root, the root, node 1 (cand 0), node 2 (cand 2)

@@ -453,11 +453,12 @@ def select_nodes(cand: Candidates, budget: int) -> torch.Tensor:
 
 
 def _select(root: int | torch.Tensor, cand: Candidates, budget: int,
-            token_map: Callable[[torch.Tensor], torch.Tensor] | None = None
+            token_map: Callable[[torch.Tensor], torch.Tensor] | None = None, token_table: torch.Tensor | None = None
             ) -> tuple[DraftTree, torch.Tensor, torch.Tensor]:
     """select_tree without reading anything back: (tree, 0-dim bool "NOT ancestor-closed" on the device, the chosen
-    candidate ids [N-1] of tree nodes 1..). token_map: applied to the chosen candidates' tokens (not the root's),
-    e.g. draft -> target ids."""
+    candidate ids [N-1] of tree nodes 1..). token_map, or the table token_table [Vd] (one of them): applied to the
+    chosen candidates' tokens (not the root's), e.g. draft -> target ids. Without a token_map the assembly is one
+    kernel (tree_kernels.select_tree) where tree_kernels.wanted."""
     dev = cand.tokens.device
     root_t = root_tensor(root, dev)
     if budget <= 0 or cand.size == 0:
@@ -465,6 +466,14 @@ def _select(root: int | torch.Tensor, cand: Candidates, budget: int,
         tree.logq = torch.zeros(1, device=dev)
         return tree, torch.zeros((), dtype=torch.bool, device=dev), cand.tokens[:0]
     chosen = select_nodes(cand, budget)  # [B] candidate ids, ascending
+    if token_map is None and tree_kernels.wanted(dev):
+        ids, logq, not_closed = tree_kernels.select_tree(root_t.reshape(1), chosen, cand.parents, cand.tokens,
+                                                         cand.depths, cand.logv, token_table)
+        tree = DraftTree(tokens=ids[0], parents=ids[1], depths=ids[2], logq=logq, stats={"candidates": cand.size},
+                         ordered=True)
+        return tree, not_closed, chosen
+    if token_table is not None:
+        token_map = token_table.__getitem__
     levels = cand.levels if cand.levels is not None else torch.arange(-1, 1, device=dev)  # [-1, 0, ...]
     parent_ids = cand.parents[chosen]  # [B] candidate ids, -1 = the root
     # tree node of a parent: the chosen id at position j is node j + 1, the root (-1, below every id) node 0
@@ -497,13 +506,14 @@ def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_
                       top_k: int, depth: int, budget: int, sorted_children: bool = False,
                       distinct_children: bool = False,
                       token_map: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                      with_chosen: bool = False) -> tuple[DraftTree, torch.Tensor] | tuple[DraftTree, torch.Tensor,
-                                                                                            torch.Tensor]:
+                      with_chosen: bool = False, token_table: torch.Tensor | None = None
+                      ) -> tuple[DraftTree, torch.Tensor] | tuple[DraftTree, torch.Tensor, torch.Tensor]:
     """dynamic_tree without reading anything back (CUDA-graph capturable when `expand` is):
     (tree, [4] bool flags on the device: invalid input x3, not ancestor-closed). check_dynamic_flags reads them.
     `distinct_children`: no row of children repeats a token (top-k indices): that check is skipped (its flag
     False). `token_map`: applied to the tree's tokens but the root (e.g. draft -> target ids), before they are
-    joined to the root's. `with_chosen`: also return the candidate ids [N-1] of tree nodes 1.. (in generation
+    joined to the root's; or `token_table` [Vd], the same map as a table (no token_map: the final assembly may be
+    one kernel, see _select). `with_chosen`: also return the candidate ids [N-1] of tree nodes 1.. (in generation
     order: the callback's children of one expansion are ids start.. row-major).
     """
     _check_int("width (top-k)", top_k, 1)
@@ -514,7 +524,7 @@ def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_
         flags = torch.zeros(4, dtype=torch.bool, device=root_tokens.device)
         return (tree, flags, root_tokens.new_empty(0).long()) if with_chosen else (tree, flags)
     cand, flags = _grow(root_tokens, root_conf, expand, top_k, depth, sorted_children, distinct_children)
-    tree, not_closed, chosen = _select(root, cand, budget, token_map)
+    tree, not_closed, chosen = _select(root, cand, budget, token_map, token_table)
     flags = torch.stack([*flags, not_closed])
     return (tree, flags, chosen) if with_chosen else (tree, flags)
 

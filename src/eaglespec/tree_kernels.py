@@ -13,6 +13,9 @@ the log value a clamp and a log, and the next expansion's pick a stable radix so
     rank_top(v [M], k, desc)     -> (values [k], indices [k] long): ONE kernel, the first k of a stable sort of v
                                     (descending: ties to the lower index, as sort(descending=True, stable=True);
                                     ascending likewise), by ranks: rank(i) = #{j: v_j before v_i}, written at rank
+    select_tree(...)             -> the final tree from the chosen candidates in ONE kernel (tree._select: their
+                                    tokens through d2t, parent nodes by a searchsorted, depths, log values and the
+                                    closure flag), in place of ~20 gathers, cats and compares
     expand_rows(...)             -> an expansion's inputs in ONE kernel: the expanded nodes' states (gathered from
                                     their parents' drafter outputs), target ids (through d2t) and mask rows (their
                                     parents' OR-ed in), in place of a division, two gathers, the d2t gather, an
@@ -86,6 +89,23 @@ def expand_rows_ref(local: torch.Tensor, k: int, prev: torch.Tensor, newest: tor
         mask[r0: r0 + local.shape[0]].bitwise_or_(mask[p0:].index_select(0, slot))
     tokens = newest[local]
     return prev[slot], tokens if table is None else table[tokens]
+
+
+def select_tree_ref(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
+                    depths: torch.Tensor, logv: torch.Tensor, table: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tree._select's assembly: root [1], chosen [B] candidate ids ascending, the candidates' parents / tokens /
+    depths / log values [M] -> (ids [3, B+1] long: the tree's tokens (target ids through `table`; the root's as
+    given), parent nodes (-1 at the root) and depths; logq [B+1] fp32; not closed [] bool: a chosen node's parent
+    is neither the root (-1) nor chosen)."""
+    parent_ids = parents[chosen]
+    nodes = torch.searchsorted(chosen, parent_ids, right=True)  # [B]: chosen[j] is node j + 1, the root node 0
+    not_closed = (torch.cat([chosen.new_full((1,), -1), chosen])[nodes] != parent_ids).any()
+    tok = tokens[chosen]
+    ids = torch.stack([torch.cat([root, tok if table is None else table[tok]]),
+                       torch.cat([chosen.new_full((1,), -1), nodes]),
+                       torch.cat([chosen.new_zeros(1), depths[chosen]])])
+    return ids, torch.cat([logv.new_zeros(1), logv[chosen]]).float(), not_closed
 
 
 # -- the Triton kernels (plain functions here; _load() jits them on first use) --------------------------------
@@ -196,7 +216,35 @@ def _expand_rows_kernel(local_ptr, prev_ptr, newest_ptr, table_ptr, states_ptr, 
             tl.store(mask_ptr + (r0 + i) * mask_stride + x, child | parent, mask=x < X)
 
 
-_JITTED = ("_max", "_add", "_key", "_chunk_top_kernel", "_merge_top_kernel", "_rank_top_kernel", "_expand_rows_kernel")
+def _select_tree_kernel(root_ptr, chosen_ptr, parents_ptr, tokens_ptr, depths_ptr, logv_ptr, table_ptr, ids_ptr,
+                        logq_ptr, flag_ptr, B, MAP: tl.constexpr, BB: tl.constexpr):
+    """One program: node 1 + j is candidate chosen[j]; its parent node = #{i: chosen[i] <= its parent id} (a
+    searchsorted over the ascending ids), and the selection is closed iff every parent id is -1 or chosen."""
+    j = tl.arange(0, BB)
+    inside = j < B
+    c = tl.load(chosen_ptr + j, mask=inside, other=0)
+    p = tl.load(parents_ptr + c, mask=inside, other=-1)  # [BB] parent candidate ids
+    others = inside[None, :]
+    node = tl.reduce(((c[None, :] <= p[:, None]) & others).to(tl.int64), 1, _add)
+    found = tl.reduce(((c[None, :] == p[:, None]) & others).to(tl.int32), 1, _add) > 0
+    open_ = inside & (p != -1) & (found == 0)
+    tl.store(flag_ptr, tl.reduce(open_.to(tl.int32), 0, _max).to(tl.uint8))
+    tok = tl.load(tokens_ptr + c, mask=inside, other=0)
+    if MAP:
+        tok = tl.load(table_ptr + tok, mask=inside, other=0)
+    n = B + 1
+    tl.store(ids_ptr + 1 + j, tok, mask=inside)
+    tl.store(ids_ptr + n + 1 + j, node, mask=inside)
+    tl.store(ids_ptr + 2 * n + 1 + j, tl.load(depths_ptr + c, mask=inside, other=0), mask=inside)
+    tl.store(logq_ptr + 1 + j, tl.load(logv_ptr + c, mask=inside, other=0.0).to(tl.float32), mask=inside)
+    tl.store(ids_ptr, tl.load(root_ptr))
+    tl.store(ids_ptr + n, -1)
+    tl.store(ids_ptr + 2 * n, 0)
+    tl.store(logq_ptr, 0.0)
+
+
+_JITTED = ("_max", "_add", "_key", "_chunk_top_kernel", "_merge_top_kernel", "_rank_top_kernel", "_expand_rows_kernel",
+           "_select_tree_kernel")
 
 
 @functools.cache
@@ -269,3 +317,22 @@ def expand_rows(local: torch.Tensor, k: int, prev: torch.Tensor, newest: torch.T
                               INHERIT=inherit, MAP=table is not None, HB=K._pow2(h),
                               XB=min(1024, K._pow2(x)), num_warps=4)
     return states, tokens
+
+
+def select_tree(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
+                depths: torch.Tensor, logv: torch.Tensor, table: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """select_tree_ref in one kernel (root [1] long, chosen [B >= 1] long ascending, the candidate fields [M]
+    contiguous: parents / tokens / depths long, logv float)."""
+    _load()
+    b = chosen.numel()
+    if b < 1 or root.numel() != 1:
+        raise ValueError(f"tree kernels: select_tree of {b} chosen nodes, root {tuple(root.shape)}")
+    dev = chosen.device
+    ids = torch.empty(3, b + 1, dtype=torch.long, device=dev)
+    logq = torch.empty(b + 1, dtype=torch.float32, device=dev)
+    flag = torch.empty((), dtype=torch.bool, device=dev)
+    _select_tree_kernel[(1,)](root, chosen, parents.contiguous(), tokens.contiguous(), depths.contiguous(),
+                              logv.contiguous(), table if table is not None else tokens, ids, logq,
+                              flag.view(torch.uint8), b, MAP=table is not None, BB=max(16, K._pow2(b)), num_warps=4)
+    return ids, logq, flag

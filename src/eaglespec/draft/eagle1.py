@@ -107,6 +107,10 @@ class Eagle1Drafter(TargetEmbedding, nn.Module):
         """EAGLE-1 drafts over the full target vocabulary: the identity."""
         return draft_ids
 
+    def target_id_table(self) -> None:
+        """No table: draft ids are target ids (tree_kernels take None as the identity)."""
+        return None
+
     def export_state(self) -> dict[str, torch.Tensor]:
         """Tensors as SafeAILab writes them: embed_tokens.weight included (its loader is strict)."""
         state = dict(self.state_dict())

@@ -313,8 +313,9 @@ class Proposer:
         q_rows: list[torch.Tensor] = []
         expanded: list[torch.Tensor] = []
         alive: list[torch.Tensor] = []
-        kernel = self._kernel_children(logits.shape[-1], k)
-        table = self.drafter.target_id_table() if kernel and hasattr(self.drafter, "target_id_table") else None
+        # the kernels map draft ids through the drafter's table (None: the identity, EAGLE-1's)
+        kernel = self._kernel_children(logits.shape[-1], k) and hasattr(self.drafter, "target_id_table")
+        table = self.drafter.target_id_table() if kernel else None
 
         def children(logits: torch.Tensor, r0: int, parent_alive: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
             """[n, Vd] draft logits -> (child draft ids [n, k], confidences [n, k] sorted descending; with the
@@ -357,7 +358,8 @@ class Proposer:
         # children distinct per row, sorted by value; the tree's draft ids -> target ids (d2t) as it is assembled
         tree, flags, chosen = grow_dynamic_tree(root, root_tok[0], root_conf[0], expand, k, spec.depth, spec.budget,
                                                 sorted_children=True, distinct_children=True,
-                                                token_map=self.drafter.to_target_ids, with_chosen=True)
+                                                token_map=None if kernel else self.drafter.to_target_ids,
+                                                token_table=table, with_chosen=True)
         if not sampled:
             return tree, flags, None
         # each node's q: its expansion's row (the root's is row 0), else a zero row (a leaf: no children)
