@@ -230,3 +230,62 @@ def test_select_tree_assembles_the_tree_and_its_closure_flag(mapped, closed):
     assert bool(not_closed) == bool(ref_not_closed) == (not closed)
     if closed:
         assert ids[1].tolist() == [-1, 0, 0, 1, 2]  # parent nodes: the root, the root, node 1 (cand 0), node 2 (cand 2)
+
+
+@pytest.mark.parametrize("t,p", [(8, 3), (8, 9), (1, 4), (37, 8)])
+def test_accept_path_is_the_greedy_acceptance(t, p):
+    """Random trees (parents before children) and target argmaxes drawn from the tree's own tokens, so paths of
+    every length occur: the deepest matching row, the bonus, the path length and the row order (path first)."""
+    from eaglespec.tree import ancestry
+
+    gen = torch.Generator().manual_seed(t * 10 + p)
+    for _ in range(8):
+        parents = torch.tensor([-1] + [int(torch.randint(0, j, (1,), generator=gen)) for j in range(1, t)])
+        depths = torch.zeros(t, dtype=torch.long)
+        for j in range(1, t):
+            depths[j] = depths[parents[j]] + 1
+        tokens = torch.randint(0, 4, (t,), generator=gen)
+        target_next = torch.randint(0, 4, (t,), generator=gen)
+        visible = ancestry(parents, check=False)
+        got = TK.accept_path(tokens, parents, depths, visible, target_next, p)
+        ref = TK.accept_path_ref(tokens, parents, depths, visible, target_next, p)
+        assert [x.tolist() for x in got] == [x.tolist() for x in ref]
+
+
+@pytest.mark.parametrize("kind", ["chain", "static", "dynamic"])
+def test_round_graphs_with_the_kernels_match_the_phased_rounds(kind, monkeypatch):
+    """A drafter that agrees with its target (long accepted paths): round graphs with every kernel (accept_path
+    included) give HF generate's tokens and the per-phase torch rounds' trees and acceptances."""
+    from eaglespec.round_graph import enable_round_graphs
+    from test_draft_static import agreeing
+
+    model, drafter = agreeing("llama", "eagle3")
+    spec = {"chain": TreeSpec("chain", depth=4), "static": TreeSpec("static", depth=3),
+            "dynamic": TreeSpec("dynamic", depth=4, top_k=3, budget=10)}[kind]
+    prompt, n = [4, 8, 15, 16, 23, 42, 7], 24
+
+    def run(kernels: str, graphs: bool):
+        monkeypatch.setenv(TK.TREE_KERNELS_ENV, kernels)
+        engine = SpeculativeEngine(FastTarget(model, max_len=96), drafter, spec)
+        enable_draft_graphs(engine, max_len=96)
+        if graphs:
+            assert enable_round_graphs(engine) is not None
+        out = engine.generate(prompt, n)
+        return out.token_ids, [(r.detail["tokens"].tolist(), r.detail["parents"].tolist(), r.accepted)
+                               for r in out.rounds]
+
+    ref_tokens, ref_rounds = run("0", graphs=False)
+    calls = _count_kernels(monkeypatch)
+    accepts = {"n": 0}
+    real = TK.accept_path
+
+    def counted(*a):
+        accepts["n"] += 1
+        return real(*a)
+
+    monkeypatch.setattr(TK, "accept_path", counted)
+    tokens, rounds = run("1", graphs=True)
+    assert tokens == ref_tokens == reference_greedy(model, prompt, n)
+    assert rounds == ref_rounds and max(r[2] for r in rounds) >= 2
+    assert accepts["n"] == len(rounds) - 1  # every round but the first is a round graph
+    assert calls["children"] > 0 or kind == "chain"

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import tree_kernels
 from .draft.fast import StaticDraftRunner, StaticKV
 from .draft.tree_graph import DeviceTreeRows
 from .engine import RoundStats
@@ -213,19 +214,23 @@ class RoundGraph:
             visible = self.visible
         tgt = self.target
         out_logits, feats = tgt._step(tree.tokens, tlen + tree.depths, visible, tlen, tgt.cols[:span_t])
-        if sampling is None:  # 4. greedy acceptance (verify.greedy_accept's path, without its host read)
-            flat = FlatTree(tokens=tree.tokens, depths=tree.depths, parents=tree.parents, visible=visible)
-            best, bonus = greedy_path_end(flat, out_logits)  # [1], [1]
-        else:  # 4. lossless rejection sampling with real q (verify.sample_accept's recursion, as tensor ops)
-            p = process_logits(out_logits, sampling.target)  # [T, V]
-            kids = self.kids if self.kids is not None else sibling_table_of(tree.parents, self.spec.top_k)
-            live = kids > 0 if keep is None else (kids > 0) & keep[kids]
-            r_at, q_at, final = sibling_tests(tree.tokens, kids, p, tree.draft_probs, live)
-            best = sampled_path(visible, tree.depths, kids, r_at, q_at, self.coins, live)
-            bonus = race_argmax(final.index_select(0, best), self.race[None])  # [1]
-        on_path = visible.index_select(0, best)[0]  # [T]
-        m = on_path.sum()
-        order = torch.argsort((~on_path).to(torch.int8), stable=True)[:P]  # path rows first, in depth order
+        if sampling is None and tree_kernels.wanted(self.device):  # 4. greedy acceptance, the path's rows: 1 kernel
+            best, bonus, m, order = tree_kernels.accept_path(tree.tokens, tree.parents, tree.depths, visible,
+                                                             out_logits.argmax(dim=-1), P)
+        else:
+            if sampling is None:  # 4. greedy acceptance (verify.greedy_accept's path, without its host read)
+                flat = FlatTree(tokens=tree.tokens, depths=tree.depths, parents=tree.parents, visible=visible)
+                best, bonus = greedy_path_end(flat, out_logits)  # [1], [1]
+            else:  # 4. lossless rejection sampling with real q (verify.sample_accept's recursion, as tensor ops)
+                p = process_logits(out_logits, sampling.target)  # [T, V]
+                kids = self.kids if self.kids is not None else sibling_table_of(tree.parents, self.spec.top_k)
+                live = kids > 0 if keep is None else (kids > 0) & keep[kids]
+                r_at, q_at, final = sibling_tests(tree.tokens, kids, p, tree.draft_probs, live)
+                best = sampled_path(visible, tree.depths, kids, r_at, q_at, self.coins, live)
+                bonus = race_argmax(final.index_select(0, best), self.race[None])  # [1]
+            on_path = visible.index_select(0, best)[0]  # [T]
+            m = on_path.sum()
+            order = torch.argsort((~on_path).to(torch.int8), stable=True)[:P]  # path rows first, in depth order
         path = tree.tokens[order]  # [P] (past m: other rows)
         # 5. commit: the path's KV rows to slots tlen..tlen+P-1
         cache_t = tgt.cache  # [L, 2, Hkv, S, D]

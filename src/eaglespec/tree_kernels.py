@@ -16,6 +16,9 @@ the log value a clamp and a log, and the next expansion's pick a stable radix so
     select_tree(...)             -> the final tree from the chosen candidates in ONE kernel (tree._select: their
                                     tokens through d2t, parent nodes by a searchsorted, depths, log values and the
                                     closure flag), in place of ~20 gathers, cats and compares
+    accept_path(...)             -> a greedy round's acceptance in ONE kernel (round_graph.RoundGraph.body): the
+                                    deepest matching row, the bonus, the path length and the rows' order (path
+                                    first), in place of ~18 kernels, among them a radix-sorting argsort
     expand_rows(...)             -> an expansion's inputs in ONE kernel: the expanded nodes' states (gathered from
                                     their parents' drafter outputs), target ids (through d2t) and mask rows (their
                                     parents' OR-ed in), in place of a division, two gathers, the d2t gather, an
@@ -48,6 +51,7 @@ from .target import kernels as K
 TREE_KERNELS_ENV = "EAGLESPEC_TREE_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
 MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge reads vocab / 1024 * k keys per row)
 MAX_K = 32  # children(): the most children per row (the kernels unroll a loop per child)
+MAX_ROWS = 512  # accept_path(): the most tree rows (one program holds a [rows, rows] tile)
 _CHUNK = 1024  # children(): logits per program of its first kernel
 _RANK_TILE = 64  # rank_top: at most this many rows per program, and columns per step
 
@@ -108,9 +112,30 @@ def select_tree_ref(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Ten
     return ids, torch.cat([logv.new_zeros(1), logv[chosen]]).float(), not_closed
 
 
+def accept_path_ref(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, visible: torch.Tensor,
+                    target_next: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """round_graph's greedy acceptance (verify.greedy_path_end, then the path's rows): tree tokens / parents /
+    depths [T], ancestry visible [T, T] bool, the target's argmax at every row [T] -> (best [1]: the deepest row
+    whose root path matches, the bonus [1] after it, m []: the path's rows, order [min(T, p)]: the path's rows in
+    depth order, then the other rows in order)."""
+    from .tree import FlatTree
+    from .verify import greedy_path_end
+
+    flat = FlatTree(tokens=tokens, depths=depths, parents=parents, visible=visible)
+    # greedy_path_end takes logits: a one-hot row of each row's argmax has the same argmax
+    best, bonus = greedy_path_end(flat, torch.nn.functional.one_hot(target_next))
+    on_path = visible.index_select(0, best)[0]  # [T]
+    order = torch.argsort((~on_path).to(torch.int8), stable=True)[:p]
+    return best, bonus, on_path.sum(), order
+
+
 # -- the Triton kernels (plain functions here; _load() jits them on first use) --------------------------------
 def _max(a, b):
     return tl.maximum(a, b)
+
+
+def _min(a, b):
+    return tl.minimum(a, b)
 
 
 def _add(a, b):
@@ -243,8 +268,37 @@ def _select_tree_kernel(root_ptr, chosen_ptr, parents_ptr, tokens_ptr, depths_pt
     tl.store(logq_ptr, 0.0)
 
 
-_JITTED = ("_max", "_add", "_key", "_chunk_top_kernel", "_merge_top_kernel", "_rank_top_kernel", "_expand_rows_kernel",
-           "_select_tree_kernel")
+def _accept_path_kernel(tok_ptr, par_ptr, dep_ptr, vis_ptr, next_ptr, best_ptr, bonus_ptr, m_ptr, order_ptr, T, P,
+                        TB: tl.constexpr):
+    """One program over the T tree rows: a row is ok when every visible row matches (its token is the target's
+    argmax at its parent row, or it is the root); best = the first deepest ok row; its ancestry row is the path,
+    whose rows go first in `order` (in row order), then the others (in row order)."""
+    i = tl.arange(0, TB)
+    inside = i < T
+    tok = tl.load(tok_ptr + i, mask=inside, other=0)
+    par = tl.load(par_ptr + i, mask=inside, other=0)
+    dep = tl.load(dep_ptr + i, mask=inside, other=0)
+    want = tl.load(next_ptr + tl.maximum(par, 0), mask=inside, other=0)
+    match = (tok == want) | (par < 0)
+    both = inside[:, None] & inside[None, :]
+    vis = tl.load(vis_ptr + i[:, None] * T + i[None, :], mask=both, other=0)
+    bad = ((vis != 0) & (match == 0)[None, :]).to(tl.int32)
+    ok = inside & (tl.reduce(bad, 1, _max) == 0)
+    score = tl.where(ok, dep, -1)
+    top = tl.reduce(score, 0, _max)
+    best = tl.reduce(tl.where(inside & (score == top), i, TB), 0, _min)
+    tl.store(best_ptr, best.to(tl.int64))
+    tl.store(bonus_ptr, tl.load(next_ptr + best))
+    on = inside & (tl.load(vis_ptr + best * T + i, mask=inside, other=0) != 0)
+    m = tl.reduce(on.to(tl.int64), 0, _add)
+    tl.store(m_ptr, m)
+    on_before = tl.reduce(((i[None, :] < i[:, None]) & on[None, :]).to(tl.int64), 1, _add)  # [TB]
+    pos = tl.where(on, on_before, m + i - on_before)
+    tl.store(order_ptr + pos, i.to(tl.int64), mask=inside & (pos < P))
+
+
+_JITTED = ("_max", "_min", "_add", "_key", "_chunk_top_kernel", "_merge_top_kernel", "_rank_top_kernel", "_expand_rows_kernel",
+           "_select_tree_kernel", "_accept_path_kernel")
 
 
 @functools.cache
@@ -336,3 +390,22 @@ def select_tree(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Tensor,
                               logv.contiguous(), table if table is not None else tokens, ids, logq,
                               flag.view(torch.uint8), b, MAP=table is not None, BB=max(16, K._pow2(b)), num_warps=4)
     return ids, logq, flag
+
+
+def accept_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, visible: torch.Tensor,
+                target_next: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """accept_path_ref in one kernel (tokens / parents / depths / target_next [T] long, visible [T, T] bool)."""
+    _load()
+    t = tokens.numel()
+    if visible.shape != (t, t) or visible.dtype != torch.bool or not 0 < t <= MAX_ROWS:
+        raise ValueError(f"tree kernels: accept_path over {t} rows (at most {MAX_ROWS}), visible "
+                         f"{tuple(visible.shape)} {visible.dtype}")
+    dev = tokens.device
+    best = torch.empty(1, dtype=torch.long, device=dev)
+    bonus = torch.empty(1, dtype=torch.long, device=dev)
+    m = torch.empty((), dtype=torch.long, device=dev)
+    order = torch.empty(min(t, p), dtype=torch.long, device=dev)
+    _accept_path_kernel[(1,)](tokens.contiguous(), parents.contiguous(), depths.contiguous(),
+                              visible.contiguous().view(torch.uint8), target_next.contiguous(), best, bonus, m,
+                              order, t, min(t, p), TB=max(16, K._pow2(t)), num_warps=8)
+    return best, bonus, m, order
