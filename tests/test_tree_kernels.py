@@ -108,6 +108,7 @@ def test_kernels_refuse_shapes_they_cannot_take():
 
 def test_wanted_reads_its_switch(monkeypatch):
     monkeypatch.delenv(TK.TREE_KERNELS_ENV, raising=False)
+    monkeypatch.delenv(TK.UNTIMED_ENV, raising=False)
     assert not TK.wanted("cpu")  # unset: CUDA only
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
     assert TK.wanted("cpu")  # the interpreter is on
@@ -116,6 +117,12 @@ def test_wanted_reads_its_switch(monkeypatch):
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "yes")
     with pytest.raises(EagleSpecError, match="EAGLESPEC_TREE_KERNELS='yes'"):
         TK.wanted("cpu")
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
+    assert TK.wanted("cpu") and not TK.wanted("cpu", untimed=True)  # the kernels no GPU has run: opt-in
+    monkeypatch.setenv(TK.UNTIMED_ENV, "1")
+    assert TK.wanted("cpu", untimed=True)
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "0")
+    assert not TK.wanted("cpu", untimed=True)
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="needs triton and a CUDA device"):
@@ -162,6 +169,7 @@ def test_kernel_trees_are_the_torch_trees_and_output_is_generate(spec, runner, m
 
     def run(kernels: str):
         monkeypatch.setenv(TK.TREE_KERNELS_ENV, kernels)
+        monkeypatch.setenv(TK.UNTIMED_ENV, kernels)
         target = HFTarget(model) if runner == "eager" else FastTarget(model, max_len=96)
         engine = SpeculativeEngine(target, tiny_drafter(model, seed=3), spec)
         if runner == "tree-graph":  # on CPU the whole-tree growth runs eagerly over the graph's static buffers
@@ -266,6 +274,7 @@ def test_round_graphs_with_the_kernels_match_the_phased_rounds(kind, monkeypatch
 
     def run(kernels: str, graphs: bool):
         monkeypatch.setenv(TK.TREE_KERNELS_ENV, kernels)
+        monkeypatch.setenv(TK.UNTIMED_ENV, kernels)
         engine = SpeculativeEngine(FastTarget(model, max_len=96), drafter, spec)
         enable_draft_graphs(engine, max_len=96)
         if graphs:

@@ -214,7 +214,7 @@ class RoundGraph:
             visible = self.visible
         tgt = self.target
         out_logits, feats = tgt._step(tree.tokens, tlen + tree.depths, visible, tlen, tgt.cols[:span_t])
-        if sampling is None and tree_kernels.wanted(self.device):  # 4. greedy acceptance, the path's rows: 1 kernel
+        if sampling is None and tree_kernels.wanted(self.device, untimed=True):  # 4. greedy acceptance, 1 kernel
             best, bonus, m, order = tree_kernels.accept_path(tree.tokens, tree.parents, tree.depths, visible,
                                                              out_logits.argmax(dim=-1), P)
         else:

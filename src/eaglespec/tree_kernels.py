@@ -1,5 +1,6 @@
-"""Triton kernels for a greedy dynamic tree's bookkeeping (Proposer._dynamic, tree._grow, tree.select_nodes): fewer,
-cheaper kernels per depth inside the whole-tree CUDA graph (draft/tree_graph.py).
+"""Triton kernels for a greedy tree's bookkeeping (Proposer._dynamic / _static, tree._grow, tree.select_nodes,
+tree._select) and a greedy round's acceptance (round_graph.py): fewer, cheaper kernels per depth inside the
+whole-tree CUDA graph (draft/tree_graph.py) and the round graph.
 
 Why: a profiled dynamic 7/10/60 round on the H200 (bench/RESULTS.md, session 13) is 672 kernels in ~2.6 ms, each
 costing ~3.8 us (run + gap) whatever its size; per depth the children of the newest nodes took a softmax, two
@@ -30,6 +31,10 @@ by the target: this can move which token is proposed at a near-tie, never what i
 build the same tree (the eager proposer, the whole-tree graph) calls the same function on the same device.
 rank_top is exact (comparisons only).
 
+select_tree and accept_path (session 13's last two) were written and tested under the interpreter after the
+session's GPU time ran out: they stay off until a GPU has compiled and timed them (EAGLESPEC_TREE_KERNELS_UNTIMED=1
+turns them on, with the others).
+
 Used where `wanted(device)`: EAGLESPEC_TREE_KERNELS=1 (triton must be importable; on CPU also TRITON_INTERPRET=1),
 =0 never, unset: on CUDA where triton imports. Rows wider than MAX_VOCAB, or more than MAX_K children, take the
 torch path. Kernels call triton builtins only (target/kernels.py's _load says why).
@@ -49,6 +54,7 @@ from .errors import env_switch
 from .target import kernels as K
 
 TREE_KERNELS_ENV = "EAGLESPEC_TREE_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
+UNTIMED_ENV = "EAGLESPEC_TREE_KERNELS_UNTIMED"  # "1": also the kernels no GPU has run yet (off by default)
 MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge reads vocab / 1024 * k keys per row)
 MAX_K = 32  # children(): the most children per row (the kernels unroll a loop per child)
 MAX_ROWS = 512  # accept_path(): the most tree rows (one program holds a [rows, rows] tile)
@@ -56,8 +62,11 @@ _CHUNK = 1024  # children(): logits per program of its first kernel
 _RANK_TILE = 64  # rank_top: at most this many rows per program, and columns per step
 
 
-def wanted(device: torch.device | str) -> bool:
-    """Whether the tree bookkeeping on `device` should use these kernels (see the module docstring)."""
+def wanted(device: torch.device | str, untimed: bool = False) -> bool:
+    """Whether the tree bookkeeping on `device` should use these kernels (see the module docstring). `untimed`:
+    a kernel not yet run on a GPU (select_tree, accept_path), used only where EAGLESPEC_TREE_KERNELS_UNTIMED=1 too."""
+    if untimed and not env_switch(UNTIMED_ENV, "off"):
+        return False
     env = env_switch(TREE_KERNELS_ENV, "on where available on CUDA")
     if env is None:
         return torch.device(device).type == "cuda" and K.available(device)
