@@ -107,9 +107,12 @@
 # CUDA; MT-bench 80 dynamic 7/10/60 2.38x plain (tau 4.25), HumanEval 2.93x (tau 5.33); a round is 560 kernels,
 # 2.12 ms). 1. Time the wider tree as the default: 7/20/120 was 2.37x at tau 4.57 on MT-bench 40 (>= 7/10/60 in two
 # leases); run `bash bench/gpu_x2.sh final13` with the manifest's tree_defaults.dynamic at 7/20/120 (keep a cpu
-# override) and ship it if it wins on the 80 and on HumanEval. 2. Fewer kernels: one Triton kernel for tree._select
-# (~20 torch kernels: gathers, searchsorted, cats) and for the greedy acceptance; the cuDNN SDPA's memset (37 per
-# round) might go with another attention backend for the captured steps. 3. Sampled drafting has no kernels: a
+# override) and ship it if it wins on the 80 and on HumanEval. 2. Time the two kernels session 13 wrote after its
+# device time ran out, tree_kernels.select_tree (tree._select's ~20 torch kernels) and accept_path (the greedy
+# acceptance's ~18, a radix argsort among them): off by default until then. A tree sweep and a round timeline with
+# EAGLESPEC_TREE_KERNELS_UNTIMED=0 vs 1 in one lease (they must compile: the whole-tree and round captures fall back
+# to slower paths if they raise); if they win, drop the switch (tree_kernels.wanted's `untimed`). The cuDNN SDPA's
+# memset (37 per round) might go with another attention backend for the captured steps. 3. Sampled drafting has no kernels: a
 # sampled dynamic tree is still 0.81x at T=1. Mind: a `while pgrep -f "<text>"` wait inside a device command matches
 # the command's own shell (session 13 lost ~100 s to one); wait on a PID instead.
 # The first torchrun of session 11 died on a fresh machine (the default target converted on rank 1 after joining the
