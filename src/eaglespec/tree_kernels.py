@@ -209,7 +209,7 @@ def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, M, K, DESC: tl.constexpr, TILE: t
     i = tl.program_id(0) * TILE + tl.arange(0, TILE)
     in_i = i < M
     vi = tl.load(v_ptr + i, mask=in_i, other=0)
-    rank = tl.zeros([TILE], dtype=tl.int32)
+    rank = tl.full([TILE], 0, tl.int32)  # tl.full: a builtin (tl.zeros is jitted at import: see _load)
     for j0 in range(0, M, TILE):
         j = j0 + tl.arange(0, TILE)
         vj = tl.load(v_ptr + j, mask=j < M, other=0)
