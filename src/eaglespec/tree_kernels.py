@@ -39,9 +39,10 @@ Used where `wanted(device)`: EAGLESPEC_TREE_KERNELS=1 (triton must be importable
 =0 never, unset: on CUDA where triton imports. Rows wider than MAX_VOCAB, or more than MAX_K children, take the
 torch path. Kernels call triton builtins only (target/kernels.py's _load says why).
 
-Measured on the H200 (bench/RESULTS.md, session 13; SmolLM2 + the shipped drafter, MT-bench 40, T=0): with the
-one-program-per-row children kernel of 59e909f, dynamic 7/10/60 1532 -> 1852 tok/s and static 1685 -> 1840, a
-round 672 -> 579 kernels; that kernel took ~21 us per depth (one program per row), hence the chunked two kernels.
+Measured on the H200 (bench/RESULTS.md, session 13; SmolLM2 + the shipped drafter, MT-bench 40, T=0, off -> on in
+one lease): at b27757d (children, rank_top, expand_rows) dynamic 7/10/60 1640 -> 1892 tok/s and static 1766 -> 1898,
+a round 672 -> 560 kernels. The first children kernel (59e909f: one program per row) took ~21 us per depth, hence
+the chunked two kernels (~7 us).
 """
 
 from __future__ import annotations
