@@ -458,7 +458,7 @@ def _select(root: int | torch.Tensor, cand: Candidates, budget: int,
     """select_tree without reading anything back: (tree, 0-dim bool "NOT ancestor-closed" on the device, the chosen
     candidate ids [N-1] of tree nodes 1..). token_map, or the table token_table [Vd] (one of them): applied to the
     chosen candidates' tokens (not the root's), e.g. draft -> target ids. Without a token_map the assembly is one
-    kernel (tree_kernels.select_tree) where tree_kernels.wanted."""
+    kernel (tree_kernels.select_tree) where tree_kernels.wanted(untimed=True)."""
     dev = cand.tokens.device
     root_t = root_tensor(root, dev)
     if budget <= 0 or cand.size == 0:
@@ -466,7 +466,7 @@ def _select(root: int | torch.Tensor, cand: Candidates, budget: int,
         tree.logq = torch.zeros(1, device=dev)
         return tree, torch.zeros((), dtype=torch.bool, device=dev), cand.tokens[:0]
     chosen = select_nodes(cand, budget)  # [B] candidate ids, ascending
-    if token_map is None and tree_kernels.wanted(dev):
+    if token_map is None and tree_kernels.wanted(dev, untimed=True):
         ids, logq, not_closed = tree_kernels.select_tree(root_t.reshape(1), chosen, cand.parents, cand.tokens,
                                                          cand.depths, cand.logv, token_table)
         tree = DraftTree(tokens=ids[0], parents=ids[1], depths=ids[2], logq=logq, stats={"candidates": cand.size},
