@@ -298,3 +298,25 @@ def test_round_graphs_with_the_kernels_match_the_phased_rounds(kind, monkeypatch
     assert rounds == ref_rounds and max(r[2] for r in rounds) >= 2
     assert accepts["n"] == len(rounds) - 1  # every round but the first is a round graph
     assert calls["children"] > 0 or kind == "chain"
+
+
+def test_untimed_kernels_stay_off_by_default(monkeypatch):
+    """EAGLESPEC_TREE_KERNELS=1 alone: the timed kernels run, select_tree and accept_path do not (no GPU has run
+    them yet); the output is still HF generate's."""
+    from eaglespec.round_graph import enable_round_graphs
+    from test_draft_static import agreeing
+
+    model, drafter = agreeing("llama", "eagle3")
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
+    monkeypatch.delenv(TK.UNTIMED_ENV, raising=False)
+    calls = _count_kernels(monkeypatch)
+    accepts = []
+    real = TK.accept_path
+    monkeypatch.setattr(TK, "accept_path", lambda *a: accepts.append(1) or real(*a))
+    engine = SpeculativeEngine(FastTarget(model, max_len=96), drafter, TreeSpec("dynamic", depth=4, top_k=3, budget=10))
+    enable_draft_graphs(engine, max_len=96)
+    assert enable_round_graphs(engine) is not None
+    prompt = [4, 8, 15, 16, 23, 42, 7]
+    assert engine.generate(prompt, 16).token_ids == reference_greedy(model, prompt, 16)
+    assert calls["children"] > 0 and calls["rank_top"] > 0 and calls["expand_rows"] > 0
+    assert calls["select_tree"] == 0 and not accepts
