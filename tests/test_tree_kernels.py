@@ -22,6 +22,7 @@ from eaglespec.errors import EagleSpecError
 from eaglespec.target.fast import FastTarget
 from eaglespec.target.hf import HFTarget
 from eaglespec.tree import CONF_FLOOR, TreeSpec
+from test_kernels import count_calls
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
 
@@ -148,16 +149,8 @@ def _trees(engine, prompt, n):
 
 
 def _count_kernels(monkeypatch) -> dict[str, int]:
-    calls = {"children": 0, "rank_top": 0, "expand_rows": 0, "select_tree": 0}
-    for name in calls:
-        real = getattr(TK, name)
-
-        def counted(*a, _real=real, _name=name, **kw):
-            calls[_name] += 1
-            return _real(*a, **kw)
-
-        monkeypatch.setattr(TK, name, counted)
-    return calls
+    """test_kernels.count_calls over this module's launchers."""
+    return count_calls(monkeypatch, "children", "rank_top", "expand_rows", "select_tree", "accept_path", module=TK)
 
 
 @pytest.mark.parametrize("spec", [TreeSpec("dynamic", depth=3, top_k=3, budget=15),  # depth 3: 3 of 9
@@ -285,18 +278,10 @@ def test_round_graphs_with_the_kernels_match_the_phased_rounds(kind, monkeypatch
 
     ref_tokens, ref_rounds = run("0", graphs=False)
     calls = _count_kernels(monkeypatch)
-    accepts = {"n": 0}
-    real = TK.accept_path
-
-    def counted(*a):
-        accepts["n"] += 1
-        return real(*a)
-
-    monkeypatch.setattr(TK, "accept_path", counted)
     tokens, rounds = run("1", graphs=True)
     assert tokens == ref_tokens == reference_greedy(model, prompt, n)
     assert rounds == ref_rounds and max(r[2] for r in rounds) >= 2
-    assert accepts["n"] == len(rounds) - 1  # every round but the first is a round graph
+    assert calls["accept_path"] == len(rounds) - 1  # every round but the first is a round graph
     assert calls["children"] > 0 or kind == "chain"
 
 
@@ -310,13 +295,10 @@ def test_untimed_kernels_stay_off_by_default(monkeypatch):
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
     monkeypatch.delenv(TK.UNTIMED_ENV, raising=False)
     calls = _count_kernels(monkeypatch)
-    accepts = []
-    real = TK.accept_path
-    monkeypatch.setattr(TK, "accept_path", lambda *a: accepts.append(1) or real(*a))
     engine = SpeculativeEngine(FastTarget(model, max_len=96), drafter, TreeSpec("dynamic", depth=4, top_k=3, budget=10))
     enable_draft_graphs(engine, max_len=96)
     assert enable_round_graphs(engine) is not None
     prompt = [4, 8, 15, 16, 23, 42, 7]
     assert engine.generate(prompt, 16).token_ids == reference_greedy(model, prompt, 16)
     assert calls["children"] > 0 and calls["rank_top"] > 0 and calls["expand_rows"] > 0
-    assert calls["select_tree"] == 0 and not accepts
+    assert calls["select_tree"] == calls["accept_path"] == 0
