@@ -63,7 +63,7 @@ from .metrics import round_detail
 from .sampling import exponential_noise, process_logits, race_argmax
 from .target.fast import FastTarget, capture_graph
 from .tree import DraftTree, FlatTree, TreeSpec, ancestry, check_dynamic_flags, static_layout
-from .verify import greedy_path_end, sampled_path, sibling_table, sibling_table_of, sibling_tests
+from .verify import greedy_path_end, path_first, sampled_path, sibling_table, sibling_table_of, sibling_tests
 
 if TYPE_CHECKING:
     from .engine import GenerationResult, SpeculativeEngine
@@ -230,7 +230,7 @@ class RoundGraph:
                 bonus = race_argmax(final.index_select(0, best), self.race[None])  # [1]
             on_path = visible.index_select(0, best)[0]  # [T]
             m = on_path.sum()
-            order = torch.argsort((~on_path).to(torch.int8), stable=True)[:P]  # path rows first, in depth order
+            order = path_first(on_path)[:P]  # path rows first, in depth order
         path = tree.tokens[order]  # [P] (past m: other rows)
         # 5. commit: the path's KV rows to slots tlen..tlen+P-1
         cache_t = tgt.cache  # [L, 2, Hkv, S, D]

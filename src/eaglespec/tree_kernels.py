@@ -124,19 +124,17 @@ def select_tree_ref(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Ten
 
 def accept_path_ref(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, visible: torch.Tensor,
                     target_next: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """round_graph's greedy acceptance (verify.greedy_path_end, then the path's rows): tree tokens / parents /
+    """round_graph's greedy acceptance (verify.matching_path_end, then the path's rows): tree tokens / parents /
     depths [T], ancestry visible [T, T] bool, the target's argmax at every row [T] -> (best [1]: the deepest row
     whose root path matches, the bonus [1] after it, m []: the path's rows, order [min(T, p)]: the path's rows in
     depth order, then the other rows in order)."""
     from .tree import FlatTree
-    from .verify import greedy_path_end
+    from .verify import matching_path_end, path_first
 
-    flat = FlatTree(tokens=tokens, depths=depths, parents=parents, visible=visible)
-    # greedy_path_end takes logits: a one-hot row of each row's argmax has the same argmax
-    best, bonus = greedy_path_end(flat, torch.nn.functional.one_hot(target_next))
+    best, bonus = matching_path_end(FlatTree(tokens=tokens, depths=depths, parents=parents, visible=visible),
+                                    target_next)
     on_path = visible.index_select(0, best)[0]  # [T]
-    order = torch.argsort((~on_path).to(torch.int8), stable=True)[:p]
-    return best, bonus, on_path.sum(), order
+    return best, bonus, on_path.sum(), path_first(on_path)[:p]
 
 
 # -- the Triton kernels (plain functions here; _load() jits them on first use) --------------------------------

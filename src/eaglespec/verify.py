@@ -25,7 +25,7 @@ def _read_path(flat: FlatTree, on_path: torch.Tensor, bonus: torch.Tensor) -> Ac
 
     on_path [T] bool marks the path's rows; rows in index order are in depth order (flatten's order).
     """
-    order = torch.argsort((~on_path).to(torch.int8), stable=True)  # path rows first, in index order
+    order = path_first(on_path)
     path = flat.tokens[order]  # [T]: the path's tokens first
     bonus = bonus.reshape(1)
     vals = torch.cat([on_path.sum().reshape(1), bonus, path]).tolist()
@@ -34,10 +34,19 @@ def _read_path(flat: FlatTree, on_path: torch.Tensor, bonus: torch.Tensor) -> Ac
                       path_tokens=path[:m], bonus_token=bonus)
 
 
+def path_first(on_path: torch.Tensor) -> torch.Tensor:
+    """on_path [T] bool -> the row order [T] with the path's rows first, each part in index (= depth) order."""
+    return torch.argsort((~on_path).to(torch.int8), stable=True)
+
+
 def greedy_path_end(flat: FlatTree, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(the last row of the longest root path whose every token equals the target's argmax at its parent row [1],
     the target's token after it: the bonus [1]). Tensor ops only, no host sync (round graphs capture it)."""
-    target_next = logits.argmax(dim=-1)  # [T]
+    return matching_path_end(flat, logits.argmax(dim=-1))
+
+
+def matching_path_end(flat: FlatTree, target_next: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """greedy_path_end given the target's argmax at every row, target_next [T]."""
     match = (flat.tokens == target_next[flat.parents.clamp(min=0)]) | (flat.parents < 0)  # the root is emitted
     ok = (flat.visible <= match).all(dim=-1)  # visible implies match: every ancestor-or-self matches
     best = torch.where(ok, flat.depths, -1).argmax().reshape(1)  # deepest; siblings never both match
