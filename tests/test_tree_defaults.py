@@ -66,6 +66,10 @@ def test_shipped_drafter_recommends_measured_shapes():
     drafter = _drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json"))
     on_gpu, sampled_on_gpu = resolve_trees({}, drafter, device="cuda")
     assert (on_gpu.kind, sampled_on_gpu.kind, sampled_on_gpu.depth) == ("dynamic", "chain", 3)  # session 11
+    assert (on_gpu.depth, on_gpu.top_k, on_gpu.budget) == (7, 20, 120)  # greedy on the H200: session 14
+    named, named_sampled = resolve_trees({"tree": "dynamic"}, drafter, device="cuda")
+    assert (named.top_k, named.budget, named_sampled.top_k, named_sampled.budget) == (20, 120, 10, 60)
+    assert resolve_trees({"tree": "dynamic"}, drafter, device="cpu") == (tree_spec("dynamic", None, 10, 7, 60), None)
     on_cpu, sampled_on_cpu = resolve_trees({}, drafter, device="cpu")
     assert (on_cpu.kind, on_cpu.depth, sampled_on_cpu) == ("chain", 3, None)  # tree_defaults.cpu (sessions 9-10)
 
@@ -92,6 +96,30 @@ def test_cpu_overrides_apply_on_cpu_only():
         with pytest.raises(EagleSpecError, match=field):
             tree_defaults(_drafter({"tree_defaults": bad}), "drafter /x", device="cpu")
     assert tree_defaults(_drafter({"tree_defaults": {"cpu": [1]}}), device="cuda") == {}  # read where it applies
+
+
+def test_greedy_overrides_apply_to_greedy_requests_only():
+    """tree_defaults.greedy overrides shapes knob by knob for requests at temperature 0 (a wider tree pays when every
+    row is an argmax check), named trees included; sampled requests keep the base shapes, a CPU device its own."""
+    from eaglespec.api import resolve_trees
+
+    manifest = {"tree_defaults": {**RECOMMENDED, "greedy": {"dynamic": {"top_k": 12, "budget": 48}},
+                                  "cpu": {"dynamic": {"budget": 16}}}}
+    drafter = _drafter(manifest)
+    assert tree_defaults(drafter)["dynamic"] == {"depth": 5, "top_k": 6, "budget": 24}
+    assert tree_defaults(drafter, greedy=True)["dynamic"] == {"depth": 5, "top_k": 12, "budget": 48}
+    assert tree_defaults(drafter, device="cpu", greedy=True)["dynamic"] == {"depth": 5, "top_k": 12, "budget": 16}
+    spec, sampled = resolve_trees({"tree": "dynamic"}, drafter, device="cuda")
+    assert (spec.top_k, spec.budget, sampled.top_k, sampled.budget) == (12, 48, 6, 24)
+    spec, sampled = resolve_trees({"tree": "dynamic", "budget": 30}, drafter, device="cuda")
+    assert (spec.budget, sampled.budget) == (30, 30)  # an explicit flag wins for both
+    assert resolve_trees({"tree": "chain"}, drafter, device="cuda")[1] is None  # nothing to override: one tree
+    for temperature, shape in ((0.0, (12, 48)), (1.0, (6, 24))):
+        args = argparse.Namespace(k=None, depth=None, top_k=None, budget=None, temperature=temperature)
+        resolve_tree_args(args, drafter, "cuda")
+        assert (args.top_k, args.budget) == shape
+    with pytest.raises(EagleSpecError, match=r"tree_defaults\.greedy\.dynamic\.budget"):
+        tree_defaults(_drafter({"tree_defaults": {"greedy": {"dynamic": {"budget": -1}}}}), "drafter /x", greedy=True)
 
 
 def test_bench_resolves_and_records_the_shapes_it_runs():

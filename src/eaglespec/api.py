@@ -75,19 +75,21 @@ def load_drafter_for(model, tokenizer, draft: str, aux_rule: str = "auto", stric
 
 
 def tree_defaults(drafter, where: str = "drafter", device: torch.device | str | None = None,
-                  sampled: bool = False) -> dict[str, dict[str, Any]]:
+                  sampled: bool = False, greedy: bool = False) -> dict[str, dict[str, Any]]:
     """The tree shapes a drafter's manifest recommends (`tree_defaults`, e.g. {"dynamic": {"depth": 5, "top_k": 6,
     "budget": 24}}: measured with bench/tree_sweep.py for that drafter), {} when it has none. `static` may also
     carry `choices` (rank paths [[0], [1], [0, 0], ...], best first: bench/fit_static_tree.py --write), returned
-    as a tuple of tuples. Overrides, knob by knob, in this order: with `sampled` (requests with a temperature),
-    the shape the `sampled` policy names when it has one (e.g. {"chain": {"k": 3}}); then on a CPU `device`,
-    `tree_defaults.cpu` (shapes in the same form)."""
+    as a tuple of tuples. Overrides, knob by knob, in this order: with `greedy` (requests at temperature 0),
+    `tree_defaults.greedy` (shapes in the same form: a wider tree pays where every row is an argmax check); with
+    `sampled` (requests with a temperature), the shape the `sampled` policy names when it has one (e.g.
+    {"chain": {"k": 3}}); then on a CPU `device`, `tree_defaults.cpu` (shapes in the same form)."""
     found = (getattr(drafter, "manifest", None) or {}).get("tree_defaults") or {}
     if not isinstance(found, dict):
         raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults must be an object")
     out = _shapes(found, where, "tree_defaults")
     on_cpu = device is not None and torch.device(device).type == "cpu"
-    for key, applies in (("sampled", sampled and isinstance(found.get("sampled"), dict)),
+    for key, applies in (("greedy", greedy and found.get("greedy") is not None),
+                         ("sampled", sampled and isinstance(found.get("sampled"), dict)),
                          ("cpu", on_cpu and found.get("cpu") is not None)):
         if not applies:
             continue
@@ -103,7 +105,7 @@ def _shapes(found: dict, where: str, field: str) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for kind, knobs in found.items():
         if kind not in GENERIC_TREES:
-            continue  # e.g. "measured": provenance text; "cuda" / "sampled": policies; "cpu": overrides
+            continue  # e.g. "measured": provenance text; "cuda" / "sampled": policies; "greedy" / "cpu": overrides
         if not isinstance(knobs, dict):
             raise EagleSpecError(f"{where}: eaglespec_manifest.json field {field}.{kind} must be an object")
         knobs = dict(knobs)
@@ -173,19 +175,20 @@ def tree_spec(tree: str | None = "chain", k: int | None = None, top_k: int | Non
 
 def resolve_trees(knobs: dict, drafter, where: str = "drafter", device: torch.device | str = "cpu"
                   ) -> tuple[TreeSpec, TreeSpec | None]:
-    """tree_spec's knobs -> (the tree, the tree for sampled requests or None = the same). When the knobs name no
-    tree: the drafter's tree_defaults.cuda policy on a CUDA device (else a chain), and its tree_defaults.sampled
-    policy (with its shape, if it names one) for requests with a temperature; on a CPU device, the shapes with
-    tree_defaults.cpu's overrides."""
-    shapes = tree_defaults(drafter, where, device)
-    if knobs.get("tree"):
-        return tree_spec(**knobs, defaults=shapes), None
-    greedy = recommended_tree(drafter, "cuda", where) if torch.device(device).type == "cuda" else None
-    spec = tree_spec(**{**knobs, "tree": greedy}, defaults=shapes)
-    policy = recommended_tree(drafter, "sampled", where)
+    """tree_spec's knobs -> (the tree of greedy requests, the tree of sampled ones or None = the same). Greedy
+    requests take tree_defaults.greedy's shapes. When the knobs name no tree: the drafter's tree_defaults.cuda
+    policy on a CUDA device (else a chain), and its tree_defaults.sampled policy (with its shape, if it names one)
+    for requests with a temperature; a named tree is that kind at every temperature. On a CPU device, the shapes
+    with tree_defaults.cpu's overrides."""
+    greedy_shapes = tree_defaults(drafter, where, device, greedy=True)
+    named = knobs.get("tree")
+    kind = named or (recommended_tree(drafter, "cuda", where) if torch.device(device).type == "cuda" else None)
+    spec = tree_spec(**{**knobs, "tree": kind}, defaults=greedy_shapes)
+    policy = None if named else recommended_tree(drafter, "sampled", where)
     if policy is None:
-        return spec, None
-    sampled = tree_spec(**{**knobs, "tree": policy}, defaults=tree_defaults(drafter, where, device, sampled=True))
+        sampled = tree_spec(**{**knobs, "tree": kind}, defaults=tree_defaults(drafter, where, device))
+    else:
+        sampled = tree_spec(**{**knobs, "tree": policy}, defaults=tree_defaults(drafter, where, device, sampled=True))
     return spec, (None if sampled == spec else sampled)
 
 

@@ -516,7 +516,7 @@ def static_spec(drafter, device: torch.device | str | None = None, sampled: bool
     EAGLE-1's 25-node tree. The --depth/--top-k/--budget flags shape the dynamic tree only."""
     from .api import tree_defaults, tree_spec
 
-    found = tree_defaults(drafter, device=device, sampled=sampled) if drafter is not None else {}
+    found = tree_defaults(drafter, device=device, sampled=sampled, greedy=not sampled) if drafter is not None else {}
     return tree_spec("static", defaults=found)
 
 
@@ -537,7 +537,7 @@ def resolve_tree_args(args, drafter, device: torch.device | str | None = None) -
     from .api import tree_defaults, tree_spec
 
     sampled = bool(getattr(args, "temperature", 0))
-    found = tree_defaults(drafter, device=device, sampled=sampled) if drafter is not None else {}
+    found = tree_defaults(drafter, device=device, sampled=sampled, greedy=not sampled) if drafter is not None else {}
     chain = tree_spec("chain", args.k, defaults=found)
     tree = tree_spec("dynamic", None, args.top_k, args.depth, args.budget, defaults=found)
     args.k, args.depth, args.top_k, args.budget = chain.depth, tree.depth, tree.top_k, tree.budget
