@@ -103,17 +103,15 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
-# Session 14's starting point (session 13 built tree_kernels.py: children / rank_top / expand_rows, on by default on
-# CUDA; MT-bench 80 dynamic 7/10/60 2.38x plain (tau 4.25), HumanEval 2.93x (tau 5.33); a round is 560 kernels,
-# 2.12 ms). 1. Time the wider tree as the default: 7/20/120 was 2.37x at tau 4.57 on MT-bench 40 (>= 7/10/60 in two
-# leases); run `bash bench/gpu_x2.sh final13` with the manifest's tree_defaults.dynamic at 7/20/120 (keep a cpu
-# override) and ship it if it wins on the 80 and on HumanEval. 2. Time the two kernels session 13 wrote after its
-# device time ran out, tree_kernels.select_tree (tree._select's ~20 torch kernels) and accept_path (the greedy
-# acceptance's ~18, a radix argsort among them): off by default until then. A tree sweep and a round timeline with
-# EAGLESPEC_TREE_KERNELS_UNTIMED=0 vs 1 in one lease (they must compile: the whole-tree and round captures fall back
-# to slower paths if they raise); if they win, drop the switch (tree_kernels.wanted's `untimed`). The cuDNN SDPA's
-# memset (37 per round) might go with another attention backend for the captured steps. 3. Sampled drafting has no kernels: a
-# sampled dynamic tree is still 0.81x at T=1. Mind: a `while pgrep -f "<text>"` wait inside a device command matches
+# Session 15's starting point (session 14: attn_kernels.masked_attention for the target's and drafter's attention,
+# select_tree / accept_path on, greedy dynamic 7/20/120 via tree_defaults.greedy; MT-bench 80 plain 1038 tok/s,
+# dynamic 2284 = 2.20x (tau 4.47), HumanEval 2.64x (tau 5.56); a 7/20/120 round is 519 kernels, ~2.0 ms). The ratio
+# targets need tau or a cheaper round, not more attention speed (it lifted plain decoding most). Ideas, untimed: (1) a
+# better drafter: regenerate more data on the GPU (the training data is not in the workspace; bench/gpu_x2.sh regen*
+# stages show how) and train run 9; (2) the verify's GEMMs at 121 rows (60 `badd` GEMMs ~4 us each per round) and the
+# drafter's per-step kernel count; (3) sampled trees have no kernels: a sampled dynamic 7/10/60 is 0.69x at T=1.
+# The first start of a lease with a helper agent: tell helpers they have NO device time (session 14's helper used
+# 600 s of the 1800 s for a micro-benchmark). Mind: a `while pgrep -f "<text>"` wait inside a device command matches
 # the command's own shell (session 13 lost ~100 s to one); wait on a PID instead.
 # The first torchrun of session 11 died on a fresh machine (the default target converted on rank 1 after joining the
 # process group: fixed in 0f93fd9); if a 2-GPU train fails at once, convert the target first in one process:

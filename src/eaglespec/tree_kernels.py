@@ -42,7 +42,9 @@ torch path. Kernels call triton builtins only (target/kernels.py's _load says wh
 Measured on the H200 (bench/RESULTS.md, session 13; SmolLM2 + the shipped drafter, MT-bench 40, T=0, off -> on in
 one lease): at b27757d (children, rank_top, expand_rows) dynamic 7/10/60 1640 -> 1892 tok/s and static 1766 -> 1898,
 a round 672 -> 560 kernels. The first children kernel (59e909f: one program per row) took ~21 us per depth, hence
-the chunked two kernels (~7 us).
+the chunked two kernels (~7 us). Session 14, select_tree and accept_path on vs off in one lease (MT-bench 40): the same
+tau, static 2182 -> 2287 tok/s, dynamic 7/20/120 unchanged within noise; a 7/20/120 round 560 -> 519 kernels with
+the attention kernel.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ On CUDA each (bucket, span) step is captured once in a torch.cuda.CUDAGraph over
 (optionally torch.compile'd first: one compile per bucket, the span a dynamic dimension); prefill
 (T > largest bucket) and the CPU path run the very same `_step` eagerly, which is what the CPU tests compare against HFTarget.
 Attending over the span instead of the whole static cache matters: on an H200 the cuDNN attention kernel cost
-32 us per layer over 2048 slots and 10 us over 512 (bench/RESULTS.md, session 3), whatever the context.
+32 us per layer over 2048 slots and 10 us over 512 (bench/RESULTS.md, session 3), whatever the context. With the
+fused kernels the attention is attn_kernels.masked_attention instead (session 14; EAGLESPEC_ATTN_KERNEL=0: SDPA): it
+reads `allowed` [B, span] by row and stops at base + B, so the span's rounding costs nothing there.
 Rope comes from the HF model's own rotary module (rope_scaling such as llama3 included), evaluated
 once for every slot position into a cos/sin table (_rope_table).
 GQA without repeating the KV: the G query heads of kv head j (HF head h = j*G + r) become G query rows per
