@@ -104,9 +104,10 @@
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
 # Session 15's starting point (session 14: attn_kernels.masked_attention for the target's and drafter's attention,
-# select_tree / accept_path on, greedy dynamic 7/20/120 via tree_defaults.greedy; MT-bench 80 plain 1038 tok/s,
-# dynamic 2284 = 2.20x (tau 4.47), HumanEval 2.64x (tau 5.56); a 7/20/120 round is 519 kernels, ~2.0 ms). The ratio
-# targets need tau or a cheaper round, not more attention speed (it lifted plain decoding most). Ideas, untimed: (1) a
+# select_tree / accept_path on; 7/10/60 stays the greedy default (7/20/120 lost A B A B; tree_defaults.greedy exists for
+# such overrides); MT-bench 80 plain 1035 tok/s, dynamic 2427 = 2.35x (tau 4.20), HumanEval 3053 = 3.00x (tau 5.36)).
+# Compare shapes A B A B in one process (bench/gpu_x2.sh order14): single sweeps swung by ~10% with host hiccups. The
+# MT-bench ratio needs tau or a cheaper round, not more attention speed (it lifted plain decoding most). Ideas: (1) a
 # better drafter: regenerate more data on the GPU (the training data is not in the workspace; bench/gpu_x2.sh regen*
 # stages show how) and train run 9; (2) the verify's GEMMs at 121 rows (60 `badd` GEMMs ~4 us each per round) and the
 # drafter's per-step kernel count; (3) sampled trees have no kernels: a sampled dynamic 7/10/60 is 0.69x at T=1.
