@@ -9,7 +9,7 @@ first: catch-up (the drafter's rows of the last accepted tokens), tree (growth: 
 bookkeeping), verify (the target's step), the rest (acceptance, KV commit, next inputs).
 
     PYTHONPATH=src python bench/round_ops.py [--tree static|chain|dynamic] [--k 5] [--depth 6] [--top-k 8]
-        [--budget 40] [--rounds 4] [--names]
+        [--budget 40] [--rounds 4] [--names] [--temperature T]
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--names", action="store_true", help="every phase's ops by name")
+    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled rounds (seeded)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     es = EagleSpec.from_pretrained(args.target, args.draft, device="cpu", dtype="float32", backend="fast",
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rg.body = counted_body
     ids = es.encode("Explain speculative decoding in two sentences.")
-    res = es.generate(ids, max_new_tokens=8 + 6 * args.rounds)
+    sampling = {"temperature": args.temperature, "seed": 0} if args.temperature > 0 else {}
+    res = es.generate(ids, max_new_tokens=8 + 6 * args.rounds, **sampling)
     rounds = per_round[1:1 + args.rounds] or per_round
     phases = ("catch-up", "tree-step", "tree", "verify", "rest")
     totals = {p: statistics.median(sum(v for (ph, _), v in r.items() if ph == p) for r in rounds) for p in phases}
