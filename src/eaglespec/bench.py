@@ -155,7 +155,9 @@ class Bench:
             return None
         from .sampling import SamplingConfig, SamplingParams
 
-        return SamplingConfig(SamplingParams(temperature=self.args.temperature), seed=self.args.seed)
+        dt = getattr(self.args, "draft_temperature", None)  # None: draft with the target's processors
+        draft = None if dt is None else SamplingParams(temperature=dt)
+        return SamplingConfig(SamplingParams(temperature=self.args.temperature), draft=draft, seed=self.args.seed)
 
     def engine(self, method: str):
         """(engine, None) or (None, reason to skip)."""
@@ -405,7 +407,9 @@ def markdown(report: dict) -> str:
     lines = [f"\n## bench {env['date']}: {cfg['target']} on {env['device']}\n",
              f"torch {env['torch']}, transformers {env['transformers']}, commit {env['commit']}; "
              f"dataset {cfg['dataset']} ({cfg['prompts']} prompts, chat template), max {cfg['max_new_tokens']} new "
-             f"tokens, batch 1, {cfg['dtype']}, T={cfg['temperature']}; drafter: {cfg['draft']}; "
+             f"tokens, batch 1, {cfg['dtype']}, T={cfg['temperature']}"
+             + (f" (drafter at T={cfg['draft_temperature']})" if cfg.get("draft_temperature") is not None else "")
+             + f"; drafter: {cfg['draft']}; "
              f"chain k={cfg['k']}, dynamic depth {cfg['depth']} top-k {cfg['top_k']} budget {cfg['budget']}"
              + (f", static tree {cfg['static']}" if cfg.get("static") else "")
              + (f"; extra-* methods: {cfg['extra_draft']}" if cfg.get("extra_draft") else "")
@@ -500,6 +504,14 @@ def _methods(text: str) -> list[str]:
         if m not in ALL_METHODS:
             raise EagleSpecError(f"--methods: {m!r} is not one of {', '.join(ALL_METHODS)}")
     return names
+
+
+def add_draft_temperature(p: argparse.ArgumentParser) -> None:
+    """--draft-temperature: the drafter's own temperature under sampling (default: the target's). 0 drafts the top-k
+    children, verified with the point-mass scheme (q = 1), which the greedy tree kernels can build."""
+    p.add_argument("--draft-temperature", type=float, default=None, metavar="T",
+                   help="with --temperature: the drafter's temperature (default: the target's; 0 = top-k children, "
+                        "verified with the point-mass scheme)")
 
 
 def _load(args, dtype):
@@ -608,6 +620,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "dataset": args.dataset, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                    "hf_prompts": min(len(prompts), args.hf_limit or len(prompts)) if "hf" in methods else 0,
                    "dtype": str(es.model.dtype).replace("torch.", ""), "temperature": args.temperature,
+                   "draft_temperature": args.draft_temperature,
                    "k": args.k, "depth": args.depth, "top_k": args.top_k, "budget": args.budget,
                    "static": static_label(es.drafter, device, bool(args.temperature)),
                    "extra_draft": extra_note,
@@ -664,6 +677,7 @@ def add_parser(subparsers) -> None:
                    help="a second drafter (e.g. EAGLE-1 or HASS) measured in the same run as extra-chain / "
                         "extra-static / extra-dynamic (added to --methods unless it names some)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    add_draft_temperature(p)
     p.add_argument("--seed", type=int, default=0)
     add_tree_args(p, policy=False)  # --k for the chain; --depth/--top-k/--budget for the trees
     p.add_argument("--warmup", type=int, default=2, help="warm-up prompts per method (default 2)")

@@ -31,7 +31,9 @@ ops: the same path for the same coins) and the bonus an exponential race over th
 tree's children outside q's support are left out of the tests (as the per-phase path prunes them). The bonus is
 drawn by a race, not torch.multinomial: the same distribution, other draws than the per-phase path for one seed. A
 dynamic tree's sibling table is built every round from its parents (verify.sibling_table_of; since session 10,
-untimed on a GPU).
+untimed on a GPU). Top-k children under a sampled target (greedy draft processors: no recorded q) take the
+point-mass scheme instead: verify.point_mass_tests and point_mass_residual (session 14; before, such a round
+failed in sibling_tests and ran per phase; untimed on a GPU).
 
 Overlap (engine.overlap, $EAGLESPEC_OVERLAP; on by default for CUDA since session 12): once the host has read a
 round's result row (the one sync), it copies state_out / feats_out into the inputs and replays the next round right
@@ -63,7 +65,16 @@ from .metrics import round_detail
 from .sampling import exponential_noise, process_logits, race_argmax
 from .target.fast import FastTarget, capture_graph
 from .tree import DraftTree, FlatTree, TreeSpec, ancestry, check_dynamic_flags, static_layout
-from .verify import greedy_path_end, path_first, sampled_path, sibling_table, sibling_table_of, sibling_tests
+from .verify import (
+    greedy_path_end,
+    path_first,
+    point_mass_residual,
+    point_mass_tests,
+    sampled_path,
+    sibling_table,
+    sibling_table_of,
+    sibling_tests,
+)
 
 if TYPE_CHECKING:
     from .engine import GenerationResult, SpeculativeEngine
@@ -221,13 +232,19 @@ class RoundGraph:
             if sampling is None:  # 4. greedy acceptance (verify.greedy_accept's path, without its host read)
                 flat = FlatTree(tokens=tree.tokens, depths=tree.depths, parents=tree.parents, visible=visible)
                 best, bonus = greedy_path_end(flat, out_logits)  # [1], [1]
-            else:  # 4. lossless rejection sampling with real q (verify.sample_accept's recursion, as tensor ops)
+            else:  # 4. lossless rejection sampling (verify.sample_accept's recursion, as tensor ops)
                 p = process_logits(out_logits, sampling.target)  # [T, V]
                 kids = self.kids if self.kids is not None else sibling_table_of(tree.parents, self.spec.top_k)
                 live = kids > 0 if keep is None else (kids > 0) & keep[kids]
-                r_at, q_at, final = sibling_tests(tree.tokens, kids, p, tree.draft_probs, live)
-                best = sampled_path(visible, tree.depths, kids, r_at, q_at, self.coins, live)
-                bonus = race_argmax(final.index_select(0, best), self.race[None])  # [1]
+                if tree.draft_probs is None:  # children drafted greedily (top-k): the point-mass scheme, q = 1
+                    r_at, q_at = point_mass_tests(tree.tokens, kids, p, live)
+                    best = sampled_path(visible, tree.depths, kids, r_at, q_at, self.coins, live)
+                    final = point_mass_residual(p, tree.tokens, kids, live, best)  # [1, V]
+                else:  # children drawn from q: real q
+                    r_at, q_at, residuals = sibling_tests(tree.tokens, kids, p, tree.draft_probs, live)
+                    best = sampled_path(visible, tree.depths, kids, r_at, q_at, self.coins, live)
+                    final = residuals.index_select(0, best)  # [1, V]
+                bonus = race_argmax(final, self.race[None])  # [1]
             on_path = visible.index_select(0, best)[0]  # [T]
             m = on_path.sum()
             order = path_first(on_path)[:P]  # path rows first, in depth order

@@ -46,7 +46,10 @@ lossless (DESIGN.md contract 2):
 
 Summary (temperature > 0; temperature 0 always takes verify.greedy_accept with top-k / argmax
 drafts): chain -> sampled drafts, real q; static -> sampled children without replacement, real q;
-dynamic -> sampled children without replacement valued by rank, real q. (Until session 10 the dynamic
+dynamic -> sampled children without replacement valued by rank, real q. With greedy draft processors
+(SamplingConfig.draft at temperature 0; `--draft-temperature 0` in bench and tree_sweep) every tree has
+top-k children and the point-mass scheme, in round graphs as tensor ops over [T, K] (verify.point_mass_tests,
+point_mass_residual: no pass over the vocabulary per sibling, and the greedy tree kernels build the tree). (Until session 10 the dynamic
 tree took top-k children with the point-mass scheme: tau at T=1 on 2 CPU cores, run 7, 7/10/60, 2.03 ->
 2.38 with the draws; at T=0.7, 2.42 -> 3.02.)
 

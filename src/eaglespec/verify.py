@@ -228,6 +228,35 @@ def _sibling_tests(tokens: torch.Tensor, parents: list[int], target_probs: torch
     return sibling_tests(tokens, sibling_table(parents, tokens.device), target_probs, draft_probs)
 
 
+def point_mass_tests(tokens: torch.Tensor, kids: torch.Tensor, target_probs: torch.Tensor,
+                     live: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """sibling_tests for a tree with deterministic children (the point-mass scheme, q = 1: top-k children drafted
+    greedily under a sampled target), as tensor ops over [T, K] only: after rejecting siblings x_1..x_{i-1} the
+    residual is p with them removed, so child i is tested with r(x_i) = p(x_i) / (1 - sum_{s<i} p(x_s)) (p(x_i)
+    itself where no mass is left, as tree_rejection_sample keeps r then). A node's children must be distinct tokens
+    (top-k children are). tokens [T], kids / live [T, K] (sibling_table; live default kids > 0), target_probs
+    [T, V] -> (r [T], q [T] = 1: sampled_path's inputs; entries of non-live nodes are not read)."""
+    live = kids > 0 if live is None else live
+    px = target_probs.gather(1, tokens[kids]).float()  # [T, K]: p_parent at each rank's child
+    px = torch.where(live, px, 0.0)
+    left = 1.0 - (px.cumsum(dim=1) - px)  # [T, K]: p's mass left when rank i is tested
+    r = torch.where(left > 1e-12, px / left.clamp_min(1e-30), px)
+    r_at = torch.zeros(tokens.shape[0], dtype=r.dtype, device=r.device)
+    r_at.index_put_((kids.flatten(),), r.flatten())  # padding writes land on node 0 (the root: never tested)
+    return r_at, torch.ones_like(r_at)
+
+
+def point_mass_residual(target_probs: torch.Tensor, tokens: torch.Tensor, kids: torch.Tensor, live: torch.Tensor,
+                        node: torch.Tensor) -> torch.Tensor:
+    """The bonus distribution where a point-mass walk ends at `node` [1]: p there with its (rejected, distinct) live
+    children removed, unnormalised (race_argmax is scale-free); p itself where they held all the mass. -> [1, V]."""
+    p = target_probs.index_select(0, node).float()  # [1, V]
+    x = tokens[kids.index_select(0, node)]  # [1, K]: padding ranks hold the root's token, maybe a live child's too
+    removed = torch.zeros_like(p).scatter_add_(1, x, live.index_select(0, node).to(p.dtype))  # [1, V]: live ranks
+    rest = torch.where(removed > 0, 0.0, p)
+    return torch.where(rest.sum(dim=1, keepdim=True) > 1e-12, rest, p)
+
+
 def sampled_path(visible: torch.Tensor, depths: torch.Tensor, kids: torch.Tensor, r_at: torch.Tensor,
                  q_at: torch.Tensor, coins: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
     """tree_rejection_sample's walk as tensor ops (no host sync): the deepest node of the accepted path, [1] long.
