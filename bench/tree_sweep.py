@@ -27,8 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from eaglespec.api import tree_defaults
-from eaglespec.bench import Bench, _load, add_draft_temperature, environment, load_prompts, summarize_run
-from eaglespec.cli import add_model_args
+from eaglespec.bench import Bench, _load, environment, load_prompts, summarize_run
+from eaglespec.cli import add_draft_temperature, add_model_args
 from eaglespec.tree import TreeSpec
 
 DEFAULT_CONFIGS = ("chain:2,chain:3,chain:4,chain:5,dynamic:3/4/8,dynamic:4/4/12,dynamic:4/6/16,dynamic:5/6/24,"

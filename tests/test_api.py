@@ -106,3 +106,24 @@ def test_sampling_options_pass_through(random_es):
     assert a.token_ids == b.token_ids  # seeded: reproducible
     greedy = random_es.generate("hi", max_new_tokens=12, temperature=0.0, seed=7)
     assert greedy.token_ids == random_es.generate("hi", max_new_tokens=12).token_ids
+
+
+def test_draft_temperature_reaches_the_engine(random_es, monkeypatch):
+    """draft_temperature=0 under a sampling temperature: the drafter's processors are greedy (top-k children), the
+    target's stay sampled; seeded runs repeat; a negative value is one line naming the option."""
+    seen = []
+    real = random_es._sampled_stream
+
+    def watch(ids, max_new_tokens, result, cfg):
+        seen.append(cfg)
+        return real(ids, max_new_tokens, result, cfg)
+
+    monkeypatch.setattr(random_es, "_sampled_stream", watch)
+    a = random_es.generate("hi", max_new_tokens=12, temperature=0.9, draft_temperature=0.0, seed=7)
+    b = random_es.generate("hi", max_new_tokens=12, temperature=0.9, draft_temperature=0.0, seed=7)
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 12
+    assert seen[0].target.temperature == 0.9 and seen[0].draft_params.greedy
+    random_es.generate("hi", max_new_tokens=4, temperature=0.9, seed=7)
+    assert seen[-1].draft is None  # without it the drafter takes the target's processors
+    with pytest.raises(EagleSpecError, match="draft_temperature must be >= 0"):
+        random_es.generate("hi", max_new_tokens=4, temperature=0.9, draft_temperature=-1)

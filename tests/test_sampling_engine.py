@@ -188,6 +188,9 @@ def test_cli_sampling_flags():
     assert sampling_options(parse(["generate", "--prompt", "x", "--temperature", "0"]), GenerationConfig()) == {}
     sampled = GenerationConfig(do_sample=True, temperature=0.5, top_k=0)
     assert sampling_options(parse(["generate", "--prompt", "x"]), sampled)["temperature"] == 0.5
+    drafted = parse(["generate", "--prompt", "x", "--temperature", "1", "--draft-temperature", "0"])
+    assert sampling_options(drafted, GenerationConfig())["draft_temperature"] == 0.0
+    assert sampling_options(parse(["generate", "--prompt", "x", "--draft-temperature", "0"]), GenerationConfig()) == {}
 
 
 def vector_accept(flat, target_probs, draft_probs, generator=None, replacement: bool = False):

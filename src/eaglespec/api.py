@@ -334,11 +334,15 @@ class EagleSpec:
         from .sampling import SamplingConfig, SamplingParams
 
         seed = opts.pop("seed", None)
+        draft_t = opts.pop("draft_temperature", None)  # the drafter's own temperature (0: top-k children)
+        if draft_t is not None and not float(draft_t) >= 0:
+            raise EagleSpecError(f"draft_temperature must be >= 0, got {draft_t}")
         try:
-            cfg = SamplingConfig(SamplingParams(**opts), seed=seed)
+            cfg = SamplingConfig(SamplingParams(**opts), seed=seed,
+                                 draft=None if draft_t is None else SamplingParams(temperature=float(draft_t)))
         except TypeError:
-            raise EagleSpecError(f"unknown sampling options {sorted(opts)} (temperature, top_k, top_p, min_p, seed)"
-                                 ) from None
+            raise EagleSpecError(f"unknown sampling options {sorted(opts)} (temperature, top_k, top_p, min_p, seed, "
+                                 "draft_temperature)") from None
         return self._sampled_stream(ids, max_new_tokens, result, cfg)
 
     def _sampled_stream(self, ids: list[int], max_new_tokens: int, result: GenerationResult,

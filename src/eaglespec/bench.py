@@ -506,14 +506,6 @@ def _methods(text: str) -> list[str]:
     return names
 
 
-def add_draft_temperature(p: argparse.ArgumentParser) -> None:
-    """--draft-temperature: the drafter's own temperature under sampling (default: the target's). 0 drafts the top-k
-    children, verified with the point-mass scheme (q = 1), which the greedy tree kernels can build."""
-    p.add_argument("--draft-temperature", type=float, default=None, metavar="T",
-                   help="with --temperature: the drafter's temperature (default: the target's; 0 = top-k children, "
-                        "verified with the point-mass scheme)")
-
-
 def _load(args, dtype):
     from .api import EagleSpec
 
@@ -665,7 +657,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> None:
-    from .cli import add_model_args, add_tree_args
+    from .cli import add_draft_temperature, add_model_args, add_tree_args
 
     p = subparsers.add_parser("bench", help="benchmark HF generate, plain fast decoding and EAGLE-3 in one run")
     add_model_args(p)

@@ -74,6 +74,15 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="sample from the k most likely tokens (0 = off; default: generation_config)")
     p.add_argument("--min-p", type=float, default=None, help="min-p filter (default: generation_config)")
     p.add_argument("--seed", type=int, default=None, help="random seed: the same seed gives the same output")
+    add_draft_temperature(p)
+
+
+def add_draft_temperature(p: argparse.ArgumentParser) -> None:
+    """--draft-temperature: the drafter's own temperature under sampling (default: the target's). 0 drafts the top-k
+    children, verified with the point-mass scheme (q = 1), which the greedy tree kernels can build."""
+    p.add_argument("--draft-temperature", type=float, default=None, metavar="T",
+                   help="with a sampling temperature: the drafter's temperature (default: the target's; 0 = top-k "
+                        "children, verified with the point-mass scheme; lossless either way)")
 
 
 def sampling_options(args: argparse.Namespace, generation_config) -> dict:
@@ -85,7 +94,10 @@ def sampling_options(args: argparse.Namespace, generation_config) -> dict:
     if cfg is None:
         return {}
     t = cfg.target
-    return {"temperature": t.temperature, "top_k": t.top_k, "top_p": t.top_p, "min_p": t.min_p, "seed": cfg.seed}
+    opts = {"temperature": t.temperature, "top_k": t.top_k, "top_p": t.top_p, "min_p": t.min_p, "seed": cfg.seed}
+    if getattr(args, "draft_temperature", None) is not None:
+        opts["draft_temperature"] = args.draft_temperature
+    return opts
 
 
 def _non_negative(args: argparse.Namespace, *names: str) -> None:
