@@ -113,7 +113,9 @@
 # drafter's per-step kernel count; (3) sampled trees have no kernels: a sampled dynamic 7/10/60 is 0.69x at T=1;
 # session 14 made round graphs verify top-k children under a sampled target with the point-mass scheme (tensor ops over
 # [T, K], no [T, V] passes) and added --draft-temperature to bench / tree_sweep: time it first (`bash bench/gpu_x2.sh
-# t1topk`, ~5 min); if dynamic with top-k children beats the chain of 3 at T=1, make it the sampled policy.
+# t1topk`, ~5 min); if dynamic with top-k children beats the chain of 3 at T=1, make it the sampled policy (CPU tau:
+# top-k 1.82 vs drawn 2.44 at 7/10/60, so expect ~1.2x at best; a kernel for drawn children's sibling tests, see
+# RESULTS.md session 14 CPU, is the likelier win).
 # The first start of a lease with a helper agent: tell helpers they have NO device time (session 14's helper used
 # 600 s of the 1800 s for a micro-benchmark). Mind: a `while pgrep -f "<text>"` wait inside a device command matches
 # the command's own shell (session 13 lost ~100 s to one); wait on a PID instead.
