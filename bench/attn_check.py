@@ -31,6 +31,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from gemm_check import graph_replay_ms  # bench/ is the script's own directory: on sys.path
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HK, G, D = 3, 3, 64
@@ -87,29 +88,8 @@ def variants(x: dict, b: int) -> dict:
 
 
 def graph_us(fn) -> float:
-    """us per call: CALLS calls captured in one CUDA graph, the median of 20 replays."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):  # warm-up outside the capture (compiles, cuDNN's graph build)
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / CALLS)
-    del graph
-    return round(statistics.median(times), 3)
+    """us per call: CALLS calls captured in one CUDA graph, the median of 20 replays (gemm_check's timing)."""
+    return round(statistics.median(t * 1000 for t in graph_replay_ms(fn, CALLS, 20)), 3)
 
 
 def kernels_per_call(fn) -> int:

@@ -89,6 +89,12 @@ def diff(a: torch.Tensor, b: torch.Tensor) -> dict:
 
 def graph_ms(fn, reps: int, replays: int) -> float:
     """ms per call of fn: a CUDA graph of `reps` calls, the median of `replays` replays (CUDA events) / reps."""
+    return round(statistics.median(graph_replay_ms(fn, reps, replays)), 5)
+
+
+def graph_replay_ms(fn, reps: int, replays: int) -> list[float]:
+    """fn warmed up outside a capture (3 calls on a side stream), then `reps` calls captured in one CUDA graph and
+    replayed `replays` times: ms per call of each replay (CUDA events). bench/attn_check.py times with it too."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up (compiles, cuBLAS workspace) outside the capture
@@ -109,7 +115,7 @@ def graph_ms(fn, reps: int, replays: int) -> float:
         e.record()
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e) / reps)
-    return round(statistics.median(times), 5)
+    return times
 
 
 def cases(w: Weights, m: int, gen: torch.Generator) -> dict[str, dict]:

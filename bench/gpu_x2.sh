@@ -73,6 +73,15 @@ PY
   cp "$1/train_log.jsonl" "$OUT/train_log_$(basename "$1").jsonl"; ls -la "$OUT"
 }
 gpu0() { if [ "$DEVICE" = cuda ]; then CUDA_VISIBLE_DEVICES=0 "$@"; else "$@"; fi; }
+pair() {  # session 14's stages: g0 on GPU 0 while g1 runs on GPU 1 (every function defined, the variables named after
+          # $2), then each $R/*.log through the filter $2 (a pipeline reading stdin) and $R packed into $OUT/$1.tgz
+  local tag=$1 filter=$2; shift 2
+  CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f); $(declare -p "$@"); g0" &
+  CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f); $(declare -p "$@"); g1" &
+  wait
+  for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | bash -c "$filter"; done
+  tar czf "$OUT/$tag.tgz" -C "$R" .
+}
 
 case "$stage" in
   regen)
@@ -368,11 +377,8 @@ case "$stage" in
         env "$ATTN_ENV=$a" EAGLESPEC_TREE_KERNELS_UNTIMED=1 timeout 110 python3 bench/tree_sweep.py --limit 40 \
           --configs static:5/10/25,dynamic:7/20/120 --json "$R/h200_tree_sweep_attn${a}_$c.json" > "$R/sweep_attn$a.log" 2>&1
       done; }
-    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f g0); $(declare -p c R); g0" &
-    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f g1); $(declare -p c R); ATTN_ENV=${ATTN_ENV:-}; g1" &
-    wait
-    for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v "Loading weights" | grep -v '^\s*$' | tail -12; done
-    tar czf "$OUT/s14a.tgz" -C "$R" .
+    ATTN_ENV=${ATTN_ENV:-}
+    pair s14a "grep -v 'Loading weights' | grep -v '^\s*$' | tail -12" c R ATTN_ENV
     ;;
   check14|final14)  # session 14's defaults (the attention kernel, select_tree / accept_path, dynamic 7/20/120 on CUDA).
             # check14 (~2 min): GPU 0 MT-bench 3 at T=0 with HF on 2 and the fp32 check on 2 (do the new kernels compile,
@@ -406,12 +412,8 @@ case "$stage" in
         EAGLESPEC_TREE_KERNELS_UNTIMED=0 sw untimed0 90 static:5/10/25,dynamic:7/20/120
         tl; }
     fi
-    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f fb tl sw g0); $(declare -p R c); g0" &
-    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f fb tl sw g1); $(declare -p R c); g1" &
-    wait
-    for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v "Loading weights" | grep -v '^\s*$' \
-      | grep "^| \|tok/s\|passed\|failed\|Error\|error\|kernels\|wall" | grep -v "^| method\|^|---" | tail -10; done
-    tar czf "$OUT/$stage.tgz" -C "$R" .
+    pair "$stage" "grep -v 'Loading weights' | grep -v '^\s*$' \
+      | grep '^| \|tok/s\|passed\|failed\|Error\|error\|kernels\|wall' | grep -v '^| method\|^|---' | tail -10" R c
     ;;
   diag14)  # session 14, after final14: GPU 0 a MT-bench 40 sweep with the attention kernel in the target's steps only
            # (the drafter's fused step back on SDPA): is final14's tau change (7/20/120 4.57 -> 4.42 with the kernel)
@@ -437,11 +439,7 @@ PY
       timeout 150 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --temperature 1 \
         --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic --json "$R/h200_mtbench20_t1_$c.json" \
         --results "$R/RESULTS_t1.md" > "$R/mtbench20_t1.log" 2>&1; }
-    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f g0); $(declare -p R c); g0" &
-    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f g1); $(declare -p R c); g1" &
-    wait
-    for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep "^| \|Error\|error" | grep -v "^|---" | tail -8; done
-    tar czf "$OUT/diag14.tgz" -C "$R" .
+    pair diag14 "grep '^| \|Error\|error' | grep -v '^|---' | tail -8" R c
     ;;
   extra14)  # session 14's last lease: GPU 0 bench/attn_check.py (the raw file the helper's run did not keep), then
             # more greedy shapes within the 128-row bucket on MT-bench 40; GPU 1 HumanEval 164 with 7/10/60 and 7/20/120
@@ -456,11 +454,7 @@ PY
     g1() {
       timeout 300 python3 bench/tree_sweep.py --dataset humaneval --limit 164 --configs dynamic:7/10/60,dynamic:7/20/120 \
         --json "$R/h200_tree_sweep_humaneval_$c.json" > "$R/sweep_humaneval.log" 2>&1; }
-    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f g0); $(declare -p R c); g0" &
-    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f g1); $(declare -p R c); g1" &
-    wait
-    for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep "^| \|Error\|error" | grep -v "^|---" | tail -16; done
-    tar czf "$OUT/extra14.tgz" -C "$R" .
+    pair extra14 "grep '^| \|Error\|error' | grep -v '^|---' | tail -16" R c
     ;;
   order14)  # session 14: 7/10/60 vs 7/20/120 for greedy requests, alternating (A B A B) in one process per dataset to
             # see through the sweeps' order and host hiccups: GPU 0 MT-bench 40, GPU 1 HumanEval 164
@@ -471,11 +465,7 @@ PY
              --json "$R/h200_tree_sweep_abab_mtbench_$c.json" > "$R/sweep_mtbench.log" 2>&1; }
     g1() { timeout 240 python3 bench/tree_sweep.py --dataset humaneval --limit 164 --configs "$abab" \
              --json "$R/h200_tree_sweep_abab_humaneval_$c.json" > "$R/sweep_humaneval.log" 2>&1; }
-    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f g0); $(declare -p R c abab); g0" &
-    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f g1); $(declare -p R c abab); g1" &
-    wait
-    for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep "^[a-z].*tok/s tau\|Error\|error" | tail -8; done
-    tar czf "$OUT/order14.tgz" -C "$R" .
+    pair order14 "grep '^[a-z].*tok/s tau\|Error\|error' | tail -8" R c abab
     ;;
   t1topk)  # for session 15 (untimed): sampled trees with top-k children verified with the point-mass scheme
            # (--draft-temperature 0: greedy drafting, the tree kernels apply; round_graph's point_mass_tests) against
@@ -486,10 +476,8 @@ PY
     sw() {  # $1 tag, then tree_sweep's extra flags
       timeout 140 python3 bench/tree_sweep.py --limit 20 --temperature 1 --configs "$cf" "${@:2}" \
         --json "$R/h200_tree_sweep_t1_$1_$c.json" > "$R/sweep_$1.log" 2>&1; }
-    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f sw); $(declare -p R c cf); sw drawn_g0; sw topk_g0 --draft-temperature 0" &
-    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f sw); $(declare -p R c cf); sw topk_g1 --draft-temperature 0; sw drawn_g1" &
-    wait
-    for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep "^| \|Error\|error" | grep -v "^|---" | tail -6; done
-    tar czf "$OUT/t1topk.tgz" -C "$R" .
+    g0() { sw drawn_g0; sw topk_g0 --draft-temperature 0; }
+    g1() { sw topk_g1 --draft-temperature 0; sw drawn_g1; }
+    pair t1topk "grep '^| \|Error\|error' | grep -v '^|---' | tail -6" R c cf
     ;;
 esac
