@@ -226,3 +226,5 @@ def test_draft_temperature_drafts_top_k_children_under_sampling():
     assert not run.skipped and all(len(t) == 8 for t in run.token_ids)
     flags = build_parser().parse_args(["bench", "--temperature", "1", "--draft-temperature", "0"])
     assert flags.draft_temperature == 0.0
+    with pytest.raises(EagleSpecError, match="draft_temperature must be >= 0"):
+        Bench(model, _Tok(), tiny_drafter(model, seed=2), [2], _args(temperature=1.0, draft_temperature=-1)).sampling()

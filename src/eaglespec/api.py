@@ -331,15 +331,12 @@ class EagleSpec:
         opts = {k: v for k, v in sampling.items() if v is not None}
         if not opts.get("temperature"):  # no temperature or 0: greedy (top_p / top_k / seed need one)
             return self.engine.stream(ids, max_new_tokens, self.eos_ids(), result)
-        from .sampling import SamplingConfig, SamplingParams
+        from .sampling import SamplingConfig, SamplingParams, draft_processors
 
         seed = opts.pop("seed", None)
-        draft_t = opts.pop("draft_temperature", None)  # the drafter's own temperature (0: top-k children)
-        if draft_t is not None and not float(draft_t) >= 0:
-            raise EagleSpecError(f"draft_temperature must be >= 0, got {draft_t}")
+        draft = draft_processors(opts.pop("draft_temperature", None))  # the drafter's own (0: top-k children)
         try:
-            cfg = SamplingConfig(SamplingParams(**opts), seed=seed,
-                                 draft=None if draft_t is None else SamplingParams(temperature=float(draft_t)))
+            cfg = SamplingConfig(SamplingParams(**opts), seed=seed, draft=draft)
         except TypeError:
             raise EagleSpecError(f"unknown sampling options {sorted(opts)} (temperature, top_k, top_p, min_p, seed, "
                                  "draft_temperature)") from None

@@ -153,10 +153,9 @@ class Bench:
     def sampling(self):
         if not self.args.temperature:
             return None
-        from .sampling import SamplingConfig, SamplingParams
+        from .sampling import SamplingConfig, SamplingParams, draft_processors
 
-        dt = getattr(self.args, "draft_temperature", None)  # None: draft with the target's processors
-        draft = None if dt is None else SamplingParams(temperature=dt)
+        draft = draft_processors(getattr(self.args, "draft_temperature", None))  # None: the target's processors
         return SamplingConfig(SamplingParams(temperature=self.args.temperature), draft=draft, seed=self.args.seed)
 
     def engine(self, method: str):

@@ -32,8 +32,8 @@ tree's children outside q's support are left out of the tests (as the per-phase 
 drawn by a race, not torch.multinomial: the same distribution, other draws than the per-phase path for one seed. A
 dynamic tree's sibling table is built every round from its parents (verify.sibling_table_of; since session 10,
 untimed on a GPU). Top-k children under a sampled target (greedy draft processors: no recorded q) take the
-point-mass scheme instead: verify.point_mass_tests and point_mass_residual (session 14; before, such a round
-failed in sibling_tests and ran per phase; untimed on a GPU).
+point-mass scheme instead: verify.point_mass_tests and point_mass_residual (session 14; before, sibling_tests
+raised on such a round, seen on CPU; untimed on a GPU).
 
 Overlap (engine.overlap, $EAGLESPEC_OVERLAP; on by default for CUDA since session 12): once the host has read a
 round's result row (the one sync), it copies state_out / feats_out into the inputs and replays the next round right

@@ -121,6 +121,16 @@ class SamplingConfig:
         return gen
 
 
+def draft_processors(temperature: float | None) -> SamplingParams | None:
+    """SamplingConfig.draft for a drafter temperature (`--draft-temperature`, `draft_temperature=`): None keeps the
+    target's processors; 0 drafts top-k children (the point-mass scheme). A negative one is one line naming it."""
+    if temperature is None:
+        return None
+    if not float(temperature) >= 0:
+        raise EagleSpecError(f"draft_temperature must be >= 0, got {temperature}")
+    return SamplingParams(temperature=float(temperature))
+
+
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """[..., V] logits -> [..., V] float32 probabilities (temperature, top-k, top-p, min-p; HF order)."""
     x = logits.float()
