@@ -1,6 +1,7 @@
-"""The greedy tree's Triton kernels (tree_kernels.py) under Triton's CPU interpreter (TRITON_INTERPRET=1): children
-(softmax + top-k + log value, per chunk then merged) against softmax().topk(), rank_top against a stable sort, and the dynamic and static
-trees they grow: the same trees as the torch path, and greedy output identical to HF generate."""
+"""The tree's Triton kernels (tree_kernels.py) under Triton's CPU interpreter (TRITON_INTERPRET=1): children
+(softmax + top-k + log value, per chunk then merged) against softmax().topk(), race_children (a sampled tree's draws)
+against topk(q / E), rank_top against a stable sort, and the dynamic and static trees they grow: the same trees as the
+torch path, greedy output identical to HF generate, sampled output identical to the torch path's for one seed."""
 
 from __future__ import annotations
 
@@ -184,8 +185,9 @@ def test_kernel_trees_are_the_torch_trees_and_output_is_generate(spec, runner, m
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_sampled_and_processed_drafting_keep_the_torch_path(monkeypatch):
-    """Children drawn from q, or ranked under processors, are not a plain softmax: no children kernel there."""
+def test_sampled_drafting_races_in_the_kernel(monkeypatch):
+    """Greedy children come from the logits (children), sampled ones from q (race_children): both kernel paths are
+    on wherever tree_kernels.wanted and the shapes fit."""
     from eaglespec.sampling import SamplingParams
 
     model = tiny_target("llama", seed=5)
@@ -193,10 +195,81 @@ def test_sampled_and_processed_drafting_keep_the_torch_path(monkeypatch):
     proposer = Proposer(tiny_drafter(model, seed=3), TreeSpec("dynamic", depth=3, top_k=3, budget=7))
     assert proposer._kernel_children(96, 3)
     proposer.sampling = SamplingParams(temperature=1.0)
-    assert not proposer._kernel_children(96, 3)
-    proposer.sampling = SamplingParams(temperature=0.0)
     assert proposer._kernel_children(96, 3)
     assert not proposer._kernel_children(TK.MAX_VOCAB + 1, 3)
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "0")
+    assert not proposer._kernel_children(96, 3)
+
+
+@pytest.mark.parametrize("chunk,vocab,k", [(1024, 300, 5), (64, 300, 10), (64, 130, 3)])
+def test_race_children_are_q_top_k_and_the_race_draws(chunk, vocab, k, monkeypatch):
+    """race_children: q's top-k values (exactly), the k largest q / E in order (exactly: torch's division), and
+    log(max(value, floor)); a q with zeros (a processed q: top-p / top-k cut) keeps its zero-q tokens last."""
+    monkeypatch.setattr(TK, "_CHUNK", chunk)
+    g = torch.Generator().manual_seed(vocab + k)
+    q = torch.softmax(torch.randn(6, vocab, generator=g) * 3, dim=-1)
+    q[:3, vocab // 2:] = 0.0  # rows 0-2: half the vocabulary cut
+    q[1, 7] = 0.0
+    noise = torch.empty(6, vocab).exponential_(generator=g)
+    conf, tok, logc = TK.race_children(q, noise, k, CONF_FLOOR)
+    ref_conf, ref_tok, ref_logc = TK.race_children_ref(q, noise, k, CONF_FLOOR)
+    assert torch.equal(conf, ref_conf) and torch.equal(tok, ref_tok)
+    torch.testing.assert_close(logc, ref_logc, rtol=1e-6, atol=1e-6)
+    assert (q.gather(1, tok) > 0).all()  # at least k tokens left in every row: no zero-q draw
+    # the draws are not q's top-k (a race, not a sort): at least one row differs (a swapped order would show too)
+    assert not torch.equal(tok, q.topk(k, dim=-1).indices)
+
+
+def test_race_children_with_fewer_live_tokens_than_children(monkeypatch):
+    """Fewer than k tokens with q > 0: those come first (in race order), then zero-q tokens, valued 0 (the growth
+    marks them dead), never a repeat."""
+    q = torch.zeros(2, 40)
+    q[0, [3, 11]] = torch.tensor([0.25, 0.75])
+    q[1, 39] = 1.0
+    noise = torch.empty(2, 40).exponential_(generator=torch.Generator().manual_seed(0))
+    conf, tok, _ = TK.race_children(q, noise, 4, CONF_FLOOR)
+    assert set(tok[0, :2].tolist()) == {3, 11} and tok[1, 0].item() == 39
+    assert conf[0].tolist() == [0.75, 0.25, 0.0, 0.0] and conf[1].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert all(len(set(r)) == 4 for r in tok.tolist())
+
+
+@pytest.mark.parametrize("spec", [TreeSpec("dynamic", depth=3, top_k=3, budget=10),
+                                  TreeSpec("static", depth=3, top_k=3, budget=6)], ids=["dynamic", "static"])
+def test_sampled_kernel_trees_are_the_torch_trees(spec, monkeypatch):
+    """Sampled drafting with race_children (and, for dynamic trees, expand_rows / select_tree) proposes the same
+    trees, with the same q, as the torch path for the same seed, and so emits the same tokens."""
+    from eaglespec.sampling import SamplingConfig, SamplingParams
+
+    model = tiny_target("llama", seed=5)
+    prompt, n = [5, 17, 33, 62, 8], 10
+    cfg = SamplingConfig(SamplingParams(temperature=0.8), seed=11)
+
+    def run(kernels: str):
+        monkeypatch.setenv(TK.TREE_KERNELS_ENV, kernels)
+        monkeypatch.setenv(TK.UNTIMED_ENV, kernels)
+        engine = SpeculativeEngine(FastTarget(model, max_len=96), tiny_drafter(model, seed=3), spec)
+        trees, probs = [], []
+        real = Proposer.propose
+
+        def recording(self, *args):
+            tree = real(self, *args)
+            trees.append((tree.tokens.tolist(), tree.parents.tolist()))
+            probs.append(tree.draft_probs)
+            return tree
+
+        monkeypatch.setattr(Proposer, "propose", recording)
+        try:
+            return engine.generate(prompt, n, sampling=cfg).token_ids, trees, probs
+        finally:
+            monkeypatch.setattr(Proposer, "propose", real)
+
+    ref_tokens, ref_trees, ref_probs = run("0")
+    calls = count_calls(monkeypatch, "children", "race_children", module=TK)
+    tokens, trees, probs = run("1")
+    assert calls["race_children"] > 0 and calls["children"] == 0
+    assert tokens == ref_tokens and trees == ref_trees and len(trees) >= 3
+    for a, b in zip(probs, ref_probs):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("budget", [0, 1, 7, 40])

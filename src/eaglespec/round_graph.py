@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import tree_kernels
+from . import sampled_kernels, tree_kernels
 from .draft.fast import StaticDraftRunner, StaticKV
 from .draft.tree_graph import DeviceTreeRows
 from .engine import RoundStats
@@ -240,10 +240,15 @@ class RoundGraph:
                     r_at, q_at = point_mass_tests(tree.tokens, kids, p, live)
                     best = sampled_path(visible, tree.depths, kids, r_at, q_at, self.coins, live)
                     final = point_mass_residual(p, tree.tokens, kids, live, best)  # [1, V]
-                else:  # children drawn from q: real q
-                    r_at, q_at, residuals = sibling_tests(tree.tokens, kids, p, tree.draft_probs, live)
+                else:  # children drawn from q: real q (on CUDA in 2 kernels + a memset: sampled_kernels)
+                    fast = sampled_kernels.wanted(self.device) and sampled_kernels.fits(p.shape[1], kids.shape[1])
+                    tests = sampled_kernels.sibling_tests if fast else sibling_tests
+                    r_at, q_at, residuals = tests(tree.tokens, kids, p, tree.draft_probs, live)
                     best = sampled_path(visible, tree.depths, kids, r_at, q_at, self.coins, live)
-                    final = residuals.index_select(0, best)  # [1, V]
+                    if fast:  # the residual of the one node where the walk ends
+                        final = sampled_kernels.final_residual(p, tree.draft_probs, residuals, best)  # [1, V]
+                    else:
+                        final = residuals.index_select(0, best)  # [1, V]
                 bonus = race_argmax(final, self.race[None])  # [1]
             on_path = visible.index_select(0, best)[0]  # [T]
             m = on_path.sum()

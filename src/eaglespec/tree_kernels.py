@@ -90,6 +90,15 @@ def children_ref(logits: torch.Tensor, k: int, floor: float) -> tuple[torch.Tens
     return conf, tok, conf.clamp(min=floor).log()
 
 
+def race_children_ref(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A sampled tree's children (Proposer._dynamic / _static under sampling): q [n, V] (the processed draft
+    distribution), noise [n, V] Exp(1) -> (q's top-k values [n, k] fp32 descending, the k draws without replacement
+    [n, k] long: the exponential race's top-k of q / noise, in draw order, log(max(values, floor)) [n, k])."""
+    conf = q.float().topk(k, dim=-1).values
+    return conf, (q.float() / noise).topk(k, dim=-1).indices, conf.clamp(min=floor).log()
+
+
 def rank_top_ref(v: torch.Tensor, k: int, descending: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The first k of v.sort(descending, stable=True): (values [k], indices [k])."""
     vals, idx = v.sort(descending=descending, stable=True)
@@ -205,6 +214,49 @@ def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, S, floor, 
         tl.store(logc_ptr + row * K + j, tl.log(tl.maximum(conf, floor)))
 
 
+def _race_chunk_kernel(q_ptr, e_ptr, vkey_ptr, rkey_ptr, q_row_stride, e_row_stride, V, S, K: tl.constexpr,
+                       CHUNK: tl.constexpr):
+    """Program (row, s) over q[row, s*CHUNK : (s+1)*CHUNK]: the keys of its K largest q -> vkey[row, s, :K], and of
+    its K largest q / e (IEEE division, as torch's) -> rkey[row, s, :K] (by value, then lower id; padding: int64 min)."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    cols = s * CHUNK + tl.arange(0, CHUNK)
+    inside = cols < V
+    q = tl.load(q_ptr + row * q_row_stride + cols, mask=inside, other=0.0).to(tl.float32)
+    e = tl.load(e_ptr + row * e_row_stride + cols, mask=inside, other=1.0).to(tl.float32)
+    empty = -9223372036854775807 - 1
+    vkey = tl.where(inside, _key(q, cols), empty)
+    rkey = tl.where(inside, _key(tl.math.div_rn(q, e), cols), empty)
+    for j in tl.static_range(K):
+        best = tl.reduce(vkey, 0, _max)
+        tl.store(vkey_ptr + (row * S + s) * K + j, best)
+        vkey = tl.where(vkey == best, empty, vkey)
+        best = tl.reduce(rkey, 0, _max)
+        tl.store(rkey_ptr + (row * S + s) * K + j, best)
+        rkey = tl.where(rkey == best, empty, rkey)
+
+
+def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, S, floor, K: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """Program row: the K largest of its S*K chunk keys of each kind -> conf = the value, log(max(conf, floor));
+    tok = the race's ids, in order."""
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK)
+    empty = -9223372036854775807 - 1
+    vkey = tl.load(vkey_ptr + row * S * K + i, mask=i < S * K, other=empty)
+    rkey = tl.load(rkey_ptr + row * S * K + i, mask=i < S * K, other=empty)
+    for j in tl.static_range(K):
+        best = tl.reduce(vkey, 0, _max)
+        vkey = tl.where(vkey == best, empty, vkey)
+        ordered = (best >> 32).to(tl.int32)
+        conf = (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+        tl.store(conf_ptr + row * K + j, conf)
+        tl.store(logc_ptr + row * K + j, tl.log(tl.maximum(conf, floor)))
+        best = tl.reduce(rkey, 0, _max)
+        rkey = tl.where(rkey == best, empty, rkey)
+        tl.store(tok_ptr + row * K + j, 0x7FFFFFFF - (best & 0x7FFFFFFF))
+
+
 def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, M, K, DESC: tl.constexpr, TILE: tl.constexpr):
     """Program p ranks v[p*TILE : (p+1)*TILE] against all of v; rank < K is written at its rank."""
     i = tl.program_id(0) * TILE + tl.arange(0, TILE)
@@ -307,8 +359,8 @@ def _accept_path_kernel(tok_ptr, par_ptr, dep_ptr, vis_ptr, next_ptr, best_ptr, 
     tl.store(order_ptr + pos, i.to(tl.int64), mask=inside & (pos < P))
 
 
-_JITTED = ("_max", "_min", "_add", "_key", "_chunk_top_kernel", "_merge_top_kernel", "_rank_top_kernel", "_expand_rows_kernel",
-           "_select_tree_kernel", "_accept_path_kernel")
+_JITTED = ("_max", "_min", "_add", "_key", "_chunk_top_kernel", "_merge_top_kernel", "_race_chunk_kernel",
+           "_race_merge_kernel", "_rank_top_kernel", "_expand_rows_kernel", "_select_tree_kernel", "_accept_path_kernel")
 
 
 @functools.cache
@@ -346,6 +398,32 @@ def children(logits: torch.Tensor, k: int, floor: float) -> tuple[torch.Tensor, 
                                    num_warps=4)
     _merge_top_kernel[(n,)](keys, stats, conf, tok, logc, splits, floor, K=k, SP=K._pow2(splits),
                             BLOCK=K._pow2(splits * k), num_warps=4)
+    return conf, tok, logc
+
+
+def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """race_children_ref in two kernels (as children): q, noise [n, V] (V <= MAX_VOCAB, k <= V) -> conf [n, k] fp32
+    descending, tok [n, k] long, log conf [n, k] fp32. The values are exact (comparisons and torch's division);
+    among exactly tied keys the lower id wins (torch.topk's order there is unspecified)."""
+    _load()
+    n, v = q.shape
+    if not fits(v, k) or noise.shape != q.shape:
+        raise ValueError(f"tree kernels: a race of top-{k} over {tuple(q.shape)} and noise {tuple(noise.shape)}")
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    noise = noise if noise.stride(-1) == 1 else noise.contiguous()
+    dev = q.device
+    chunk = min(_CHUNK, K._pow2(v))
+    splits = -(-v // chunk)
+    vkeys = torch.empty(n, splits, k, dtype=torch.long, device=dev)
+    rkeys = torch.empty(n, splits, k, dtype=torch.long, device=dev)
+    conf = torch.empty(n, k, dtype=torch.float32, device=dev)
+    tok = torch.empty(n, k, dtype=torch.long, device=dev)
+    logc = torch.empty(n, k, dtype=torch.float32, device=dev)
+    _race_chunk_kernel[(n, splits)](q, noise, vkeys, rkeys, q.stride(0), noise.stride(0), v, splits, K=k, CHUNK=chunk,
+                                    num_warps=4)
+    _race_merge_kernel[(n,)](vkeys, rkeys, conf, tok, logc, splits, floor, K=k, BLOCK=K._pow2(splits * k),
+                             num_warps=4)
     return conf, tok, logc
 
 

@@ -173,9 +173,10 @@ class Proposer:
         return self.sampling is not None and not self.sampling.greedy
 
     def _kernel_children(self, draft_vocab: int, k: int) -> bool:
-        """Greedy children by tree_kernels.children (softmax, top-k and log value in two kernels) instead of
-        draft_dist + draft_topk: drafting without processors, on a device where tree_kernels.wanted."""
-        return not self._sampled and tree_kernels.fits(draft_vocab, k) and tree_kernels.wanted(self.device)
+        """Children by tree_kernels on a device where tree_kernels.wanted: greedy drafting by children (softmax, top-k
+        and log value in two kernels) instead of draft_dist + draft_topk; sampled drafting by race_children (q's top-k
+        and the exponential race's draws in two kernels) over draft_dist's q instead of two draft_topk."""
+        return tree_kernels.fits(draft_vocab, k) and tree_kernels.wanted(self.device)
 
     def _tree_graph(self, draft_vocab: int) -> TreeGraph | None:
         """The whole-tree graph (draft/tree_graph.py) for this spec and draft processors, where the runner is
@@ -320,10 +321,15 @@ class Proposer:
         def children(logits: torch.Tensor, r0: int, parent_alive: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
             """[n, Vd] draft logits -> (child draft ids [n, k], confidences [n, k] sorted descending; with the
             kernel also their log values [n, k])."""
-            if kernel:
+            if kernel and not sampled:
                 conf, tok, logc = tree_kernels.children(logits, k, CONF_FLOOR)
                 return tok, conf, logc
             probs = self.draft_dist(logits)
+            if kernel:  # the draws (the race over noise rows r0..) valued by rank, in two kernels
+                conf, tok, logc = tree_kernels.race_children(probs, noise[r0: r0 + probs.shape[0]], k, CONF_FLOOR)
+                q_rows.append(probs)
+                alive.append((conf > 0) & parent_alive[:, None])
+                return tok, conf, logc
             conf, tok = draft_topk(probs, k)  # [n, k] sorted: the growth skips its re-sort
             if sampled:  # the draws, valued by rank (see above)
                 _, tok = draft_topk(probs.float() / noise[r0: r0 + probs.shape[0]], k)  # zero-q tokens come last
@@ -398,7 +404,8 @@ class Proposer:
             raise ValueError(f"static tree rank {plan.n_ranks - 1} exceeds the draft vocabulary")
         rows = new_rows(plan.tree_visible)
 
-        kernel = self._kernel_children(logits.shape[-1], plan.n_ranks)
+        kernel = not sampled and self._kernel_children(logits.shape[-1], plan.n_ranks)  # greedy children
+        race_kernel = sampled and self._kernel_children(logits.shape[-1], plan.n_ranks)  # the draws' race
 
         def children(probs: torch.Tensor, race: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
             """[rows, Vd] -> (confidences [rows, R], draft ids [rows, R]): top-R, or R draws in order
@@ -408,7 +415,10 @@ class Proposer:
                 return tree_kernels.children(probs, plan.n_ranks, CONF_FLOOR)[:2]
             if not sampled:
                 return draft_topk(probs, plan.n_ranks)
-            _, draws = draft_topk(probs.float() / race, plan.n_ranks)  # zero-q tokens come last
+            if race_kernel:
+                draws = tree_kernels.race_children(probs, race, plan.n_ranks, CONF_FLOOR)[1]
+            else:
+                _, draws = draft_topk(probs.float() / race, plan.n_ranks)  # zero-q tokens come last
             return probs.gather(-1, draws), draws
 
         # children of the root come from the catch-up row; lists hold one [m] entry per depth
