@@ -1,4 +1,4 @@
-"""Triton kernels for a greedy tree's bookkeeping (Proposer._dynamic / _static, tree._grow, tree.select_nodes,
+"""Triton kernels for a tree's bookkeeping (Proposer._dynamic / _static, tree._grow, tree.select_nodes,
 tree._select) and a greedy round's acceptance (round_graph.py): fewer, cheaper kernels per depth inside the
 whole-tree CUDA graph (draft/tree_graph.py) and the round graph.
 
@@ -11,6 +11,11 @@ the log value a clamp and a log, and the next expansion's pick a stable radix so
                                     chunk of 1024 logits (one program each) the softmax's max and sum and k
                                     rounds of argmax (ties to the lower id), then per row the merge: conf =
                                     exp(x - max) / sum, log conf = log(max(conf, 1e-12))
+    race_children(q [n, V], E, k) -> (conf [n, k], tok [n, k], log conf [n, k]): a SAMPLED tree's children in TWO
+                                    kernels (as children): q's top-k values (a dynamic tree values its i-th draw
+                                    by q's i-th largest) and the k draws without replacement, the exponential
+                                    race's top-k of q / E (E: the growth's Exp(1) noise rows), in draw order, in
+                                    place of two chunked torch.topk and a division
     rank_top(v [M], k, desc)     -> (values [k], indices [k] long): ONE kernel, the first k of a stable sort of v
                                     (descending: ties to the lower index, as sort(descending=True, stable=True);
                                     ascending likewise), by ranks: rank(i) = #{j: v_j before v_i}, written at rank
@@ -38,6 +43,11 @@ EAGLESPEC_TREE_KERNELS_UNTIMED=0 turns just these two off (the A/B switch).
 Used where `wanted(device)`: EAGLESPEC_TREE_KERNELS=1 (triton must be importable; on CPU also TRITON_INTERPRET=1),
 =0 never, unset: on CUDA where triton imports. Rows wider than MAX_VOCAB, or more than MAX_K children, take the
 torch path. Kernels call triton builtins only (target/kernels.py's _load says why).
+
+Sampled drafting (session 15): race_children's values are exact (comparisons, and q / E by IEEE division as
+torch's); its log values are tl.log's (a last-bit difference from torch's can move a near-tie in the selection, as
+for children). With it a sampled dynamic tree takes expand_rows and select_tree too (the growth is the same; only
+the children differ): sampled dynamic 7/10/60 at T=1 +19% on the H200 (RESULTS.md, session 15).
 
 Measured on the H200 (bench/RESULTS.md, session 13; SmolLM2 + the shipped drafter, MT-bench 40, T=0, off -> on in
 one lease): at b27757d (children, rank_top, expand_rows) dynamic 7/10/60 1640 -> 1892 tok/s and static 1766 -> 1898,
