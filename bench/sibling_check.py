@@ -1,6 +1,7 @@
 """A sampled round's sibling tests (round_graph step 4, children drawn from q): verify.sibling_tests + the final row's
 index_select (torch, one batch of [T, V] passes per sibling rank) against sampled_kernels.sibling_tests +
-final_residual (2 kernels + a memset), on a dynamic-like tree.
+final_residual (K + 2 kernels, each over grid [T, cdiv(V, chunk)] or V's blocks, + a memset), on a dynamic-like
+tree.
 
 The tree: --rows nodes, a root with --top-k children, the rest spread over depths 2..--depth (each depth's nodes
 hang under the first nodes of the depth above, at most --top-k children each, as EAGLE-2's selection keeps the
@@ -11,7 +12,7 @@ all live. `best`: a fixed node (a depth-1 node with children, read on the device
 GPU: us per call, --reps calls captured in one CUDA graph, the median of --replays replays (gemm_check's
 graph_replay_ms), for each path, and the max abs difference of r_at / q_at (live nodes) and of the final row (at
 best, and the worst over every node) against the torch path. --sweep also times the kernel path over
-sibling_tests' block x num_warps.
+sibling_tests' chunk (elements of a row per program) x num_warps.
 
     PYTHONPATH=src python bench/sibling_check.py [--rows 61] [--vocab 49152] [--top-k 10] [--sweep] [--json OUT]
 
@@ -31,7 +32,7 @@ import time
 
 import torch
 
-SWEEP = {"block": (1024, 2048, 4096, 8192), "num_warps": (4, 8, 16)}
+SWEEP = {"chunk": (512, 1024, 2048, 4096, 8192), "num_warps": (2, 4, 8)}
 
 
 def dynamic_parents(rows: int, top_k: int, depth: int, gen: torch.Generator) -> list[int]:
@@ -135,7 +136,7 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=12000, help="q's support (at most vocab / 4)")
     ap.add_argument("--reps", type=int, default=20, help="calls per captured graph")
     ap.add_argument("--replays", type=int, default=20, help="graph replays (the median is reported)")
-    ap.add_argument("--sweep", action="store_true", help="also time sibling_tests' block x num_warps: "
+    ap.add_argument("--sweep", action="store_true", help="also time sibling_tests' chunk x num_warps: "
                     + ", ".join(f"{k} {v}" for k, v in SWEEP.items()))
     ap.add_argument("--json", default=None, help="write the results here")
     a = ap.parse_args()
@@ -163,11 +164,11 @@ def main() -> None:
     report["max_abs_diff"] = errors(x)
     if a.sweep:
         report["sweep"] = []
-        for block, warps in itertools.product(*SWEEP.values()):
-            if block > 32 * 32 * warps:  # more than 32 elements per thread and array: spills
+        for chunk, warps in itertools.product(*SWEEP.values()):
+            if chunk > 32 * 32 * warps:  # more than 32 elements per thread and array: spills
                 continue
-            us = per_call_us(kernel_path(x, block=block, num_warps=warps), cuda, a.reps, a.replays)
-            report["sweep"].append({"block": block, "num_warps": warps, "us": us})
+            us = per_call_us(kernel_path(x, chunk=chunk, num_warps=warps), cuda, a.reps, a.replays)
+            report["sweep"].append({"chunk": chunk, "num_warps": warps, "us": us})
     print(f"# sibling_check: {report['device']}, torch {report['torch']}, triton {report['triton']}; T={a.rows} "
           f"V={a.vocab} K={a.top_k}: {live} live children under {report['parents_with_children']} parents "
           f"({report['root_children']} at the root); us per call ({report['timing']})")
@@ -178,7 +179,7 @@ def main() -> None:
     print(f"| kernels (sibling_tests + final_residual) | {report['us']['kernels']} | {d['r_at']:.2g} / {d['q_at']:.2g}"
           f" / {d['final_at_best']:.2g} / {d['final_every_node']:.2g} |")
     for row in report.get("sweep", []):
-        print(f"| kernels, block {row['block']}, {row['num_warps']} warps | {row['us']} | |")
+        print(f"| kernels, chunk {row['chunk']}, {row['num_warps']} warps | {row['us']} | |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)

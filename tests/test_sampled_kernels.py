@@ -1,6 +1,7 @@
 """The sampled sibling-test kernels (sampled_kernels.py) under Triton's CPU interpreter (TRITON_INTERPRET=1): every
 live node's test values and every node's final residual equal verify.sibling_tests' (and a float64 recursion's)
-over random trees with pruned children, zeros in p and q, rows over several blocks and up to 32 ranks; the edge
+over random trees with pruned children, zeros in p and q, rows in one chunk or several and up to 32 ranks, the
+same values whatever the chunking (none of the uninitialised partial sums read); the edge
 cases (exhausted mass, children holding all of q, a token twice); a negative control (the comparison tells a
 forgotten removal or an off-by-one rank apart); and a sampled round graph emits the same tokens either way."""
 
@@ -87,10 +88,10 @@ def random_case(seed: int, v: int, k: int, t: int):
     return tokens, kids, p, q, live
 
 
-def check(tokens, kids, p, q, live, block=None, nodes=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def check(tokens, kids, p, q, live, chunk=None, nodes=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The kernels against verify.sibling_tests and the float64 recursion: r_at / q_at on the live nodes, the final
     residual (normalised) at every node (or `nodes`). Returns the kernels' (r_at, q_at, finals [T, V])."""
-    r_at, q_at, state = SK.sibling_tests(tokens, kids, p, q, live, block=block)
+    r_at, q_at, state = SK.sibling_tests(tokens, kids, p, q, live, chunk=chunk)
     ref_r, ref_q, ref_final = sibling_tests(tokens, kids, p, q, live)
     r64, q64, final64 = recursion(tokens, kids, p, q, live)
     on = kids[live]  # the live nodes: what sampled_path reads
@@ -111,21 +112,47 @@ def check(tokens, kids, p, q, live, block=None, nodes=None) -> tuple[torch.Tenso
     return r_at, q_at, finals
 
 
-@pytest.mark.parametrize("seed,v,k,t,block", [
+@pytest.mark.parametrize("seed,v,k,t,chunk", [
     (0, 37, 1, 6, None), (1, 37, 2, 9, 16), (2, 300, 3, 12, None), (3, 300, 4, 14, 64), (4, 37, 5, 16, 16),
     (5, 300, 6, 14, None), (6, 37, 7, 12, None), (7, 300, 8, 16, 128), (8, 37, 10, 14, 16), (9, 300, 10, 16, None),
 ])
-def test_matches_verify_sibling_tests(seed, v, k, t, block):
-    """Random trees, K = 1..10, V = 37 / 300 in one block or several (the last partial: V is no multiple of 16, 64
-    or 128), removed tokens spread over the blocks."""
+def test_matches_verify_sibling_tests(seed, v, k, t, chunk):
+    """Random trees, K = 1..10, V = 37 / 300 in one chunk or several (the last partial: V is no multiple of 16, 64
+    or 128), removed tokens spread over the chunks."""
     tokens, kids, p, q, live = random_case(seed, v, k, t)
     assert live.any() and ((~live & (kids > 0)).any() or k == 1)  # live and left-out children both present
-    r_at, q_at, finals = check(tokens, kids, p, q, live, block)
+    r_at, q_at, finals = check(tokens, kids, p, q, live, chunk)
     assert (r_at[0] == 0) and (q_at[0] == 0)  # node 0 (never tested) stays 0
     off = kids[~live & (kids > 0)]
     assert (r_at[off] == 0).all() and (q_at[off] == 0).all()  # non-live nodes: 0 (sampled_path masks them)
     idle = ~live.any(1)  # parents with no live child (leaves among them): the residual is p itself
     assert torch.equal(finals[idle], p[idle])
+
+
+@pytest.mark.parametrize("seed,k", [(12, 4), (13, 10)])
+def test_chunking_does_not_change_the_result(seed, k, monkeypatch):
+    """V = 300 in one chunk (512 wide), in 19 chunks of 16 (the last of 12: S does not divide V) added 16 partial
+    sums at a time (_SUMS = 16: two steps over S), and in 5 of 64: the same values up to the summation order. The
+    partial-sum buffers come from torch.empty filled with NaN here: an entry read without being written would
+    show. (The values themselves: test_matches_verify_sibling_tests, chunks of every size.)"""
+    tokens, kids, p, q, live = random_case(seed, 300, k, 14)
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: real_empty(*a, **kw).fill_(float("nan")))
+    nodes = [*live.any(1).nonzero()[:4, 0].tolist(), 13]  # parents with live children, and a leaf
+    runs = {}
+    for chunk, sums in ((None, SK._SUMS), (16, 16), (64, SK._SUMS)):
+        monkeypatch.setattr(SK, "_SUMS", sums)
+        r_at, q_at, state = SK.sibling_tests(tokens, kids, p, q, live, chunk=chunk)
+        s = -(-300 // (chunk or 512))
+        assert state.left.shape == (k + 1, 14, s) and state.mass.shape == (k, 14, s)
+        finals = torch.cat([SK.final_residual(p, q, state, torch.tensor([b])) for b in nodes])
+        assert torch.isfinite(finals).all()
+        runs[chunk] = r_at, q_at, finals
+    on = kids[live]
+    for chunk in (16, 64):
+        for got, want in zip(runs[chunk], runs[None]):
+            torch.testing.assert_close(got[on] if got.dim() == 1 else got, want[on] if want.dim() == 1 else want,
+                                       rtol=1e-5, atol=1e-7)
 
 
 def test_thirty_two_ranks():
@@ -156,7 +183,7 @@ def test_exhausted_mass_keeps_the_residual():
     q[1:] = torch.softmax(torch.randn(4, v, generator=torch.Generator().manual_seed(1)), -1)
     tokens = torch.tensor([0, 9, 12, 15, 4])
     live = kids > 0
-    r_at, q_at, finals = check(tokens, kids, p, q, live, block=16)
+    r_at, q_at, finals = check(tokens, kids, p, q, live, chunk=16)
     assert r_at[1:4].tolist() == [1 / 8, 1 / 8, 0.0]
     torch.testing.assert_close(q_at[1:4], torch.tensor([1 / 8, 1 / 7, 1 / 6]))
     assert finals[0].tolist() == [float(x == 9) for x in range(v)]
@@ -176,7 +203,7 @@ def test_children_holding_all_of_q():
     q[0, [3, 40, 66]] = torch.tensor([0.5, 0.3, 0.2])
     tokens = torch.tensor([0, 40, 3, 66, 20, 7, 7, 50])  # node 6 repeats node 5's token
     live = kids > 0
-    r_at, q_at, _ = check(tokens, kids, p, q, live, block=32)
+    r_at, q_at, _ = check(tokens, kids, p, q, live, chunk=32)
     assert q_at[4] == 0 and q_at[6] == 0 and r_at[4] > 0
 
 

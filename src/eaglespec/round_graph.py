@@ -240,7 +240,7 @@ class RoundGraph:
                     r_at, q_at = point_mass_tests(tree.tokens, kids, p, live)
                     best = sampled_path(visible, tree.depths, kids, r_at, q_at, self.coins, live)
                     final = point_mass_residual(p, tree.tokens, kids, live, best)  # [1, V]
-                else:  # children drawn from q: real q (on CUDA in 2 kernels + a memset: sampled_kernels)
+                else:  # children drawn from q: real q (on CUDA: sampled_kernels, K + 2 launches)
                     fast = sampled_kernels.wanted(self.device) and sampled_kernels.fits(p.shape[1], kids.shape[1])
                     tests = sampled_kernels.sibling_tests if fast else sibling_tests
                     r_at, q_at, residuals = tests(tree.tokens, kids, p, tree.draft_probs, live)

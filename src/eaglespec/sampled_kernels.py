@@ -1,11 +1,12 @@
 """Triton kernels for a sampled round's sibling tests (round_graph.py step 4, children drawn from q): the values of
-verify.sibling_tests in one kernel, and the bonus distribution at the node where the walk ends in one more.
+verify.sibling_tests in K + 1 launches parallel over the vocab, and the bonus distribution at the node where the
+walk ends in one more.
 
 Why: verify.sibling_tests keeps every parent's residual r and its q left as [T, V] fp32 arrays and updates them
-once per sibling rank: ~260 torch ops over [61, 49152] per dynamic 7/10/60 round, ~1.5-2 ms on an H200, more than
-the rest of the round. Yet only T scalars per tested node and ONE residual row (the node `best` where the walk
-ends: race_argmax's input) are ever read. Per parent, the residual after rejecting its live children of ranks < i
-has a closed form in two scalars (a, beta) and the few tokens removed so far:
+once per sibling rank: ~260 torch ops over [61, 49152] per dynamic 7/10/60 round, ~1 ms on an H200 (1023 us in
+bench/sibling_check.py), more than the rest of the round. Yet only T scalars per tested node and ONE residual row
+(the node `best` where the walk ends: race_argmax's input) are ever read. Per parent, the residual after rejecting
+its live children of ranks < i has a closed form in two scalars (a, beta) and the few tokens removed so far:
 
     r_i(v) = a * max(0, p(v) - beta * q(v))   for v not removed (an earlier live sibling's token)
     r_i(x_s) = c_s                             for the removed tokens x_s (scalars)
@@ -18,32 +19,51 @@ removal (as verify._rejected_residual keeps r). r_0 = p: a = 1, beta = 0, nothin
 (not a * beta) bounds it: a >= ~1 (each M <= 1, the residual summing to 1), so beta grows by at most
 1 / S_i <= 1e30 per rank (S_i clamped as verify._normalised does; q = 0 off the removed tokens then).
 
-    sibling_tests(tokens, kids, p, q, live) -> (r_at [T], q_at [T], Residuals): ONE kernel, one program per parent
-        (grid [T]): a pass over q for S_0, then per live child in rank order one read-only pass over the row
-        (p and q) for M and the next S (p, q: [T, V], never written). The node values r_at / q_at (what sampled_path
-        reads) are scalars from (a, beta, S, the removed list) and the two entries p(x_i), q(x_i). Each parent's
-        final state is left in Residuals: (a, beta) [T, 2] and its removed tokens / values [T, KP]. A parent with
-        no live child does nothing (its final residual is p): only live children cost a pass. The parents run
-        side by side; the one with the most live children (the root's top_k) sets the time: top_k + 1 passes over
-        its two rows, in the order the recursion needs (the ranks cannot overlap: each pass needs the last's mass).
-    final_residual(p, q, Residuals, best [1]) -> [1, V]: ONE kernel over V (grid over blocks of V, best read on the
-        device): the normalised residual of node best, the same row (and scale) as verify.sibling_tests' third
-        output at best, up to fp32 rounding.
+So a parent's state after rank i needs only two sums over its row: M_i = a * sum_v max(0, p - beta' q) (v not
+removed) + sum_s c_s, and S_{i+1} = sum of q off the removed tokens and x_i. Both split over chunks of the row.
+
+The first version ran one program per parent (grid [T]), streaming the row once per live rank: 1743 us per call
+against 1023 us for the torch path on the H200 (T=61, V=49152, K=10, 60 live children under 33 parents, 10 at the
+root), since the root's 11 passes in sequence over 2 x 49152 floats ran on ONE SM (~155 us a pass), and it lost
+~4% end to end in a sampled chain (K=1) too. Now every pass is spread over the row's chunks (grid [T, S],
+S = cdiv(V, CHUNK)); the ranks still run in order (each needs the last's M and S, and there is no grid-wide barrier
+but a launch's end), one launch each, and every program recomputes its parent's scalars from the partial sums of
+the ranks before (_state(): O(K * S) loads, all issued before the recursion, which is register work; the same in
+every program, so the same values everywhere). K + 2 launches of ~T * S small programs in all (12 of ~1.5k for the
+case above: expected tens of us on an H200, not yet measured):
+
+    launch 0, grid [T, S]: pS[0, t, c] = sum of q over chunk c of row t (rows with a live child only).
+    launch 1 + i (i = 0..K-1), grid [T, S]: program (t, c) does nothing unless live[t, i]; else _state() rebuilds
+        parent t's (a, beta, S_i, removed tokens and values) from pS / pM of its live ranks < i, then over chunk c
+        (not removed): pM[i, t, c] = sum max(0, p - beta' q), beta' = beta + 1 / (a max(S_i, 1e-30)), and
+        pS[i + 1, t, c] = sum of q off x_i. Program c = 0 writes child i's r_at / q_at (scalars: (a, beta, S_i,
+        the removed list) and the two entries p(x_i), q(x_i)).
+    final_residual, grid over blocks of V: _state() over all K ranks at node best (read on the device), then its
+        normalised row.
+
+    sibling_tests(tokens, kids, p, q, live) -> (r_at [T], q_at [T], Residuals): the K + 1 launches above (and a
+        memset of r_at / q_at). p, q: [T, V], never written. Residuals holds the partial sums (pS [K + 1, T, S],
+        pM [K, T, S]) and the tree (tokens, kids, live) that _state() reads again. Only entries that are read are
+        written: pS[0] and pM / pS of the ranks that are live at a parent (_state() masks the others' loads).
+    final_residual(p, q, Residuals, best [1]) -> [1, V]: the normalised residual of node best, the same row (and
+        scale) as verify.sibling_tests' third output at best, up to fp32 rounding (p itself without live child).
 
 Values: the same recursion in fp32, another summation order, and each entry computed from p and q in one step
-instead of K rounded steps: equal within ~1e-6 relative where no cancellation hits (tests/test_sampled_kernels.py).
-A mass within rounding of the 1e-12 threshold could be decided the other way (only where rejecting is that
-unlikely). Non-live nodes and node 0 get r_at = q_at = 0 (sampled_path masks them). Zero host syncs, fixed grids:
-graph-capturable.
+instead of K rounded steps: equal within ~1e-6 relative where no cancellation hits (tests/test_sampled_kernels.py),
+and (up to rounding) independent of CHUNK. A mass within rounding of the 1e-12 threshold could be decided the other
+way (only where rejecting is that unlikely). Non-live nodes and node 0 get r_at = q_at = 0 (sampled_path masks
+them). Zero host syncs, fixed grids: graph-capturable.
 
 Used where `wanted(device)` (tree_kernels.wanted: EAGLESPEC_TREE_KERNELS; and EAGLESPEC_SAMPLED_KERNELS=0 turns
 just these off, the A/B switch) and `fits(vocab, k)`; otherwise round_graph keeps verify.sibling_tests. Kernels
 call triton builtins only (target/kernels.py's _load says why); their reductions pass tl.standard's combine
 functions (_sum_combine, _elementwise_max) to the builtin tl.reduce, as tl.sum / tl.max do: the interpreter
 recognises them and reduces in numpy without calling them (with a combine function of ours it calls it once per
-element, in Python: 3-8x slower tests), and compiled code inlines them. Written and tested under Triton's
-interpreter (TRITON_INTERPRET=1) and compiled for sm_90 ahead of time (no GPU run yet); bench/sibling_check.py
-times them against the torch path on a GPU.
+element, in Python: 3-8x slower tests), and compiled code inlines them. They call tl.reduce in place, not through
+a jitted helper of ours: the interpreter spends ~1 ms on every such call (_partials and _state are the exceptions).
+Written and tested under Triton's interpreter (TRITON_INTERPRET=1), compiled for sm_90 ahead of time (triton.compile
+with GPUTarget("cuda", 90, 32), S = 1 specialised too; no GPU run of this version yet); bench/sibling_check.py times
+them against the torch path on a GPU (--sweep: CHUNK x num_warps).
 """
 
 from __future__ import annotations
@@ -58,20 +78,25 @@ from .errors import env_switch
 from .target import kernels as K
 
 SAMPLED_KERNELS_ENV = "EAGLESPEC_SAMPLED_KERNELS"  # "0": not these (unset, "" or "1": with the tree kernels)
-MAX_K = 32  # the most children per node (the kernel unrolls a loop over ranks)
-MAX_VOCAB = 1 << 24  # the widest row (offsets are int64; this only bounds the passes' cost)
-_BLOCK = 4096  # sibling_tests: elements of a row per step of a pass
+MAX_K = 32  # the most children per node (one launch per rank)
+MAX_VOCAB = 1 << 24  # the widest row (offsets are int64; this bounds S, the chunks per row)
+_CHUNK = 2048  # sibling_tests: elements of a row per program (S = cdiv(V, CHUNK) programs per row and rank)
+_WARPS = 4
 _FINAL_BLOCK = 1024  # final_residual: elements per program
-_WARPS = 8
+_SUMS = 4096  # the most partial sums _state() adds in one step (over its KP ranks)
 
 
 class Residuals(NamedTuple):
-    """Every parent's residual once all its live children are rejected: a * max(0, p - beta q) off the removed
-    tokens, their own values on them."""
+    """What final_residual needs to rebuild any node's residual once all its live children are rejected (_state()):
+    the partial sums of every live rank and the tree they belong to."""
 
-    scale: torch.Tensor  # [T, 2] fp32: (a, beta)
-    tokens: torch.Tensor  # [T, KP] long: the removed tokens (its live children's), -1 padded
-    values: torch.Tensor  # [T, KP] fp32: the residual at each removed token
+    tokens: torch.Tensor  # [T] long: each node's token (sibling_tests' input)
+    kids: torch.Tensor  # [T, K] long: the sibling table (sibling_tests' input)
+    live: torch.Tensor  # [T, K] uint8: the live children
+    left: torch.Tensor  # pS [K + 1, T, S] fp32: [j, t, c] q's mass over chunk c of row t off the tokens removed
+    #                     before rank j (pS[0]: all of it; pS[j + 1]: written by rank j's launch where live)
+    mass: torch.Tensor  # pM [K, T, S] fp32: [j, t, c] sum over chunk c of row t, off the tokens removed before
+    #                     rank j, of max(0, p - beta' q) with rank j's beta' (written by rank j's launch where live)
 
 
 def wanted(device: torch.device | str) -> bool:
@@ -87,127 +112,164 @@ def fits(vocab: int, k: int) -> bool:
 
 
 # -- the Triton kernels (plain functions here; _load() jits them on first use) --------------------------------
-def _sum(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, tl.standard._sum_combine)  # tl.sum's reduction (see the module docstring)
-
-
-def _top(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, tl.standard._elementwise_max)  # tl.max's
-
-
-def _sibling_kernel(tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, rq_ptr, scale_ptr, rtok_ptr, rval_ptr, V, T,
-                    p_stride, q_stride, K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr):
-    """Program t: parent t's children kids[t, :K] in rank order (live[t, i]: tested; others leave the state as is).
-    Writes r_at (rq[0]) and q_at (rq[1]) of its live children, and its final (a, beta), removed tokens and values."""
-    t = tl.program_id(0).to(tl.int64)
-    prow = p_ptr + t * p_stride
-    qrow = q_ptr + t * q_stride
+def _partials(ptr, stride, S, use, KP: tl.constexpr, SB: tl.constexpr):
+    """[KP] fp32: row j's sum of ptr[j * stride + 0:S] where use[j] ([KP] bool), else 0 (nothing read)."""
     slot = tl.arange(0, KP)
-    lane = tl.arange(0, BLOCK)
-    zero = tl.program_id(0) * 0
+    acc = tl.full([KP, SB], 0.0, tl.float32)
+    n = tl.where(use, S, 0)[:, None]  # (a mask `(c < S) & use` with a 0-d use trips the interpreter)
+    for c0 in range(0, S, SB):
+        c = c0 + tl.arange(0, SB)[None, :]
+        acc += tl.load(ptr + slot[:, None] * stride + c, mask=c < n, other=0.0)
+    return tl.reduce(acc, 1, tl.standard._sum_combine)
+
+
+def _state(t, upto, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, T, S, K: tl.constexpr,
+           KP: tl.constexpr, SB: tl.constexpr):
+    """Parent t's residual after rejecting its live children of ranks < upto, from the partial sums: (a, beta,
+    S_upto (q's mass left), removed tokens [KP] (-1 padded, in removal order), their values [KP]). Reads pS / pM of
+    its live ranks < upto only (and pS[0] only where the parent has a live child). Every load is issued before the
+    recursion (none depends on it): a few load latencies, whatever upto; the loop is register work."""
+    slot = tl.arange(0, KP)
+    lv = tl.load(live_ptr + t * K + slot, mask=slot < K, other=0) != 0  # [KP]
+    use = lv & (slot < upto)
+    xs = tl.load(tok_ptr + tl.load(kids_ptr + t * K + slot, mask=slot < K, other=0))  # [KP] rank j's token
+    pxs = tl.load(prow + xs, mask=use, other=0.0).to(tl.float32)
+    qxs = tl.load(qrow + xs, mask=use, other=0.0).to(tl.float32)
+    masses = _partials(pm_ptr + t * S, T * S, S, use, KP, SB)  # [KP]: pM[j, t] summed
+    lefts = _partials(ps_ptr + (T + t) * S, T * S, S, use, KP, SB)  # [KP]: pS[j + 1, t] summed
+    any_live = tl.reduce(lv.to(tl.int32), 0, tl.standard._elementwise_max) > 0
+    left = tl.reduce(_partials(ps_ptr + t * S, T * S, S, (slot == 0) & any_live, KP, SB), 0,
+                     tl.standard._sum_combine)  # S_0: q's mass (pS[0] is written where any_live)
+    zero = (t * 0).to(tl.int32)
     a = zero.to(tl.float32) + 1.0  # r = a * max(0, p - beta q) off the removed tokens
     beta = zero.to(tl.float32)
-    left = zero.to(tl.float32)  # S: q's mass off the removed tokens
     n = zero  # removed tokens so far
     rem = tl.full([KP], -1, tl.int64)
     val = tl.full([KP], 0.0, tl.float32)
+    for j in range(0, upto):
+        sel = slot == j
+        on = tl.reduce((sel & use).to(tl.int32), 0, tl.standard._elementwise_max) > 0
+        x = tl.reduce(tl.where(sel, xs, 0), 0, tl.standard._sum_combine)
+        px = tl.reduce(tl.where(sel, pxs, 0.0), 0, tl.standard._sum_combine)
+        qx = tl.reduce(tl.where(sel, qxs, 0.0), 0, tl.standard._sum_combine)
+        hit = tl.reduce((rem == x).to(tl.int32), 0, tl.standard._elementwise_max) > 0  # x already removed
+        beta2 = beta + 1.0 / (a * tl.maximum(left, 1e-30))  # verify._normalised's clamp
+        mass = a * tl.reduce(tl.where(sel, masses, 0.0), 0, tl.standard._sum_combine)  # M off the removed tokens
+        mass += tl.reduce(val, 0, tl.standard._sum_combine)  # and on them
+        ok = on & (mass > 1e-12)  # rejected: r <- norm(max(0, r - q_j)), x leaves q
+        norm = tl.maximum(mass, 1e-30)
+        a = tl.where(ok, a / norm, a)
+        beta = tl.where(ok, beta2, beta)
+        val = tl.where(ok, val / norm, val)
+        left = tl.where(on, tl.reduce(tl.where(sel, lefts, 0.0), 0, tl.standard._sum_combine), left)
+        add = (slot == n) & (hit == 0) & on
+        rem = tl.where(add, x, rem)
+        val = tl.where(add, a * tl.maximum(px - beta * qx, 0.0), val)
+        n = n + tl.where(on & (hit == 0), 1, 0)
+    return a, beta, left, rem, val
+
+
+def _left_kernel(live_ptr, q_ptr, ps_ptr, V, S, q_stride, K: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr):
+    """Program (t, c): pS[0, t, c] = q's mass over chunk c of row t, where parent t has a live child."""
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    slot = tl.arange(0, KP)
     lv = tl.load(live_ptr + t * K + slot, mask=slot < K, other=0)
-    if _top(lv.to(tl.int32), 0) > 0:  # a parent with no live child does nothing: r = p
-        acc = tl.full([BLOCK], 0.0, tl.float32)  # S_0
-        for v0 in range(0, V, BLOCK):
-            v = v0 + lane
-            acc += tl.load(qrow + v, mask=v < V, other=0.0).to(tl.float32)
-        left = _sum(acc, 0)
-        for i in tl.static_range(K):
-            kid = tl.load(kids_ptr + t * K + i)
-            on = tl.load(live_ptr + t * K + i) != 0
-            x = tl.load(tok_ptr + kid)
+    if tl.reduce(lv.to(tl.int32), 0, tl.standard._elementwise_max) > 0:
+        v = c.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+        qv = tl.load(q_ptr + t * q_stride + v, mask=v < V, other=0.0).to(tl.float32)
+        tl.store(ps_ptr + t * S + c, tl.reduce(qv, 0, tl.standard._sum_combine))
+
+
+def _rank_kernel(R, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, rq_ptr, ps_ptr, pm_ptr, V, T, S, p_stride,
+                 q_stride, K: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr, SB: tl.constexpr):
+    """Program (t, c), where parent t's child of rank R is live: pM[R, t, c] and pS[R + 1, t, c] (the module
+    docstring); program c = 0 also writes that child's r_at (rq[0]) and q_at (rq[1])."""
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    if tl.load(live_ptr + t * K + R) != 0:
+        prow = p_ptr + t * p_stride
+        qrow = q_ptr + t * q_stride
+        a, beta, left, rem, val = _state(t, R, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, T, S,
+                                         K, KP, SB)
+        kid = tl.load(kids_ptr + t * K + R)
+        x = tl.load(tok_ptr + kid)
+        s = tl.maximum(left, 1e-30)
+        beta2 = beta + 1.0 / (a * s)
+        v = c.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+        inside = v < V
+        pv = tl.load(prow + v, mask=inside, other=0.0).to(tl.float32)
+        qv = tl.load(qrow + v, mask=inside, other=0.0).to(tl.float32)
+        keep = inside
+        slot = tl.arange(0, KP)
+        for j in range(0, R):  # off the removed tokens (at most R; -1 pads)
+            keep = keep & (v != tl.reduce(tl.where(slot == j, rem, -1), 0, tl.standard._elementwise_max))
+        m = tl.reduce(tl.where(keep, tl.maximum(pv - beta2 * qv, 0.0), 0.0), 0, tl.standard._sum_combine)
+        sq = tl.reduce(tl.where(keep & (v != x), qv, 0.0), 0, tl.standard._sum_combine)
+        tl.store(pm_ptr + (R * T + t) * S + c, m)
+        tl.store(ps_ptr + ((R + 1) * T + t) * S + c, sq)
+        if c == 0:
             px = tl.load(prow + x).to(tl.float32)
             qx = tl.load(qrow + x).to(tl.float32)
             same = rem == x  # [KP]: x already removed (a token twice among live siblings: never drawn so)
-            hit = _top(same.to(tl.int32), 0) > 0
-            s = tl.maximum(left, 1e-30)  # verify._normalised's clamp
-            r_x = tl.where(hit, _sum(tl.where(same, val, 0.0), 0), a * tl.maximum(px - beta * qx, 0.0))
+            hit = tl.reduce(same.to(tl.int32), 0, tl.standard._elementwise_max) > 0
+            c_x = tl.reduce(tl.where(same, val, 0.0), 0, tl.standard._sum_combine)
+            r_x = tl.where(hit, c_x, a * tl.maximum(px - beta * qx, 0.0))
             q_x = tl.where(hit, 0.0, qx / s)
-            tl.store(rq_ptr + kid, tl.where(on, r_x, 0.0), mask=kid > 0)  # padding (kid 0, the root) writes nothing
-            tl.store(rq_ptr + T + kid, tl.where(on, q_x, 0.0), mask=kid > 0)
-            if on:  # rejected: r <- norm(max(0, r - q_i)), x leaves q
-                beta2 = beta + 1.0 / (a * s)
-                m_acc = tl.full([BLOCK], 0.0, tl.float32)
-                s_acc = tl.full([BLOCK], 0.0, tl.float32)
-                for v0 in range(0, V, BLOCK):
-                    v = v0 + lane
-                    inside = v < V
-                    pv = tl.load(prow + v, mask=inside, other=0.0).to(tl.float32)
-                    qv = tl.load(qrow + v, mask=inside, other=0.0).to(tl.float32)
-                    gone = v < 0
-                    if _top(((rem >= v0) & (rem < v0 + BLOCK)).to(tl.int32), 0) > 0:  # a removed token here
-                        gone = _top((v[:, None] == rem[None, :]).to(tl.int32), 1) > 0
-                    keep = inside & (gone == 0)
-                    m_acc += tl.where(keep, tl.maximum(pv - beta2 * qv, 0.0), 0.0)
-                    s_acc += tl.where(keep & (v != x), qv, 0.0)
-                mass = a * _sum(m_acc, 0) + _sum(val, 0)
-                ok = mass > 1e-12
-                norm = tl.maximum(mass, 1e-30)
-                a = tl.where(ok, a / norm, a)
-                beta = tl.where(ok, beta2, beta)
-                val = tl.where(ok, val / norm, val)
-                left = _sum(s_acc, 0)
-                add = (slot == n) & (hit == 0)
-                rem = tl.where(add, x, rem)
-                val = tl.where(add, a * tl.maximum(px - beta * qx, 0.0), val)
-                n = n + tl.where(hit, 0, 1)
-    tl.store(scale_ptr + 2 * t, a)
-    tl.store(scale_ptr + 2 * t + 1, beta)
-    tl.store(rtok_ptr + t * KP + slot, rem)
-    tl.store(rval_ptr + t * KP + slot, val)
+            tl.store(rq_ptr + kid, r_x, mask=kid > 0)  # (a live child is no root: kid > 0)
+            tl.store(rq_ptr + T + kid, q_x, mask=kid > 0)
 
 
-def _final_kernel(best_ptr, p_ptr, q_ptr, scale_ptr, rtok_ptr, rval_ptr, out_ptr, V, p_stride, q_stride,
-                  KP: tl.constexpr, BLOCK: tl.constexpr):
-    """Program j: out[j*BLOCK : (j+1)*BLOCK] = node best's final residual (a, beta and its removed tokens)."""
+def _final_kernel(best_ptr, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, ps_ptr, pm_ptr, out_ptr, V, T, S, p_stride,
+                  q_stride, K: tl.constexpr, KP: tl.constexpr, SB: tl.constexpr, BLOCK: tl.constexpr):
+    """Program j: out[j*BLOCK : (j+1)*BLOCK] = node best's final residual (_state() over all K ranks)."""
     b = tl.load(best_ptr).to(tl.int64)
-    a = tl.load(scale_ptr + 2 * b)
-    beta = tl.load(scale_ptr + 2 * b + 1)
-    v = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    prow = p_ptr + b * p_stride
+    qrow = q_ptr + b * q_stride
+    a, beta, _, rem, val = _state(b, K, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, T, S, K, KP, SB)
+    v = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = v < V
-    pv = tl.load(p_ptr + b * p_stride + v, mask=inside, other=0.0).to(tl.float32)
-    qv = tl.load(q_ptr + b * q_stride + v, mask=inside, other=0.0).to(tl.float32)
-    slot = tl.arange(0, KP)
-    rem = tl.load(rtok_ptr + b * KP + slot)
-    val = tl.load(rval_ptr + b * KP + slot)
+    pv = tl.load(prow + v, mask=inside, other=0.0).to(tl.float32)
+    qv = tl.load(qrow + v, mask=inside, other=0.0).to(tl.float32)
     same = v[:, None] == rem[None, :]  # [BLOCK, KP]
-    hit = _top(same.to(tl.int32), 1) > 0
-    c = _sum(tl.where(same, val[None, :], 0.0), 1)
+    hit = tl.reduce(same.to(tl.int32), 1, tl.standard._elementwise_max) > 0
+    c = tl.reduce(tl.where(same, val[None, :], 0.0), 1, tl.standard._sum_combine)
     tl.store(out_ptr + v, tl.where(hit, c, a * tl.maximum(pv - beta * qv, 0.0)), mask=inside)
 
 
-_JITTED = ("_sum", "_top", "_sibling_kernel", "_final_kernel")
+_JITTED = ("_partials", "_state", "_left_kernel", "_rank_kernel", "_final_kernel")
 
 
 @functools.cache
 def _load() -> None:
-    """Import triton and jit the kernels above (as target/kernels._load)."""
+    """Import triton and jit the kernels above (as target/kernels._load); the rank R is not specialised on (one
+    compiled _rank_kernel for every rank)."""
     global triton, tl
     import triton
     import triton.language as tl
 
     g = globals()
     for name in _JITTED:
-        g[name] = triton.jit(g[name])
+        g[name] = triton.jit(g[name], do_not_specialize=["R"] if name == "_rank_kernel" else None)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _sums(s: int, kp: int) -> int:
+    """_partials' step over S: a [KP, SB] tile of at most _SUMS partial sums."""
+    return min(max(16, K._pow2(s)), max(16, _SUMS // kp))
+
+
 # -- the launchers -----------------------------------------------------------------------------------------
 def sibling_tests(tokens: torch.Tensor, kids: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                  live: torch.Tensor, block: int | None = None, num_warps: int = _WARPS
+                  live: torch.Tensor, chunk: int | None = None, num_warps: int = _WARPS
                   ) -> tuple[torch.Tensor, torch.Tensor, Residuals]:
-    """verify.sibling_tests in one kernel: tokens [T] long, kids [T, K] long (sibling_table), target_probs /
+    """verify.sibling_tests in K + 1 launches: tokens [T] long, kids [T, K] long (sibling_table), target_probs /
     draft_probs [T, V] (any float dtype, rows contiguous; read only), live [T, K] bool (a live child has kid > 0)
-    -> (r_at [T] fp32, q_at [T] fp32: 0 at non-live nodes and node 0, the Residuals final_residual reads)."""
+    -> (r_at [T] fp32, q_at [T] fp32: 0 at non-live nodes and node 0, the Residuals final_residual reads).
+    chunk: elements of a row per program (a power of 2, at most the row's; default _CHUNK)."""
     _load()
     t, k = kids.shape
     v = target_probs.shape[1]
@@ -217,13 +279,16 @@ def sibling_tests(tokens: torch.Tensor, kids: torch.Tensor, target_probs: torch.
     p, q = _rows(target_probs), _rows(draft_probs)
     dev = p.device
     kp = max(2, K._pow2(k))
+    ck = min(K._pow2(chunk or _CHUNK), max(16, K._pow2(v)))
+    s = triton.cdiv(v, ck)
     rq = torch.zeros(2, t, dtype=torch.float32, device=dev)  # [r_at; q_at]
-    state = Residuals(torch.empty(t, 2, dtype=torch.float32, device=dev),
-                      torch.empty(t, kp, dtype=torch.long, device=dev),
-                      torch.empty(t, kp, dtype=torch.float32, device=dev))
-    blk = min(block or _BLOCK, max(16, K._pow2(v)))
-    _sibling_kernel[(t,)](tokens.contiguous(), kids.contiguous(), live.contiguous().view(torch.uint8), p, q, rq,
-                          *state, v, t, p.stride(0), q.stride(0), K=k, KP=kp, BLOCK=blk, num_warps=num_warps)
+    state = Residuals(tokens.contiguous(), kids.contiguous(), live.contiguous().view(torch.uint8),
+                      torch.empty(k + 1, t, s, dtype=torch.float32, device=dev),
+                      torch.empty(k, t, s, dtype=torch.float32, device=dev))
+    _left_kernel[(t, s)](state.live, q, state.left, v, s, q.stride(0), K=k, KP=kp, CHUNK=ck, num_warps=num_warps)
+    for i in range(k):
+        _rank_kernel[(t, s)](i, state.tokens, state.kids, state.live, p, q, rq, state.left, state.mass, v, t, s,
+                             p.stride(0), q.stride(0), K=k, KP=kp, CHUNK=ck, SB=_sums(s, kp), num_warps=num_warps)
     return rq[0], rq[1], state
 
 
@@ -233,9 +298,12 @@ def final_residual(target_probs: torch.Tensor, draft_probs: torch.Tensor, state:
     third output row best, normalised as it is (p itself at a node with no live child). -> [1, V] fp32."""
     _load()
     p, q = _rows(target_probs), _rows(draft_probs)
-    v = p.shape[1]
+    t, v = p.shape
+    k, s = state.kids.shape[1], state.left.shape[2]
+    kp = max(2, K._pow2(k))
     out = torch.empty(1, v, dtype=torch.float32, device=p.device)
     blk = min(block, max(16, K._pow2(v)))
-    _final_kernel[(triton.cdiv(v, blk),)](best, p, q, *state, out, v, p.stride(0), q.stride(0),
-                                          KP=state.tokens.shape[1], BLOCK=blk, num_warps=4)
+    _final_kernel[(triton.cdiv(v, blk),)](best, state.tokens, state.kids, state.live, p, q, state.left, state.mass,
+                                          out, v, t, s, p.stride(0), q.stride(0), K=k, KP=kp,
+                                          SB=_sums(s, kp), BLOCK=blk, num_warps=4)
     return out
