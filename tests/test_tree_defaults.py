@@ -65,7 +65,7 @@ def test_shipped_drafter_recommends_measured_shapes():
 
     drafter = _drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json"))
     on_gpu, sampled_on_gpu = resolve_trees({}, drafter, device="cuda")
-    assert (on_gpu.kind, sampled_on_gpu.kind, sampled_on_gpu.depth) == ("dynamic", "chain", 3)  # session 11
+    assert (on_gpu.kind, sampled_on_gpu.kind, sampled_on_gpu.budget) == ("dynamic", "static", 25)  # session 15
     # session 14: 7/20/120 lost to 7/10/60 for greedy requests too (A B A B in one process), so no greedy override
     assert resolve_trees({"tree": "dynamic"}, drafter, device="cuda") == (tree_spec("dynamic", None, 10, 7, 60), None)
     on_cpu, sampled_on_cpu = resolve_trees({}, drafter, device="cpu")
@@ -170,6 +170,33 @@ def test_a_sampled_policy_may_name_its_shape():
                        ({"sampled": {"chain": {}, "static": {}}}, r"tree_defaults\.sampled must be one of")):
         with pytest.raises(EagleSpecError, match=field):
             resolve_trees({}, _drafter({"tree_defaults": bad}), "drafter /x", device="cuda")
+
+
+def test_a_cpu_sampled_policy_applies_on_cpu_only():
+    """tree_defaults.cpu.sampled: the sampled policy on a CPU device (kind and shape), tree_defaults.sampled
+    elsewhere; tree_defaults.cpu's shapes still apply on top; a malformed one is one line naming its field."""
+    from eaglespec.api import recommended_tree, resolve_trees
+
+    manifest = {"tree_defaults": {**RECOMMENDED, "cuda": "dynamic", "sampled": {"static": {"budget": 12}},
+                                  "cpu": {"chain": {"k": 2}, "sampled": {"dynamic": {"budget": 9}}}}}
+    drafter = _drafter(manifest)
+    spec, sampled = resolve_trees({}, drafter, device="cuda")
+    assert (spec.kind, sampled.kind, sampled.budget) == ("dynamic", "static", 12)
+    spec, sampled = resolve_trees({}, drafter, device="cpu")
+    assert (spec.kind, spec.depth) == ("chain", 2)
+    assert (sampled.kind, sampled.depth, sampled.top_k, sampled.budget) == ("dynamic", 5, 6, 9)
+    assert recommended_tree(drafter, "sampled", device="cpu") == "dynamic"
+    assert recommended_tree(drafter, "sampled") == recommended_tree(drafter, "sampled", device="cuda") == "static"
+    assert tree_defaults(drafter, device="cuda", sampled=True)["static"] == {"budget": 12}
+    assert "static" not in tree_defaults(drafter, device="cpu", sampled=True)  # tree_defaults.sampled's: not here
+    only_kind = {"tree_defaults": {"sampled": "static", "cpu": {"sampled": "chain"}}}
+    assert resolve_trees({}, _drafter(only_kind), device="cpu") == (tree_spec("chain"), None)
+    assert resolve_trees({"tree": "static"}, drafter, device="cpu")[0].kind == "static"  # named wins
+    with pytest.raises(EagleSpecError, match=r"tree_defaults\.cpu\.sampled must be one of"):
+        resolve_trees({}, _drafter({"tree_defaults": {"cpu": {"sampled": "beam"}}}), "drafter /x", device="cpu")
+    with pytest.raises(EagleSpecError, match=r"tree_defaults\.cpu\.sampled\.chain\.k"):
+        resolve_trees({}, _drafter({"tree_defaults": {"cpu": {"sampled": {"chain": {"k": -1}}}}}), "drafter /x",
+                      device="cpu")
 
 
 def test_a_cuda_policy_applies_on_cuda_devices_only():

@@ -81,23 +81,34 @@ def tree_defaults(drafter, where: str = "drafter", device: torch.device | str | 
     carry `choices` (rank paths [[0], [1], [0, 0], ...], best first: bench/fit_static_tree.py --write), returned
     as a tuple of tuples. Overrides, knob by knob, in this order: with `greedy` (requests at temperature 0),
     `tree_defaults.greedy` (shapes in the same form: a wider tree pays where every row is an argmax check); with
-    `sampled` (requests with a temperature), the shape the `sampled` policy names when it has one (e.g.
-    {"chain": {"k": 3}}); then on a CPU `device`, `tree_defaults.cpu` (shapes in the same form)."""
+    `sampled` (requests with a temperature), the shape the sampled policy names when it has one (e.g.
+    {"chain": {"k": 3}}; on a CPU `device`, `tree_defaults.cpu.sampled`'s when there is one, else
+    `tree_defaults.sampled`'s); then on a CPU `device`, `tree_defaults.cpu` (shapes in the same form)."""
     found = (getattr(drafter, "manifest", None) or {}).get("tree_defaults") or {}
     if not isinstance(found, dict):
         raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults must be an object")
     out = _shapes(found, where, "tree_defaults")
     on_cpu = device is not None and torch.device(device).type == "cpu"
-    for key, applies in (("greedy", greedy and found.get("greedy") is not None),
-                         ("sampled", sampled and isinstance(found.get("sampled"), dict)),
-                         ("cpu", on_cpu and found.get("cpu") is not None)):
+    policy_key, policy = _sampled_policy(found, on_cpu)
+    for key, value, applies in (("greedy", found.get("greedy"), greedy and found.get("greedy") is not None),
+                                (policy_key, policy, sampled and isinstance(policy, dict)),
+                                ("cpu", found.get("cpu"), on_cpu and found.get("cpu") is not None)):
         if not applies:
             continue
-        if not isinstance(found[key], dict):
+        if not isinstance(value, dict):
             raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.{key} must be an object")
-        for kind, knobs in _shapes(found[key], where, f"tree_defaults.{key}").items():
+        for kind, knobs in _shapes(value, where, f"tree_defaults.{key}").items():
             out[kind] = {**out.get(kind, {}), **knobs}
     return out
+
+
+def _sampled_policy(found: dict, on_cpu: bool) -> tuple[str, Any]:
+    """(field name, value) of the sampled policy that applies: `tree_defaults.cpu.sampled` on a CPU device when the
+    manifest has one (sampled trees are measured per device), else `tree_defaults.sampled` (None when absent)."""
+    cpu = found.get("cpu")
+    if on_cpu and isinstance(cpu, dict) and cpu.get("sampled") is not None:
+        return "cpu.sampled", cpu["sampled"]
+    return "sampled", found.get("sampled")
 
 
 def _shapes(found: dict, where: str, field: str) -> dict[str, dict[str, Any]]:
@@ -133,15 +144,19 @@ def _manifest_choices(value: Any, where: str) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(p) for p in value)
 
 
-def recommended_tree(drafter, key: str, where: str = "drafter") -> str | None:
+def recommended_tree(drafter, key: str, where: str = "drafter", device: torch.device | str | None = None
+                     ) -> str | None:
     """The tree policy a drafter's manifest recommends when the user names none: `tree_defaults.cuda` (greedy
-    requests on a CUDA device, e.g. "static") or `tree_defaults.sampled` (requests with a temperature, on any
-    device; a kind, or one kind with its shape: {"chain": {"k": 3}}), else None."""
-    found = ((getattr(drafter, "manifest", None) or {}).get("tree_defaults") or {}).get(key)
+    requests on a CUDA device, e.g. "static") or the sampled policy (requests with a temperature: on a CPU `device`
+    `tree_defaults.cpu.sampled` when there is one, else `tree_defaults.sampled`; a kind, or one kind with its shape:
+    {"chain": {"k": 3}}), else None."""
+    found = (getattr(drafter, "manifest", None) or {}).get("tree_defaults") or {}
+    on_cpu = device is not None and torch.device(device).type == "cpu"
+    field, found = _sampled_policy(found, on_cpu) if key == "sampled" else (key, found.get(key))
     if key == "sampled" and isinstance(found, dict) and len(found) == 1:
         found = next(iter(found))  # its shape: tree_defaults(..., sampled=True)
     if found is not None and (not isinstance(found, str) or found not in GENERIC_TREES):
-        raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.{key} must be one of "
+        raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.{field} must be one of "
                              f"{', '.join(GENERIC_TREES)}" + (" (or one of them with its shape, e.g. "
                              '{"chain": {"k": 3}})' if key == "sampled" else "") + f", got {found!r}")
     return found
@@ -178,13 +193,13 @@ def resolve_trees(knobs: dict, drafter, where: str = "drafter", device: torch.de
     """tree_spec's knobs -> (the tree of greedy requests, the tree of sampled ones or None = the same). Greedy
     requests take tree_defaults.greedy's shapes. When the knobs name no tree: the drafter's tree_defaults.cuda
     policy on a CUDA device (else a chain), and its tree_defaults.sampled policy (with its shape, if it names one)
-    for requests with a temperature; a named tree is that kind at every temperature. On a CPU device, the shapes
-    with tree_defaults.cpu's overrides."""
+    for requests with a temperature (on a CPU device tree_defaults.cpu.sampled's, when there is one); a named tree
+    is that kind at every temperature. On a CPU device, the shapes with tree_defaults.cpu's overrides."""
     greedy_shapes = tree_defaults(drafter, where, device, greedy=True)
     named = knobs.get("tree")
     kind = named or (recommended_tree(drafter, "cuda", where) if torch.device(device).type == "cuda" else None)
     spec = tree_spec(**{**knobs, "tree": kind}, defaults=greedy_shapes)
-    policy = None if named else recommended_tree(drafter, "sampled", where)
+    policy = None if named else recommended_tree(drafter, "sampled", where, device)
     if policy is None:
         sampled = tree_spec(**{**knobs, "tree": kind}, defaults=tree_defaults(drafter, where, device))
     else:
