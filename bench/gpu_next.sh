@@ -103,6 +103,14 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 16's starting point (session 15: drafter run 9 on 24,576 fresh first turns was NOT better (MT-bench tau
+# 4.29 vs 4.20, HumanEval 5.30 vs 5.36): more of the same ShareGPT first turns has stopped paying; its data is not in
+# the repository either (`.gpu/s15/regen_r9*.jsonl.gz` in session 15's workspace only; `bash bench/gpu_x2.sh regen15`
+# regenerates it in one ~330 s call). The sampled round now runs its sibling tests in Triton (sampled_kernels.py,
+# 88 us vs torch's 1,027) and a sampled tree's draws too (tree_kernels.race_children); the static tree is the GPU's
+# sampled default (T=1 1.33x plain). Open: MT-bench 3x at T=0 (2.35x) needs a cheaper round or a better drafter (new
+# prompt sources, longer multi-turn data, or a larger drafter); T=1 tau 3.5 (2.34-2.57) is a drafter matter. A chain
+# named without --k at a temperature on a GPU now takes k=5 (the sampled policy names the static tree's shape only).
 # Session 15's starting point (session 14: attn_kernels.masked_attention for the target's and drafter's attention,
 # select_tree / accept_path on; 7/10/60 stays the greedy default (7/20/120 lost A B A B; tree_defaults.greedy exists for
 # such overrides); MT-bench 80 plain 1035 tok/s, dynamic 2427 = 2.35x (tau 4.20), HumanEval 3053 = 3.00x (tau 5.36)).
