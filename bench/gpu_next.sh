@@ -109,8 +109,8 @@
 # regenerates it in one ~330 s call). The sampled round now runs its sibling tests in Triton (sampled_kernels.py,
 # 88 us vs torch's 1,027) and a sampled tree's draws too (tree_kernels.race_children); the static tree is the GPU's
 # sampled default (T=1 1.33x plain). Open: MT-bench 3x at T=0 (2.35x) needs a cheaper round or a better drafter (new
-# prompt sources, longer multi-turn data, or a larger drafter); T=1 tau 3.5 (2.34-2.57) is a drafter matter. A chain
-# named without --k at a temperature on a GPU now takes k=5 (the sampled policy names the static tree's shape only).
+# prompt sources, longer multi-turn data, or a larger drafter); T=1 tau 3.5 (2.34-2.57) is a drafter matter. Only 4
+# sampled shapes were timed with the new kernels (chain 3, static 25, dynamic 7/10/60 and 5/10/40): sweep wider ones.
 # Session 15's starting point (session 14: attn_kernels.masked_attention for the target's and drafter's attention,
 # select_tree / accept_path on; 7/10/60 stays the greedy default (7/20/120 lost A B A B; tree_defaults.greedy exists for
 # such overrides); MT-bench 80 plain 1035 tok/s, dynamic 2427 = 2.35x (tau 4.20), HumanEval 3053 = 3.00x (tau 5.36)).

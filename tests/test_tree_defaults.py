@@ -66,6 +66,7 @@ def test_shipped_drafter_recommends_measured_shapes():
     drafter = _drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json"))
     on_gpu, sampled_on_gpu = resolve_trees({}, drafter, device="cuda")
     assert (on_gpu.kind, sampled_on_gpu.kind, sampled_on_gpu.budget) == ("dynamic", "static", 25)  # session 15
+    assert resolve_trees({"tree": "chain"}, drafter, device="cuda") == (tree_spec("chain", 5), tree_spec("chain", 3))
     # session 14: 7/20/120 lost to 7/10/60 for greedy requests too (A B A B in one process), so no greedy override
     assert resolve_trees({"tree": "dynamic"}, drafter, device="cuda") == (tree_spec("dynamic", None, 10, 7, 60), None)
     on_cpu, sampled_on_cpu = resolve_trees({}, drafter, device="cpu")
@@ -165,7 +166,14 @@ def test_a_sampled_policy_may_name_its_shape():
         args = argparse.Namespace(k=None, depth=None, top_k=None, budget=None, temperature=temperature)
         resolve_tree_args(args, _drafter(manifest), "cuda")
         assert args.k == k
+    # a kind named beside the shapes sampled requests take: static trees, and a chain named at a temperature k=2
+    named = {"tree_defaults": {**RECOMMENDED, "cuda": "dynamic", "sampled": {"kind": "static", "chain": {"k": 2}}}}
+    spec, sampled = resolve_trees({}, _drafter(named), device="cuda")
+    assert (spec.kind, sampled.kind, sampled.budget) == ("dynamic", "static", 60)
+    assert resolve_trees({"tree": "chain"}, _drafter(named), device="cuda") == (tree_spec("chain", 3),
+                                                                               tree_spec("chain", 2))
     for bad, field in (({"sampled": {"chain": {"k": -1}}}, r"tree_defaults\.sampled\.chain\.k"),
+                       ({"sampled": {"kind": "beam"}}, r"tree_defaults\.sampled must be one of .*got 'beam'"),
                        ({"sampled": {"beam": {}}}, r"tree_defaults\.sampled must be one of .*with its shape"),
                        ({"sampled": {"chain": {}, "static": {}}}, r"tree_defaults\.sampled must be one of")):
         with pytest.raises(EagleSpecError, match=field):

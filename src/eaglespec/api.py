@@ -81,9 +81,9 @@ def tree_defaults(drafter, where: str = "drafter", device: torch.device | str | 
     carry `choices` (rank paths [[0], [1], [0, 0], ...], best first: bench/fit_static_tree.py --write), returned
     as a tuple of tuples. Overrides, knob by knob, in this order: with `greedy` (requests at temperature 0),
     `tree_defaults.greedy` (shapes in the same form: a wider tree pays where every row is an argmax check); with
-    `sampled` (requests with a temperature), the shape the sampled policy names when it has one (e.g.
-    {"chain": {"k": 3}}; on a CPU `device`, `tree_defaults.cpu.sampled`'s when there is one, else
-    `tree_defaults.sampled`'s); then on a CPU `device`, `tree_defaults.cpu` (shapes in the same form)."""
+    `sampled` (requests with a temperature), the shapes the sampled policy holds (e.g. {"chain": {"k": 3}}, or
+    {"kind": "static", "chain": {"k": 3}}; on a CPU `device`, `tree_defaults.cpu.sampled`'s when there is one,
+    else `tree_defaults.sampled`'s); then on a CPU `device`, `tree_defaults.cpu` (shapes in the same form)."""
     found = (getattr(drafter, "manifest", None) or {}).get("tree_defaults") or {}
     if not isinstance(found, dict):
         raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults must be an object")
@@ -148,17 +148,19 @@ def recommended_tree(drafter, key: str, where: str = "drafter", device: torch.de
                      ) -> str | None:
     """The tree policy a drafter's manifest recommends when the user names none: `tree_defaults.cuda` (greedy
     requests on a CUDA device, e.g. "static") or the sampled policy (requests with a temperature: on a CPU `device`
-    `tree_defaults.cpu.sampled` when there is one, else `tree_defaults.sampled`; a kind, or one kind with its shape:
-    {"chain": {"k": 3}}), else None."""
+    `tree_defaults.cpu.sampled` when there is one, else `tree_defaults.sampled`; a kind, one kind with its shape:
+    {"chain": {"k": 3}}, or a kind named by "kind" beside the shapes sampled requests take: {"kind": "static",
+    "chain": {"k": 3}}), else None."""
     found = (getattr(drafter, "manifest", None) or {}).get("tree_defaults") or {}
     on_cpu = device is not None and torch.device(device).type == "cpu"
     field, found = _sampled_policy(found, on_cpu) if key == "sampled" else (key, found.get(key))
-    if key == "sampled" and isinstance(found, dict) and len(found) == 1:
-        found = next(iter(found))  # its shape: tree_defaults(..., sampled=True)
+    if key == "sampled" and isinstance(found, dict):  # its shapes: tree_defaults(..., sampled=True)
+        found = found.get("kind", next(iter(found)) if len(found) == 1 else found)
     if found is not None and (not isinstance(found, str) or found not in GENERIC_TREES):
         raise EagleSpecError(f"{where}: eaglespec_manifest.json field tree_defaults.{field} must be one of "
                              f"{', '.join(GENERIC_TREES)}" + (" (or one of them with its shape, e.g. "
-                             '{"chain": {"k": 3}})' if key == "sampled" else "") + f", got {found!r}")
+                             '{"chain": {"k": 3}}, or {"kind": "static", "chain": {"k": 3}})' if key == "sampled"
+                             else "") + f", got {found!r}")
     return found
 
 
@@ -191,19 +193,17 @@ def tree_spec(tree: str | None = "chain", k: int | None = None, top_k: int | Non
 def resolve_trees(knobs: dict, drafter, where: str = "drafter", device: torch.device | str = "cpu"
                   ) -> tuple[TreeSpec, TreeSpec | None]:
     """tree_spec's knobs -> (the tree of greedy requests, the tree of sampled ones or None = the same). Greedy
-    requests take tree_defaults.greedy's shapes. When the knobs name no tree: the drafter's tree_defaults.cuda
-    policy on a CUDA device (else a chain), and its tree_defaults.sampled policy (with its shape, if it names one)
-    for requests with a temperature (on a CPU device tree_defaults.cpu.sampled's, when there is one); a named tree
-    is that kind at every temperature. On a CPU device, the shapes with tree_defaults.cpu's overrides."""
+    requests take tree_defaults.greedy's shapes, requests with a temperature the shapes the sampled policy holds
+    (tree_defaults(..., sampled=True)). When the knobs name no tree: the drafter's tree_defaults.cuda policy on a
+    CUDA device (else a chain), and its sampled policy's kind for requests with a temperature (tree_defaults.sampled;
+    on a CPU device tree_defaults.cpu.sampled, when there is one); a named tree is that kind at every temperature.
+    On a CPU device, the shapes with tree_defaults.cpu's overrides."""
     greedy_shapes = tree_defaults(drafter, where, device, greedy=True)
     named = knobs.get("tree")
     kind = named or (recommended_tree(drafter, "cuda", where) if torch.device(device).type == "cuda" else None)
     spec = tree_spec(**{**knobs, "tree": kind}, defaults=greedy_shapes)
     policy = None if named else recommended_tree(drafter, "sampled", where, device)
-    if policy is None:
-        sampled = tree_spec(**{**knobs, "tree": kind}, defaults=tree_defaults(drafter, where, device))
-    else:
-        sampled = tree_spec(**{**knobs, "tree": policy}, defaults=tree_defaults(drafter, where, device, sampled=True))
+    sampled = tree_spec(**{**knobs, "tree": policy or kind}, defaults=tree_defaults(drafter, where, device, sampled=True))
     return spec, (None if sampled == spec else sampled)
 
 
