@@ -133,20 +133,21 @@ def test_wanted_reads_its_switch(monkeypatch):
         TK.wanted("cpu")
 
 
-def _trees(engine, prompt, n):
-    """Greedy generation; returns (tokens, every proposed tree as (tokens, parents) lists, their log values)."""
+def _trees(engine, prompt, n, sampling=None, field="logq"):
+    """Generation (greedy, or under `sampling`); returns (tokens, every proposed tree as (tokens, parents) lists, the
+    trees' `field`: their log values, or draft_probs)."""
     trees, values = [], []
     real = Proposer.propose
 
     def recording(self, *args):
         tree = real(self, *args)
         trees.append((tree.tokens.tolist(), tree.parents.tolist()))
-        values.append(tree.logq)
+        values.append(getattr(tree, field))
         return tree
 
     Proposer.propose = recording
     try:
-        return engine.generate(prompt, max_new_tokens=n).token_ids, trees, values
+        return engine.generate(prompt, max_new_tokens=n, sampling=sampling).token_ids, trees, values
     finally:
         Proposer.propose = real
 
@@ -248,20 +249,7 @@ def test_sampled_kernel_trees_are_the_torch_trees(spec, monkeypatch):
         monkeypatch.setenv(TK.TREE_KERNELS_ENV, kernels)
         monkeypatch.setenv(TK.UNTIMED_ENV, kernels)
         engine = SpeculativeEngine(FastTarget(model, max_len=96), tiny_drafter(model, seed=3), spec)
-        trees, probs = [], []
-        real = Proposer.propose
-
-        def recording(self, *args):
-            tree = real(self, *args)
-            trees.append((tree.tokens.tolist(), tree.parents.tolist()))
-            probs.append(tree.draft_probs)
-            return tree
-
-        monkeypatch.setattr(Proposer, "propose", recording)
-        try:
-            return engine.generate(prompt, n, sampling=cfg).token_ids, trees, probs
-        finally:
-            monkeypatch.setattr(Proposer, "propose", real)
+        return _trees(engine, prompt, n, sampling=cfg, field="draft_probs")
 
     ref_tokens, ref_trees, ref_probs = run("0")
     calls = count_calls(monkeypatch, "children", "race_children", module=TK)

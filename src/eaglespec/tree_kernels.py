@@ -179,6 +179,26 @@ def _key(x, cols):
     return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - cols).to(tl.int64)
 
 
+def _key_value(key):
+    """The fp32 value a _key holds (its high word, made a float again)."""
+    ordered = (key >> 32).to(tl.int32)
+    return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+def _key_id(key):
+    """The id a _key holds (its low word)."""
+    return 0x7FFFFFFF - (key & 0x7FFFFFFF)
+
+
+def _store_top_keys(key, out_ptr, K: tl.constexpr):
+    """The K largest of the keys [B] (int64 min: padding), descending -> out[0:K]."""
+    empty = -9223372036854775807 - 1
+    for j in tl.static_range(K):
+        best = tl.reduce(key, 0, _max)
+        tl.store(out_ptr + j, best)
+        key = tl.where(key == best, empty, key)
+
+
 def _chunk_top_kernel(x_ptr, key_ptr, stat_ptr, x_row_stride, V, S, K: tl.constexpr, CHUNK: tl.constexpr):
     """Program (row, s) over x[row, s*CHUNK : (s+1)*CHUNK]: its max and sum(exp(x - max)) -> stat[row, s, 0:2], and
     the keys of its K largest (by value, then lower id; padding: int64 min) -> key[row, s, :K]."""
@@ -192,11 +212,7 @@ def _chunk_top_kernel(x_ptr, key_ptr, stat_ptr, x_row_stride, V, S, K: tl.conste
     tl.store(stat_ptr + (row * S + s) * 2, m)
     tl.store(stat_ptr + (row * S + s) * 2 + 1, total)
     empty = -9223372036854775807 - 1
-    key = tl.where(inside, _key(x, cols), empty)
-    for j in tl.static_range(K):
-        best = tl.reduce(key, 0, _max)
-        tl.store(key_ptr + (row * S + s) * K + j, best)
-        key = tl.where(key == best, empty, key)
+    _store_top_keys(tl.where(inside, _key(x, cols), empty), key_ptr + (row * S + s) * K, K)
 
 
 def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, S, floor, K: tl.constexpr,
@@ -216,11 +232,9 @@ def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, S, floor, 
     for j in tl.static_range(K):
         best = tl.reduce(key, 0, _max)
         key = tl.where(key == best, empty, key)
-        ordered = (best >> 32).to(tl.int32)
-        x = (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-        conf = tl.exp(x - m) / total
+        conf = tl.exp(_key_value(best) - m) / total
         tl.store(conf_ptr + row * K + j, conf)
-        tl.store(tok_ptr + row * K + j, 0x7FFFFFFF - (best & 0x7FFFFFFF))
+        tl.store(tok_ptr + row * K + j, _key_id(best))
         tl.store(logc_ptr + row * K + j, tl.log(tl.maximum(conf, floor)))
 
 
@@ -235,15 +249,8 @@ def _race_chunk_kernel(q_ptr, e_ptr, vkey_ptr, rkey_ptr, q_row_stride, e_row_str
     q = tl.load(q_ptr + row * q_row_stride + cols, mask=inside, other=0.0).to(tl.float32)
     e = tl.load(e_ptr + row * e_row_stride + cols, mask=inside, other=1.0).to(tl.float32)
     empty = -9223372036854775807 - 1
-    vkey = tl.where(inside, _key(q, cols), empty)
-    rkey = tl.where(inside, _key(tl.math.div_rn(q, e), cols), empty)
-    for j in tl.static_range(K):
-        best = tl.reduce(vkey, 0, _max)
-        tl.store(vkey_ptr + (row * S + s) * K + j, best)
-        vkey = tl.where(vkey == best, empty, vkey)
-        best = tl.reduce(rkey, 0, _max)
-        tl.store(rkey_ptr + (row * S + s) * K + j, best)
-        rkey = tl.where(rkey == best, empty, rkey)
+    _store_top_keys(tl.where(inside, _key(q, cols), empty), vkey_ptr + (row * S + s) * K, K)
+    _store_top_keys(tl.where(inside, _key(tl.math.div_rn(q, e), cols), empty), rkey_ptr + (row * S + s) * K, K)
 
 
 def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, S, floor, K: tl.constexpr,
@@ -258,13 +265,12 @@ def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, S, floor
     for j in tl.static_range(K):
         best = tl.reduce(vkey, 0, _max)
         vkey = tl.where(vkey == best, empty, vkey)
-        ordered = (best >> 32).to(tl.int32)
-        conf = (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+        conf = _key_value(best)
         tl.store(conf_ptr + row * K + j, conf)
         tl.store(logc_ptr + row * K + j, tl.log(tl.maximum(conf, floor)))
         best = tl.reduce(rkey, 0, _max)
         rkey = tl.where(rkey == best, empty, rkey)
-        tl.store(tok_ptr + row * K + j, 0x7FFFFFFF - (best & 0x7FFFFFFF))
+        tl.store(tok_ptr + row * K + j, _key_id(best))
 
 
 def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, M, K, DESC: tl.constexpr, TILE: tl.constexpr):
@@ -369,8 +375,9 @@ def _accept_path_kernel(tok_ptr, par_ptr, dep_ptr, vis_ptr, next_ptr, best_ptr, 
     tl.store(order_ptr + pos, i.to(tl.int64), mask=inside & (pos < P))
 
 
-_JITTED = ("_max", "_min", "_add", "_key", "_chunk_top_kernel", "_merge_top_kernel", "_race_chunk_kernel",
-           "_race_merge_kernel", "_rank_top_kernel", "_expand_rows_kernel", "_select_tree_kernel", "_accept_path_kernel")
+_JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_chunk_top_kernel",
+           "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel", "_rank_top_kernel", "_expand_rows_kernel",
+           "_select_tree_kernel", "_accept_path_kernel")
 
 
 @functools.cache
