@@ -73,3 +73,20 @@ def test_train_init_end_to_end_and_refusals(tmp_path, capsys):
     assert not (tmp_path / "c").exists()
     assert main([*common, "--out", str(tmp_path / "b"), "--init", str(tmp_path / "a"), "--resume"]) == 2
     assert "--init and --resume together" in capsys.readouterr().err
+    wide = a.cfg.intermediate_size * 2
+    assert main([*common, "--out", str(tmp_path / "w"), "--init", str(tmp_path / "a"), "--lr", "0",
+                 "--intermediate-size", str(wide)]) == 0  # widened, then 2 steps at lr 0: the widened weights
+    w = load_drafter(tmp_path / "w", target_num_layers=4)
+    assert w.cfg.intermediate_size == wide and w.manifest["hyperparameters"]["intermediate_size"] == wide
+    n = a.cfg.intermediate_size
+    assert torch.equal(w.state_dict()["midlayer.mlp.down_proj.weight"][:, :n], a.state_dict()["midlayer.mlp.down_proj.weight"])
+    assert not w.state_dict()["midlayer.mlp.down_proj.weight"][:, n:].any()
+    capsys.readouterr()
+    assert main([*common, "--out", str(tmp_path / "n"), "--init", str(tmp_path / "w"),
+                 "--intermediate-size", str(n)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"config.json: intermediate_size {wide} is above --intermediate-size {n}" in err
+    assert not (tmp_path / "n").exists()
+    assert main([*common, "--out", str(tmp_path / "f"), "--intermediate-size", "24", "--stop-after", "1"]) == 0
+    assert main([*common, "--out", str(tmp_path / "f"), "--resume"]) == 0  # the saved width, not the target's
+    assert load_drafter(tmp_path / "f", target_num_layers=4).cfg.intermediate_size == 24

@@ -14,7 +14,7 @@ from eaglespec.engine import SpeculativeEngine
 from eaglespec.errors import EagleSpecError
 from eaglespec.target.hf import HFTarget
 from eaglespec.train.data import pack
-from eaglespec.train.trainer import TrainConfig, Trainer, new_drafter, train
+from eaglespec.train.trainer import TrainConfig, Trainer, new_drafter, train, widen_mlp
 from eaglespec.tree import TreeSpec
 from train_helpers import greedy_samples, sharp_target
 
@@ -65,6 +65,38 @@ def test_factored_ttt_attention_gives_the_dense_loss_and_grads(method):
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["eagle3", "eagle1"])
+def test_widened_mlp_keeps_the_loss_then_learns(method):
+    """widen_mlp (--init with --intermediate-size): the same loss as before widening, the new units silent (zero
+    down columns) until one optimizer step moves them; the original weights are kept in the first rows/columns."""
+    model = sharp_target()
+    samples = greedy_samples(model, 4, new=8)
+    drafter = new_drafter(model, method, None, seed=0)
+    old = {k: v.clone() for k, v in drafter.state_dict().items()}
+    narrow = drafter.cfg.intermediate_size
+    losses = []
+    for widen in (False, True):
+        if widen:
+            widen_mlp(drafter, 3 * narrow, seed=1)
+        trainer = Trainer(model, drafter, small_cfg(method=method, hass_steps=2))
+        prep = trainer.prepare(samples)
+        loss, _ = trainer.micro_loss(prep, prep.sup.sum(1).float())
+        losses.append(loss.detach())
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
+    assert drafter.cfg.intermediate_size == 3 * narrow
+    mlp = drafter.midlayer.mlp if method == "eagle3" else drafter.layers[0].mlp
+    assert mlp.gate_proj.weight.shape == (3 * narrow, drafter.cfg.hidden_size)
+    assert torch.equal(mlp.down_proj.weight[:, narrow:], torch.zeros_like(mlp.down_proj.weight[:, narrow:]))
+    assert mlp.up_proj.weight[narrow:].std() > 0  # drawn, not zero
+    prefix = "midlayer.mlp." if method == "eagle3" else "layers.0.mlp."
+    assert torch.equal(mlp.gate_proj.weight[:narrow], old[prefix + "gate_proj.weight"])
+    assert torch.equal(mlp.down_proj.weight[:, :narrow], old[prefix + "down_proj.weight"])
+    loss.backward()
+    assert mlp.down_proj.weight.grad[:, narrow:].abs().sum() > 0  # the new columns learn first
+    trainer.optimizer.step()
+    assert mlp.down_proj.weight[:, narrow:].abs().sum() > 0
 
 
 def test_unknown_ttt_attention_is_refused():

@@ -12,7 +12,7 @@ from ..errors import EagleSpecError
 TRAIN_FLAGS = ("target", "data", "method", "out", "steps", "epochs", "max_length", "batch_size", "lr", "ttt_steps",
                "draft_vocab", "device", "dtype", "grad_accum", "limit", "seed", "save_every", "eval_every",
                "eval_fraction", "warmup_steps", "hass_steps", "noise", "weight_decay", "log_every", "feature_cache", "time_budget",
-               "init", "ttt_attention", "ttt_decay")
+               "init", "ttt_attention", "ttt_decay", "intermediate_size")
 
 
 def _log(msg: str) -> None:
@@ -66,6 +66,9 @@ def add_parser(subparsers) -> None:
     t.add_argument("--init", default=None, metavar="DIR",
                    help="start from this drafter checkpoint (its weights and draft vocabulary) with a fresh "
                         "optimizer and schedule; it must fit the target (refused otherwise)")
+    t.add_argument("--intermediate-size", type=int, default=None, metavar="N",
+                   help="the drafter's MLP width (default: the target's); with --init, the checkpoint's MLP is "
+                        "widened to N keeping its function (new units start silent: zero down-projection columns)")
     t.add_argument("--feature-cache", default=None,
                    help="offline features: a directory of cached target features (written from --data on "
                         "first use, refused when its manifest names another target or other layer ids)")
@@ -134,12 +137,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         if getattr(args, k) is not None and getattr(args, k) <= 0:
             raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {getattr(args, k)}")
     for k in ("steps", "batch_size", "max_length", "ttt_steps", "draft_vocab", "grad_accum", "hass_steps",
-              "time_budget", "ttt_decay"):
+              "time_budget", "ttt_decay", "intermediate_size"):
         if o.get(k) is not None and o[k] <= 0:
             raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {o[k]}")
     fields = {k: o[k] for k in ("steps", "epochs", "batch_size", "grad_accum", "max_length", "lr", "ttt_steps",
                                 "hass_steps", "draft_vocab", "seed", "save_every", "eval_every", "eval_fraction",
-                                "warmup_steps", "noise", "weight_decay", "log_every", "ttt_attention", "ttt_decay")
+                                "warmup_steps", "noise", "weight_decay", "log_every", "ttt_attention", "ttt_decay",
+                                "intermediate_size")
               if o.get(k) is not None}
     if o.get("time_budget") is not None:
         fields["time_budget_s"] = float(o["time_budget"])

@@ -37,7 +37,7 @@ from ..checkpoint.drafter import MANIFEST, build_drafter, load_drafter, save_dra
 from ..checkpoint.io import replace_dir
 from ..checkpoint.manifest import build_manifest, manifest_mismatches
 from ..checkpoint.rope import resolve_rope_theta
-from ..draft.layers import StepVisible
+from ..draft.layers import MLP, StepVisible
 from ..errors import CheckpointError, EagleSpecError
 from . import losses
 from .data import Packed, Sample, group_for_packing, pack, split_eval
@@ -76,6 +76,7 @@ class TrainConfig:
     noise_scale: float | None = None  # None: 0.1 (uniform) / 0.2 (length-scaled)
     draft_vocab: int | None = None  # None: 32000 capped at the target vocabulary
     init_from: str | None = None  # a drafter checkpoint to start from (its weights and draft vocabulary)
+    intermediate_size: int | None = None  # the drafter's MLP width (None: the target's; with init_from: widened to it)
     seed: int = 0
     eval_fraction: float = 0.02
     eval_every: int = 0  # 0: only at the end
@@ -191,8 +192,8 @@ def _text_config(model):
     return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 
 
-def drafter_config(model, method: str, draft_vocab_size: int) -> DraftConfig:
-    """A one-layer drafter shaped like the target's decoder layer."""
+def drafter_config(model, method: str, draft_vocab_size: int, intermediate_size: int | None = None) -> DraftConfig:
+    """A one-layer drafter shaped like the target's decoder layer (its MLP `intermediate_size` wide when given)."""
     c = _text_config(model)
     heads = c.num_attention_heads
     layers = c.num_hidden_layers
@@ -204,7 +205,7 @@ def drafter_config(model, method: str, draft_vocab_size: int) -> DraftConfig:
         ids = (layers,)
     return DraftConfig(
         method="eagle3" if method == "eagle3" else "eagle1",
-        hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=heads,
+        hidden_size=c.hidden_size, intermediate_size=intermediate_size or c.intermediate_size, num_attention_heads=heads,
         num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
         head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab_size=vocab,
         draft_vocab_size=draft_vocab_size if method == "eagle3" else vocab, target_hidden_size=c.hidden_size,
@@ -213,10 +214,11 @@ def drafter_config(model, method: str, draft_vocab_size: int) -> DraftConfig:
         max_position_embeddings=getattr(c, "max_position_embeddings", 8192))
 
 
-def new_drafter(model, method: str, draft_ids: torch.Tensor | None, seed: int) -> nn.Module:
+def new_drafter(model, method: str, draft_ids: torch.Tensor | None, seed: int,
+                intermediate_size: int | None = None) -> nn.Module:
     vocab = model.get_output_embeddings().weight.shape[0]
     vd = vocab if draft_ids is None else draft_ids.numel()
-    cfg = drafter_config(model, method, vd)
+    cfg = drafter_config(model, method, vd, intermediate_size)
     torch.manual_seed(seed)
     drafter = build_drafter(cfg)
     if method == "eagle3" and draft_ids is not None:
@@ -266,9 +268,44 @@ def init_drafter(path: str | Path, model, cfg: TrainConfig, tokenizer=None) -> n
     if bad:
         raise CheckpointError(path / MANIFEST, f"the drafter was trained against another target ({'; '.join(bad)}): "
                                                "--init refuses it")
+    if cfg.intermediate_size is not None and cfg.intermediate_size != dc.intermediate_size:
+        if cfg.intermediate_size < dc.intermediate_size:
+            raise CheckpointError(cfile, f"intermediate_size {dc.intermediate_size} is above --intermediate-size "
+                                         f"{cfg.intermediate_size}: --init widens a drafter's MLP, never narrows it")
+        widen_mlp(drafter, cfg.intermediate_size, cfg.seed)
     if drafter.embed_tokens is not None:  # a copy of the target's embedding (EAGLE-1 files): frozen, like it
         drafter.embed_tokens.requires_grad_(False)
     return attach_target(drafter, model)
+
+
+def widen_mlp(drafter: nn.Module, size: int, seed: int) -> None:
+    """Widen every MLP of `drafter` to `size` hidden units in place, keeping its function: the new gate/up rows are
+    drawn as nn.Linear initialises them (uniform, bound 1/sqrt(fan_in), seeded), the new down_proj columns are zero,
+    so the new units add silu(g) * u * 0 = 0 until training moves them (and the gradient reaches their gate/up rows
+    once their down columns are nonzero). drafter.cfg.intermediate_size becomes `size`."""
+    gen = torch.Generator().manual_seed(seed)
+    for mlp in (m for m in drafter.modules() if isinstance(m, MLP)):
+        old = mlp.down_proj.in_features
+        for name in ("gate_proj", "up_proj"):  # [old, hidden] -> [size, hidden]
+            lin: nn.Linear = getattr(mlp, name)
+            bound = 1.0 / math.sqrt(lin.in_features)
+            new = torch.empty(size - old, lin.in_features).uniform_(-bound, bound, generator=gen)
+            wide = nn.Linear(lin.in_features, size, bias=lin.bias is not None,
+                             device=lin.weight.device, dtype=lin.weight.dtype)
+            with torch.no_grad():
+                wide.weight.copy_(torch.cat([lin.weight, new.to(lin.weight)]))
+                if lin.bias is not None:
+                    wide.bias.copy_(torch.cat([lin.bias, torch.zeros(size - old).to(lin.bias)]))
+            setattr(mlp, name, wide)
+        down = mlp.down_proj  # [hidden, old] -> [hidden, size]
+        wide = nn.Linear(size, down.out_features, bias=down.bias is not None,
+                         device=down.weight.device, dtype=down.weight.dtype)
+        with torch.no_grad():
+            wide.weight.copy_(torch.cat([down.weight, down.weight.new_zeros(down.out_features, size - old)], 1))
+            if down.bias is not None:
+                wide.bias.copy_(down.bias)
+        mlp.down_proj = wide
+    drafter.cfg = replace(drafter.cfg, intermediate_size=size)
 
 
 # -- schedule / data order ----------------------------------------------------------------------
@@ -735,6 +772,8 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
         if out is None:
             raise EagleSpecError("--resume needs --out")
         st = read_training_state(out)
+        # the saved run's drafter shape: its MLP width, and its checkpoint when it started from one
+        cfg = replace(cfg, intermediate_size=st["config"].get("intermediate_size"))
         if st["config"].get("init_from"):  # the saved run started from a checkpoint: same shapes and vocabulary
             cfg = replace(cfg, init_from=st["config"]["init_from"])
     torch.manual_seed(cfg.seed)
@@ -753,7 +792,7 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
             draft_ids = select_draft_vocab(counts, cfg.draft_vocab)
             if draft_ids.numel() == vocab:
                 draft_ids = None
-        drafter = new_drafter(model, cfg.method, draft_ids, cfg.seed)
+        drafter = new_drafter(model, cfg.method, draft_ids, cfg.seed, cfg.intermediate_size)
     drafter.to(cfg.device)
     trainer = Trainer(model, drafter, cfg, tokenizer)
     total = total_steps(cfg, len(train_s), world)
