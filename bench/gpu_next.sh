@@ -103,6 +103,17 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 17's starting point (session 16: run 10 = run 8 widened to 4,608 MLP units (`train --init --intermediate-size
+# 4608`, function-preserving) and trained 2,014 steps on run 9's 24,576 first turns is SHIPPED: MT-bench 80 dynamic tau
+# 4.38 (2554 tok/s = 2.47x plain), HumanEval 5.27 (2.88x), T=1 static 2.33; a 9,216-unit variant gave 4.32 / 5.36.
+# Held-out loss falls ~1% per doubling of the width: not the lever for tau 5. The training data of runs 1-8 is gone;
+# `.gpu/s16` holds run 9's 24,576 first turns and 1,024 two-turn greedy answers (regen_t2x16), `.gpu/s16b` the shuffled
+# two- and three-turn prompts (11,232 / 8,586; make_prompts --starts any, filtered to 2 / 3 user turns). Multi-turn
+# regeneration at batch 1,024 is slow (10.8 conv/s for two turns; three turns wrote nothing in 190 s: a batch is
+# written when all its turns are done): give it a whole device call (`bash bench/gpu_x2.sh regen16`, REGEN_S=540,
+# resumable) before training on it (`wide16b` trains the wide drafter on, from $W/wide, on first + multi-turn data:
+# carry the shipped checkpoint as .gpu/s16w in a call of its own, the working tree plus carry must stay under 64 MiB).
+# Open: MT-bench 3x needs a round <= 1.41 ms at tau 4.38 (it is ~1.72 ms), or tau ~5.3 at today's round.
 # Session 16's starting point (session 15: drafter run 9 on 24,576 fresh first turns was NOT better (MT-bench tau
 # 4.29 vs 4.20, HumanEval 5.30 vs 5.36): more of the same ShareGPT first turns has stopped paying; its data is not in
 # the repository either (`.gpu/s15/regen_r9*.jsonl.gz` in session 15's workspace only; `bash bench/gpu_x2.sh regen15`
