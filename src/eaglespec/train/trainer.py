@@ -278,6 +278,7 @@ def init_drafter(path: str | Path, model, cfg: TrainConfig, tokenizer=None) -> n
     return attach_target(drafter, model)
 
 
+@torch.no_grad()
 def widen_mlp(drafter: nn.Module, size: int, seed: int) -> None:
     """Widen every MLP of `drafter` to `size` hidden units in place, keeping its function: the new gate/up rows are
     drawn as nn.Linear initialises them (uniform, bound 1/sqrt(fan_in), seeded), the new down_proj columns are zero,
@@ -285,27 +286,27 @@ def widen_mlp(drafter: nn.Module, size: int, seed: int) -> None:
     once their down columns are nonzero). drafter.cfg.intermediate_size becomes `size`."""
     gen = torch.Generator().manual_seed(seed)
     for mlp in (m for m in drafter.modules() if isinstance(m, MLP)):
-        old = mlp.down_proj.in_features
-        for name in ("gate_proj", "up_proj"):  # [old, hidden] -> [size, hidden]
+        extra = size - mlp.down_proj.in_features
+        for name in ("gate_proj", "up_proj"):  # weight [old, hidden] -> [size, hidden]
             lin: nn.Linear = getattr(mlp, name)
             bound = 1.0 / math.sqrt(lin.in_features)
-            new = torch.empty(size - old, lin.in_features).uniform_(-bound, bound, generator=gen)
-            wide = nn.Linear(lin.in_features, size, bias=lin.bias is not None,
-                             device=lin.weight.device, dtype=lin.weight.dtype)
-            with torch.no_grad():
-                wide.weight.copy_(torch.cat([lin.weight, new.to(lin.weight)]))
-                if lin.bias is not None:
-                    wide.bias.copy_(torch.cat([lin.bias, torch.zeros(size - old).to(lin.bias)]))
-            setattr(mlp, name, wide)
-        down = mlp.down_proj  # [hidden, old] -> [hidden, size]
-        wide = nn.Linear(size, down.out_features, bias=down.bias is not None,
-                         device=down.weight.device, dtype=down.weight.dtype)
-        with torch.no_grad():
-            wide.weight.copy_(torch.cat([down.weight, down.weight.new_zeros(down.out_features, size - old)], 1))
-            if down.bias is not None:
-                wide.bias.copy_(down.bias)
-        mlp.down_proj = wide
+            new = torch.empty(extra, lin.in_features).uniform_(-bound, bound, generator=gen).to(lin.weight)
+            bias = None if lin.bias is None else torch.cat([lin.bias, lin.bias.new_zeros(extra)])
+            setattr(mlp, name, _linear_of(torch.cat([lin.weight, new]), bias))
+        down = mlp.down_proj  # weight [hidden, old] -> [hidden, size]
+        mlp.down_proj = _linear_of(torch.cat([down.weight, down.weight.new_zeros(down.out_features, extra)], 1),
+                                   down.bias)
     drafter.cfg = replace(drafter.cfg, intermediate_size=size)
+
+
+def _linear_of(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    """A new nn.Linear holding copies of `weight` [out, in] and `bias` [out]."""
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+        if bias is not None:
+            lin.bias.copy_(bias)
+    return lin
 
 
 # -- schedule / data order ----------------------------------------------------------------------
