@@ -9,7 +9,12 @@ first: catch-up (the drafter's rows of the last accepted tokens), tree (growth: 
 bookkeeping), verify (the target's step), the rest (acceptance, KV commit, next inputs).
 
     PYTHONPATH=src python bench/round_ops.py [--tree static|chain|dynamic] [--k 5] [--depth 6] [--top-k 8]
-        [--budget 40] [--rounds 4] [--names] [--temperature T]
+        [--budget 40] [--rounds 4] [--names] [--temperature T] [--kernels]
+
+--kernels counts what CUDA runs instead of the torch path: the code takes its Triton branches (tree_kernels,
+target/kernels.py, the attention kernel: switched on as under TRITON_INTERPRET=1), but each kernel entry point runs
+its torch reference with the counting paused and counts as `triton.<name>` x its launches (the interpreter itself is
+far too slow for SmolLM2). What remains under other names is the generic torch kernels a CUDA round graph replays.
 """
 
 from __future__ import annotations
@@ -43,12 +48,50 @@ class PhaseOps(TorchDispatchMode):
         super().__init__()
         self.stack = ["rest"]
         self.ops: Counter = Counter()
+        self.paused = False  # inside a kernel's reference (--kernels): counted once, as the kernel
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket)
-        if not func.is_view and name not in FREE:
+        if not self.paused and not func.is_view and name not in FREE:
             self.ops[(self.stack[-1], name)] += 1
         return func(*args, **(kwargs or {}))
+
+
+def count_kernels(counter: PhaseOps) -> None:
+    """--kernels: every Triton entry point the round can call runs its torch reference, counted as its launches."""
+    from eaglespec import tree_kernels
+    from eaglespec.target import attn_kernels, kernels
+
+    os.environ["TRITON_INTERPRET"] = "1"  # kernels.available(): the Triton branches are taken on CPU
+    for var in ("EAGLESPEC_TREE_KERNELS", "EAGLESPEC_FUSED_KERNELS", "EAGLESPEC_ATTN_KERNEL"):
+        os.environ[var] = "1"
+    launches = {"children": 2, "race_children": 2, "rank_top": 1, "expand_rows": 1, "select_tree": 1,
+                "accept_path": 1, "rms_norm_weight": 1, "eagle3_input": 1, "rope_qk_kv_write": 1, "silu_mul": 1}
+    plan = [(tree_kernels, n) for n in ("children", "race_children", "rank_top", "expand_rows", "select_tree",
+                                        "accept_path")]
+    plan += [(kernels, n) for n in ("rms_norm_weight", "eagle3_input", "rope_qk_kv_write", "silu_mul")]
+    plan += [(attn_kernels, "masked_attention")]
+
+    def fake(mod, name):
+        ref = getattr(mod, name + "_ref")
+
+        def run(*a, **kw):
+            if name == "masked_attention":  # a combine kernel after the attention above one share (256 slots)
+                kw = {k: v for k, v in kw.items() if k in ("scale", "kv_len")}
+                n = 1 + (a[1].shape[2] > 256)
+            else:
+                n = launches[name]
+            counter.ops[(counter.stack[-1], f"triton.{name}")] += n
+            counter.paused = True
+            try:
+                return ref(*a, **kw)
+            finally:
+                counter.paused = False
+
+        return run
+
+    for mod, name in plan:
+        setattr(mod, name, fake(mod, name))
 
 
 def wrap(obj, attr: str, counter: PhaseOps, phase) -> None:
@@ -77,8 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--names", action="store_true", help="every phase's ops by name")
     ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled rounds (seeded)")
+    ap.add_argument("--kernels", action="store_true", help="count CUDA's Triton kernels as one op per launch")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
+    counter = PhaseOps()
+    if args.kernels:
+        if args.temperature > 0:
+            ap.error("--kernels counts greedy rounds (sampled_kernels has no drop-in torch reference)")
+        count_kernels(counter)
     es = EagleSpec.from_pretrained(args.target, args.draft, device="cpu", dtype="float32", backend="fast",
                                    draft_graphs=True, round_graphs=True)
     spec = tree_spec(args.tree, k=args.k, top_k=args.top_k, depth=args.depth,
@@ -87,7 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     enable_draft_graphs(es.engine, max_len=1024, fused=True)  # CUDA's draft step (torch path: no Triton on CPU)
     rgs: RoundGraphs = enable_round_graphs(es.engine)
     rg = rgs.get(spec)
-    counter = PhaseOps()
     wrap(rg, "body", counter, "rest")
     wrap(rg.runner, "forward", counter, lambda cur: "catch-up" if cur == "rest" else "tree-step")
     wrap(es.engine.proposer, "_grow", counter, "tree")
