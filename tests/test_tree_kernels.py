@@ -316,6 +316,71 @@ def test_accept_path_is_the_greedy_acceptance(t, p):
         assert [x.tolist() for x in got] == [x.tolist() for x in ref]
 
 
+def _random_tree(t: int, depth: int, gen: torch.Generator) -> torch.Tensor:
+    """parents [t] of a random tree in node order (parents before children), no node deeper than `depth`."""
+    parents, depths = [-1], [0]
+    for _ in range(1, t):
+        p = int(torch.randint(0, len(parents), (1,), generator=gen))
+        while depths[p] >= depth:
+            p = parents[p]
+        parents.append(p)
+        depths.append(depths[p] + 1)
+    return torch.tensor(parents)
+
+
+@pytest.mark.parametrize("t,depth", [(1, 1), (2, 1), (17, 3), (61, 7), (121, 9), (40, 39)])
+def test_ancestry_is_the_squarings(t, depth):
+    """Each row walks up `depth` parents: the same [T, T] as tree.ancestry's squarings; a walk one level short
+    misses the deepest nodes' oldest ancestors (the test can fail)."""
+    gen = torch.Generator().manual_seed(t)
+    for _ in range(4):
+        parents = _random_tree(t, depth, gen)
+        got = TK.ancestry(parents, depth)
+        assert got.dtype == torch.bool and torch.equal(got, TK.ancestry_ref(parents, depth))
+        deepest = bool((got.sum(1) == depth + 1).any())  # some row sees `depth` ancestors
+        if deepest and depth > 1:
+            assert not torch.equal(TK.ancestry(parents, depth - 1), got)
+    with pytest.raises(ValueError, match="ancestry over 0 rows"):
+        TK.ancestry(torch.zeros(0, dtype=torch.long), 3)
+
+
+def test_new_kernels_need_their_own_switch(monkeypatch):
+    """EAGLESPEC_TREE_KERNELS_NEW=1 adds the kernels not yet timed on a GPU (ancestry); unset, they stay off."""
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
+    monkeypatch.delenv(TK.NEW_ENV, raising=False)
+    assert TK.wanted("cpu") and not TK.wanted("cpu", new=True)
+    monkeypatch.setenv(TK.NEW_ENV, "1")
+    assert TK.wanted("cpu", new=True)
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "0")
+    assert not TK.wanted("cpu", new=True)
+
+
+def test_round_graphs_with_the_ancestry_kernel_give_generate(monkeypatch):
+    """A dynamic tree's round graphs with EAGLESPEC_TREE_KERNELS_NEW=1: ancestry runs once per round graph, and the
+    tokens are HF generate's, the rounds the torch path's."""
+    from eaglespec.round_graph import enable_round_graphs
+    from test_draft_static import agreeing
+
+    model, drafter = agreeing("llama", "eagle3")
+    prompt, n = [4, 8, 15, 16, 23, 42, 7], 20
+    spec = TreeSpec("dynamic", depth=4, top_k=3, budget=10)
+
+    def run(new: str):
+        monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
+        monkeypatch.setenv(TK.NEW_ENV, new)
+        engine = SpeculativeEngine(FastTarget(model, max_len=96), drafter, spec)
+        enable_draft_graphs(engine, max_len=96)
+        assert enable_round_graphs(engine) is not None
+        out = engine.generate(prompt, n)
+        return out.token_ids, [(r.detail["tokens"].tolist(), r.accepted) for r in out.rounds]
+
+    ref_tokens, ref_rounds = run("0")
+    calls = count_calls(monkeypatch, "ancestry", module=TK)
+    tokens, rounds = run("1")
+    assert tokens == ref_tokens == reference_greedy(model, prompt, n)
+    assert rounds == ref_rounds and calls["ancestry"] == len(rounds) - 1 > 0
+
+
 @pytest.mark.parametrize("kind", ["chain", "static", "dynamic"])
 def test_round_graphs_with_the_kernels_match_the_phased_rounds(kind, monkeypatch):
     """A drafter that agrees with its target (long accepted paths): round graphs with every kernel (accept_path

@@ -220,7 +220,10 @@ class RoundGraph:
                                            self.draft_noise if sampling is not None else None)
         # 3. verify
         if self.visible is None:  # a dynamic tree: no node deeper than the spec's depth
-            visible = ancestry(tree.parents, check=False, max_depth=self.spec.depth)  # [T, T]
+            if tree_kernels.wanted(self.device, new=True):  # one kernel instead of ~11 (untimed: opt-in)
+                visible = tree_kernels.ancestry(tree.parents, self.spec.depth)  # [T, T]
+            else:
+                visible = ancestry(tree.parents, check=False, max_depth=self.spec.depth)  # [T, T]
         else:
             visible = self.visible
         tgt = self.target

@@ -29,6 +29,10 @@ the log value a clamp and a log, and the next expansion's pick a stable radix so
                                     their parents' drafter outputs), target ids (through d2t) and mask rows (their
                                     parents' OR-ed in), in place of a division, two gathers, the d2t gather, an
                                     index_select and an OR
+    ancestry(parents, depth)     -> a dynamic tree's [T, T] visibility (tree.ancestry: a row sees itself and its
+                                    ancestors) in ONE kernel, each row walking up at most `depth` parents, in place
+                                    of the squarings' ~11 kernels (the compares, the cast, 3 matmuls and clamps);
+                                    NOT YET TIMED on a GPU (session 16, CPU): only with EAGLESPEC_TREE_KERNELS_NEW=1
 
 Values: children's conf is the softmax's within fp32 rounding (another summation order and exp), not bitwise; the
 order of exactly tied logits is by lower id (torch.topk's tie order is unspecified). Drafts are proposals checked
@@ -68,6 +72,7 @@ from .target import kernels as K
 
 TREE_KERNELS_ENV = "EAGLESPEC_TREE_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
 UNTIMED_ENV = "EAGLESPEC_TREE_KERNELS_UNTIMED"  # "0": not select_tree / accept_path (unset or "1": with the others)
+NEW_ENV = "EAGLESPEC_TREE_KERNELS_NEW"  # "1": also the kernels not yet timed on a GPU (ancestry); unset or "0": not
 MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge reads vocab / 1024 * k keys per row)
 MAX_K = 32  # children(): the most children per row (the kernels unroll a loop per child)
 MAX_ROWS = 512  # accept_path(): the most tree rows (one program holds a [rows, rows] tile)
@@ -75,10 +80,13 @@ _CHUNK = 1024  # children(): logits per program of its first kernel
 _RANK_TILE = 64  # rank_top: at most this many rows per program, and columns per step
 
 
-def wanted(device: torch.device | str, untimed: bool = False) -> bool:
+def wanted(device: torch.device | str, untimed: bool = False, new: bool = False) -> bool:
     """Whether the tree bookkeeping on `device` should use these kernels (see the module docstring). `untimed`:
-    select_tree or accept_path, also off where EAGLESPEC_TREE_KERNELS_UNTIMED=0."""
+    select_tree or accept_path, also off where EAGLESPEC_TREE_KERNELS_UNTIMED=0; `new`: a kernel not yet timed on a
+    GPU (ancestry), only where EAGLESPEC_TREE_KERNELS_NEW=1."""
     if untimed and env_switch(UNTIMED_ENV, "on with the others") is False:
+        return False
+    if new and env_switch(NEW_ENV, "off until timed") is not True:
         return False
     env = env_switch(TREE_KERNELS_ENV, "on where available on CUDA")
     if env is None:
@@ -159,6 +167,13 @@ def accept_path_ref(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.T
 
 
 # -- the Triton kernels (plain functions here; _load() jits them on first use) --------------------------------
+def ancestry_ref(parents: torch.Tensor, depth: int) -> torch.Tensor:
+    """tree.ancestry(parents, check=False, max_depth=depth): [T, T] bool, row i = i and its ancestors."""
+    from .tree import ancestry as squarings
+
+    return squarings(parents, check=False, max_depth=depth)
+
+
 def _max(a, b):
     return tl.maximum(a, b)
 
@@ -346,6 +361,20 @@ def _select_tree_kernel(root_ptr, chosen_ptr, parents_ptr, tokens_ptr, depths_pt
     tl.store(logq_ptr, 0.0)
 
 
+def _ancestry_kernel(par_ptr, vis_ptr, T, DEPTH: tl.constexpr, RB: tl.constexpr, TB: tl.constexpr):
+    """Rows RB * program .. of the [T, T] visibility: each row sets its own column, then walks up DEPTH parents
+    (a parent of -1 ends the walk: masked loads keep it at -1) and sets each one's column."""
+    rows = tl.program_id(0) * RB + tl.arange(0, RB)
+    cols = tl.arange(0, TB)
+    live = rows < T
+    reach = rows[:, None] == cols[None, :]
+    node = rows.to(tl.int64)
+    for _ in range(DEPTH):
+        node = tl.load(par_ptr + tl.maximum(node, 0), mask=live & (node >= 0), other=-1)
+        reach = reach | (node[:, None] == cols[None, :])
+    tl.store(vis_ptr + rows[:, None] * T + cols[None, :], reach.to(tl.uint8), mask=live[:, None] & (cols[None, :] < T))
+
+
 def _accept_path_kernel(tok_ptr, par_ptr, dep_ptr, vis_ptr, next_ptr, best_ptr, bonus_ptr, m_ptr, order_ptr, T, P,
                         TB: tl.constexpr):
     """One program over the T tree rows: a row is ok when every visible row matches (its token is the target's
@@ -377,7 +406,7 @@ def _accept_path_kernel(tok_ptr, par_ptr, dep_ptr, vis_ptr, next_ptr, best_ptr, 
 
 _JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_chunk_top_kernel",
            "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel", "_rank_top_kernel", "_expand_rows_kernel",
-           "_select_tree_kernel", "_accept_path_kernel")
+           "_select_tree_kernel", "_accept_path_kernel", "_ancestry_kernel")
 
 
 @functools.cache
@@ -514,3 +543,17 @@ def accept_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
                               visible.contiguous().view(torch.uint8), target_next.contiguous(), best, bonus, m,
                               order, t, min(t, p), TB=max(16, K._pow2(t)), num_warps=8)
     return best, bonus, m, order
+
+
+def ancestry(parents: torch.Tensor, depth: int) -> torch.Tensor:
+    """ancestry_ref in one kernel: parents [T] long (parents[i] < i, -1 at the root; no node deeper than `depth`)
+    -> visible [T, T] bool."""
+    _load()
+    t = parents.numel()
+    if not 0 < t <= MAX_ROWS:
+        raise ValueError(f"tree kernels: ancestry over {t} rows (at most {MAX_ROWS})")
+    visible = torch.empty(t, t, dtype=torch.bool, device=parents.device)
+    rb = 16
+    _ancestry_kernel[(triton.cdiv(t, rb),)](parents.contiguous(), visible.view(torch.uint8), t, DEPTH=max(depth, 1),
+                                            RB=rb, TB=max(16, K._pow2(t)))
+    return visible
