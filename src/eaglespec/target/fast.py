@@ -457,9 +457,12 @@ class FastTarget:
         b, span = tokens.shape[0], cols.shape[0]
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
         g = hq // hk
-        rel = cols - base  # [span]: slot index relative to the first pending slot
-        allowed = (visible[:, rel.clamp(0, b - 1)] & (rel < b)) | (rel < 0)  # [B, span]: the prefix, visible rows
         fused, gemm, attn = self._kernels, self._gemm, self._attn  # None: the torch code
+        if fused is not None and fused.new_wanted():  # one kernel (untimed: opt-in)
+            allowed = fused.block_mask(visible, base, span)
+        else:
+            rel = cols - base  # [span]: slot index relative to the first pending slot
+            allowed = (visible[:, rel.clamp(0, b - 1)] & (rel < b)) | (rel < 0)  # [B, span]: the prefix, visible rows
         if attn is None:
             mask = _grouped_mask(allowed, g, self._open, self._shut)  # [1, 1, B*G, span]: the grouped query rows
         else:

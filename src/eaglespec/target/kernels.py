@@ -9,6 +9,9 @@ same values as the torch code they replace.
     silu_mul          silu(gate) * up in one kernel (2 kernels)
     eagle3_input      the EAGLE-3 drafter's layer input (draft/fused.py): embedding gather (+ cast), both
                       RMSNorms and the concatenation in one kernel (4 kernels, 5 with the cast)
+    block_mask        a step's [B, span] attention mask (every committed slot below `base`, then the [B, B] block
+                      of the pending rows) in one kernel (fast._step's 7 ops; draft/tree_graph.DeviceTreeRows' too).
+                      Written in session 16 without GPU time: NOT YET TIMED, so only with EAGLESPEC_NEW_KERNELS=1
 
 so a layer of a step launches 7 fewer kernels (11 -> 4 for these parts), and the step 3 fewer outside the layers
 (the final norm, the slots and the rope-table gather): 213 per step of SmolLM2-135M (30 layers). Each kernel
@@ -40,6 +43,13 @@ import torch.nn.functional as F
 from ..errors import env_switch
 
 FUSED_KERNELS_ENV = "EAGLESPEC_FUSED_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
+NEW_KERNELS_ENV = "EAGLESPEC_NEW_KERNELS"  # "1": also the kernels not yet timed on a GPU; unset or "0": not
+
+
+def new_wanted() -> bool:
+    """$EAGLESPEC_NEW_KERNELS=1: also the kernels written without device time to time them (block_mask here,
+    tree_kernels.ancestry), where the other kernels run; off until a GPU run says they pay."""
+    return env_switch(NEW_KERNELS_ENV, "off until timed") is True
 
 
 def wanted(device: torch.device | str) -> bool:
@@ -93,6 +103,14 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     """F.silu(gate) * up for gate_up = [gate | up] on the last dim."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def block_mask_ref(visible: torch.Tensor, base: torch.Tensor, span: int) -> torch.Tensor:
+    """fast._step's mask: visible [B, B] bool, base [] long -> [B, span] bool: slot x is seen by row r when x < base
+    (committed) or x - base < B and visible[r, x - base] (the pending block)."""
+    b = visible.shape[0]
+    rel = torch.arange(span, device=visible.device) - base  # [span]
+    return (visible[:, rel.clamp(0, b - 1)] & (rel < b)) | (rel < 0)
 
 
 def eagle3_input_ref(tokens: torch.Tensor, embed_w: torch.Tensor, state: torch.Tensor, in_norm: torch.Tensor,
@@ -212,8 +230,18 @@ def _silu_mul_kernel(gu_ptr, out_ptr, gu_row_stride, N, PRECISE_EXP: tl.constexp
     tl.store(out_ptr + row * N + cols, _round(silu * up, dtype).to(dtype), mask=inside)
 
 
+def _block_mask_kernel(vis_ptr, base_ptr, out_ptr, B, X, XB: tl.constexpr):
+    """Row r, slots XB * program(1) ..: (rel < 0) | (0 <= rel < B and visible[r, rel]), rel = slot - base."""
+    r = tl.program_id(0)
+    x = tl.program_id(1) * XB + tl.arange(0, XB)
+    rel = x - tl.load(base_ptr)
+    block = (rel >= 0) & (rel < B)
+    v = tl.load(vis_ptr + r * B + tl.maximum(rel, 0), mask=block & (x < X), other=0)
+    tl.store(out_ptr + r * X + x, ((rel < 0) | (block & (v != 0))).to(tl.uint8), mask=x < X)
+
+
 _JITTED = ("_round", "_add", "_rms_weight", "_rms_norm_weight_kernel", "_eagle3_input_kernel", "_rope_kv_kernel",
-           "_silu_mul_kernel")
+           "_silu_mul_kernel", "_block_mask_kernel")
 
 
 @functools.cache
@@ -308,4 +336,15 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, gate_up.stride(0), n,
                                                     PRECISE_EXP=not _interpreted(), BLOCK=block,
                                                     enable_fp_fusion=False)
+    return out
+
+
+def block_mask(visible: torch.Tensor, base: torch.Tensor, span: int) -> torch.Tensor:
+    """block_mask_ref in one kernel: visible [B, B] bool, base [] long (base + B <= span) -> [B, span] bool."""
+    _load()
+    b = visible.shape[0]
+    out = torch.empty(b, span, dtype=torch.bool, device=visible.device)
+    xb = min(1024, _pow2(span))
+    _block_mask_kernel[(b, triton.cdiv(span, xb))](visible.contiguous().view(torch.uint8), base.reshape(1),
+                                                  out.view(torch.uint8), b, span, XB=xb)
     return out
