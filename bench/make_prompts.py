@@ -27,16 +27,23 @@ from pathlib import Path
 from eaglespec.train.data import iter_records
 
 
-def user_turns(rec: dict, turns: int, starts: str = "human") -> list[str]:
-    """The first `turns` user turns, all 8-1500 characters, of a conversation that opens with the user
-    (starts="human"), or with the model (starts="model": 6,358 of the file's conversations are such
-    continuations; the user turns after the opening model turns are taken as a fresh conversation), or either."""
+def _opened_by_user(rec: dict, starts: str) -> list[dict]:
+    """The conversation's turns from its first user turn on, when it opens as `starts` asks (human, model or any);
+    [] otherwise."""
     conv = rec.get("conversations") or []
     opener = conv[0].get("from") if conv else None
     if (starts == "human" and opener != "human") or (starts == "model" and opener != "gpt"):
         return []
     while conv and conv[0].get("from") == "gpt":
         conv = conv[1:]
+    return conv
+
+
+def user_turns(rec: dict, turns: int, starts: str = "human") -> list[str]:
+    """The first `turns` user turns, all 8-1500 characters, of a conversation that opens with the user
+    (starts="human"), or with the model (starts="model": 6,358 of the file's conversations are such
+    continuations; the user turns after the opening model turns are taken as a fresh conversation), or either."""
+    conv = _opened_by_user(rec, starts)
     if len(conv) < 2 or conv[0].get("from") != "human":
         return []
     out = []
@@ -52,12 +59,7 @@ def with_answers(rec: dict, turns: int, starts: str, ascii_share: float) -> list
     """The first `turns` (user, assistant) pairs of a conversation with ShareGPT's own answers, user turns 8-1500
     characters and answers 16-6000 (as user_turns: the pairs stop at the first turn out of bounds), when at least
     `ascii_share` of all their characters are ASCII; [] otherwise."""
-    conv = rec.get("conversations") or []
-    opener = conv[0].get("from") if conv else None
-    if (starts == "human" and opener != "human") or (starts == "model" and opener != "gpt"):
-        return []
-    while conv and conv[0].get("from") == "gpt":
-        conv = conv[1:]
+    conv = _opened_by_user(rec, starts)
     out: list[dict] = []
     for q, a in zip(conv[0::2][:turns], conv[1::2][:turns]):
         qt, at = str(q.get("value", "")).strip(), str(a.get("value", "")).strip()
