@@ -106,14 +106,11 @@ class DeviceTreeRows(MaskRows):
     def __init__(self, runner: StaticDraftRunner, base: torch.Tensor, tree_part: torch.Tensor, span: int):
         r = tree_part.shape[0]
         self.runner, self.span = runner, span
-        if r and tree_kernels.wanted(runner.device, new=True):  # one kernel (untimed: opt-in)
-            self.mask = K.block_mask(tree_part, base, span)  # [R, span]
-        else:
-            rel = runner.cols[:span] - base  # [span]: KV column relative to the first tree row
-            col = rel.clamp(0, max(r - 1, 0))
-            in_tree = rel < r  # (and >= 0: the columns below are committed ones)
-            tree_cols = tree_part.index_select(1, col) if r else tree_part.new_zeros(0, span)  # [R, span]
-            self.mask = (rel < 0) | (tree_cols & in_tree)  # [R, span]
+        if not r:
+            self.mask = tree_part.new_zeros(0, span)
+        else:  # [R, span]: the committed columns, then the tree block; one kernel where asked for (untimed: opt-in)
+            mask_of = K.block_mask if tree_kernels.wanted(runner.device, new=True) else K.block_mask_ref
+            self.mask = mask_of(tree_part, base, runner.cols[:span])
         self._at = base + torch.arange(r, device=base.device)  # [R]
 
     def run(self, states: torch.Tensor, tokens: torch.Tensor, depth: int, r0: int

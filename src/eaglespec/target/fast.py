@@ -53,7 +53,7 @@ from ..errors import EagleSpecError
 from .base import TargetOutput
 from .capture import decoder_layers
 from .gemm_kernels import wanted as gemm_wanted
-from .kernels import FUSED_KERNELS_ENV, wanted
+from .kernels import FUSED_KERNELS_ENV, block_mask_ref, wanted
 
 __all__ = ["FUSED_KERNELS_ENV", "FastTarget", "fused_by_default", "make_target", "unsupported_reason"]
 
@@ -458,11 +458,9 @@ class FastTarget:
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
         g = hq // hk
         fused, gemm, attn = self._kernels, self._gemm, self._attn  # None: the torch code
-        if fused is not None and fused.new_wanted():  # one kernel (untimed: opt-in)
-            allowed = fused.block_mask(visible, base, span)
-        else:
-            rel = cols - base  # [span]: slot index relative to the first pending slot
-            allowed = (visible[:, rel.clamp(0, b - 1)] & (rel < b)) | (rel < 0)  # [B, span]: the prefix, visible rows
+        # [B, span]: the prefix, visible rows; one kernel where the untimed kernels are asked for (opt-in)
+        mask_of = fused.block_mask if fused is not None and fused.new_wanted() else block_mask_ref
+        allowed = mask_of(visible, base, cols)
         if attn is None:
             mask = _grouped_mask(allowed, g, self._open, self._shut)  # [1, 1, B*G, span]: the grouped query rows
         else:

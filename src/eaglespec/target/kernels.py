@@ -105,11 +105,12 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def block_mask_ref(visible: torch.Tensor, base: torch.Tensor, span: int) -> torch.Tensor:
-    """fast._step's mask: visible [B, B] bool, base [] long -> [B, span] bool: slot x is seen by row r when x < base
-    (committed) or x - base < B and visible[r, x - base] (the pending block)."""
+def block_mask_ref(visible: torch.Tensor, base: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """A step's mask (fast._step, draft/tree_graph.DeviceTreeRows): visible [B, B] bool (B >= 1), base [] long, cols
+    [span] = 0..span-1 -> [B, span] bool: slot x is seen by row r when x < base (committed) or x - base < B and
+    visible[r, x - base] (the pending block)."""
     b = visible.shape[0]
-    rel = torch.arange(span, device=visible.device) - base  # [span]
+    rel = cols - base  # [span]: slot index relative to the first pending slot
     return (visible[:, rel.clamp(0, b - 1)] & (rel < b)) | (rel < 0)
 
 
@@ -339,10 +340,11 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def block_mask(visible: torch.Tensor, base: torch.Tensor, span: int) -> torch.Tensor:
-    """block_mask_ref in one kernel: visible [B, B] bool, base [] long (base + B <= span) -> [B, span] bool."""
+def block_mask(visible: torch.Tensor, base: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """block_mask_ref in one kernel: visible [B, B] bool, base [] long, cols [span] (only its length is read; base + B
+    <= span) -> [B, span] bool."""
     _load()
-    b = visible.shape[0]
+    b, span = visible.shape[0], cols.shape[0]
     out = torch.empty(b, span, dtype=torch.bool, device=visible.device)
     xb = min(1024, _pow2(span))
     _block_mask_kernel[(b, triton.cdiv(span, xb))](visible.contiguous().view(torch.uint8), base.reshape(1),
