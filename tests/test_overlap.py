@@ -32,8 +32,8 @@ def graph_like(rg: RoundGraph) -> None:
     returns fresh ones): a round launched ahead then overwrites what the host has not copied yet."""
     run, static = rg._run, {}
 
-    def replayed(span_d, span_t, sampling):
-        res, logq = run(span_d, span_t, sampling)
+    def replayed(span_d, span_t, sampling, capture=True):
+        res, logq = run(span_d, span_t, sampling, capture)
         out = static.setdefault((res.shape, logq.shape), (torch.empty_like(res), torch.empty_like(logq)))
         out[0].copy_(res)
         out[1].copy_(logq)
@@ -52,29 +52,38 @@ def overlapped(model, drafter, spec) -> tuple[SpeculativeEngine, SpeculativeEngi
     return one, two
 
 
-def count_ahead(rg: RoundGraph) -> list[int]:
-    """Wrap rg._launch_ahead: the target length each launch ahead started from."""
-    calls: list[int] = []
-    launch = rg._launch_ahead
+def count_launches(rg: RoundGraph) -> list[str]:
+    """Wrap rg._launch: each launch's kind, "fresh" (the round the host is about to read), "next" (the next round,
+    launched before this round's bookkeeping) or "ahead" (the one after it, queued behind a round not read yet)."""
+    kinds: list[str] = []
+    launch, top_up, inside = rg._launch, rg._launch_next, []
 
-    def counted(sampling):
-        calls.append(rg.tlen)
-        return launch(sampling)
+    def launched(sampling, n, dlen, tlen, ahead=False):
+        kinds.append("ahead" if ahead else "next" if inside else "fresh")
+        return launch(sampling, n, dlen, tlen, ahead)
 
-    rg._launch_ahead = counted
-    return calls
+    def topped(*args):
+        inside.append(1)
+        try:
+            return top_up(*args)
+        finally:
+            inside.pop()
+
+    rg._launch, rg._launch_next = launched, topped
+    return kinds
 
 
 @pytest.mark.parametrize("kind", list(SPECS))
 def test_overlap_gives_the_rounds_of_one_at_a_time(pair, kind):
     """HF generate's tokens, the same trees and accepted rows, the same committed KV; every round graph after the
-    second was launched ahead, and none was launched past the last round (the stream ends by length). Each
-    round's draft log-probabilities are its own (the per-phase rounds' to float rounding), not the next round's."""
+    second was launched before the host read the round before it, most of them behind a round not read yet (two in
+    flight), and none was launched past the last round (the stream ends by length). Each round's draft
+    log-probabilities are its own (the per-phase rounds' to float rounding), not the next rounds'."""
     model, drafter = pair
     one, two = overlapped(model, drafter, SPECS[kind])
     phased, _ = engines(model, drafter, SPECS[kind])
     bodies = count_bodies(two.round_graph.get())
-    ahead = count_ahead(two.round_graph.get())
+    kinds = count_launches(two.round_graph.get())
     rounds = 0
     for prompt in PROMPTS:
         ref = reference_greedy(model, prompt, 40)
@@ -93,8 +102,8 @@ def test_overlap_gives_the_rounds_of_one_at_a_time(pair, kind):
                           two.proposer.runner.k + two.proposer.runner.v):
             torch.testing.assert_close(kb[:, :, :d], ka[:, :, :d])
     # per stream: the first round is per-phase, the second launched fresh, the rest ahead; none wasted
-    assert len(bodies) == rounds - len(PROMPTS)
-    assert len(ahead) == len(bodies) - len(PROMPTS) > 10
+    assert len(bodies) == len(kinds) == rounds - len(PROMPTS)
+    assert kinds.count("fresh") == len(PROMPTS) and kinds.count("ahead") > 10
 
 
 def test_overlap_with_seeded_sampling_draws_the_same_numbers(pair):
@@ -104,12 +113,13 @@ def test_overlap_with_seeded_sampling_draws_the_same_numbers(pair):
     for kind in ("chain", "dynamic"):
         one, two = overlapped(model, drafter, SPECS[kind])
         bodies = count_bodies(two.round_graph.get())
-        ahead = count_ahead(two.round_graph.get())
+        kinds = count_launches(two.round_graph.get())
         for prompt in PROMPTS:
             a, b = one.generate(prompt, 40, sampling=cfg), two.generate(prompt, 40, sampling=cfg)
             assert a.token_ids == b.token_ids and len(a.token_ids) == 40, kind
             assert _trees(a) == _trees(b), kind
-        assert bodies and len(ahead) == len(bodies) - len(PROMPTS), kind
+        assert bodies and len(kinds) == len(bodies), kind
+        assert kinds.count("fresh") == len(PROMPTS) and "ahead" in kinds, kind
 
 
 def test_eos_leaves_one_unused_launch_and_a_clean_next_stream(pair):
@@ -120,8 +130,9 @@ def test_eos_leaves_one_unused_launch_and_a_clean_next_stream(pair):
     eos = ref[17]
     out = two.generate(PROMPTS[1], 30, eos_token_ids=[eos])
     assert out.token_ids == ref[: ref.index(eos) + 1] and out.finish_reason == "stop"
-    # the round that found the EOS launched nothing (its own tokens hold it); no body past the last round
-    assert len(bodies) == len(out.rounds) - 1
+    # the round that found the EOS launched nothing (its own tokens hold it), but the round after it was queued
+    # behind it before the host read it: one unused body past the last round
+    assert len(bodies) == len(out.rounds)
     for prompt in PROMPTS:  # the next streams start from their own prefill, whatever was launched before
         for new in (1, 2, 7, 33):
             assert two.generate(prompt, new).token_ids == reference_greedy(model, prompt, new)
@@ -137,7 +148,7 @@ def test_a_consumer_that_stops_early_leaves_its_launch_unused(pair):
     for _ in range(4):
         next(stream)
     stream.close()
-    assert rg._ahead is not None  # launched, never read
+    assert len(rg._flight) == 2  # launched, never read
     for prompt in ([5, 9, 2], PROMPTS[0], PROMPTS[1]):
         assert two.generate(prompt, 30).token_ids == reference_greedy(model, prompt, 30)
 
@@ -150,11 +161,11 @@ def test_a_launch_that_raises_raises_at_the_round_that_needs_it(pair, monkeypatc
         rg = engine.round_graph.get()
         launch, calls = rg._launch, []
 
-        def failing(sampling, launch=launch, calls=calls):
+        def failing(*args, launch=launch, calls=calls, **kwargs):
             calls.append(1)
             if len(calls) >= 3:
                 raise EagleSpecError("no room for the next round")
-            return launch(sampling)
+            return launch(*args, **kwargs)
 
         monkeypatch.setattr(rg, "_launch", failing)
         got = []
@@ -201,10 +212,10 @@ def test_adaptive_streams_launch_nothing_ahead(pair):
     model, drafter = pair
     _, two = overlapped(model, drafter, SPECS["chain"])
     two.adaptive = True
-    ahead = count_ahead(two.round_graph.get())
+    kinds = count_launches(two.round_graph.get())
     for prompt in PROMPTS:
         assert two.generate(prompt, 40).token_ids == reference_greedy(model, prompt, 40)
-    assert not ahead and two._plain_ahead is None
+    assert kinds and set(kinds) == {"fresh"} and two._plain_ahead is None
 
 
 @pytest.mark.parametrize("env,device,fast,expected", [

@@ -130,25 +130,30 @@ class _PlainRows:
         self.depths = torch.zeros(1, dtype=torch.long, device=device)
 
 
-class _HostRead:
-    """A [1] device tensor read to the host without waiting for work queued after it: on CUDA an async copy into
-    pinned memory and an event (a plain .item() would wait for the whole stream, the step launched ahead too)."""
+class HostRead:
+    """A [size] long device tensor read to the host without waiting for work queued after it: on CUDA an async copy
+    into pinned memory and an event (a plain .item() or .tolist() would wait for the whole stream, the step or
+    round launched ahead too)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, size: int = 1):
         self.cuda = device.type == "cuda"
-        self.buf = torch.zeros(1, dtype=torch.long, pin_memory=self.cuda)
+        self.buf = torch.zeros(size, dtype=torch.long, pin_memory=self.cuda)
         self.event = torch.cuda.Event() if self.cuda else None
 
     def start(self, value: torch.Tensor) -> None:
-        """Queue the copy of value [1] (call before queueing more work)."""
+        """Queue the copy of value [size] (call before queueing more work)."""
         self.buf.copy_(value, non_blocking=self.cuda)
         if self.event is not None:
             self.event.record()
 
-    def wait(self) -> int:
+    def values(self) -> list[int]:
+        """The copied values, once the copy is done (waits for the work queued before start(), no more)."""
         if self.event is not None:
             self.event.synchronize()
-        return int(self.buf[0])
+        return self.buf.tolist()
+
+    def wait(self) -> int:
+        return self.values()[0]
 
 
 class _Queue:
@@ -198,7 +203,7 @@ class SpeculativeEngine:
         self._stream = 0  # counts stream() calls: what a round launched ahead belongs to
         self._stop: tuple[frozenset[int], int] = (frozenset(), 0)  # the stream's EOS ids and max_new_tokens
         self._plain_ahead: tuple[torch.Tensor, TargetOutput] | None = None  # (root, its forward), launched ahead
-        self._host_read: _HostRead | None = None  # the plain step's token, read past the step launched ahead
+        self._host_read: HostRead | None = None  # the plain step's token, read past the step launched ahead
         if drafter is not None:
             if hasattr(drafter, "set_target_embedding") and getattr(drafter, "embed_tokens", None) is None:
                 drafter.set_target_embedding(target.embedding())
@@ -277,13 +282,14 @@ class SpeculativeEngine:
             self.proposer.sampling = self._sampling.draft_params if self._sampling is not None else None
             self.proposer.generator = self._generator
 
-    def _continues(self, emitted: list[int], result: GenerationResult) -> bool:
+    def _continues(self, emitted: list[int], result: GenerationResult, then: int = 0) -> bool:
         """Whether the stream goes on to another round after `emitted` (this round's tokens, before `_cut` and
         before they join result.token_ids): no adaptive gate (its next round may be a plain step), no EOS among
-        them and room left after them. What may launch the next round ahead (overlap)."""
+        them and room left after them, and after `then` more tokens. What may launch the next round ahead
+        (overlap); then = the most tokens a round emits: whether the round after the next may be launched too."""
         eos, max_new_tokens = self._stop
         room = max_new_tokens - len(result.token_ids)
-        return self.gate is None and len(emitted) < room and eos.isdisjoint(emitted)
+        return self.gate is None and len(emitted) + then < room and eos.isdisjoint(emitted)
 
     def _next_token(self, logits: torch.Tensor) -> torch.Tensor:
         """The token after one row's logits [V], as a [1] device tensor (no host sync): argmax, or a
@@ -319,7 +325,7 @@ class SpeculativeEngine:
         self.target.commit(rows.rows)
         if ahead and len(result.token_ids) + 1 < self._stop[1]:
             if self._host_read is None:
-                self._host_read = _HostRead(nxt.device)
+                self._host_read = HostRead(nxt.device)
             self._host_read.start(nxt)  # queued before the next step, so reading it waits for this step only
             self._plain_ahead = (nxt, self.target.forward(nxt))
             token = self._host_read.wait()

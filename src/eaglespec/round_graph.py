@@ -35,13 +35,20 @@ untimed on a GPU). Top-k children under a sampled target (greedy draft processor
 point-mass scheme instead: verify.point_mass_tests and point_mass_residual (session 14; before, sibling_tests
 raised on such a round, seen on CPU; untimed on a GPU).
 
-Overlap (engine.overlap, $EAGLESPEC_OVERLAP; on by default for CUDA since session 12): once the host has read a
-round's result row (the one sync), it copies state_out / feats_out into the inputs and replays the next round right
-away when the stream goes on (engine._continues: no EOS, room left, no adaptive gate), then builds this round's
-tree and telemetry while the GPU runs the next one. The next round() call of the same stream takes that launch if
-it hands back this round's ids and features (_mine); anything else drops it. Its writes lie past everything
-committed, so an unused launch (a consumer that stops reading) changes nothing. On the H200 it took the host's
-turn out of the round (GPU idle at a round's head and tail 0.2 -> 0 ms; bench/RESULTS.md, session 12).
+Overlap (engine.overlap, $EAGLESPEC_OVERLAP; on by default for CUDA since session 12): every launch queues, behind
+the replay, its result row's copy into pinned memory (an event marks it), its logq's copy and the next round's
+inputs (state_out / feats_out into state_in / feats_in), so a round can be queued behind another the host has not
+read. While the stream goes on (engine._continues: no EOS, room left, no adaptive gate) the host keeps two rounds
+in flight: it reads round N (waiting for N only), then queues round N + 2 behind N + 1 and builds N's tree and
+telemetry while the GPU runs N + 1. Round N + 2 is launched from bounds of its inputs (N + 1 accepts at most P
+rows: the spans and room for n = P, tlen + P; the graph reads the real values from state_in), only while N + 1
+cannot end the stream by length, and only where it needs no capture and no growth of a KV or the ids (else it
+waits for the next call, one in flight). The next round() call of the same stream takes the launches if it hands
+back this round's ids and features (_mine); anything else drops them. Their writes lie past everything committed,
+so an unused launch (after an EOS, or a consumer that stops reading) changes nothing. On the H200 one round in
+flight took the host's turn out of the round's head and tail (0.2 -> 0 ms; bench/RESULTS.md, session 12); the
+device still idled ~0.14 ms between a dynamic round and the next, the host's read-to-launch turn (session 17,
+bench/round_gaps.py), which the second round in flight hides.
 
 engine.round_graph is a RoundGraphs: one RoundGraph per tree spec (an EagleSpec drafts requests with a temperature
 with another tree).
@@ -52,14 +59,14 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from . import sampled_kernels, tree_kernels
 from .draft.fast import StaticDraftRunner, StaticKV
 from .draft.tree_graph import DeviceTreeRows
-from .engine import RoundStats
+from .engine import HostRead, RoundStats
 from .errors import EagleSpecError
 from .metrics import round_detail
 from .sampling import exponential_noise, process_logits, race_argmax
@@ -116,6 +123,14 @@ def unusable_reason(engine: SpeculativeEngine) -> str | None:
     if target.device != proposer.runner.device:
         return "the target and the drafter are on different devices"
     return None
+
+
+class _Launch(NamedTuple):
+    """A round queued on the device: its stream, its result row's copy to the host, its tree's logq [T]."""
+
+    stream: int
+    read: HostRead
+    logq: torch.Tensor
 
 
 class RoundGraphs:
@@ -186,7 +201,9 @@ class RoundGraph:
             self.race = torch.ones(self.target.vocab_size, device=dev)  # [V] Exp(1): the bonus's draw
         self._pool = None
         self._cache_ptr = None
-        self._ahead: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # (stream, outputs): overlap
+        self._flight: list[_Launch] = []  # overlap: rounds launched and not read yet (one stream), oldest first
+        self._reads: list[HostRead | None] = [None] * 3  # their result rows' host copies, in turn
+        self._next_read = 0
         self.failed = False
         self.n = self.dlen = self.tlen = 0  # host mirrors of state_in[0:3]
 
@@ -305,14 +322,25 @@ class RoundGraph:
                 and pending.data_ptr() == self.feats_in.data_ptr() and pending.shape[0] == self.n
                 and self.proposer.committed == self.dlen and self.target.committed_len == self.tlen)
 
-    def _run(self, span_d: int, span_t: int, sampling) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _key(self, span_d: int, span_t: int, sampling) -> tuple:
+        """The captured graph's key: the spans and the sampling setting."""
+        return span_d, span_t, None if sampling is None else (sampling.target, self.proposer.sampling)
+
+    def _run(self, span_d: int, span_t: int, sampling, capture: bool = True
+             ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The round's body on CUDA: its graph replayed (captured first when `capture`; else None when it is not
+        captured yet); eagerly elsewhere."""
         if self.device.type != "cuda":
             return self.body(span_d, span_t, sampling)
         if self.target.cache.data_ptr() != self._cache_ptr:  # the target's cache was reallocated
+            if not capture:
+                return None
             self._drop_graphs()
             self._cache_ptr = self.target.cache.data_ptr()
-        key = (span_d, span_t, None if sampling is None else (sampling.target, self.proposer.sampling))
+        key = self._key(span_d, span_t, sampling)
         if key not in self.graphs:
+            if not capture:
+                return None
             try:
                 if self._pool is None:
                     self._pool = torch.cuda.graph_pool_handle()
@@ -328,66 +356,94 @@ class RoundGraph:
         graph.replay()
         return out
 
-    def _launch(self, sampling) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Replay (or capture) the round from the staged inputs and host mirrors: (result row, logq) still on the
-        device, no host sync; None when the capture failed (self.failed: the per-phase path takes over)."""
-        n, dlen, tlen, P = self.n, self.dlen, self.tlen, self.P
+    def _launch(self, sampling, n: int, dlen: int, tlen: int, ahead: bool = False) -> _Launch | None:
+        """Queue one round from inputs whose host mirrors are (n, dlen, tlen), then its result's copy to the host,
+        its logq's copy and the next round's inputs (state_out / feats_out into state_in / feats_in): no host sync.
+        None when the capture failed (self.failed: the per-phase path takes over).
+
+        ahead: a round queued behind another one the host has not read (two in flight), from upper bounds of its
+        inputs (n = P, tlen + P: the round before accepts at most P rows). It changes nothing the rounds in flight
+        use: None (nothing queued) where it would grow the KV, the ids or need a capture."""
+        P = self.P
         rows_d, rows_t = max(P, n + self.R), max(P, self.T)  # KV rows past dlen / tlen this round
-        self.runner.check_room(dlen + rows_d)
-        self.target.reserve(tlen + rows_t)
-        self._grow_ids(tlen + 1 + P)
+        span_d, span_t = self.runner.span(dlen + rows_d), self.target.span(tlen + rows_t)
+        if ahead:
+            if (dlen + rows_d > self.runner.max_len or tlen + rows_t > self.target.max_len
+                    or self.ids.shape[0] < tlen + 1 + P):
+                return None
+            if self.device.type == "cuda" and (self._key(span_d, span_t, sampling) not in self.graphs
+                                               or self.target.cache.data_ptr() != self._cache_ptr):
+                return None
+        else:
+            self.runner.check_room(dlen + rows_d)
+            self.target.reserve(tlen + rows_t)
+            self._grow_ids(tlen + 1 + P)
         if sampling is not None:  # the round's random numbers, into the graph's static inputs
             self._draw(self.engine._generator)
-        return self._run(self.runner.span(dlen + rows_d), self.target.span(tlen + rows_t), sampling)
+        out = self._run(span_d, span_t, sampling, capture=not ahead)
+        if out is None:
+            return None
+        res_t, logq = out
+        i = self._next_read  # at most two launches in flight and the one being read: three buffers in turn
+        self._next_read = (i + 1) % len(self._reads)
+        read = self._reads[i]
+        if read is None or read.buf.shape[0] != res_t.shape[0]:
+            read = self._reads[i] = HostRead(self.device, res_t.shape[0])
+        read.start(res_t)  # before the next round overwrites the row
+        logq = logq.clone()
+        self.state_in.copy_(self.state_out)  # the next round's inputs
+        self.feats_in.copy_(self.feats_out)
+        return _Launch(self.engine._stream, read, logq)
 
-    def _launch_ahead(self, sampling) -> None:
-        """Overlap: launch the next round now, from the inputs this round left, so its kernels run while the host
-        does this round's bookkeeping. Kept for the next round() call of the same stream that hands back this
-        round's ids and features (_mine); any other call drops it. Rows it writes lie past the committed KV,
-        ids and features, so an unused one changes nothing the engine reads. A launch that raises (no room left)
-        launches nothing: the next round() raises it in its turn."""
+    def _launch_next(self, sampling, flight: list[_Launch], emitted: list[int], result: GenerationResult
+                     ) -> list[_Launch]:
+        """Overlap: top `flight` (the rounds launched and not read, after this one) up to two, while the stream
+        goes on, so the GPU has the next round queued while the host reads one. The first from the mirrors (what
+        this round left), the second from their bounds, and only while the round before it cannot end the
+        stream by length. A launch that raises (no room left) launches nothing: the next round() raises it."""
+        engine = self.engine
         try:
-            out = self._launch(sampling)
+            if not flight and engine._continues(emitted, result):
+                launch = self._launch(sampling, self.n, self.dlen, self.tlen)
+                flight = [launch] if launch is not None else []
+            if len(flight) == 1 and engine._continues(emitted, result, then=self.P):
+                launch = self._launch(sampling, self.P, self.dlen + self.n, self.tlen + self.P, ahead=True)
+                flight = [*flight, launch] if launch is not None else flight
         except (EagleSpecError, RuntimeError):  # no room in the drafter's KV; out of memory growing the target's
-            return
-        if out is not None:
-            self._ahead = (self.engine._stream, out)
+            pass
+        return flight
 
     def round(self, ids: torch.Tensor, pending: torch.Tensor, result: GenerationResult):
         """SpeculativeEngine._round's contract, as one round graph where it applies (else _phased_round)."""
         engine = self.engine
         sampling = engine._sampling  # None: greedy
         t0 = time.perf_counter()
-        ahead, self._ahead = self._ahead, None
+        flight, self._flight = self._flight, []
         if (self.failed or (sampling is not None and not self.sampled) or engine.spec != self.spec
                 or not (self._mine(ids, pending) or self._stage(ids, pending))):
             return engine._phased_round(ids, pending, result)
-        if ahead is not None and ahead[0] == engine._stream and self._mine(ids, pending):
-            out = ahead[1]  # launched by the last round of this stream (overlap), from these inputs
-        else:
-            out = self._launch(sampling)
-        if out is None:
-            return engine._phased_round(ids, pending, result)
-        res_t, logq = out
-        vals = res_t.tolist()  # the round's one host sync
+        if not (flight and flight[0].stream == engine._stream and self._mine(ids, pending)):
+            launch = self._launch(sampling, self.n, self.dlen, self.tlen)  # nothing launched for this round
+            if launch is None:
+                return engine._phased_round(ids, pending, result)
+            flight = [launch]
+        this, flight = flight[0], flight[1:]
+        vals = this.read.values()  # the round's one host sync: waits for this round, not the one behind it
         m, bonus, flags = vals[0], vals[1], vals[2:6]
         t1 = time.perf_counter()
         if any(flags):
             check_dynamic_flags(torch.tensor(flags))
-        logq = logq.clone()  # queued before a launch ahead overwrites it
-        self.state_in.copy_(self.state_out)  # the next round's inputs (queued: no sync)
-        self.feats_in.copy_(self.feats_out)
         n, dlen, tlen, P = self.n, self.dlen, self.tlen, self.P
         self.proposer.committed = self.runner.length = dlen + n  # the catch-up's rows; the tree rows stay stale
         self.target.committed_len, self.target._pending = tlen + m, 0
         self.n, self.dlen, self.tlen = m, dlen + n, tlen + m
         emitted = [*vals[6 + P:6 + P + m][1:], bonus]  # the path past the root, then the bonus
-        if engine.overlap and engine._continues(emitted, result):
-            self._launch_ahead(sampling)
+        if engine.overlap:
+            self._flight = self._launch_next(sampling, flight, emitted, result)
         size = (len(vals) - 6 - 2 * P) // 3
         order, nodes = vals[6:6 + m], vals[6 + 2 * P:]
         tree = DraftTree(tokens=torch.tensor(nodes[:size]), parents=torch.tensor(nodes[size:2 * size]),
-                         depths=torch.tensor(nodes[2 * size:]), logq=logq, ordered=True)
+                         depths=torch.tensor(nodes[2 * size:]), logq=this.logq, ordered=True)
         result.rounds.append(RoundStats(drafted=size - 1, accepted=m - 1, emitted=len(emitted), verify_s=t1 - t0,
                                         commit_s=time.perf_counter() - t1,
                                         detail=round_detail(tree, torch.tensor(order))))
