@@ -237,7 +237,7 @@ class RoundGraph:
                                            self.draft_noise if sampling is not None else None)
         # 3. verify
         if self.visible is None:  # a dynamic tree: no node deeper than the spec's depth
-            if tree_kernels.wanted(self.device, new=True):  # one kernel instead of ~11 (untimed: opt-in)
+            if tree_kernels.wanted(self.device, new=True):  # one kernel instead of ~11
                 visible = tree_kernels.ancestry(tree.parents, self.spec.depth)  # [T, T]
             else:
                 visible = ancestry(tree.parents, check=False, max_depth=self.spec.depth)  # [T, T]
@@ -366,18 +366,17 @@ class RoundGraph:
         use: None (nothing queued) where it would grow the KV, the ids or need a capture."""
         P = self.P
         rows_d, rows_t = max(P, n + self.R), max(P, self.T)  # KV rows past dlen / tlen this round
-        span_d, span_t = self.runner.span(dlen + rows_d), self.target.span(tlen + rows_t)
-        if ahead:
-            if (dlen + rows_d > self.runner.max_len or tlen + rows_t > self.target.max_len
-                    or self.ids.shape[0] < tlen + 1 + P):
-                return None
-            if self.device.type == "cuda" and (self._key(span_d, span_t, sampling) not in self.graphs
-                                               or self.target.cache.data_ptr() != self._cache_ptr):
-                return None
-        else:
+        if ahead and (dlen + rows_d > self.runner.max_len or tlen + rows_t > self.target.max_len
+                      or self.ids.shape[0] < tlen + 1 + P):
+            return None
+        if not ahead:
             self.runner.check_room(dlen + rows_d)
             self.target.reserve(tlen + rows_t)
             self._grow_ids(tlen + 1 + P)
+        span_d, span_t = self.runner.span(dlen + rows_d), self.target.span(tlen + rows_t)
+        if ahead and self.device.type == "cuda" and (self._key(span_d, span_t, sampling) not in self.graphs
+                                                     or self.target.cache.data_ptr() != self._cache_ptr):
+            return None
         if sampling is not None:  # the round's random numbers, into the graph's static inputs
             self._draw(self.engine._generator)
         out = self._run(span_d, span_t, sampling, capture=not ahead)
