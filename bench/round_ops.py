@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--names", action="store_true", help="every phase's ops by name")
     ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled rounds (seeded)")
     ap.add_argument("--kernels", action="store_true", help="count CUDA's Triton kernels as one op per launch")
-    ap.add_argument("--new", action="store_true", help="with --kernels: EAGLESPEC_NEW_KERNELS=1 (the untimed ones too)")
+    ap.add_argument("--new", action="store_true", help="with --kernels: session 16's kernels too (EAGLESPEC_NEW_KERNELS=1, the default; without --new: 0)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     counter = PhaseOps()

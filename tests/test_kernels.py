@@ -303,11 +303,11 @@ def test_block_mask_is_the_steps_mask(b, base, span):
 
 
 def test_new_kernels_switch_and_the_fused_step_with_block_mask(monkeypatch):
-    """EAGLESPEC_NEW_KERNELS=1: the fused step builds its mask with block_mask (once per step), with the same logits
-    as without it on a tree step after a prefill; unset, it does not."""
+    """Unset or EAGLESPEC_NEW_KERNELS=1: the fused step builds its mask with block_mask (once per step), with the same
+    logits as without it on a tree step after a prefill; =0, it does not."""
     calls = count_calls(monkeypatch, "block_mask")
     monkeypatch.delenv(K.NEW_KERNELS_ENV, raising=False)
-    assert not K.new_wanted()
+    assert K.new_wanted()
     model = tiny_target("llama", seed=5)
     outs = []
     for new in ("0", "1"):

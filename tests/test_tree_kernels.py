@@ -346,9 +346,11 @@ def test_ancestry_is_the_squarings(t, depth):
 
 
 def test_new_kernels_need_their_own_switch(monkeypatch):
-    """EAGLESPEC_NEW_KERNELS=1 adds the kernels not yet timed on a GPU (ancestry); unset, they stay off."""
+    """Session 16's kernels (ancestry) run with the others unless EAGLESPEC_NEW_KERNELS=0, which leaves the others on."""
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
     monkeypatch.delenv(K.NEW_KERNELS_ENV, raising=False)
+    assert TK.wanted("cpu") and TK.wanted("cpu", new=True)
+    monkeypatch.setenv(K.NEW_KERNELS_ENV, "0")
     assert TK.wanted("cpu") and not TK.wanted("cpu", new=True)
     monkeypatch.setenv(K.NEW_KERNELS_ENV, "1")
     assert TK.wanted("cpu", new=True)

@@ -32,7 +32,7 @@ the log value a clamp and a log, and the next expansion's pick a stable radix so
     ancestry(parents, depth)     -> a dynamic tree's [T, T] visibility (tree.ancestry: a row sees itself and its
                                     ancestors) in ONE kernel, each row walking up at most `depth` parents, in place
                                     of the squarings' ~11 kernels (the compares, the cast, 3 matmuls and clamps);
-                                    NOT YET TIMED on a GPU (session 16, CPU): only with EAGLESPEC_NEW_KERNELS=1
+                                    session 16, timed in session 17; EAGLESPEC_NEW_KERNELS=0 turns it off
 
 Values: children's conf is the softmax's within fp32 rounding (another summation order and exp), not bitwise; the
 order of exactly tied logits is by lower id (torch.topk's tie order is unspecified). Drafts are proposals checked
@@ -81,8 +81,8 @@ _RANK_TILE = 64  # rank_top: at most this many rows per program, and columns per
 
 def wanted(device: torch.device | str, untimed: bool = False, new: bool = False) -> bool:
     """Whether the tree bookkeeping on `device` should use these kernels (see the module docstring). `untimed`:
-    select_tree or accept_path, also off where EAGLESPEC_TREE_KERNELS_UNTIMED=0; `new`: a kernel not yet timed on a
-    GPU (ancestry), only where EAGLESPEC_NEW_KERNELS=1 (target/kernels.new_wanted)."""
+    select_tree or accept_path, also off where EAGLESPEC_TREE_KERNELS_UNTIMED=0; `new`: session 16's ancestry, also
+    off where EAGLESPEC_NEW_KERNELS=0 (target/kernels.new_wanted)."""
     if untimed and env_switch(UNTIMED_ENV, "on with the others") is False:
         return False
     if new and not K.new_wanted():

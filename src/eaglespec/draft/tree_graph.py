@@ -108,7 +108,7 @@ class DeviceTreeRows(MaskRows):
         self.runner, self.span = runner, span
         if not r:
             self.mask = tree_part.new_zeros(0, span)
-        else:  # [R, span]: the committed columns, then the tree block; one kernel where asked for (untimed: opt-in)
+        else:  # [R, span]: the committed columns, then the tree block; one kernel with the kernels
             mask_of = K.block_mask if tree_kernels.wanted(runner.device, new=True) else K.block_mask_ref
             self.mask = mask_of(tree_part, base, runner.cols[:span])
         self._at = base + torch.arange(r, device=base.device)  # [R]

@@ -458,7 +458,7 @@ class FastTarget:
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
         g = hq // hk
         fused, gemm, attn = self._kernels, self._gemm, self._attn  # None: the torch code
-        # [B, span]: the prefix, visible rows; one kernel where the untimed kernels are asked for (opt-in)
+        # [B, span]: the prefix, visible rows; one kernel unless EAGLESPEC_NEW_KERNELS=0
         mask_of = fused.block_mask if fused is not None and fused.new_wanted() else block_mask_ref
         allowed = mask_of(visible, base, cols)
         if attn is None:

@@ -11,7 +11,8 @@ same values as the torch code they replace.
                       RMSNorms and the concatenation in one kernel (4 kernels, 5 with the cast)
     block_mask        a step's [B, span] attention mask (every committed slot below `base`, then the [B, B] block
                       of the pending rows) in one kernel (fast._step's 7 ops; draft/tree_graph.DeviceTreeRows' too).
-                      Written in session 16 without GPU time: NOT YET TIMED, so only with EAGLESPEC_NEW_KERNELS=1
+                      Written in session 16, timed in session 17 with tree_kernels.ancestry (on by default since;
+                      EAGLESPEC_NEW_KERNELS=0 turns both off)
 
 so a layer of a step launches 7 fewer kernels (11 -> 4 for these parts), and the step 3 fewer outside the layers
 (the final norm, the slots and the rope-table gather): 213 per step of SmolLM2-135M (30 layers). Each kernel
@@ -43,13 +44,14 @@ import torch.nn.functional as F
 from ..errors import env_switch
 
 FUSED_KERNELS_ENV = "EAGLESPEC_FUSED_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
-NEW_KERNELS_ENV = "EAGLESPEC_NEW_KERNELS"  # "1": also the kernels not yet timed on a GPU; unset or "0": not
+NEW_KERNELS_ENV = "EAGLESPEC_NEW_KERNELS"  # "0": not block_mask and tree_kernels.ancestry; unset or "1": them too
 
 
 def new_wanted() -> bool:
-    """$EAGLESPEC_NEW_KERNELS=1: also the kernels written without device time to time them (block_mask here,
-    tree_kernels.ancestry), where the other kernels run; off until a GPU run says they pay."""
-    return env_switch(NEW_KERNELS_ENV, "off until timed") is True
+    """Session 16's kernels (block_mask here, tree_kernels.ancestry) where the other kernels run, unless
+    $EAGLESPEC_NEW_KERNELS=0 (the A/B switch). Timed on an H200 in session 17 (bench/RESULTS.md): a dynamic 7/10/60
+    round on MT-bench 40 2566 / 2599 -> 2675 / 2666 tok/s on two GPUs (+3-4%), plain decoding within noise."""
+    return env_switch(NEW_KERNELS_ENV, "on") is not False
 
 
 def wanted(device: torch.device | str) -> bool:
