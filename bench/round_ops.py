@@ -59,7 +59,7 @@ class PhaseOps(TorchDispatchMode):
 
 def count_kernels(counter: PhaseOps) -> None:
     """--kernels: every Triton entry point the round can call runs its torch reference, counted as its launches."""
-    from eaglespec import tree_kernels
+    from eaglespec import round_kernels, tree_kernels
     from eaglespec.target import attn_kernels, kernels
 
     os.environ["TRITON_INTERPRET"] = "1"  # kernels.available(): the Triton branches are taken on CPU
@@ -67,11 +67,11 @@ def count_kernels(counter: PhaseOps) -> None:
         os.environ[var] = "1"
     launches = {"children": 2, "race_children": 2, "rank_top": 1, "expand_rows": 1, "select_tree": 1,
                 "accept_path": 1, "rms_norm_weight": 1, "eagle3_input": 1, "rope_qk_kv_write": 1, "silu_mul": 1,
-                "ancestry": 1, "block_mask": 1}
+                "ancestry": 1, "block_mask": 1, "round_tail": 1}
     plan = [(tree_kernels, n) for n in ("children", "race_children", "rank_top", "expand_rows", "select_tree",
                                         "accept_path", "ancestry")]
     plan += [(kernels, n) for n in ("rms_norm_weight", "eagle3_input", "rope_qk_kv_write", "silu_mul", "block_mask")]
-    plan += [(attn_kernels, "masked_attention")]
+    plan += [(attn_kernels, "masked_attention"), (round_kernels, "round_tail")]
 
     def fake(mod, name):
         ref = getattr(mod, name + "_ref")

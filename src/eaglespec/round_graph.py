@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from . import sampled_kernels, tree_kernels
+from . import round_kernels, sampled_kernels, tree_kernels
 from .draft.fast import StaticDraftRunner, StaticKV
 from .draft.tree_graph import DeviceTreeRows
 from .engine import HostRead, RoundStats
@@ -275,18 +275,12 @@ class RoundGraph:
             on_path = visible.index_select(0, best)[0]  # [T]
             m = on_path.sum()
             order = path_first(on_path)[:P]  # path rows first, in depth order
-        path = tree.tokens[order]  # [P] (past m: other rows)
-        # 5. commit: the path's KV rows to slots tlen..tlen+P-1
-        cache_t = tgt.cache  # [L, 2, Hkv, S, D]
-        cache_t.index_copy_(3, tlen + i, cache_t.index_select(3, tlen + order))
-        # 6. the next round: x_{t+1} of each accepted row (the next path token, the bonus after the last)
-        nxt_out = torch.where(self.ahead < m, path[self.next_row], bonus)  # [P]
-        # (m, dlen, tlen, root, next tokens): one kernel; each write its own kernel, every kernel costs ~3 us
-        torch.cat([m.reshape(1), base.reshape(1), (tlen + m).reshape(1), bonus, nxt_out], out=self.state_out)
-        torch.index_select(feats, 0, order, out=self.feats_out)
-        self.ids.index_copy_(0, tlen + self.ahead, nxt_out)  # ids[tlen + 1 + j] for the accepted rows j < m
-        flags = self.no_flags if flags is None else flags.long()
-        result = torch.cat([m.reshape(1), bonus, flags, order, path, tree.tokens, tree.parents, tree.depths])
+        # 5. commit: the path's KV rows to slots tlen..tlen+P-1; 6. the next round's inputs (x_{t+1} of each
+        # accepted row: the next path token, the bonus after the last), the ids and the result row (one kernel)
+        tail = round_kernels.round_tail if round_kernels.wanted(self.device) else round_kernels.round_tail_ref
+        result = tail(tgt.cache, self.ids, self.state_out, self.feats_out, feats, tree.tokens, tree.parents,
+                      tree.depths, self.no_flags if flags is None else flags, m, bonus, order, tlen, base,
+                      (i, self.ahead, self.next_row))
         return result, tree.logq
 
     # -- the host side ------------------------------------------------------------------------------
