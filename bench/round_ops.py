@@ -23,6 +23,7 @@ import argparse
 import os
 import statistics
 import sys
+import traceback
 from collections import Counter
 from pathlib import Path
 
@@ -49,12 +50,23 @@ class PhaseOps(TorchDispatchMode):
         self.stack = ["rest"]
         self.ops: Counter = Counter()
         self.paused = False  # inside a kernel's reference (--kernels): counted once, as the kernel
+        self.where: Counter | None = None  # --where: (phase, name, the innermost eaglespec line) -> count
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket)
         if not self.paused and not func.is_view and name not in FREE:
             self.ops[(self.stack[-1], name)] += 1
+            if self.where is not None:
+                self.where[(self.stack[-1], name, _origin())] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _origin() -> str:
+    """The innermost frame of src/eaglespec calling the op, as path:line."""
+    for frame in reversed(traceback.extract_stack()):
+        if "/src/eaglespec/" in frame.filename:
+            return f"{frame.filename.split('/src/eaglespec/')[1]}:{frame.lineno}"
+    return "?"
 
 
 def count_kernels(counter: PhaseOps) -> None:
@@ -65,10 +77,10 @@ def count_kernels(counter: PhaseOps) -> None:
     os.environ["TRITON_INTERPRET"] = "1"  # kernels.available(): the Triton branches are taken on CPU
     for var in ("EAGLESPEC_TREE_KERNELS", "EAGLESPEC_FUSED_KERNELS", "EAGLESPEC_ATTN_KERNEL"):
         os.environ[var] = "1"
-    launches = {"children": 2, "race_children": 2, "rank_top": 1, "expand_rows": 1, "select_tree": 1,
+    launches = {"children": 2, "race_children": 2, "rank_top": 1, "rank_top_ids": 1, "expand_rows": 1, "select_tree": 1,
                 "accept_path": 1, "rms_norm_weight": 1, "eagle3_input": 1, "rope_qk_kv_write": 1, "silu_mul": 1,
                 "ancestry": 1, "block_mask": 1, "round_tail": 1}
-    plan = [(tree_kernels, n) for n in ("children", "race_children", "rank_top", "expand_rows", "select_tree",
+    plan = [(tree_kernels, n) for n in ("children", "race_children", "rank_top", "rank_top_ids", "expand_rows", "select_tree",
                                         "accept_path", "ancestry")]
     plan += [(kernels, n) for n in ("rms_norm_weight", "eagle3_input", "rope_qk_kv_write", "silu_mul", "block_mask")]
     plan += [(attn_kernels, "masked_attention"), (round_kernels, "round_tail")]
@@ -120,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--names", action="store_true", help="every phase's ops by name")
+    ap.add_argument("--where", action="store_true", help="the last round's ops by the eaglespec line that ran them")
     ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled rounds (seeded)")
     ap.add_argument("--kernels", action="store_true", help="count CUDA's Triton kernels as one op per launch")
     ap.add_argument("--new", action="store_true", help="with --kernels: session 16's kernels too (EAGLESPEC_NEW_KERNELS=1, the default; without --new: 0)")
@@ -148,10 +161,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def counted_body(*a, **kw):
         before = counter.ops.copy()
+        counter.where = Counter() if args.where else None  # the last round's
         with counter:
             out = orig_body(*a, **kw)
         per_round.append(counter.ops - before)
+        where.append(counter.where)
         return out
+
+    where: list[Counter | None] = []
 
     rg.body = counted_body
     ids = es.encode("Explain speculative decoding in two sentences.")
@@ -168,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         for p in phases:
             names = Counter({name: v for (ph, name), v in last.items() if ph == p})
             print(f"  {p}: " + ", ".join(f"{n.removeprefix('aten.')} {v}" for n, v in names.most_common()))
+    if args.where:
+        last = where[1:1 + args.rounds][-1] if len(where) > 1 else where[-1]
+        for (ph, name, at), v in sorted(last.items()):
+            print(f"  {ph:9s} {name.removeprefix('aten.'):24s} {v:3d}  {at}")
     return 0
 
 

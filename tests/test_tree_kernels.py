@@ -83,6 +83,37 @@ def test_rank_top_is_a_stable_sort_prefix(m, k, descending):
         assert torch.equal(vals, ref_vals) and torch.equal(idx, ref_idx), (v.dtype, vals, ref_vals)
 
 
+def test_rank_top_ids_add_the_offset_in_the_kernel():
+    """rank_top_ids: rank_top's values and indices, and the indices plus the offset (a dynamic tree's candidate ids)."""
+    v = torch.randint(-4, 5, (37,), generator=torch.Generator().manual_seed(2)).float() / 2
+    vals, idx, ids = TK.rank_top_ids(v, 10, 23)
+    ref_vals, ref_idx = TK.rank_top_ref(v, 10)
+    assert torch.equal(vals, ref_vals) and torch.equal(idx, ref_idx) and torch.equal(ids, ref_idx + 23)
+    assert all(torch.equal(a, b) for a, b in zip((vals, idx, ids), TK.rank_top_ids_ref(v, 10, 23)))
+
+
+def test_children_add_their_parents_values_in_the_kernel(monkeypatch):
+    """children / race_children with a base [n]: the log values are base + the log values without it, the same
+    fp32 add as the torch code's (bitwise); conf and ids unchanged. A base of another shape is refused."""
+    monkeypatch.setattr(TK, "_CHUNK", 64)
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, 300, generator=g) * 3
+    base = torch.randn(4, generator=g) * 5
+    conf, tok, logc = TK.children(logits, 6, CONF_FLOOR)
+    conf_b, tok_b, logv = TK.children(logits, 6, CONF_FLOOR, base)
+    assert torch.equal(conf_b, conf) and torch.equal(tok_b, tok)
+    assert torch.equal(logv, base[:, None] + logc)
+    ref = TK.children_ref(logits, 6, CONF_FLOOR, base)
+    torch.testing.assert_close(logv, ref[2], rtol=1e-6, atol=1e-6)
+    q = torch.softmax(logits, dim=-1)
+    noise = torch.empty(4, 300).exponential_(generator=g)
+    _, _, logc = TK.race_children(q, noise, 6, CONF_FLOOR)
+    _, _, logv = TK.race_children(q, noise, 6, CONF_FLOOR, base)
+    assert torch.equal(logv, base[:, None] + logc)
+    with pytest.raises(ValueError, match="a base of"):
+        TK.children(logits, 6, CONF_FLOOR, base[:3])
+
+
 @pytest.mark.parametrize("inherit", [True, False], ids=["deeper", "root-children"])
 @pytest.mark.parametrize("mapped", [True, False], ids=["d2t", "identity"])
 def test_expand_rows_gathers_states_ids_and_parent_mask_rows(inherit, mapped):

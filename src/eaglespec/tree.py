@@ -263,7 +263,8 @@ class Candidates:
     The children of one expansion ([n, c] from the callback) take the next n*c ids, row-major. The
     growth appends one layer per depth; tokens / parents / depths / logv are joined (one cat each) on
     first read, not at every depth. For the callback: `start` (first id of the newest layer),
-    `newest_tokens` [m] (that layer's tokens) and `newest` [n] (the expanded nodes' indices within it).
+    `newest_tokens` [m] (that layer's tokens), `newest` [n] (the expanded nodes' indices within it) and
+    `newest_values` [n] (their log values).
 
     A layer's parts are [m] tensors, or any tensors of m elements read row-major (the growth appends
     [n, c] parts, parents and depths as expanded views: no copy per depth); when every part of a field is
@@ -279,6 +280,7 @@ class Candidates:
         self.start = 0
         self.newest_tokens = tokens.reshape(-1)
         self.newest: torch.Tensor | None = None
+        self.newest_values: torch.Tensor | None = None  # [n] fp32: the expanded nodes' log values
         self.levels: torch.Tensor | None = None  # _grow: arange(-1, depth + 1), the root's parent and depths
 
     def append(self, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, logv: torch.Tensor
@@ -318,7 +320,8 @@ class Candidates:
 
 
 # expand(node_ids [n], candidates, depth of those nodes) -> (child tokens [n, c], child confidences [n, c]), or
-# with a third [n, c] tensor, _log_value(confidences) already computed (tree_kernels.children's)
+# with a third [n, c] tensor, the children's log values already computed: candidates.newest_values [n] (the expanded
+# nodes' values) + _log_value(confidences) (tree_kernels.children's with a base)
 Expand = Callable[[torch.Tensor, Candidates, int], tuple[torch.Tensor, ...]]
 
 
@@ -329,7 +332,7 @@ def _child_flags(tokens: torch.Tensor | None, conf: torch.Tensor) -> list[torch.
     conf = conf.float()
     bad_conf = (conf.clamp(0, 1) != conf).any()  # NaN != NaN; +-inf and values outside [0, 1] move
     if tokens is None:
-        dup = torch.zeros((), dtype=torch.bool, device=conf.device)
+        dup = constant("false", 0, conf.device)
     else:
         sorted_tok = tokens.sort(dim=-1).values
         dup = (sorted_tok[..., 1:] == sorted_tok[..., :-1]).any()
@@ -367,19 +370,34 @@ def _top(values: torch.Tensor, k: int) -> torch.Tensor:
     return values.sort(dim=-1, descending=True, stable=True).indices[..., :k]
 
 
-def top_values(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """values [M] -> (the min(k, M) largest [k'], their indices [k']), descending, ties to the lower index: one
-    kernel (tree_kernels.rank_top) where tree_kernels.wanted, else a stable sort."""
+def top_nodes(values: torch.Tensor, k: int, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """values [M] -> (the min(k, M) largest [k'], their indices [k'], the indices plus `start`: the newest layer's
+    expanded candidate ids), descending, ties to the lower index: one kernel (tree_kernels.rank_top_ids) where
+    tree_kernels.wanted, else a stable sort and an add."""
     k = min(k, values.numel())
     if tree_kernels.wanted(values.device):
-        return tree_kernels.rank_top(values, k)
-    return tree_kernels.rank_top_ref(values, k)
+        return tree_kernels.rank_top_ids(values, k, start)
+    return tree_kernels.rank_top_ids_ref(values, k, start)
 
 
 def _keep_top_children(tokens: torch.Tensor, conf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[n, c] children -> the top-k per row by confidence (no-op when already top-k sorted)."""
     order = _top(conf, k)
     return tokens.gather(-1, order), conf.gather(-1, order)
+
+
+@functools.cache  # never evicted: a captured CUDA graph may read one
+def constant(kind: str, n: int, device: torch.device) -> torch.Tensor:
+    """A small constant made once per device (never written: every user reads it or copies it), so a round graph
+    does not launch a kernel to make it every round: "false" a 0-dim False, "levels" arange(-1, n + 1), "eye" the
+    [n, n] bool identity."""
+    if kind == "false":
+        return torch.zeros((), dtype=torch.bool, device=device)
+    if kind == "levels":
+        return torch.arange(-1, n + 1, device=device)
+    if kind == "eye":
+        return torch.eye(n, dtype=torch.bool, device=device)
+    raise ValueError(f"constant: {kind!r}")
 
 
 def _log_value(conf: torch.Tensor) -> torch.Tensor:
@@ -391,7 +409,7 @@ def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, to
           sorted_children: bool, distinct_children: bool = False) -> tuple[Candidates, list[torch.Tensor]]:
     """grow_dynamic without reading anything back: (candidates, 3 0-dim bool validation flags on the device).
 
-    Per depth: the top of the newest layer's values (top_values), the callback, and 4 small ops (fixed
+    Per depth: the top of the newest layer's values (top_nodes), the callback, and 4 small ops (fixed
     shapes: the layer has min(top_k, size of the newest layer) nodes): candidate ids, log values (clamp,
     log, add); parents and depths are views (of the ids, of one arange per growth). The layers are joined
     once, at the first read of the candidates' fields. `distinct_children`: no row of children repeats a
@@ -401,24 +419,25 @@ def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, to
     if not sorted_children:
         tok, conf = _keep_top_children(tok, conf, top_k)
     all_tok, all_conf = [tok], [conf]
-    levels = torch.arange(-1, depth + 1, device=root_tokens.device)  # levels[1 + d] = d: parents -1, depths
+    levels = constant("levels", depth, root_tokens.device)  # arange(-1, depth + 1): levels[1 + d] = d
     c0 = tok.shape[1]
     newest_logv = _log_value(conf)  # [n, c] values of the newest layer: ids start..start+n*c-1, row-major
     cand = Candidates(tokens=tok, parents=levels[0].expand(1, c0), depths=levels[2].expand(1, c0),
                       logv=newest_logv)
     cand.levels = levels
     for d in range(1, depth):
-        values, cand.newest = top_values(newest_logv.reshape(-1), top_k)  # [n] the highest-value nodes of depth d
-        layer = cand.newest + cand.start  # [n] their candidate ids
+        # [n] the highest-value nodes of depth d: their values, indices within the layer, candidate ids
+        values, cand.newest, layer = top_nodes(newest_logv.reshape(-1), top_k, cand.start)
+        cand.newest_values = values
         cand.expanded.append(layer)
-        ctok, cconf, *logc = expand(layer, cand, d)  # [n, c] (and, from a kernel, _log_value(cconf))
+        ctok, cconf, *logv = expand(layer, cand, d)  # [n, c] (from a kernel, also their log values)
         ctok = ctok.long()
         if not sorted_children:
-            ctok, cconf, logc = *_keep_top_children(ctok, cconf, top_k), []
+            ctok, cconf, logv = *_keep_top_children(ctok, cconf, top_k), []
         all_tok.append(ctok)
         all_conf.append(cconf)
         n, c = ctok.shape
-        newest_logv = values[:, None] + (logc[0] if logc else _log_value(cconf))  # [n, c]
+        newest_logv = logv[0] if logv else values[:, None] + _log_value(cconf)  # [n, c]
         cand.append(ctok, layer[:, None].expand(n, c), levels[d + 2].expand(n, c), newest_logv)
     return cand, _all_child_flags(all_tok, all_conf, distinct_children)
 

@@ -101,25 +101,39 @@ def fits(vocab: int, k: int) -> bool:
 
 
 # -- plain-torch references (the code each kernel replaces) --------------------------------------------------
-def children_ref(logits: torch.Tensor, k: int, floor: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """softmax(logits) in fp32, its top-k (values sorted descending, ids), and log(max(values, floor))."""
+def children_ref(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """softmax(logits) in fp32, its top-k (values sorted descending, ids), and log(max(values, floor)), plus base
+    [n] fp32 per row when given (a dynamic tree's children valued on their parents' values)."""
     conf, tok = torch.softmax(logits, dim=-1, dtype=torch.float32).topk(k, dim=-1)
-    return conf, tok, conf.clamp(min=floor).log()
+    return conf, tok, _plus(base, conf.clamp(min=floor).log())
 
 
-def race_children_ref(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float
+def _plus(base: torch.Tensor | None, logc: torch.Tensor) -> torch.Tensor:
+    """base [n] + logc [n, k] (fp32, base first as the kernels add), or logc when base is None."""
+    return logc if base is None else base[:, None] + logc
+
+
+def race_children_ref(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A sampled tree's children (Proposer._dynamic / _static under sampling): q [n, V] (the processed draft
     distribution), noise [n, V] Exp(1) -> (q's top-k values [n, k] fp32 descending, the k draws without replacement
-    [n, k] long: the exponential race's top-k of q / noise, in draw order, log(max(values, floor)) [n, k])."""
+    [n, k] long: the exponential race's top-k of q / noise, in draw order, log(max(values, floor)) [n, k], plus base
+    [n] per row when given)."""
     conf = q.float().topk(k, dim=-1).values
-    return conf, (q.float() / noise).topk(k, dim=-1).indices, conf.clamp(min=floor).log()
+    return conf, (q.float() / noise).topk(k, dim=-1).indices, _plus(base, conf.clamp(min=floor).log())
 
 
 def rank_top_ref(v: torch.Tensor, k: int, descending: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The first k of v.sort(descending, stable=True): (values [k], indices [k])."""
     vals, idx = v.sort(descending=descending, stable=True)
     return vals[:k], idx[:k]
+
+
+def rank_top_ids_ref(v: torch.Tensor, k: int, offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rank_top_ref (descending) and the indices plus `offset` [k] (a dynamic tree's expanded candidate ids)."""
+    vals, idx = rank_top_ref(v, k)
+    return vals, idx, idx + offset
 
 
 def expand_rows_ref(local: torch.Tensor, k: int, prev: torch.Tensor, newest: torch.Tensor, table: torch.Tensor | None,
@@ -229,11 +243,12 @@ def _chunk_top_kernel(x_ptr, key_ptr, stat_ptr, x_row_stride, V, S, K: tl.conste
     _store_top_keys(tl.where(inside, _key(x, cols), empty), key_ptr + (row * S + s) * K, K)
 
 
-def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, S, floor, K: tl.constexpr,
-                      SP: tl.constexpr, BLOCK: tl.constexpr):
+def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, S, floor, K: tl.constexpr,
+                      SP: tl.constexpr, BLOCK: tl.constexpr, BASE: tl.constexpr):
     """Program row: the softmax statistics of its S chunks combined, then the K largest of its S*K chunk keys ->
-    conf = exp(x - max) / sum, the id, log(max(conf, floor))."""
+    conf = exp(x - max) / sum, the id, log(max(conf, floor)) (BASE: plus base[row])."""
     row = tl.program_id(0).to(tl.int64)
+    base = tl.load(base_ptr + row) if BASE else 0.0
     s = tl.arange(0, SP)
     m_s = tl.load(stat_ptr + (row * S + s) * 2, mask=s < S, other=float("-inf"))
     t_s = tl.load(stat_ptr + (row * S + s) * 2 + 1, mask=s < S, other=0.0)
@@ -249,7 +264,8 @@ def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, S, floor, 
         conf = tl.exp(_key_value(best) - m) / total
         tl.store(conf_ptr + row * K + j, conf)
         tl.store(tok_ptr + row * K + j, _key_id(best))
-        tl.store(logc_ptr + row * K + j, tl.log(tl.maximum(conf, floor)))
+        logc = tl.log(tl.maximum(conf, floor))
+        tl.store(logc_ptr + row * K + j, base + logc if BASE else logc)
 
 
 def _race_chunk_kernel(q_ptr, e_ptr, vkey_ptr, rkey_ptr, q_row_stride, e_row_stride, V, S, K: tl.constexpr,
@@ -267,11 +283,12 @@ def _race_chunk_kernel(q_ptr, e_ptr, vkey_ptr, rkey_ptr, q_row_stride, e_row_str
     _store_top_keys(tl.where(inside, _key(tl.math.div_rn(q, e), cols), empty), rkey_ptr + (row * S + s) * K, K)
 
 
-def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, S, floor, K: tl.constexpr,
-                       BLOCK: tl.constexpr):
-    """Program row: the K largest of its S*K chunk keys of each kind -> conf = the value, log(max(conf, floor));
-    tok = the race's ids, in order."""
+def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, S, floor, K: tl.constexpr,
+                       BLOCK: tl.constexpr, BASE: tl.constexpr):
+    """Program row: the K largest of its S*K chunk keys of each kind -> conf = the value, log(max(conf, floor))
+    (BASE: plus base[row]); tok = the race's ids, in order."""
     row = tl.program_id(0).to(tl.int64)
+    base = tl.load(base_ptr + row) if BASE else 0.0
     i = tl.arange(0, BLOCK)
     empty = -9223372036854775807 - 1
     vkey = tl.load(vkey_ptr + row * S * K + i, mask=i < S * K, other=empty)
@@ -281,14 +298,17 @@ def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, S, floor
         vkey = tl.where(vkey == best, empty, vkey)
         conf = _key_value(best)
         tl.store(conf_ptr + row * K + j, conf)
-        tl.store(logc_ptr + row * K + j, tl.log(tl.maximum(conf, floor)))
+        logc = tl.log(tl.maximum(conf, floor))
+        tl.store(logc_ptr + row * K + j, base + logc if BASE else logc)
         best = tl.reduce(rkey, 0, _max)
         rkey = tl.where(rkey == best, empty, rkey)
         tl.store(tok_ptr + row * K + j, _key_id(best))
 
 
-def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, M, K, DESC: tl.constexpr, TILE: tl.constexpr):
-    """Program p ranks v[p*TILE : (p+1)*TILE] against all of v; rank < K is written at its rank."""
+def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, ids_ptr, M, K, offset, DESC: tl.constexpr, IDS: tl.constexpr,
+                     TILE: tl.constexpr):
+    """Program p ranks v[p*TILE : (p+1)*TILE] against all of v; rank < K is written at its rank (IDS: also the index
+    plus offset)."""
     i = tl.program_id(0) * TILE + tl.arange(0, TILE)
     in_i = i < M
     vi = tl.load(v_ptr + i, mask=in_i, other=0)
@@ -306,6 +326,8 @@ def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, M, K, DESC: tl.constexpr, TILE: t
     keep = in_i & (rank < K)
     tl.store(vals_ptr + rank, vi, mask=keep)
     tl.store(idx_ptr + rank, i.to(tl.int64), mask=keep)
+    if IDS:
+        tl.store(ids_ptr + rank, i.to(tl.int64) + offset, mask=keep)
 
 
 def _expand_rows_kernel(local_ptr, prev_ptr, newest_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, prev_stride,
@@ -421,7 +443,8 @@ def _load() -> None:
 
 
 # -- the launchers -----------------------------------------------------------------------------------------
-def children(logits: torch.Tensor, k: int, floor: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """children_ref in two kernels: logits [n, V] (V <= MAX_VOCAB, k <= V) -> conf [n, k] fp32 descending,
     tok [n, k] long, log conf [n, k] fp32. The first kernel takes each row in chunks of _CHUNK, one program each
     (its softmax statistics and top-k keys), the second merges a row's chunks (one program per row)."""
@@ -441,12 +464,12 @@ def children(logits: torch.Tensor, k: int, floor: float) -> tuple[torch.Tensor, 
     logc = torch.empty(n, k, dtype=torch.float32, device=dev)
     _chunk_top_kernel[(n, splits)](logits, keys, stats, logits.stride(0), v, splits, K=k, CHUNK=chunk,
                                    num_warps=4)
-    _merge_top_kernel[(n,)](keys, stats, conf, tok, logc, splits, floor, K=k, SP=K._pow2(splits),
-                            BLOCK=K._pow2(splits * k), num_warps=4)
+    _merge_top_kernel[(n,)](keys, stats, conf, tok, logc, _base(base, n, logc), splits, floor, K=k,
+                            SP=K._pow2(splits), BLOCK=K._pow2(splits * k), BASE=base is not None, num_warps=4)
     return conf, tok, logc
 
 
-def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float
+def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """race_children_ref in two kernels (as children): q, noise [n, V] (V <= MAX_VOCAB, k <= V) -> conf [n, k] fp32
     descending, tok [n, k] long, log conf [n, k] fp32. The values are exact (comparisons and torch's division);
@@ -467,9 +490,18 @@ def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float
     logc = torch.empty(n, k, dtype=torch.float32, device=dev)
     _race_chunk_kernel[(n, splits)](q, noise, vkeys, rkeys, q.stride(0), noise.stride(0), v, splits, K=k, CHUNK=chunk,
                                     num_warps=4)
-    _race_merge_kernel[(n,)](vkeys, rkeys, conf, tok, logc, splits, floor, K=k, BLOCK=K._pow2(splits * k),
-                             num_warps=4)
+    _race_merge_kernel[(n,)](vkeys, rkeys, conf, tok, logc, _base(base, n, logc), splits, floor, K=k,
+                             BLOCK=K._pow2(splits * k), BASE=base is not None, num_warps=4)
     return conf, tok, logc
+
+
+def _base(base: torch.Tensor | None, n: int, like: torch.Tensor) -> torch.Tensor:
+    """children's / race_children's base [n] fp32 (contiguous), or any fp32 tensor when None (not read)."""
+    if base is None:
+        return like
+    if base.shape != (n,) or base.dtype != torch.float32:
+        raise ValueError(f"tree kernels: a base of {tuple(base.shape)} {base.dtype} for {n} rows (fp32 [n])")
+    return base.contiguous()
 
 
 def rank_top(v: torch.Tensor, k: int, descending: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -482,8 +514,23 @@ def rank_top(v: torch.Tensor, k: int, descending: bool = True) -> tuple[torch.Te
     vals = torch.empty(k, dtype=v.dtype, device=v.device)
     idx = torch.empty(k, dtype=torch.long, device=v.device)
     tile = min(_RANK_TILE, max(16, K._pow2(m)))
-    _rank_top_kernel[(triton.cdiv(m, tile),)](v, vals, idx, m, k, DESC=descending, TILE=tile)
+    _rank_top_kernel[(triton.cdiv(m, tile),)](v, vals, idx, idx, m, k, 0, DESC=descending, IDS=False, TILE=tile)
     return vals, idx
+
+
+def rank_top_ids(v: torch.Tensor, k: int, offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rank_top_ids_ref in one kernel (rank_top's, also writing the indices plus offset)."""
+    _load()
+    m = v.numel()
+    if v.dim() != 1 or not 0 < k <= m:
+        raise ValueError(f"tree kernels: the first {k} of {tuple(v.shape)}")
+    v = v.contiguous()
+    vals = torch.empty(k, dtype=v.dtype, device=v.device)
+    idx = torch.empty(k, dtype=torch.long, device=v.device)
+    ids = torch.empty(k, dtype=torch.long, device=v.device)
+    tile = min(_RANK_TILE, max(16, K._pow2(m)))
+    _rank_top_kernel[(triton.cdiv(m, tile),)](v, vals, idx, ids, m, k, offset, DESC=True, IDS=True, TILE=tile)
+    return vals, idx, ids
 
 
 def expand_rows(local: torch.Tensor, k: int, prev: torch.Tensor, newest: torch.Tensor, table: torch.Tensor | None,

@@ -28,6 +28,7 @@ from ..tree import (
     StaticLayout,
     TreeSpec,
     chain_tree,
+    constant,
     draft_topk,
     grow_dynamic_tree,
     root_tensor,
@@ -307,7 +308,7 @@ class Proposer:
         sampled = self._sampled
         if sampled and (noise is None or noise.shape[0] != 1 + max(spec.depth - 1, 0) * k):
             raise ValueError("a sampled dynamic tree needs its noise [1 + tree rows, Vd] (Proposer._draft_noise)")
-        rows = new_rows(torch.eye(max(spec.depth - 1, 0) * k, dtype=torch.bool, device=logits.device))
+        rows = new_rows(constant("eye", max(spec.depth - 1, 0) * k, logits.device))  # [R, R]: no kernel a round
         prev = _Expansion(out=state[None], row0=0, rows=0)  # depth 0: the catch-up row (not a tree row)
         # sampled: per expansion (the root's first) the q rows [n, Vd], the candidate ids expanded, and per layer
         # of children [n, k] whether each draw is inside q's support (and its ancestors were)
@@ -318,15 +319,17 @@ class Proposer:
         kernel = self._kernel_children(logits.shape[-1], k) and hasattr(self.drafter, "target_id_table")
         table = self.drafter.target_id_table() if kernel else None
 
-        def children(logits: torch.Tensor, r0: int, parent_alive: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        def children(logits: torch.Tensor, r0: int, parent_alive: torch.Tensor | None,
+                     base: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
             """[n, Vd] draft logits -> (child draft ids [n, k], confidences [n, k] sorted descending; with the
-            kernel also their log values [n, k])."""
+            kernel also their log values [n, k], plus base [n] (their parents' values) when given)."""
             if kernel and not sampled:
-                conf, tok, logc = tree_kernels.children(logits, k, CONF_FLOOR)
+                conf, tok, logc = tree_kernels.children(logits, k, CONF_FLOOR, base)
                 return tok, conf, logc
             probs = self.draft_dist(logits)
             if kernel:  # the draws (the race over noise rows r0..) valued by rank, in two kernels
-                conf, tok, logc = tree_kernels.race_children(probs, noise[r0: r0 + probs.shape[0]], k, CONF_FLOOR)
+                conf, tok, logc = tree_kernels.race_children(probs, noise[r0: r0 + probs.shape[0]], k, CONF_FLOOR,
+                                                             base)
                 q_rows.append(probs)
                 alive.append((conf > 0) & parent_alive[:, None])
                 return tok, conf, logc
@@ -356,8 +359,8 @@ class Proposer:
             prev.out, prev.row0, prev.rows = out, r0, n
             if sampled:
                 expanded.append(nodes)
-                return children(logits, 1 + r0, alive[-1].reshape(-1)[local])
-            return children(logits, 0, None)
+                return children(logits, 1 + r0, alive[-1].reshape(-1)[local], cand.newest_values)
+            return children(logits, 0, None, cand.newest_values)
 
         root_alive = torch.ones(1, dtype=torch.bool, device=logits.device) if sampled else None
         root_tok, root_conf, *_ = children(logits[None], 0, root_alive)

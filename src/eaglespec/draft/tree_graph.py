@@ -111,7 +111,7 @@ class DeviceTreeRows(MaskRows):
         else:  # [R, span]: the committed columns, then the tree block; one kernel with the kernels
             mask_of = K.block_mask if tree_kernels.wanted(runner.device, new=True) else K.block_mask_ref
             self.mask = mask_of(tree_part, base, runner.cols[:span])
-        self._at = base + torch.arange(r, device=base.device)  # [R]
+        self._at = base + runner.cols[:r]  # [R]: base + arange(R), the runner's arange (no kernel for it)
 
     def run(self, states: torch.Tensor, tokens: torch.Tensor, depth: int, r0: int
             ) -> tuple[torch.Tensor, torch.Tensor]:
