@@ -10,7 +10,8 @@ Switches read from the environment:
                                for CUDA (see `chunked_prefill_wanted`; read when the engine is built)
     EAGLESPEC_OVERLAP          "1": launch the next round (or plain step) before the host reads this one's tokens,
                                so the host's work per round runs while the GPU computes; "0": one round at a time;
-                               unset: on for a fast target on CUDA (see `overlap_wanted`)
+                               unset: on for a fast target on CUDA (see `overlap_wanted`); round graphs keep
+                               two rounds in flight unless EAGLESPEC_TWO_IN_FLIGHT=0 (round_graph.py)
 """
 
 from __future__ import annotations
