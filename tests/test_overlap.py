@@ -106,6 +106,34 @@ def test_overlap_gives_the_rounds_of_one_at_a_time(pair, kind):
     assert kinds.count("fresh") == len(PROMPTS) and kinds.count("ahead") > 10
 
 
+def test_the_second_round_in_flight_waits_where_the_cache_must_grow(pair):
+    """A target cache that must grow mid-stream: a round queued behind an unread one never grows it (that round is
+    launched from bounds, while another may still read the cache), so near the growth the engine falls back to one
+    round in flight and grows it there; the tokens are HF generate's, the committed KV one round at a time's."""
+    model, drafter = pair
+    one, two = overlapped(model, drafter, SPECS["dynamic"])
+    for engine in (one, two):
+        engine.target._allocate(24)  # 64 slots (whole spans), below prompt + 80 new tokens + tree rows: it grows
+    rg = two.round_graph.get()
+    kinds = count_launches(rg)
+    grown, launch = [], rg._launch
+
+    def watched(*args, **kwargs):
+        before = two.target.max_len
+        out = launch(*args, **kwargs)
+        if two.target.max_len != before:
+            grown.append(kinds[-1])
+        return out
+
+    rg._launch = watched
+    ref = reference_greedy(model, PROMPTS[1], 80)
+    assert one.generate(PROMPTS[1], 80).token_ids == two.generate(PROMPTS[1], 80).token_ids == ref
+    n = one.target.committed_len
+    torch.testing.assert_close(two.target.cache[:, :, :, :n], one.target.cache[:, :, :, :n])
+    assert two.target.max_len > 64 and "ahead" in kinds
+    assert grown and "ahead" not in grown  # every growth came from a launch with nothing queued behind it
+
+
 def test_one_round_in_flight_when_asked(pair, monkeypatch):
     """EAGLESPEC_TWO_IN_FLIGHT=0: session 12's overlap (the next round launched after the read, none behind a round
     not read yet), the same tokens; another value is refused in one line."""
