@@ -115,3 +115,28 @@ def test_round_graphs_with_the_tail_kernel_give_generate(kind, monkeypatch):
     assert tokens == ref_tokens == reference_greedy(model, prompt, n)
     assert rounds == ref_rounds
     assert calls["round_tail"] == len(rounds) - 1  # every round graph (the first round is per-phase)
+
+
+def test_sampled_round_graphs_with_the_tail_kernel_draw_the_same_tokens(monkeypatch):
+    """Sampled round graphs (the acceptance's walk and the bonus race before the tail): with the tail kernel, one seed
+    gives the torch tail's tokens and rounds."""
+    from eaglespec.round_graph import enable_round_graphs
+    from eaglespec.sampling import SamplingConfig, SamplingParams
+    from test_draft_static import agreeing
+
+    model, drafter = agreeing("llama", "eagle3")
+    cfg = SamplingConfig(SamplingParams(temperature=0.8), seed=3)
+
+    def run(tail: str):
+        monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
+        monkeypatch.setenv(RK.TAIL_KERNEL_ENV, tail)
+        engine = SpeculativeEngine(FastTarget(model, max_len=96), drafter, TreeSpec("chain", depth=3))
+        enable_draft_graphs(engine, max_len=96)
+        assert enable_round_graphs(engine) is not None
+        out = engine.generate([4, 8, 15, 16, 23, 42, 7], 20, sampling=cfg)
+        return out.token_ids, [(r.detail["tokens"].tolist(), r.accepted) for r in out.rounds]
+
+    ref = run("0")
+    calls = count_calls(monkeypatch, "round_tail", module=RK)
+    assert run("1") == ref and len(ref[0]) == 20
+    assert calls["round_tail"] >= len(ref[1]) - 1 > 3
