@@ -504,8 +504,9 @@ def _base(base: torch.Tensor | None, n: int, like: torch.Tensor) -> torch.Tensor
     return base.contiguous()
 
 
-def rank_top(v: torch.Tensor, k: int, descending: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """rank_top_ref in one kernel: v [M] (any real dtype, contiguous), 0 < k <= M -> (values [k], indices [k])."""
+def _rank(v: torch.Tensor, k: int, descending: bool, offset: int | None
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The ranking kernel's launch: (values [k], indices [k], the indices plus offset [k], or None without one)."""
     _load()
     m = v.numel()
     if v.dim() != 1 or not 0 < k <= m:
@@ -513,24 +514,22 @@ def rank_top(v: torch.Tensor, k: int, descending: bool = True) -> tuple[torch.Te
     v = v.contiguous()
     vals = torch.empty(k, dtype=v.dtype, device=v.device)
     idx = torch.empty(k, dtype=torch.long, device=v.device)
+    ids = None if offset is None else torch.empty(k, dtype=torch.long, device=v.device)
     tile = min(_RANK_TILE, max(16, K._pow2(m)))
-    _rank_top_kernel[(triton.cdiv(m, tile),)](v, vals, idx, idx, m, k, 0, DESC=descending, IDS=False, TILE=tile)
+    _rank_top_kernel[(triton.cdiv(m, tile),)](v, vals, idx, idx if ids is None else ids, m, k, offset or 0,
+                                              DESC=descending, IDS=ids is not None, TILE=tile)
+    return vals, idx, ids
+
+
+def rank_top(v: torch.Tensor, k: int, descending: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """rank_top_ref in one kernel: v [M] (any real dtype, contiguous), 0 < k <= M -> (values [k], indices [k])."""
+    vals, idx, _ = _rank(v, k, descending, None)
     return vals, idx
 
 
 def rank_top_ids(v: torch.Tensor, k: int, offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """rank_top_ids_ref in one kernel (rank_top's, also writing the indices plus offset)."""
-    _load()
-    m = v.numel()
-    if v.dim() != 1 or not 0 < k <= m:
-        raise ValueError(f"tree kernels: the first {k} of {tuple(v.shape)}")
-    v = v.contiguous()
-    vals = torch.empty(k, dtype=v.dtype, device=v.device)
-    idx = torch.empty(k, dtype=torch.long, device=v.device)
-    ids = torch.empty(k, dtype=torch.long, device=v.device)
-    tile = min(_RANK_TILE, max(16, K._pow2(m)))
-    _rank_top_kernel[(triton.cdiv(m, tile),)](v, vals, idx, ids, m, k, offset, DESC=True, IDS=True, TILE=tile)
-    return vals, idx, ids
+    return _rank(v, k, True, offset)
 
 
 def expand_rows(local: torch.Tensor, k: int, prev: torch.Tensor, newest: torch.Tensor, table: torch.Tensor | None,
