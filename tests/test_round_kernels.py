@@ -16,11 +16,9 @@ pytest.importorskip("triton")
 
 from eaglespec import round_kernels as RK
 from eaglespec import tree_kernels as TK
-from eaglespec.draft.fast import enable_draft_graphs
-from eaglespec.engine import SpeculativeEngine
-from eaglespec.target.fast import FastTarget
 from eaglespec.tree import TreeSpec
 from test_kernels import count_calls
+from test_tree_kernels import ROUND_PROMPT, graphed_rounds
 
 from conftest import reference_greedy
 
@@ -93,26 +91,14 @@ def test_tail_kernel_switch(monkeypatch):
 @pytest.mark.parametrize("kind", ["chain", "dynamic"])
 def test_round_graphs_with_the_tail_kernel_give_generate(kind, monkeypatch):
     """Round graphs with the tail kernel: HF generate's tokens, the rounds of the torch tail; one kernel a round."""
-    from eaglespec.round_graph import enable_round_graphs
     from test_draft_static import agreeing
 
-    model, drafter = agreeing("llama", "eagle3")
-    prompt, n = [4, 8, 15, 16, 23, 42, 7], 20
+    model, _ = agreeing("llama", "eagle3")
     spec = TreeSpec("dynamic", depth=4, top_k=3, budget=10) if kind == "dynamic" else TreeSpec("chain", depth=4)
-
-    def run(tail: str):
-        monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
-        monkeypatch.setenv(RK.TAIL_KERNEL_ENV, tail)
-        engine = SpeculativeEngine(FastTarget(model, max_len=96), drafter, spec)
-        enable_draft_graphs(engine, max_len=96)
-        assert enable_round_graphs(engine) is not None
-        out = engine.generate(prompt, n)
-        return out.token_ids, [(r.detail["tokens"].tolist(), r.accepted) for r in out.rounds]
-
-    ref_tokens, ref_rounds = run("0")
+    ref_tokens, ref_rounds = graphed_rounds(monkeypatch, spec, RK.TAIL_KERNEL_ENV, "0")
     calls = count_calls(monkeypatch, "round_tail", module=RK)
-    tokens, rounds = run("1")
-    assert tokens == ref_tokens == reference_greedy(model, prompt, n)
+    tokens, rounds = graphed_rounds(monkeypatch, spec, RK.TAIL_KERNEL_ENV, "1")
+    assert tokens == ref_tokens == reference_greedy(model, ROUND_PROMPT, 20)
     assert rounds == ref_rounds
     assert calls["round_tail"] == len(rounds) - 1  # every round graph (the first round is per-phase)
 
@@ -120,23 +106,11 @@ def test_round_graphs_with_the_tail_kernel_give_generate(kind, monkeypatch):
 def test_sampled_round_graphs_with_the_tail_kernel_draw_the_same_tokens(monkeypatch):
     """Sampled round graphs (the acceptance's walk and the bonus race before the tail): with the tail kernel, one seed
     gives the torch tail's tokens and rounds."""
-    from eaglespec.round_graph import enable_round_graphs
     from eaglespec.sampling import SamplingConfig, SamplingParams
-    from test_draft_static import agreeing
 
-    model, drafter = agreeing("llama", "eagle3")
     cfg = SamplingConfig(SamplingParams(temperature=0.8), seed=3)
-
-    def run(tail: str):
-        monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
-        monkeypatch.setenv(RK.TAIL_KERNEL_ENV, tail)
-        engine = SpeculativeEngine(FastTarget(model, max_len=96), drafter, TreeSpec("chain", depth=3))
-        enable_draft_graphs(engine, max_len=96)
-        assert enable_round_graphs(engine) is not None
-        out = engine.generate([4, 8, 15, 16, 23, 42, 7], 20, sampling=cfg)
-        return out.token_ids, [(r.detail["tokens"].tolist(), r.accepted) for r in out.rounds]
-
-    ref = run("0")
+    spec = TreeSpec("chain", depth=3)
+    ref = graphed_rounds(monkeypatch, spec, RK.TAIL_KERNEL_ENV, "0", cfg)
     calls = count_calls(monkeypatch, "round_tail", module=RK)
-    assert run("1") == ref and len(ref[0]) == 20
+    assert graphed_rounds(monkeypatch, spec, RK.TAIL_KERNEL_ENV, "1", cfg) == ref and len(ref[0]) == 20
     assert calls["round_tail"] >= len(ref[1]) - 1 > 3

@@ -389,31 +389,38 @@ def test_new_kernels_need_their_own_switch(monkeypatch):
     assert not TK.wanted("cpu", new=True)
 
 
-@pytest.mark.parametrize("kind", ["static", "dynamic"])
-def test_round_graphs_with_the_new_kernels_give_generate(kind, monkeypatch):
-    """Round graphs with EAGLESPEC_NEW_KERNELS=1: a dynamic tree's ancestry and the tree rows' block_mask once per
-    round graph; the tokens are HF generate's, the rounds those without the new kernels."""
+ROUND_PROMPT = [4, 8, 15, 16, 23, 42, 7]
+
+
+def graphed_rounds(monkeypatch, spec: TreeSpec, env: str, value: str, sampling=None, n: int = 20):
+    """Round graphs with the tree kernels on and $env=value, on the agreeing tiny pair: (the tokens of one prompt,
+    every round's (tree tokens, accepted))."""
     from eaglespec.round_graph import enable_round_graphs
     from test_draft_static import agreeing
 
     model, drafter = agreeing("llama", "eagle3")
-    prompt, n = [4, 8, 15, 16, 23, 42, 7], 20
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
+    monkeypatch.setenv(env, value)
+    engine = SpeculativeEngine(FastTarget(model, max_len=96), drafter, spec)  # (the fused step: test_kernels)
+    enable_draft_graphs(engine, max_len=96)
+    assert enable_round_graphs(engine) is not None
+    out = engine.generate(ROUND_PROMPT, n, sampling=sampling)
+    return out.token_ids, [(r.detail["tokens"].tolist(), r.accepted) for r in out.rounds]
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_round_graphs_with_the_new_kernels_give_generate(kind, monkeypatch):
+    """Round graphs with EAGLESPEC_NEW_KERNELS=1: a dynamic tree's ancestry and the tree rows' block_mask once per
+    round graph; the tokens are HF generate's, the rounds those without the new kernels."""
+    from test_draft_static import agreeing
+
+    model, _ = agreeing("llama", "eagle3")
     spec = TreeSpec("dynamic", depth=4, top_k=3, budget=10) if kind == "dynamic" else TreeSpec("static", depth=3)
-
-    def run(new: str):
-        monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
-        monkeypatch.setenv(K.NEW_KERNELS_ENV, new)
-        engine = SpeculativeEngine(FastTarget(model, max_len=96), drafter, spec)  # (the fused step: test_kernels)
-        enable_draft_graphs(engine, max_len=96)
-        assert enable_round_graphs(engine) is not None
-        out = engine.generate(prompt, n)
-        return out.token_ids, [(r.detail["tokens"].tolist(), r.accepted) for r in out.rounds]
-
-    ref_tokens, ref_rounds = run("0")
+    ref_tokens, ref_rounds = graphed_rounds(monkeypatch, spec, K.NEW_KERNELS_ENV, "0")
     calls = count_calls(monkeypatch, "ancestry", module=TK)
     count_calls(monkeypatch, "block_mask", module=K, calls=calls)
-    tokens, rounds = run("1")
-    assert tokens == ref_tokens == reference_greedy(model, prompt, n)
+    tokens, rounds = graphed_rounds(monkeypatch, spec, K.NEW_KERNELS_ENV, "1")
+    assert tokens == ref_tokens == reference_greedy(model, ROUND_PROMPT, 20)
     assert rounds == ref_rounds
     assert calls["block_mask"] == len(rounds)  # the tree rows of every tree graph (the first round's too)
     assert calls["ancestry"] == (len(rounds) - 1 if kind == "dynamic" else 0)
