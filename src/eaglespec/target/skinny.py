@@ -1,0 +1,163 @@
+"""A Triton GEMM for the few-row projections of decoding (x [M <= 64, K] @ weight [N, K].T), faster than cuBLAS there.
+
+Why: at batch 1 a decoding step's projections have 1 row (plain decoding), ~10 (a drafter step) or ~60 (a tree
+verification). On the H200 (bench/head_check.py, session 18, bf16, CUDA graphs of 100 calls) cuBLAS's kernels take
+3.1-3.7 us for the target's 576 -> 960 / 576 -> 576 / 576 -> 3072 projections at any such M, 4.4 us for 1536 -> 576;
+this kernel 2.3-2.6 us (2.9 at M = 60 for 3072 columns) and 3.5-3.7 us for 1536 -> 576 at M <= 16, the drafter's
+576 -> 12,000 lm_head 4.1 us against 4.5-4.6. It tiles N narrow (16 to 64 columns a program: tens to hundreds of
+programs for SmolLM2's widths, where cuBLAS's tiles leave most of the GPU idle) and walks all of K in one program,
+BLOCK_K at a time with the loads pipelined (num_stages): the weight is read once, by many programs at once.
+It lost where cuBLAS splits K or tiles M better: 1536 -> 576 at 60 rows (4.7 vs 4.4 us) and the 12,000-wide head
+at 60 rows; `applies` leaves those shapes (K >= 1536 or N > 4096, with M > 16) to cuBLAS.
+
+    linear(x, weight, bias=None, residual=None, inplace=False)
+        x [M, K] -> [M, N]: round(x @ weight.T + bias) in x's dtype, or with `residual` h [M, N] (no bias):
+        round(h + x @ weight.T), h's add in the epilogue as torch.addmm (one rounding of the sum); `inplace`
+        writes it into h (addmm_).
+
+Rounding: products accumulated in fp32 by tl.dot (fp32 operands: input_precision="ieee", no TF32), the output
+rounded once. What differs from cuBLAS is the accumulation order only: fp32 results agree to ~1e-7 relative, and a
+bf16 result can differ by one last bit where the fp32 sums straddle a rounding boundary. Contract 1 allows that
+(bf16 near-ties); `applies` keeps fp32 (the identity checks' dtype) on cuBLAS anyway. Under Triton's interpreter bf16
+operands go through the dot as fp32 (the interpreter's bf16 dot is wrong; bf16 products are exact in fp32).
+
+Used by target/fast.py's step and draft/fused.py's (through eaglespec.linear.linear and fast._add_linear) where
+`applies`: CUDA, bf16/fp16, no autograd, at most MAX_ROWS rows, and $EAGLESPEC_SKINNY_GEMM not "0" (unset: on).
+The launch allocates only the output, does not sync and branches on shapes only: fit for CUDA-graph capture once
+compiled (the warm-up call before a capture compiles it).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..errors import env_switch
+from . import kernels
+
+SKINNY_ENV = "EAGLESPEC_SKINNY_GEMM"  # "0": cuBLAS for every projection; "1" or unset: this kernel where it applies
+MAX_ROWS = 64  # rows of x: one BLOCK_M tile (tl.dot's least is 16)
+
+
+def wanted() -> bool:
+    """$EAGLESPEC_SKINNY_GEMM: "0" off, "1" or unset on (where `applies`)."""
+    return env_switch(SKINNY_ENV, "on for CUDA bf16/fp16 projections of at most 64 rows") is not False
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Would `linear` take this kernel for x [..., K] @ weight [N, K].T? CUDA tensors of one 16-bit dtype, a weight
+    with unit column stride, no autograd, rows within MAX_ROWS and a shape it wins on (module docstring), switched
+    on."""
+    if not (x.is_cuda and weight.is_cuda and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)):
+        return False
+    if weight.dim() != 2 or weight.stride(1) != 1 or x.shape[-1] != weight.shape[1] or x.dim() < 1:
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return False
+    rows = x.numel() // max(1, x.shape[-1])
+    n, k = weight.shape
+    if not 1 <= rows <= MAX_ROWS or (rows > 16 and (k >= 1536 or n > 4096)):
+        return False
+    return wanted() and kernels.available(x.device)
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None, inplace: bool = False) -> torch.Tensor:
+    """What `linear` computes, in torch: F.linear, or addmm / addmm_ with a residual."""
+    if residual is None:
+        return torch.nn.functional.linear(x, weight, bias)
+    if bias is not None:
+        raise ValueError("skinny.linear: a residual and a bias together are not one addmm")
+    return residual.addmm_(x, weight.t()) if inplace else torch.addmm(residual, x, weight.t())
+
+
+# -- the Triton kernel (a plain function here; _load() jits it on first use) -------------------------------
+def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, M, N, sxm, swn, shm, som, K: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program (n block): out[:, cols] = round(x @ w[cols].T (+ bias) (+ h[:, cols])) over all of K."""
+    dtype = out_ptr.dtype.element_ty
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_in = rows < M
+    col_in = cols < N
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * sxm
+    w_cols = w_ptr + cols.to(tl.int64)[None, :] * swn
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_in = ks < K
+        a = tl.load(x_rows + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)  # [BM, BK]
+        wt = tl.load(w_cols + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)  # [BK, BN]
+        if DOT_FP32:
+            acc = tl.dot(a.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, wt, acc)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
+    tile = row_in[:, None] & col_in[None, :]
+    if HAS_RES:
+        acc += tl.load(h_ptr + rows.to(tl.int64)[:, None] * shm + cols[None, :], mask=tile, other=0.0).to(tl.float32)
+    out = _round(acc, dtype).to(dtype)  # round to nearest even (the interpreter's own cast truncates)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * som + cols[None, :], out, mask=tile)
+
+
+@functools.cache
+def _load() -> None:
+    """Import triton and jit the kernel (kernels._load's rules: the interpreter mode is fixed at the first call)."""
+    global triton, tl, _round
+    kernels._load()
+    import triton
+    import triton.language as tl
+
+    _round = kernels._round
+    g = globals()
+    g["_skinny_kernel"] = triton.jit(g["_skinny_kernel"])
+
+
+def blocks(n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_stages) for N output columns over K: narrow tiles for narrow outputs (many programs),
+    128-deep steps over long K. Within ~0.15 us of the best of a 27-point sweep at every measured shape (session 18,
+    bench/head_check.py)."""
+    bn = 16 if n <= 1024 else 32 if n <= 4096 else 64
+    return bn, 128 if k >= 1024 else 64, 4 if bn < 64 else 3
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None, inplace: bool = False) -> torch.Tensor:
+    """linear_ref in one kernel: x [..., K] (at most MAX_ROWS rows), weight [N, K] (unit column stride), bias [N] or
+    None, residual [..., N] or None (then no bias) -> [..., N] in x's dtype (`inplace`: written into residual)."""
+    _load()
+    k, n = x.shape[-1], weight.shape[0]
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if weight.dim() != 2 or weight.shape[1] != k or weight.stride(1) != 1 or weight.dtype != x.dtype:
+        raise ValueError(f"skinny.linear: weight {tuple(weight.shape)} {weight.dtype} (column stride "
+                         f"{weight.stride(-1)}) for x {tuple(x.shape)} {x.dtype}")
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"skinny.linear: {m} rows (1 to {MAX_ROWS})")
+    if bias is not None and (residual is not None or bias.numel() != n or not bias.is_contiguous()):
+        raise ValueError(f"skinny.linear: bias {tuple(bias.shape)} for N = {n}" +
+                         (" with a residual (not one addmm)" if residual is not None else ""))
+    if residual is not None:
+        h = residual.reshape(m, n)
+        if h.stride(-1) != 1 or (inplace and h.data_ptr() != residual.data_ptr()):
+            raise ValueError(f"skinny.linear: residual {tuple(residual.shape)} with strides {residual.stride()}")
+        out = h if inplace else torch.empty(m, n, dtype=x.dtype, device=x.device)
+    else:
+        h = None
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    bn, bk, stages = blocks(n, k)
+    dot_fp32 = x.dtype == torch.float32 or kernels._interpreted()
+    _skinny_kernel[(triton.cdiv(n, bn),)](x2, weight, bias if bias is not None else weight,
+                                          h if h is not None else out, out, m, n, x2.stride(0), weight.stride(0),
+                                          h.stride(0) if h is not None else 0, out.stride(0), K=k,
+                                          HAS_BIAS=bias is not None, HAS_RES=h is not None, DOT_FP32=dot_fp32,
+                                          BLOCK_M=max(16, kernels._pow2(m)), BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
+                                          num_stages=stages)
+    if inplace:
+        return residual
+    return out.view(*x.shape[:-1], n)

@@ -1,0 +1,112 @@
+"""target/skinny.py (the few-row Triton GEMM) under Triton's CPU interpreter (TRITON_INTERPRET=1): F.linear's and
+addmm's values (fp32 to accumulation order; bf16 to one rounding of the same fp32 sum), bias and residual in the
+epilogue, in place and not, shapes that are not multiples of the tiles; and where `applies` routes a projection."""
+
+from __future__ import annotations
+
+import os
+
+# Triton's interpreter: set before the kernels are jitted (on their first use), and stays set for the session.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from eaglespec.errors import EagleSpecError
+from eaglespec.target import skinny
+
+
+def _case(seed: int, m: int, k: int, n: int, dtype: torch.dtype):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) * 0.1).to(dtype)
+    return x, w, torch.randn(n, generator=g).to(dtype), torch.randn(m, n, generator=g).to(dtype)
+
+
+def _exact(x, w, b=None, h=None) -> torch.Tensor:
+    """The fp32 (double-accumulated) value before the one rounding to x's dtype."""
+    y = x.double() @ w.double().t()
+    if b is not None:
+        y = y + b.double()
+    if h is not None:
+        y = y + h.double()
+    return y
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 96, 40), (5, 70, 33), (17, 130, 64), (60, 64, 100)])
+def test_linear_is_f_linear_in_fp32(m, k, n):
+    x, w, b, h = _case(m + k + n, m, k, n, torch.float32)
+    torch.testing.assert_close(skinny.linear(x, w), torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(skinny.linear(x, w, b), torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(skinny.linear(x, w, residual=h), torch.addmm(h, x, w.t()), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 96, 40), (10, 200, 70), (33, 64, 48)])
+def test_bf16_rounds_the_fp32_sum_once(m, k, n):
+    """Every output is the exact sum rounded to bf16, give or take one ulp where the fp32 accumulation's own
+    rounding straddles a bf16 boundary: never the twice-rounded projection-then-add (bias and residual in the
+    epilogue)."""
+    x, w, b, h = _case(7 * m + n, m, k, n, torch.bfloat16)
+    for kwargs in ({}, {"bias": b}, {"residual": h.clone()}):
+        got = skinny.linear(x, w, **kwargs).double()
+        want = _exact(x, w, kwargs.get("bias"), kwargs.get("residual"))
+        ulp = want.abs().clamp(min=1e-3) * 2.0 ** -7
+        assert ((got - want).abs() <= ulp).all()
+        assert ((got - want.to(torch.bfloat16).double()) == 0).float().mean() > 0.95
+
+
+def test_residual_in_place_and_not():
+    x, w, _, h = _case(3, 6, 50, 20, torch.float32)
+    h0 = h.clone()
+    out = skinny.linear(x, w, residual=h)
+    assert out.data_ptr() != h.data_ptr() and torch.equal(h, h0)  # out of place: h untouched
+    back = skinny.linear(x, w, residual=h, inplace=True)
+    assert back is h and torch.equal(h, out)  # in place: the same values, written into h
+    view = torch.zeros(6, 40)[:, 10:30]  # a row-strided residual (a view into a wider buffer)
+    skinny.linear(x, w, residual=view, inplace=True)
+    torch.testing.assert_close(view, x @ w.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_keeps_leading_dims():
+    x, w, _, _ = _case(4, 6, 32, 24, torch.float32)
+    got = skinny.linear(x.view(2, 3, 32), w)
+    assert got.shape == (2, 3, 24)
+    torch.testing.assert_close(got.view(6, 24), x @ w.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_inputs_are_refused_in_one_line():
+    x, w, b, h = _case(5, 4, 32, 16, torch.float32)
+    with pytest.raises(ValueError, match="rows"):
+        skinny.linear(torch.zeros(65, 32), w)
+    with pytest.raises(ValueError, match="weight"):
+        skinny.linear(x, w[:, :16])
+    with pytest.raises(ValueError, match="not one addmm"):
+        skinny.linear(x, w, b, residual=h)
+
+
+def test_applies_only_to_cuda_16_bit_inference(monkeypatch):
+    """CPU tensors (the interpreter's device) never route to it; the row and shape limits and the switch are read
+    from the tensors' metadata alone (meta tensors stand in for CUDA ones)."""
+    x, w, _, _ = _case(6, 4, 32, 16, torch.bfloat16)
+    assert not skinny.applies(x, w)  # CPU
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(skinny.kernels, "available", lambda device: True)
+    assert skinny.applies(x, w)
+    assert not skinny.applies(x.float(), w.float())  # fp32: cuBLAS (the identity checks' dtype)
+    assert not skinny.applies(torch.zeros(65, 32, dtype=torch.bfloat16), w)  # past MAX_ROWS
+    assert skinny.applies(torch.zeros(64, 576, dtype=torch.bfloat16), torch.zeros(960, 576, dtype=torch.bfloat16))
+    assert not skinny.applies(torch.zeros(60, 1536, dtype=torch.bfloat16),  # 1536 -> 576 at 60 rows: cuBLAS wins
+                              torch.zeros(576, 1536, dtype=torch.bfloat16))
+    assert skinny.applies(torch.zeros(10, 1536, dtype=torch.bfloat16), torch.zeros(576, 1536, dtype=torch.bfloat16))
+    assert not skinny.applies(x, w.t().contiguous().t())  # a transposed weight
+    wg = w.clone().requires_grad_()
+    assert not skinny.applies(x, wg)  # autograd: training stays on cuBLAS
+    with torch.no_grad():
+        assert skinny.applies(x, wg)
+    monkeypatch.setenv(skinny.SKINNY_ENV, "0")
+    assert not skinny.applies(x, w)
+    monkeypatch.setenv(skinny.SKINNY_ENV, "yes")
+    with pytest.raises(EagleSpecError, match=skinny.SKINNY_ENV):
+        skinny.applies(x, w)
