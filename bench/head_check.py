@@ -9,11 +9,13 @@ per program, pipelined), with the RMSNorm in its prologue and, in its epilogue, 
 keys of its BLOCK_N columns in tree_kernels' chunk format, so that tree_kernels' merge kernel finishes the children.
 
 GPU only (CUDA graphs of --reps calls, the median over --replays replays):
-1. the drafter head at M = 1 and 10 rows (catch-up / tree rows), K = 576, Vd = 12,000, top-10: today's three
-   kernels + merge vs the fused kernel + merge, over a sweep of block sizes; parity: share of rows whose 10
-   children (ids, in order) equal today's;
-2. the skinny GEMM alone vs cuBLAS (F.linear) on the target's qkv (576 -> 960), o (576 -> 576), gate_up
-   (576 -> 3072), down (1536 -> 576) and the drafter's lm_head, M = 1, 10, 60.
+1. the projections of SmolLM2's steps (the target's qkv, o, gate_up, down and lm_head at 1 and 60 rows, the shipped
+   drafter's qkv, o, gate_up, down, fc and lm_head at 1 and 10 rows): cuBLAS's F.linear and addmm_ (the residual in
+   its epilogue) against target/skinny.py's linear with its shipped block sizes (and the residual), whether
+   skinny.applies takes the shape, and with --sweep the bench's copy of the kernel over 27 block sizes;
+2. with --head, the drafter head at M = 1 and 10 rows (K = 576, Vd = 12,000, top-10): today's norm + lm_head +
+   tree_kernels.children against a fused norm + lm_head + chunk top-k kernel + the merge, over block sizes; parity:
+   share of rows whose 10 children (ids, in order) equal today's. (Session 18: it lost, 14.7 vs 12.9 us.)
 
     PYTHONPATH=src python bench/head_check.py [--json OUT]
 """
@@ -191,16 +193,23 @@ def head_row(triton, head_top, m: int, lm_w: torch.Tensor, nw: torch.Tensor, gen
 
 
 def skinny_row(triton, skinny, name: str, k: int, n: int, m: int, gen: torch.Generator, args) -> dict:
-    """cuBLAS's F.linear against the skinny Triton GEMM over the block sizes, [m, k] @ [n, k].T."""
-    dev, dt = "cuda", torch.bfloat16
+    """[m, k] @ [n, k].T: cuBLAS's F.linear and addmm (a residual in the epilogue) against target/skinny.py's linear
+    (its shipped block sizes, with and without the residual) and, with --sweep, the bench kernel over block sizes."""
+    from eaglespec.target import skinny as S
+
+    dev, dt, reps, replays = "cuda", torch.bfloat16, args.reps, args.replays
     w = (torch.randn(n, k, generator=gen, device=dev) * 0.05).to(dt)
     x = torch.randn(m, k, generator=gen, device=dev).to(dt)
+    h = torch.randn(m, n, generator=gen, device=dev).to(dt)
     out = torch.empty(m, n, dtype=dt, device=dev)
     ref = F.linear(x, w).float()
-    row = {"what": name, "rows": m, "cublas_us": timed(lambda: F.linear(x, w), args.reps, args.replays),
-           "triton": []}
+    row = {"what": name, "k": k, "n": n, "rows": m, "cublas_us": timed(lambda: F.linear(x, w), reps, replays),
+           "cublas_res_us": timed(lambda: h.addmm_(x, w.t()), reps, replays),
+           "module_us": timed(lambda: S.linear(x, w), reps, replays),
+           "module_res_us": timed(lambda: S.linear(x, w, residual=h, inplace=True), reps, replays),
+           "module_blocks": S.blocks(n, k), "applies": S.applies(x, w), "triton": []}
     bm = 16 if m <= 16 else 64
-    for bn, bk, stages in itertools.product((16, 32, 64), (64, 128, 256), (2, 3, 4)):
+    for bn, bk, stages in itertools.product((16, 32, 64), (64, 128, 256), (2, 3, 4)) if args.sweep else ():
         cfg = {"bn": bn, "bk": bk, "stages": stages}
 
         def run(bn=bn, bk=bk, stages=stages):
@@ -210,12 +219,15 @@ def skinny_row(triton, skinny, name: str, k: int, n: int, m: int, gen: torch.Gen
 
         try:
             run()
-            cfg.update(us=timed(run, args.reps, args.replays), max_diff=float((out.float() - ref).abs().max()))
+            cfg.update(us=timed(run, reps, replays), max_diff=float((out.float() - ref).abs().max()))
         except Exception as exc:
             cfg["error"] = str(exc)[:120]
         row["triton"].append(cfg)
-    row["best"] = min((f for f in row["triton"] if "us" in f), key=lambda f: f["us"])
-    print(f"skinny {name} M={m}: cuBLAS {row['cublas_us']:.2f} us, Triton best {row['best']}", flush=True)
+    if row["triton"]:
+        row["best"] = min((f for f in row["triton"] if "us" in f), key=lambda f: f["us"])
+    print(f"skinny {name} {k}->{n} M={m}: cuBLAS {row['cublas_us']:.2f} / addmm {row['cublas_res_us']:.2f} us, "
+          f"skinny {row['module_us']:.2f} / +res {row['module_res_us']:.2f} us (applies {row['applies']})"
+          + (f", sweep best {row['best']}" if "best" in row else ""), flush=True)
     return row
 
 
@@ -224,6 +236,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--head", action="store_true", help="also the fused head kernel's sweep (slower: it lost)")
+    ap.add_argument("--sweep", action="store_true", help="also sweep the bench GEMM's block sizes per shape")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("head_check: needs CUDA")
@@ -233,10 +247,13 @@ def main() -> None:
     lm_w = (torch.randn(VD, H, generator=gen, device=dev) * 0.05).to(dt)
     nw = (1 + 0.1 * torch.randn(H, generator=gen, device=dev)).to(dt)
     report = {"environment": environment(torch.device(dev)), "head": [], "skinny": []}
-    for m in (1, 10):
+    for m in (1, 10) if args.head else ():
         report["head"].append(head_row(triton, head_top, m, lm_w, nw, gen, args))
-    shapes = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, VD)}
-    for (name, (k, n)), m in itertools.product(shapes.items(), (1, 10, 60)):
+    target = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576),
+              "lm_head": (576, 49152)}
+    drafter = {"d_qkv": (1152, 960), "d_o": (576, 576), "d_gate_up": (576, 9216), "d_down": (4608, 576),
+               "d_fc": (1728, 576), "d_head": (576, VD)}
+    for (name, (k, n)), m in [*itertools.product(target.items(), (1, 60)), *itertools.product(drafter.items(), (1, 10))]:
         report["skinny"].append(skinny_row(triton, skinny, name, k, n, m, gen, args))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

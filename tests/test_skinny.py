@@ -100,6 +100,8 @@ def test_applies_only_to_cuda_16_bit_inference(monkeypatch):
     assert not skinny.applies(torch.zeros(60, 1536, dtype=torch.bfloat16),  # 1536 -> 576 at 60 rows: cuBLAS wins
                               torch.zeros(576, 1536, dtype=torch.bfloat16))
     assert skinny.applies(torch.zeros(10, 1536, dtype=torch.bfloat16), torch.zeros(576, 1536, dtype=torch.bfloat16))
+    assert not skinny.applies(torch.zeros(1, 4608, dtype=torch.bfloat16),  # a long K (no split over it): cuBLAS
+                              torch.zeros(576, 4608, dtype=torch.bfloat16))
     assert not skinny.applies(x, w.t().contiguous().t())  # a transposed weight
     wg = w.clone().requires_grad_()
     assert not skinny.applies(x, wg)  # autograd: training stays on cuBLAS

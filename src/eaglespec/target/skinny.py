@@ -1,14 +1,21 @@
 """A Triton GEMM for the few-row projections of decoding (x [M <= 64, K] @ weight [N, K].T), faster than cuBLAS there.
 
 Why: at batch 1 a decoding step's projections have 1 row (plain decoding), ~10 (a drafter step) or ~60 (a tree
-verification). On the H200 (bench/head_check.py, session 18, bf16, CUDA graphs of 100 calls) cuBLAS's kernels take
-3.1-3.7 us for the target's 576 -> 960 / 576 -> 576 / 576 -> 3072 projections at any such M, 4.4 us for 1536 -> 576;
-this kernel 2.3-2.6 us (2.9 at M = 60 for 3072 columns) and 3.5-3.7 us for 1536 -> 576 at M <= 16, the drafter's
-576 -> 12,000 lm_head 4.1 us against 4.5-4.6. It tiles N narrow (16 to 64 columns a program: tens to hundreds of
-programs for SmolLM2's widths, where cuBLAS's tiles leave most of the GPU idle) and walks all of K in one program,
-BLOCK_K at a time with the loads pipelined (num_stages): the weight is read once, by many programs at once.
-It lost where cuBLAS splits K or tiles M better: 1536 -> 576 at 60 rows (4.7 vs 4.4 us) and the 12,000-wide head
-at 60 rows; `applies` leaves those shapes (K >= 1536 or N > 4096, with M > 16) to cuBLAS.
+verification), and cuBLAS's kernels for them are latency-bound. On the H200 (bench/head_check.py, session 18, bf16,
+CUDA graphs of 100 calls, this module's block sizes) against cuBLAS's F.linear / addmm_:
+
+    target, 1 row      qkv 576 -> 960 2.59 vs 3.51 us, o 576 -> 576 + residual 2.73 vs 3.14, gate_up 576 -> 3072
+                       2.77 vs 3.19, down 1536 -> 576 + residual 3.98 vs 4.72, lm_head 576 -> 49,152 15.7 vs 15.9
+    target, 60 rows    qkv 2.68 vs 3.22, o + residual 2.91 vs 3.08, gate_up 2.94 vs 3.36
+    drafter, 10 rows   qkv 1152 -> 960 3.58 vs 3.81, o + residual 2.79 vs 3.12, gate_up 576 -> 9216 4.27 vs 4.45,
+                       lm_head 576 -> 12,000 4.26 vs 4.45
+
+It tiles N narrow (16 to 64 columns a program: tens to hundreds of programs at these widths, where cuBLAS's tiles
+leave most of the GPU idle) and walks all of K in one program, BLOCK_K at a time with the loads pipelined
+(num_stages): the weight is read once, by many programs at once. Without a split over K it loses where K is long
+(the drafter's down 4608 -> 576: 9.9 vs 6.4 us; its fc 1728 -> 576: 5.1 vs 4.8) and where cuBLAS tiles many rows
+better (1536 -> 576 and the 49,152-wide head at 60 rows): `applies` leaves K > 1536, and K >= 1536 or N > 4096 with
+more than 16 rows, to cuBLAS.
 
     linear(x, weight, bias=None, residual=None, inplace=False)
         x [M, K] -> [M, N]: round(x @ weight.T + bias) in x's dtype, or with `residual` h [M, N] (no bias):
@@ -57,7 +64,7 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         return False
     rows = x.numel() // max(1, x.shape[-1])
     n, k = weight.shape
-    if not 1 <= rows <= MAX_ROWS or (rows > 16 and (k >= 1536 or n > 4096)):
+    if not 1 <= rows <= MAX_ROWS or k > 1536 or (rows > 16 and (k >= 1536 or n > 4096)):
         return False
     return wanted() and kernels.available(x.device)
 
