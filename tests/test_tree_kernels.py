@@ -114,6 +114,162 @@ def test_children_add_their_parents_values_in_the_kernel(monkeypatch):
         TK.children(logits, 6, CONF_FLOOR, base[:3])
 
 
+def test_children_write_their_rows_and_parents_into_out(monkeypatch):
+    """children with `out` (views of a dynamic tree's preallocated candidates): the same conf / ids / log values as
+    without, written into the views (returned), and the parents column: each row's `parent`, or -1 (the root's
+    children); the reference writes the same. Misshapen outs and a parent without an out are refused."""
+    from eaglespec.tree import CandidateBuffers
+
+    monkeypatch.setattr(TK, "_CHUNK", 64)
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(3, 300, generator=g) * 3
+    base = torch.randn(3, generator=g)
+    parent = torch.tensor([4, 9, 2])
+    for rows, at in ((None, 1), (parent, 2)):  # the root's row (-1), then three expanded nodes' rows at depth 2
+        buf, ref = CandidateBuffers(5, 3, 2, "cpu"), CandidateBuffers(5, 3, 2, "cpu")
+        x, b = (logits[:1], None) if rows is None else (logits, base)
+        got = TK.children(x, 5, CONF_FLOOR, b, out=buf.layer(at), parent=rows)
+        want = TK.children_ref(x, 5, CONF_FLOOR, b, out=ref.layer(at), parent=rows)
+        assert all(a.data_ptr() == o.data_ptr() for a, o in zip((*got, *want), (*buf.layer(at)[:3], *ref.layer(at))))
+        conf, tok, logv, parents = buf.layer(at)
+        assert all(torch.equal(a, p) for a, p in zip((conf, tok, logv), TK.children(x, 5, CONF_FLOOR, b)))
+        assert torch.equal(tok, ref.layer(at)[1]) and torch.equal(parents, ref.layer(at)[3])
+        torch.testing.assert_close(conf, ref.layer(at)[0], rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(logv, ref.layer(at)[2], rtol=1e-6, atol=1e-6)
+        assert parents.tolist() == ([[-1] * 5] if rows is None else [[r] * 5 for r in rows.tolist()])
+    assert buf.depths.tolist() == [1] * 5 + [2] * 15 and buf.conf.numel() == 20
+    with pytest.raises(ValueError, match="out must be"):
+        TK.children(logits, 5, CONF_FLOOR, out=buf.layer(1))  # [1, 5] views for 3 rows
+    with pytest.raises(ValueError, match="parent must be"):
+        TK.children(logits, 5, CONF_FLOOR, parent=parent)
+
+
+@pytest.mark.parametrize("case", ["valid", "nan", "inf", "negative", "above-one", "heavy-row", "none"])
+def test_select_tree_checks_the_confidences(case):
+    """select_tree's [4] flags: tree._child_flags of conf [R, C] (37 rows: more than one tile; 3 columns: padded) -
+    confidences not in [0, 1] (NaN, inf, negative, above 1), a row's sum above 1 + MASS_EPS, the duplicate flag
+    never checked - then not closed, as select_tree_ref and the torch checks."""
+    from eaglespec.tree import MASS_EPS, _child_flags
+
+    conf = torch.rand(37, 3, generator=torch.Generator().manual_seed(3)) / 3
+    bad = {"nan": float("nan"), "inf": float("inf"), "negative": -1e-3, "above-one": 1.5}
+    if case in bad:
+        conf[33, 2] = bad[case]  # in the last tile
+    if case == "heavy-row":
+        conf[20] = torch.tensor([0.5, 0.4, 0.2])  # each in [0, 1], the sum above 1
+    parents, tokens = torch.tensor([-1, -1, 0, 0]), torch.tensor([7, 8, 9, 10])
+    args = (torch.tensor([5]), torch.tensor([0, 2]), parents, tokens, torch.tensor([1, 1, 2, 2]), torch.zeros(4), None)
+    given = None if case == "none" else conf
+    _, _, flags = TK.select_tree(*args, given, 1 + MASS_EPS)
+    _, _, ref_flags = TK.select_tree_ref(*args, given, 1 + MASS_EPS)
+    want = [False] * 3 if given is None else [bool(f) for f in _child_flags(None, conf)]
+    assert flags.tolist() == ref_flags.tolist() == [*want, False]
+    assert want == [case in bad, False, case in ("inf", "above-one", "heavy-row")]  # a NaN sum compares false
+
+
+def _logits_of(nodes: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Deterministic draft logits [n, vocab] of candidate ids `nodes` (-1: the root): a fixed random row each."""
+    g = torch.Generator().manual_seed(11)
+    table = torch.randn(200, vocab, generator=g) * 2
+    return table[nodes + 1]
+
+
+def _grown(kernel: bool, spec: TreeSpec, vocab: int, poison: int | None = None):
+    """grow_dynamic_tree over _logits_of (NaN at node `poison`'s logit 5): the kernel path (children into
+    CandidateBuffers, the root's log values, select_tree's flags) or the torch path (softmax + topk)."""
+    from eaglespec.tree import CandidateBuffers, grow_dynamic_tree
+
+    k = spec.top_k
+
+    def logits_of(nodes):
+        x = _logits_of(nodes, vocab)
+        if poison is not None:
+            x[nodes == poison, 5] = float("nan")
+        return x
+
+    buffers = CandidateBuffers(k, k, spec.depth, "cpu") if kernel else None
+    if kernel:
+        conf, tok, logv = TK.children(logits_of(torch.tensor([-1])), k, CONF_FLOOR, out=buffers.layer(1))
+    else:
+        conf, tok = torch.softmax(logits_of(torch.tensor([-1])), -1).topk(k, -1)
+
+    def expand(nodes, cand, d):
+        if kernel:
+            c, t, v = TK.children(logits_of(nodes), k, CONF_FLOOR, cand.newest_values, out=buffers.layer(d + 1),
+                                  parent=nodes)
+            return t, c, v
+        c, t = torch.softmax(logits_of(nodes), -1).topk(k, -1)
+        return t, c
+
+    return grow_dynamic_tree(7, tok[0], conf[0], expand, k, spec.depth, spec.budget, sorted_children=True,
+                             distinct_children=True, with_chosen=True, root_logv=logv[0] if kernel else None,
+                             buffers=buffers)
+
+
+@pytest.mark.parametrize("untimed", ["1", "0"], ids=["select-kernel", "torch-select"])
+@pytest.mark.parametrize("spec", [TreeSpec("dynamic", depth=4, top_k=4, budget=20),
+                                  TreeSpec("dynamic", depth=3, top_k=3, budget=100),  # every candidate
+                                  TreeSpec("dynamic", depth=1, top_k=5, budget=3)], ids=["4/4/20", "all", "depth-1"])
+def test_buffered_kernel_growth_is_the_torch_growth(spec, untimed, monkeypatch):
+    """The kernel path (children written into CandidateBuffers, no joins, the root's log values from the kernel, the
+    flags from select_tree; or, with the select kernel off, _child_flags over the buffers) grows the torch path's
+    tree: the same tokens, parents, depths and chosen candidates, log values within fp32 rounding, the same flags."""
+    from eaglespec.tree import check_dynamic_flags
+
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "0")
+    ref, ref_flags, ref_chosen = _grown(False, spec, 60)
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
+    monkeypatch.setenv(TK.UNTIMED_ENV, untimed)
+    calls = count_calls(monkeypatch, "select_tree", "rank_top_ids", module=TK)
+    tree, flags, chosen = _grown(True, spec, 60)
+    assert calls["select_tree"] == (untimed == "1") and calls["rank_top_ids"] == spec.depth - 1
+    assert tree.tokens.tolist() == ref.tokens.tolist() and tree.parents.tolist() == ref.parents.tolist()
+    assert tree.depths.tolist() == ref.depths.tolist() and chosen.tolist() == ref_chosen.tolist()
+    torch.testing.assert_close(tree.logq, ref.logq, rtol=1e-6, atol=1e-6)
+    assert flags.tolist() == ref_flags.tolist() == [False] * 4
+    check_dynamic_flags(flags)
+    assert tree.size == min(spec.budget, spec.top_k + (spec.depth - 1) * spec.top_k ** 2) + 1
+
+
+@pytest.mark.parametrize("untimed", ["1", "0"], ids=["select-kernel", "torch-select"])
+@pytest.mark.parametrize("poison", [-1, 2], ids=["root", "depth-1-node"])
+def test_a_nan_logit_raises_the_same_error_on_both_paths(poison, untimed, monkeypatch):
+    """A NaN among a node's logits (the root's, or an expanded node's) makes its children's confidences NaN: both
+    paths flag invalid confidences (and nothing else), and check_dynamic_flags raises the same error."""
+    from eaglespec.tree import check_dynamic_flags
+
+    spec = TreeSpec("dynamic", depth=3, top_k=3, budget=10)
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "0")
+    _, ref_flags, _ = _grown(False, spec, 60, poison)
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
+    monkeypatch.setenv(TK.UNTIMED_ENV, untimed)
+    _, flags, _ = _grown(True, spec, 60, poison)
+    assert flags[:3].tolist() == ref_flags[:3].tolist() == [True, False, False]
+    for f in (ref_flags, flags):
+        with pytest.raises(EagleSpecError, match="draft confidences must be finite and in"):
+            check_dynamic_flags(f)
+
+
+def test_buffered_growth_refuses_children_outside_the_buffers(monkeypatch):
+    """With CandidateBuffers every layer must be written in place: a callback returning fresh tensors (nothing in the
+    buffers), or unsorted children, is refused before anything is selected."""
+    from eaglespec.tree import CandidateBuffers, grow_dynamic_tree
+
+    monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
+    buffers = CandidateBuffers(3, 3, 2, "cpu")
+    conf, tok, logv = TK.children(_logits_of(torch.tensor([-1]), 40), 3, CONF_FLOOR, out=buffers.layer(1))
+
+    def fresh(nodes, cand, d):
+        c, t, v = TK.children(_logits_of(nodes, 40), 3, CONF_FLOOR, cand.newest_values)
+        return t, c, v
+
+    with pytest.raises(ValueError, match="must be written into"):
+        grow_dynamic_tree(7, tok[0], conf[0], fresh, 3, 2, 5, sorted_children=True, distinct_children=True,
+                          root_logv=logv[0], buffers=buffers)
+    with pytest.raises(ValueError, match="sorted, distinct children only"):
+        grow_dynamic_tree(7, tok[0], conf[0], fresh, 3, 2, 5, distinct_children=True, buffers=buffers)
+
+
 @pytest.mark.parametrize("inherit", [True, False], ids=["deeper", "root-children"])
 @pytest.mark.parametrize("mapped", [True, False], ids=["d2t", "identity"])
 def test_expand_rows_gathers_states_ids_and_parent_mask_rows(inherit, mapped):
@@ -218,6 +374,28 @@ def test_kernel_trees_are_the_torch_trees_and_output_is_generate(spec, runner, m
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("runner", ["eager", "tree-graph"])
+def test_a_nan_drafter_raises_the_same_error_with_and_without_the_kernels(runner, monkeypatch):
+    """A drafter whose logits hold NaN (one lm_head row): the greedy dynamic tree's flags come from select_tree on
+    the kernel path, from _child_flags on the torch path; both raise the same error from propose."""
+    model = tiny_target("llama", seed=5)
+    spec = TreeSpec("dynamic", depth=3, top_k=3, budget=10)
+    for kernels in ("0", "1"):
+        monkeypatch.setenv(TK.TREE_KERNELS_ENV, kernels)
+        monkeypatch.setenv(TK.UNTIMED_ENV, kernels)
+        drafter = tiny_drafter(model, seed=3)
+        with torch.no_grad():
+            drafter.lm_head.weight[4] = float("nan")
+        target = HFTarget(model) if runner == "eager" else FastTarget(model, max_len=96)
+        engine = SpeculativeEngine(target, drafter, spec)
+        if runner == "tree-graph":
+            enable_draft_graphs(engine, max_len=96, buckets=(1, 4, 8))
+        calls = count_calls(monkeypatch, "select_tree", module=TK)
+        with pytest.raises(EagleSpecError, match="invalid draft tree input: draft confidences must be finite"):
+            engine.generate([5, 17, 33, 62, 8], max_new_tokens=4)
+        assert calls["select_tree"] == (kernels == "1")
+
+
 def test_sampled_drafting_races_in_the_kernel(monkeypatch):
     """Greedy children come from the logits (children), sampled ones from q (race_children): both kernel paths are
     on wherever tree_kernels.wanted and the shapes fit."""
@@ -320,10 +498,10 @@ def test_select_tree_assembles_the_tree_and_its_closure_flag(mapped, closed):
     chosen = torch.tensor([0, 2, 3, 7]) if closed else torch.tensor([0, 3, 7])  # 7's parent 2 not chosen
     table = torch.arange(40).flip(0) if mapped else None
     root = torch.tensor([5])
-    ids, logq, not_closed = TK.select_tree(root, chosen, parents, tokens, depths, logv, table)
-    ref_ids, ref_logq, ref_not_closed = TK.select_tree_ref(root, chosen, parents, tokens, depths, logv, table)
+    ids, logq, flags = TK.select_tree(root, chosen, parents, tokens, depths, logv, table)
+    ref_ids, ref_logq, ref_flags = TK.select_tree_ref(root, chosen, parents, tokens, depths, logv, table)
     assert torch.equal(ids, ref_ids) and torch.equal(logq, ref_logq)
-    assert bool(not_closed) == bool(ref_not_closed) == (not closed)
+    assert flags.tolist() == ref_flags.tolist() == [False, False, False, not closed]  # no conf: nothing checked
     if closed:
         assert ids[1].tolist() == [-1, 0, 0, 1, 2]  # parent nodes: the root, the root, node 1 (cand 0), node 2 (cand 2)
 

@@ -257,24 +257,68 @@ def draft_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 # -- EAGLE-2 dynamic trees: pure selection logic ----------------------------------------------------
 
+class CandidateBuffers:
+    """A dynamic tree's candidate fields, preallocated for a growth whose every layer's shape is known before it
+    starts: every row of children has `width` of them (the root's one row, then per depth the min(top_k, size of
+    the layer before) expanded nodes' rows: as _grow's top_nodes picks them). The kernel path of Proposer._dynamic
+    writes each layer's confidences, tokens, log values and parents straight into its rows (tree_kernels.children's
+    `out`, layer(d)), so the growth joins nothing (4 cats a round) and tree_kernels.select_tree checks the
+    confidences (conf_rows) in place of _child_flags' ops. depths is a constant of the shape (made once per
+    device, never written).
+    """
+
+    def __init__(self, width: int, top_k: int, depth: int, device: torch.device):
+        rows = [1]  # rows of children per depth: the root's, then the expanded nodes' (top_nodes keeps min(k, m))
+        for _ in range(1, depth):
+            rows.append(min(top_k, rows[-1] * width))
+        self.width, self.rows = width, tuple(rows)
+        self.row0 = tuple(sum(rows[:d]) for d in range(len(rows)))  # each depth's first row
+        m = sum(rows) * width
+        self.conf = torch.empty(m, dtype=torch.float32, device=device)  # [M] the candidates' confidences
+        self.tokens = torch.empty(m, dtype=torch.long, device=device)  # [M] draft-vocab ids
+        self.logv = torch.empty(m, dtype=torch.float32, device=device)  # [M] log path values
+        self.parents = torch.empty(m, dtype=torch.long, device=device)  # [M] candidate ids, -1 = the root
+        self.depths = _candidate_depths(self.rows, width, torch.device(device))  # [M] >= 1
+
+    def layer(self, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Depth d's candidates (d = 1: the root's children) as [n, width] views: (conf, tokens, logv, parents), in
+        tree_kernels.children's `out` order."""
+        r0, n, w = self.row0[d - 1], self.rows[d - 1], self.width
+        return tuple(x[r0 * w: (r0 + n) * w].view(n, w) for x in (self.conf, self.tokens, self.logv, self.parents))
+
+    @property
+    def conf_rows(self) -> torch.Tensor:
+        """[R, width]: every row of children's confidences (what _child_flags checks)."""
+        return self.conf.view(-1, self.width)
+
+
+@functools.cache  # never evicted: a captured CUDA graph may read one
+def _candidate_depths(rows: tuple[int, ...], width: int, device: torch.device) -> torch.Tensor:
+    """CandidateBuffers.depths: rows[d - 1] * width candidates of depth d, for d = 1.. (made once: see constant)."""
+    per_depth = torch.tensor(rows, device=device) * width
+    return torch.arange(1, len(rows) + 1, device=device).repeat_interleave(per_depth, output_size=sum(rows) * width)
+
+
 class Candidates:
     """Every node generated while growing a dynamic tree, in generation (= depth) order.
 
     The children of one expansion ([n, c] from the callback) take the next n*c ids, row-major. The
     growth appends one layer per depth; tokens / parents / depths / logv are joined (one cat each) on
-    first read, not at every depth. For the callback: `start` (first id of the newest layer),
-    `newest_tokens` [m] (that layer's tokens), `newest` [n] (the expanded nodes' indices within it) and
-    `newest_values` [n] (their log values).
+    first read, not at every depth, or, with `buffers`, were written in place (nothing to join). For the
+    callback: `start` (first id of the newest layer), `newest_tokens` [m] (that layer's tokens), `newest` [n]
+    (the expanded nodes' indices within it) and `newest_values` [n] (their log values).
 
     A layer's parts are [m] tensors, or any tensors of m elements read row-major (the growth appends
     [n, c] parts, parents and depths as expanded views: no copy per depth); when every part of a field is
     [n_i, c] with one c, the join is one cat along rows whose flat view is the field.
     """
 
-    def __init__(self, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, logv: torch.Tensor):
+    def __init__(self, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, logv: torch.Tensor,
+                 buffers: CandidateBuffers | None = None):
         # per field, the layers appended so far: tokens (draft-vocab ids), parents (candidate id of the
-        # parent, -1 = the root), depths (>= 1), logv (float: log path value)
+        # parent, -1 = the root), depths (>= 1), logv (float: log path value); with buffers, views of them
         self._layers = {"tokens": [tokens], "parents": [parents], "depths": [depths], "logv": [logv]}
+        self.buffers = buffers  # every layer written in place (_grow checks the views): the fields are its prefix
         self.expanded: list[torch.Tensor] = []  # per expansion: the candidate ids expanded
         self.size = int(tokens.numel())
         self.start = 0
@@ -286,12 +330,15 @@ class Candidates:
     def append(self, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, logv: torch.Tensor
                ) -> None:
         """A new layer of m candidates (the next m ids): [m] parts, or m elements each read row-major."""
-        for name, part in (("tokens", tokens), ("parents", parents), ("depths", depths), ("logv", logv)):
-            self._layers[name].append(part)
+        if self.buffers is None:
+            for name, part in (("tokens", tokens), ("parents", parents), ("depths", depths), ("logv", logv)):
+                self._layers[name].append(part)
         self.start, self.newest_tokens = self.size, tokens.reshape(-1)
         self.size += int(tokens.numel())
 
     def _joined(self, name: str) -> torch.Tensor:
+        if self.buffers is not None:
+            return getattr(self.buffers, name)[: self.size]
         layers = self._layers[name]
         if len(layers) > 1 or layers[0].dim() != 1:
             if len(layers) > 1 and all(x.dim() == 2 for x in layers) and len({x.shape[1] for x in layers}) == 1:
@@ -405,25 +452,47 @@ def _log_value(conf: torch.Tensor) -> torch.Tensor:
     return conf.float().clamp(min=CONF_FLOOR).log()
 
 
+def _check_layer(buffers: CandidateBuffers, d: int, conf: torch.Tensor, tokens: torch.Tensor, logv: list[torch.Tensor]
+                 ) -> None:
+    """With buffers, depth d's children (conf, tokens, log values) must be the views buffers.layer(d) (written in
+    place: nothing is joined after the growth). Host-side (pointers and shapes): no sync."""
+    want = buffers.layer(d)[:3]
+    if len(logv) != 1 or any(x.data_ptr() != w.data_ptr() or x.shape != w.shape
+                             for x, w in zip((conf, tokens, logv[0]), want)):
+        raise ValueError(f"dynamic tree growth: depth {d}'s children (conf, tokens, log values) must be written into "
+                         "CandidateBuffers.layer(d) and returned as those views")
+
+
 def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, top_k: int, depth: int,
-          sorted_children: bool, distinct_children: bool = False) -> tuple[Candidates, list[torch.Tensor]]:
-    """grow_dynamic without reading anything back: (candidates, 3 0-dim bool validation flags on the device).
+          sorted_children: bool, distinct_children: bool = False, root_logv: torch.Tensor | None = None,
+          buffers: CandidateBuffers | None = None) -> tuple[Candidates, list[torch.Tensor] | None]:
+    """grow_dynamic without reading anything back: (candidates, 3 0-dim bool validation flags on the device, or
+    None with `buffers`: the caller checks buffers.conf_rows, e.g. in tree_kernels.select_tree).
 
     Per depth: the top of the newest layer's values (top_nodes), the callback, and 4 small ops (fixed
     shapes: the layer has min(top_k, size of the newest layer) nodes): candidate ids, log values (clamp,
     log, add); parents and depths are views (of the ids, of one arange per growth). The layers are joined
     once, at the first read of the candidates' fields. `distinct_children`: no row of children repeats a
-    token (e.g. top-k indices): the duplicate check is skipped.
+    token (e.g. top-k indices): the duplicate check is skipped. `root_logv` [c]: the root's children's log
+    values when the caller has them (tree_kernels.children's), else _log_value(root_conf) (2 ops).
+    `buffers` (sorted, distinct children only): the root's children and every callback's are views of
+    buffers.layer(d), written there with their parents (see CandidateBuffers) and returned with their log
+    values: no log value ops, no joins, no flags.
     """
+    if buffers is not None and not (sorted_children and distinct_children):
+        raise ValueError("dynamic tree growth: CandidateBuffers take sorted, distinct children only")
     tok, conf = root_tokens.long()[None], root_conf[None]  # [1, c]
     if not sorted_children:
         tok, conf = _keep_top_children(tok, conf, top_k)
     all_tok, all_conf = [tok], [conf]
     levels = constant("levels", depth, root_tokens.device)  # arange(-1, depth + 1): levels[1 + d] = d
     c0 = tok.shape[1]
-    newest_logv = _log_value(conf)  # [n, c] values of the newest layer: ids start..start+n*c-1, row-major
+    # [n, c] values of the newest layer: ids start..start+n*c-1, row-major
+    newest_logv = _log_value(conf) if root_logv is None else root_logv.reshape(1, c0)
+    if buffers is not None:
+        _check_layer(buffers, 1, conf, tok, [newest_logv])
     cand = Candidates(tokens=tok, parents=levels[0].expand(1, c0), depths=levels[2].expand(1, c0),
-                      logv=newest_logv)
+                      logv=newest_logv, buffers=buffers)
     cand.levels = levels
     for d in range(1, depth):
         # [n] the highest-value nodes of depth d: their values, indices within the layer, candidate ids
@@ -432,6 +501,8 @@ def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, to
         cand.expanded.append(layer)
         ctok, cconf, *logv = expand(layer, cand, d)  # [n, c] (from a kernel, also their log values)
         ctok = ctok.long()
+        if buffers is not None:
+            _check_layer(buffers, d + 1, cconf, ctok, logv)
         if not sorted_children:
             ctok, cconf, logv = *_keep_top_children(ctok, cconf, top_k), []
         all_tok.append(ctok)
@@ -439,7 +510,7 @@ def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, to
         n, c = ctok.shape
         newest_logv = logv[0] if logv else values[:, None] + _log_value(cconf)  # [n, c]
         cand.append(ctok, layer[:, None].expand(n, c), levels[d + 2].expand(n, c), newest_logv)
-    return cand, _all_child_flags(all_tok, all_conf, distinct_children)
+    return cand, None if buffers is not None else _all_child_flags(all_tok, all_conf, distinct_children)
 
 
 def grow_dynamic(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, top_k: int, depth: int,
@@ -472,25 +543,27 @@ def select_nodes(cand: Candidates, budget: int) -> torch.Tensor:
 
 
 def _select(root: int | torch.Tensor, cand: Candidates, budget: int,
-            token_map: Callable[[torch.Tensor], torch.Tensor] | None = None, token_table: torch.Tensor | None = None
-            ) -> tuple[DraftTree, torch.Tensor, torch.Tensor]:
+            token_map: Callable[[torch.Tensor], torch.Tensor] | None = None, token_table: torch.Tensor | None = None,
+            conf: torch.Tensor | None = None) -> tuple[DraftTree, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """select_tree without reading anything back: (tree, 0-dim bool "NOT ancestor-closed" on the device, the chosen
-    candidate ids [N-1] of tree nodes 1..). token_map, or the table token_table [Vd] (one of them): applied to the
-    chosen candidates' tokens (not the root's), e.g. draft -> target ids. Without a token_map the assembly is one
-    kernel (tree_kernels.select_tree) where tree_kernels.wanted(untimed=True)."""
+    candidate ids [N-1] of tree nodes 1.., all four flags or None). token_map, or the table token_table [Vd] (one of
+    them): applied to the chosen candidates' tokens (not the root's), e.g. draft -> target ids. Without a token_map
+    the assembly is one kernel (tree_kernels.select_tree) where tree_kernels.wanted(untimed=True); given `conf`
+    [R, C] (the candidates' confidences by row: CandidateBuffers.conf_rows, distinct children), that kernel also
+    checks them: the fourth output is then grow_dynamic_tree's [4] flags (the duplicate flag False), else None."""
     dev = cand.tokens.device
     root_t = root_tensor(root, dev)
     if budget <= 0 or cand.size == 0:
         tree = chain_tree(root_t, cand.tokens[:0])
         tree.logq = torch.zeros(1, device=dev)
-        return tree, torch.zeros((), dtype=torch.bool, device=dev), cand.tokens[:0]
+        return tree, torch.zeros((), dtype=torch.bool, device=dev), cand.tokens[:0], None
     chosen = select_nodes(cand, budget)  # [B] candidate ids, ascending
     if token_map is None and tree_kernels.wanted(dev, untimed=True):
-        ids, logq, not_closed = tree_kernels.select_tree(root_t.reshape(1), chosen, cand.parents, cand.tokens,
-                                                         cand.depths, cand.logv, token_table)
+        ids, logq, flags = tree_kernels.select_tree(root_t.reshape(1), chosen, cand.parents, cand.tokens, cand.depths,
+                                                    cand.logv, token_table, conf, 1 + MASS_EPS)
         tree = DraftTree(tokens=ids[0], parents=ids[1], depths=ids[2], logq=logq, stats={"candidates": cand.size},
                          ordered=True)
-        return tree, not_closed, chosen
+        return tree, flags[3], chosen, None if conf is None else flags
     if token_table is not None:
         token_map = token_table.__getitem__
     levels = cand.levels if cand.levels is not None else torch.arange(-1, 1, device=dev)  # [-1, 0, ...]
@@ -508,7 +581,7 @@ def _select(root: int | torch.Tensor, cand: Candidates, budget: int,
         stats={"candidates": cand.size},
         ordered=True,  # chosen ids ascend and every parent id is below its child's: once closed, in order
     )
-    return tree, not_closed, chosen
+    return tree, not_closed, chosen, None
 
 
 _NOT_CLOSED = "dynamic tree selection is not ancestor-closed"  # impossible from valid (monotone) values
@@ -516,7 +589,7 @@ _NOT_CLOSED = "dynamic tree selection is not ancestor-closed"  # impossible from
 
 def select_tree(root: int | torch.Tensor, cand: Candidates, budget: int) -> DraftTree:
     """The selected candidates as a DraftTree (node 0 = root). Asserts ancestor closure."""
-    tree, not_closed, _ = _select(root, cand, budget)
+    tree, not_closed, _, _ = _select(root, cand, budget)
     assert not bool(not_closed), _NOT_CLOSED
     return tree
 
@@ -525,7 +598,8 @@ def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_
                       top_k: int, depth: int, budget: int, sorted_children: bool = False,
                       distinct_children: bool = False,
                       token_map: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                      with_chosen: bool = False, token_table: torch.Tensor | None = None
+                      with_chosen: bool = False, token_table: torch.Tensor | None = None,
+                      root_logv: torch.Tensor | None = None, buffers: CandidateBuffers | None = None
                       ) -> tuple[DraftTree, torch.Tensor] | tuple[DraftTree, torch.Tensor, torch.Tensor]:
     """dynamic_tree without reading anything back (CUDA-graph capturable when `expand` is):
     (tree, [4] bool flags on the device: invalid input x3, not ancestor-closed). check_dynamic_flags reads them.
@@ -533,7 +607,10 @@ def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_
     False). `token_map`: applied to the tree's tokens but the root (e.g. draft -> target ids), before they are
     joined to the root's; or `token_table` [Vd], the same map as a table (no token_map: the final assembly may be
     one kernel, see _select). `with_chosen`: also return the candidate ids [N-1] of tree nodes 1.. (in generation
-    order: the callback's children of one expansion are ids start.. row-major).
+    order: the callback's children of one expansion are ids start.. row-major). `root_logv` [c]: the root's
+    children's log values, when the caller has them. `buffers` (sorted, distinct children): the candidates are
+    written in place (see _grow and CandidateBuffers) and, where the assembly is the select_tree kernel, it checks
+    their confidences too: the flags are its output (no flag ops); else _child_flags over buffers.conf_rows.
     """
     _check_int("width (top-k)", top_k, 1)
     _check_int("depth", depth, 0)
@@ -542,10 +619,15 @@ def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_
         tree = chain_tree(root, root_tokens.new_empty(0).long())
         flags = torch.zeros(4, dtype=torch.bool, device=root_tokens.device)
         return (tree, flags, root_tokens.new_empty(0).long()) if with_chosen else (tree, flags)
-    cand, flags = _grow(root_tokens, root_conf, expand, top_k, depth, sorted_children, distinct_children)
-    tree, not_closed, chosen = _select(root, cand, budget, token_map, token_table)
-    flags = torch.stack([*flags, not_closed])
-    return (tree, flags, chosen) if with_chosen else (tree, flags)
+    cand, flags = _grow(root_tokens, root_conf, expand, top_k, depth, sorted_children, distinct_children, root_logv,
+                        buffers)
+    conf = None if buffers is None else buffers.conf_rows
+    tree, not_closed, chosen, checked = _select(root, cand, budget, token_map, token_table, conf)
+    if checked is None:
+        if flags is None:  # buffers, assembled in torch: their confidences checked in place (no join)
+            flags = _child_flags(None, conf)
+        checked = torch.stack([*flags, not_closed])
+    return (tree, checked, chosen) if with_chosen else (tree, checked)
 
 
 def check_dynamic_flags(flags: torch.Tensor) -> None:

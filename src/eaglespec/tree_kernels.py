@@ -10,7 +10,9 @@ the log value a clamp and a log, and the next expansion's pick a stable radix so
     children(logits [n, Vd], k)  -> (conf [n, k] fp32, tok [n, k] long, log conf [n, k] fp32): TWO kernels: per
                                     chunk of 1024 logits (one program each) the softmax's max and sum and k
                                     rounds of argmax (ties to the lower id), then per row the merge: conf =
-                                    exp(x - max) / sum, log conf = log(max(conf, 1e-12))
+                                    exp(x - max) / sum, log conf = log(max(conf, 1e-12)); with `out`, written
+                                    straight into a dynamic tree's preallocated candidates (tree.CandidateBuffers),
+                                    their parents too: the growth joins no layers
     race_children(q [n, V], E, k) -> (conf [n, k], tok [n, k], log conf [n, k]): a SAMPLED tree's children in TWO
                                     kernels (as children): q's top-k values (a dynamic tree values its i-th draw
                                     by q's i-th largest) and the k draws without replacement, the exponential
@@ -21,7 +23,9 @@ the log value a clamp and a log, and the next expansion's pick a stable radix so
                                     ascending likewise), by ranks: rank(i) = #{j: v_j before v_i}, written at rank
     select_tree(...)             -> the final tree from the chosen candidates in ONE kernel (tree._select: their
                                     tokens through d2t, parent nodes by a searchsorted, depths, log values and the
-                                    closure flag), in place of ~20 gathers, cats and compares
+                                    closure flag), in place of ~20 gathers, cats and compares; given the candidates'
+                                    confidences, also the growth's input checks (tree._child_flags: 7 ops and a
+                                    stack before), so a greedy dynamic tree's [4] flags are its output
     accept_path(...)             -> a greedy round's acceptance in ONE kernel (round_graph.RoundGraph.body): the
                                     deepest matching row, the bonus, the path length and the rows' order (path
                                     first), in place of ~18 kernels, among them a radix-sorting argsort
@@ -101,12 +105,21 @@ def fits(vocab: int, k: int) -> bool:
 
 
 # -- plain-torch references (the code each kernel replaces) --------------------------------------------------
-def children_ref(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None
+def children_ref(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None,
+                 out: tuple[torch.Tensor, ...] | None = None, parent: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """softmax(logits) in fp32, its top-k (values sorted descending, ids), and log(max(values, floor)), plus base
-    [n] fp32 per row when given (a dynamic tree's children valued on their parents' values)."""
+    [n] fp32 per row when given (a dynamic tree's children valued on their parents' values). `out`: (conf, tok,
+    log conf, parents) [n, k] to write (and return the first three of): a dynamic tree's candidate rows
+    (tree.CandidateBuffers.layer), parents = `parent` [n] (the rows' candidate ids) per row, or -1 without one."""
     conf, tok = torch.softmax(logits, dim=-1, dtype=torch.float32).topk(k, dim=-1)
-    return conf, tok, _plus(base, conf.clamp(min=floor).log())
+    res = conf, tok, _plus(base, conf.clamp(min=floor).log())
+    if out is None:
+        return res
+    for dst, src in zip(out, res):
+        dst.copy_(src)
+    out[3].copy_(parent[:, None].expand(out[3].shape) if parent is not None else out[3].new_full(out[3].shape, -1))
+    return out[0], out[1], out[2]
 
 
 def _plus(base: torch.Tensor | None, logc: torch.Tensor) -> torch.Tensor:
@@ -148,12 +161,15 @@ def expand_rows_ref(local: torch.Tensor, k: int, prev: torch.Tensor, newest: tor
 
 
 def select_tree_ref(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
-                    depths: torch.Tensor, logv: torch.Tensor, table: torch.Tensor | None
+                    depths: torch.Tensor, logv: torch.Tensor, table: torch.Tensor | None,
+                    conf: torch.Tensor | None = None, max_mass: float = 1.0
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """tree._select's assembly: root [1], chosen [B] candidate ids ascending, the candidates' parents / tokens /
     depths / log values [M] -> (ids [3, B+1] long: the tree's tokens (target ids through `table`; the root's as
-    given), parent nodes (-1 at the root) and depths; logq [B+1] fp32; not closed [] bool: a chosen node's parent
-    is neither the root (-1) nor chosen)."""
+    given), parent nodes (-1 at the root) and depths; logq [B+1] fp32; flags [4] bool: tree._child_flags of `conf`
+    (the candidates' confidences by parent, [R, C]: not finite or outside [0, 1], a duplicate token (never checked:
+    False), a row's sum above `max_mass`; all False without conf), then not closed: a chosen node's parent is
+    neither the root (-1) nor chosen)."""
     parent_ids = parents[chosen]
     nodes = torch.searchsorted(chosen, parent_ids, right=True)  # [B]: chosen[j] is node j + 1, the root node 0
     not_closed = (torch.cat([chosen.new_full((1,), -1), chosen])[nodes] != parent_ids).any()
@@ -161,7 +177,13 @@ def select_tree_ref(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Ten
     ids = torch.stack([torch.cat([root, tok if table is None else table[tok]]),
                        torch.cat([chosen.new_full((1,), -1), nodes]),
                        torch.cat([chosen.new_zeros(1), depths[chosen]])])
-    return ids, torch.cat([logv.new_zeros(1), logv[chosen]]).float(), not_closed
+    false = torch.zeros((), dtype=torch.bool, device=chosen.device)
+    if conf is None:
+        checks = [false, false, false]
+    else:
+        c = conf.float()
+        checks = [(c.clamp(0, 1) != c).any(), false, (c.sum(-1) > max_mass).any()]
+    return ids, torch.cat([logv.new_zeros(1), logv[chosen]]).float(), torch.stack([*checks, not_closed])
 
 
 def accept_path_ref(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, visible: torch.Tensor,
@@ -243,12 +265,21 @@ def _chunk_top_kernel(x_ptr, key_ptr, stat_ptr, x_row_stride, V, S, K: tl.conste
     _store_top_keys(tl.where(inside, _key(x, cols), empty), key_ptr + (row * S + s) * K, K)
 
 
-def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, S, floor, K: tl.constexpr,
-                      SP: tl.constexpr, BLOCK: tl.constexpr, BASE: tl.constexpr):
+def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, S, floor,
+                      K: tl.constexpr, KB: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr, BASE: tl.constexpr,
+                      PARENTS: tl.constexpr):
     """Program row: the softmax statistics of its S chunks combined, then the K largest of its S*K chunk keys ->
-    conf = exp(x - max) / sum, the id, log(max(conf, floor)) (BASE: plus base[row])."""
+    conf = exp(x - max) / sum, the id, log(max(conf, floor)) (BASE: plus base[row]); PARENTS 1: par[row, :] = -1,
+    2: par[row, :] = parent[row] (0: nothing); KB = K rounded up to a power of 2."""
     row = tl.program_id(0).to(tl.int64)
     base = tl.load(base_ptr + row) if BASE else 0.0
+    if PARENTS != 0:
+        j = tl.arange(0, KB)
+        if PARENTS == 2:
+            parent = tl.load(parent_ptr + row)
+        else:
+            parent = row * 0 - 1
+        tl.store(par_ptr + row * K + j, tl.full([KB], 0, tl.int64) + parent, mask=j < K)
     s = tl.arange(0, SP)
     m_s = tl.load(stat_ptr + (row * S + s) * 2, mask=s < S, other=float("-inf"))
     t_s = tl.load(stat_ptr + (row * S + s) * 2 + 1, mask=s < S, other=0.0)
@@ -355,10 +386,28 @@ def _expand_rows_kernel(local_ptr, prev_ptr, newest_ptr, table_ptr, states_ptr, 
             tl.store(mask_ptr + (r0 + i) * mask_stride + x, child | parent, mask=x < X)
 
 
-def _select_tree_kernel(root_ptr, chosen_ptr, parents_ptr, tokens_ptr, depths_ptr, logv_ptr, table_ptr, ids_ptr,
-                        logq_ptr, flag_ptr, B, MAP: tl.constexpr, BB: tl.constexpr):
+def _select_tree_kernel(root_ptr, chosen_ptr, parents_ptr, tokens_ptr, depths_ptr, logv_ptr, table_ptr, conf_ptr,
+                        ids_ptr, logq_ptr, flag_ptr, B, R, C, max_mass, MAP: tl.constexpr, CONF: tl.constexpr,
+                        BB: tl.constexpr, RB: tl.constexpr, CB: tl.constexpr):
     """One program: node 1 + j is candidate chosen[j]; its parent node = #{i: chosen[i] <= its parent id} (a
-    searchsorted over the ascending ids), and the selection is closed iff every parent id is -1 or chosen."""
+    searchsorted over the ascending ids), and the selection is closed iff every parent id is -1 or chosen. CONF:
+    the checks of the confidences conf [R, C] (RB rows at a time) -> flag[0] (one not >= 0 and <= 1: NaN compares
+    false) and flag[2] (a row's sum above max_mass: a NaN sum compares false, as torch's); flag[1] (a duplicate
+    token) is never checked."""
+    bad = tl.full([RB], 0, tl.int32)
+    heavy = tl.full([RB], 0, tl.int32)
+    if CONF:
+        col = tl.arange(0, CB)
+        for r0 in range(0, R, RB):
+            r = r0 + tl.arange(0, RB)
+            live = (r < R)[:, None] & (col < C)[None, :]
+            x = tl.load(conf_ptr + r[:, None] * C + col[None, :], mask=live, other=0.0).to(tl.float32)
+            ok = (x >= 0.0) & (x <= 1.0)
+            bad = tl.maximum(bad, tl.reduce((live & (ok == 0)).to(tl.int32), 1, _max))
+            heavy = tl.maximum(heavy, (tl.reduce(x, 1, _add) > max_mass).to(tl.int32))
+    tl.store(flag_ptr, tl.reduce(bad, 0, _max).to(tl.uint8))
+    tl.store(flag_ptr + 1, 0)
+    tl.store(flag_ptr + 2, tl.reduce(heavy, 0, _max).to(tl.uint8))
     j = tl.arange(0, BB)
     inside = j < B
     c = tl.load(chosen_ptr + j, mask=inside, other=0)
@@ -367,7 +416,7 @@ def _select_tree_kernel(root_ptr, chosen_ptr, parents_ptr, tokens_ptr, depths_pt
     node = tl.reduce(((c[None, :] <= p[:, None]) & others).to(tl.int64), 1, _add)
     found = tl.reduce(((c[None, :] == p[:, None]) & others).to(tl.int32), 1, _add) > 0
     open_ = inside & (p != -1) & (found == 0)
-    tl.store(flag_ptr, tl.reduce(open_.to(tl.int32), 0, _max).to(tl.uint8))
+    tl.store(flag_ptr + 3, tl.reduce(open_.to(tl.int32), 0, _max).to(tl.uint8))
     tok = tl.load(tokens_ptr + c, mask=inside, other=0)
     if MAP:
         tok = tl.load(table_ptr + tok, mask=inside, other=0)
@@ -443,11 +492,14 @@ def _load() -> None:
 
 
 # -- the launchers -----------------------------------------------------------------------------------------
-def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None
+def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None,
+             out: tuple[torch.Tensor, ...] | None = None, parent: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """children_ref in two kernels: logits [n, V] (V <= MAX_VOCAB, k <= V) -> conf [n, k] fp32 descending,
     tok [n, k] long, log conf [n, k] fp32. The first kernel takes each row in chunks of _CHUNK, one program each
-    (its softmax statistics and top-k keys), the second merges a row's chunks (one program per row)."""
+    (its softmax statistics and top-k keys), the second merges a row's chunks (one program per row). `out` (conf,
+    tok, log conf, parents: contiguous [n, k] views of a dynamic tree's preallocated candidates) is written by the
+    merge, the parents column too (`parent` [n] long, or -1): the growth joins no layers."""
     _load()
     n, v = logits.shape
     if not fits(v, k):
@@ -459,13 +511,28 @@ def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | No
     splits = -(-v // chunk)
     keys = torch.empty(n, splits, k, dtype=torch.long, device=dev)
     stats = torch.empty(n, splits, 2, dtype=torch.float32, device=dev)
-    conf = torch.empty(n, k, dtype=torch.float32, device=dev)
-    tok = torch.empty(n, k, dtype=torch.long, device=dev)
-    logc = torch.empty(n, k, dtype=torch.float32, device=dev)
+    if out is None:
+        conf = torch.empty(n, k, dtype=torch.float32, device=dev)
+        tok = torch.empty(n, k, dtype=torch.long, device=dev)
+        logc = torch.empty(n, k, dtype=torch.float32, device=dev)
+        par, parents = tok, 0  # the parents column and what the merge writes there: 0 nothing, 1 -1, 2 parent[row]
+    else:
+        dtypes = (torch.float32, torch.long, torch.float32, torch.long)
+        if len(out) != 4 or any(x.shape != (n, k) or not x.is_contiguous() or x.dtype != t for x, t in zip(out, dtypes)):
+            raise ValueError(f"tree kernels: children's out must be 4 contiguous [{n}, {k}] tensors: conf fp32, tokens "
+                             "long, log conf fp32, parents long")
+        conf, tok, logc, par = out
+        parents = 1
     _chunk_top_kernel[(n, splits)](logits, keys, stats, logits.stride(0), v, splits, K=k, CHUNK=chunk,
                                    num_warps=4)
-    _merge_top_kernel[(n,)](keys, stats, conf, tok, logc, _base(base, n, logc), splits, floor, K=k,
-                            SP=K._pow2(splits), BLOCK=K._pow2(splits * k), BASE=base is not None, num_warps=4)
+    if parent is not None:
+        if out is None or parent.shape != (n,) or parent.dtype != torch.long:
+            raise ValueError(f"tree kernels: children's parent must be [{n}] long, with out")
+        parent, parents = parent.contiguous(), 2
+    _merge_top_kernel[(n,)](keys, stats, conf, tok, logc, _base(base, n, logc), par,
+                            parent if parent is not None else par, splits, floor, K=k, KB=K._pow2(k),
+                            SP=K._pow2(splits), BLOCK=K._pow2(splits * k), BASE=base is not None, PARENTS=parents,
+                            num_warps=4)
     return conf, tok, logc
 
 
@@ -553,22 +620,28 @@ def expand_rows(local: torch.Tensor, k: int, prev: torch.Tensor, newest: torch.T
 
 
 def select_tree(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
-                depths: torch.Tensor, logv: torch.Tensor, table: torch.Tensor | None
+                depths: torch.Tensor, logv: torch.Tensor, table: torch.Tensor | None,
+                conf: torch.Tensor | None = None, max_mass: float = 1.0
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """select_tree_ref in one kernel (root [1] long, chosen [B >= 1] long ascending, the candidate fields [M]
-    contiguous: parents / tokens / depths long, logv float)."""
+    contiguous: parents / tokens / depths long, logv float; conf [R, C] float or None). The confidences' checks ride
+    along (a few hundred values in the one program) in place of tree._child_flags' ops and the flags' stack."""
     _load()
     b = chosen.numel()
-    if b < 1 or root.numel() != 1:
-        raise ValueError(f"tree kernels: select_tree of {b} chosen nodes, root {tuple(root.shape)}")
+    if b < 1 or root.numel() != 1 or (conf is not None and conf.dim() != 2):
+        raise ValueError(f"tree kernels: select_tree of {b} chosen nodes, root {tuple(root.shape)}, conf "
+                         f"{None if conf is None else tuple(conf.shape)}")
     dev = chosen.device
     ids = torch.empty(3, b + 1, dtype=torch.long, device=dev)
     logq = torch.empty(b + 1, dtype=torch.float32, device=dev)
-    flag = torch.empty((), dtype=torch.bool, device=dev)
+    flags = torch.empty(4, dtype=torch.bool, device=dev)
+    r, c = conf.shape if conf is not None else (0, 0)
     _select_tree_kernel[(1,)](root, chosen, parents.contiguous(), tokens.contiguous(), depths.contiguous(),
-                              logv.contiguous(), table if table is not None else tokens, ids, logq,
-                              flag.view(torch.uint8), b, MAP=table is not None, BB=max(16, K._pow2(b)), num_warps=4)
-    return ids, logq, flag
+                              logv.contiguous(), table if table is not None else tokens,
+                              conf.contiguous() if conf is not None else logq, ids, logq, flags.view(torch.uint8), b,
+                              r, c, max_mass, MAP=table is not None, CONF=conf is not None, BB=max(16, K._pow2(b)),
+                              RB=16, CB=max(2, K._pow2(c)), num_warps=4)
+    return ids, logq, flags
 
 
 def accept_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, visible: torch.Tensor,

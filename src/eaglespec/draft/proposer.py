@@ -23,6 +23,7 @@ from ..sampling import (
 )
 from ..tree import (
     CONF_FLOOR,
+    CandidateBuffers,
     Candidates,
     DraftTree,
     StaticLayout,
@@ -318,13 +319,20 @@ class Proposer:
         # the kernels map draft ids through the drafter's table (None: the identity, EAGLE-1's)
         kernel = self._kernel_children(logits.shape[-1], k) and hasattr(self.drafter, "target_id_table")
         table = self.drafter.target_id_table() if kernel else None
+        # greedy kernel children go straight into the candidates' preallocated fields (no joins; select_tree checks
+        # their confidences: no flag ops)
+        buffers = CandidateBuffers(k, k, spec.depth, logits.device) if kernel and not sampled else None
 
         def children(logits: torch.Tensor, r0: int, parent_alive: torch.Tensor | None,
-                     base: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-            """[n, Vd] draft logits -> (child draft ids [n, k], confidences [n, k] sorted descending; with the
-            kernel also their log values [n, k], plus base [n] (their parents' values) when given)."""
+                     base: torch.Tensor | None = None, nodes: torch.Tensor | None = None, depth: int = 1
+                     ) -> tuple[torch.Tensor, ...]:
+            """[n, Vd] draft logits of the nodes `nodes` [n] (candidate ids; None: the root) -> (child draft ids
+            [n, k], confidences [n, k] sorted descending; with the kernel also their log values [n, k], plus base
+            [n] (their parents' values) when given). Greedy with the kernel: written into buffers.layer(depth)
+            with their parents (the children's depth: 1 for the root's)."""
             if kernel and not sampled:
-                conf, tok, logc = tree_kernels.children(logits, k, CONF_FLOOR, base)
+                conf, tok, logc = tree_kernels.children(logits, k, CONF_FLOOR, base, out=buffers.layer(depth),
+                                                        parent=nodes)
                 return tok, conf, logc
             probs = self.draft_dist(logits)
             if kernel:  # the draws (the race over noise rows r0..) valued by rank, in two kernels
@@ -360,15 +368,16 @@ class Proposer:
             if sampled:
                 expanded.append(nodes)
                 return children(logits, 1 + r0, alive[-1].reshape(-1)[local], cand.newest_values)
-            return children(logits, 0, None, cand.newest_values)
+            return children(logits, 0, None, cand.newest_values, nodes, depth + 1)
 
         root_alive = torch.ones(1, dtype=torch.bool, device=logits.device) if sampled else None
-        root_tok, root_conf, *_ = children(logits[None], 0, root_alive)
+        root_tok, root_conf, *root_logv = children(logits[None], 0, root_alive)  # the kernels' log values too
         # children distinct per row, sorted by value; the tree's draft ids -> target ids (d2t) as it is assembled
         tree, flags, chosen = grow_dynamic_tree(root, root_tok[0], root_conf[0], expand, k, spec.depth, spec.budget,
                                                 sorted_children=True, distinct_children=True,
                                                 token_map=None if kernel else self.drafter.to_target_ids,
-                                                token_table=table, with_chosen=True)
+                                                token_table=table, with_chosen=True,
+                                                root_logv=root_logv[0][0] if root_logv else None, buffers=buffers)
         if not sampled:
             return tree, flags, None
         # each node's q: its expansion's row (the root's is row 0), else a zero row (a leaf: no children)
