@@ -57,6 +57,37 @@ def test_bf16_rounds_the_fp32_sum_once(m, k, n):
         assert ((got - want.to(torch.bfloat16).double()) == 0).float().mean() > 0.95
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 7, 40])
+def test_prologues_are_the_kernels_they_replace(m, dtype):
+    """norm=: the operand is kernels.rms_norm_weight's (its two roundings; the RMS statistics summed in another
+    order: at most a last-bit difference in a few operands); silu_mul=: kernels.silu_mul's [gate | up] -> operand.
+    Against the same GEMM over the separately computed operand, with a bias, with a residual in place."""
+    from eaglespec.target import kernels
+
+    x, w, b, h = _case(11 * m, m, 72, 40, dtype)
+    nw = (1 + 0.1 * torch.randn(72, generator=torch.Generator().manual_seed(m))).to(dtype)
+    got = skinny.linear(x, w, b, norm=nw, eps=1e-5)
+    want = skinny.linear(kernels.rms_norm_weight_ref(x, nw, 1e-5), w, b)
+    if dtype == torch.bfloat16:  # the operand's roundings swallow the statistics' last bits: mostly bitwise
+        assert (got == want).float().mean() > 0.97
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(skinny.linear_ref(x, w, b, norm=nw, eps=1e-5), want, rtol=2e-2, atol=2e-2)
+    gu = torch.randn(m, 144, generator=torch.Generator().manual_seed(m + 1)).to(dtype)
+    h2 = h.clone()
+    out = skinny.linear(gu, w, residual=h2, inplace=True, silu_mul=True)
+    assert out is h2
+    want = skinny.linear(kernels.silu_mul_ref(gu), w, residual=h.clone())
+    if dtype == torch.bfloat16:  # the silu kernel's exp, division and roundings: the same operand bitwise
+        assert torch.equal(out, want)
+    else:  # fp32 keeps exp's last bits (the interpreter's numpy exp against torch's)
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(skinny.linear_ref(gu, w, residual=h.clone(), silu_mul=True), want, rtol=2e-2,
+                               atol=2e-2)
+
+
 def test_residual_in_place_and_not():
     x, w, _, h = _case(3, 6, 50, 20, torch.float32)
     h0 = h.clone()
@@ -84,6 +115,10 @@ def test_bad_inputs_are_refused_in_one_line():
         skinny.linear(x, w[:, :16])
     with pytest.raises(ValueError, match="not one addmm"):
         skinny.linear(x, w, b, residual=h)
+    with pytest.raises(ValueError, match=r"gate \| up"):
+        skinny.linear(x, w, silu_mul=True)  # x must be [M, 2K]
+    with pytest.raises(ValueError, match="norm weight"):
+        skinny.linear(x, w, norm=torch.ones(8))
 
 
 def test_applies_only_to_cuda_16_bit_inference(monkeypatch):
@@ -103,6 +138,8 @@ def test_applies_only_to_cuda_16_bit_inference(monkeypatch):
     assert not skinny.applies(torch.zeros(1, 4608, dtype=torch.bfloat16),  # a long K (no split over it): cuBLAS
                               torch.zeros(576, 4608, dtype=torch.bfloat16))
     assert not skinny.applies(x, w.t().contiguous().t())  # a transposed weight
+    assert skinny.applies(torch.zeros(1, 64, dtype=torch.bfloat16), w, silu_mul=True)  # [gate | up] of K = 32
+    assert not skinny.applies(x, w, silu_mul=True)
     wg = w.clone().requires_grad_()
     assert not skinny.applies(x, wg)  # autograd: training stays on cuBLAS
     with torch.no_grad():
@@ -112,3 +149,96 @@ def test_applies_only_to_cuda_16_bit_inference(monkeypatch):
     monkeypatch.setenv(skinny.SKINNY_ENV, "yes")
     with pytest.raises(EagleSpecError, match=skinny.SKINNY_ENV):
         skinny.applies(x, w)
+
+
+def _force_skinny(monkeypatch) -> dict[str, int]:
+    """Route the fused steps' projections to skinny on CPU (the interpreter) wherever its row, length and shape
+    limits allow, counting the calls by kind: what `applies` does on CUDA, minus the device and dtype checks. CPU's
+    oneDNN path (which comes first, and packs FastTarget's weights) is turned off."""
+    from eaglespec import linear as onednn
+
+    monkeypatch.setattr(onednn, "applies", lambda *args, **kw: False)
+    monkeypatch.setattr(onednn, "packing_available", lambda: False)
+    calls = {"plain": 0, "norm": 0, "silu_mul": 0, "residual": 0}
+    real_linear = skinny.linear
+
+    def applies(x, weight, silu_mul=False):
+        rows = x.numel() // max(1, x.shape[-1])
+        return x.shape[-1] == weight.shape[1] * (2 if silu_mul else 1) and rows <= skinny.MAX_ROWS \
+            and weight.shape[1] <= 1536
+
+    def linear(x, weight, bias=None, residual=None, inplace=False, **kw):
+        kind = "norm" if kw.get("norm") is not None else "silu_mul" if kw.get("silu_mul") else \
+            "residual" if residual is not None else "plain"
+        calls[kind] += 1
+        return real_linear(x, weight, bias, residual, inplace, **kw)
+
+    monkeypatch.setattr(skinny, "applies", applies)
+    monkeypatch.setattr(skinny, "linear", linear)
+    return calls
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_fused_target_step_through_skinny(monkeypatch, arch):
+    """FastTarget's fused step with every projection in skinny (norm + qkv, o + residual, norm + gate_up,
+    silu * up + down + residual, final norm + lm_head; Qwen2's qkv bias) gives the step without it (fp32, to
+    accumulation order): a prefill, a tree step with a mask, a non-prefix commit, a causal step; the same KV."""
+    from eaglespec.target.fast import FastTarget
+    from eaglespec.tree import ancestry
+
+    from conftest import tiny_target
+
+    model = tiny_target(arch, seed=5)
+    gen = torch.Generator().manual_seed(0)
+    prompt, toks = torch.randint(3, 90, (6,), generator=gen), torch.randint(3, 90, (7,), generator=gen)
+    parents, depths = torch.tensor([-1, 0, 0, 1, 1, 2, 3]), torch.tensor([0, 1, 1, 2, 2, 2, 3])
+
+    def run() -> tuple[list[torch.Tensor], torch.Tensor]:
+        t = FastTarget(model, (0, 2), max_len=64, buckets=(1, 8), fused_kernels=True)
+        out = [t.forward(prompt)]
+        t.commit(torch.arange(6))
+        out.append(t.forward(toks, depths, ancestry(parents)))
+        t.commit(torch.tensor([0, 2, 5]))
+        out.append(t.forward(toks[:1]))
+        return [x for o in out for x in (o.logits, o.features)], t.cache
+
+    ref, ref_cache = run()
+    calls = _force_skinny(monkeypatch)
+    got, got_cache = run()
+    for a, b in zip(ref, got):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got_cache, ref_cache, rtol=0, atol=1e-5)
+    layers = model.config.num_hidden_layers
+    steps = 2  # the tree step and the causal step (the 6-row prefill is within the buckets: 3 forwards)
+    assert calls["norm"] >= steps * (2 * layers + 1) and calls["silu_mul"] >= steps * layers
+    assert calls["residual"] >= steps * layers
+
+
+def test_fused_drafter_step_through_skinny(monkeypatch):
+    """FusedEagle3Step(kernels=True) with skinny's projections (qkv, o + residual, post-norm + gate_up, silu * up +
+    down, final norm + lm_head) gives the step without it, logits and next state (fp32)."""
+    from eaglespec.draft.fast import StaticKV
+    from eaglespec.draft.fused import FusedEagle3Step
+
+    from conftest import tiny_drafter, tiny_target
+
+    model = tiny_target("llama", seed=1)
+    d = tiny_drafter(model, seed=4)
+    size, rows = 48, 5
+    torch.manual_seed(0)
+    at = d.midlayer.self_attn
+    k = torch.randn(1, at.kv_heads, size, at.head_dim)
+    v = torch.randn_like(k)
+    slots = torch.arange(17, 17 + rows)
+    state, tokens = torch.randn(rows, d.cfg.hidden_size), torch.randint(0, d.cfg.vocab_size, (rows,))
+    positions, visible = torch.tensor([3, 9, 9, 12, 16]), torch.rand(rows, 32) < 0.6
+    visible[torch.arange(rows), slots] = True
+    with torch.no_grad():
+        ref = FusedEagle3Step(d, size, kernels=True)(state, tokens, positions,
+                                                     [StaticKV(k.clone(), v.clone(), slots, 32)], visible)
+        calls = _force_skinny(monkeypatch)
+        got = FusedEagle3Step(d, size, kernels=True)(state, tokens, positions,
+                                                     [StaticKV(k.clone(), v.clone(), slots, 32)], visible)
+    torch.testing.assert_close(got[0], ref[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(got[1], ref[1], rtol=0, atol=1e-5)
+    assert calls == {"plain": 1, "norm": 2, "silu_mul": 1, "residual": 1}

@@ -52,13 +52,14 @@ def wanted() -> bool:
     return env_switch(SKINNY_ENV, "on for CUDA bf16/fp16 projections of at most 64 rows") is not False
 
 
-def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Would `linear` take this kernel for x [..., K] @ weight [N, K].T? CUDA tensors of one 16-bit dtype, a weight
-    with unit column stride, no autograd, rows within MAX_ROWS and a shape it wins on (module docstring), switched
-    on."""
+def applies(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> bool:
+    """Would `linear` take this kernel for x [..., K] @ weight [N, K].T (silu_mul: x [..., 2K] = [gate | up])? CUDA
+    tensors of one 16-bit dtype, a weight with unit column stride, no autograd, rows within MAX_ROWS and a shape it
+    wins on (module docstring), switched on."""
     if not (x.is_cuda and weight.is_cuda and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)):
         return False
-    if weight.dim() != 2 or weight.stride(1) != 1 or x.shape[-1] != weight.shape[1] or x.dim() < 1:
+    if weight.dim() != 2 or weight.stride(1) != 1 or x.dim() < 1 \
+            or x.shape[-1] != weight.shape[1] * (2 if silu_mul else 1):
         return False
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return False
@@ -70,8 +71,14 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               residual: torch.Tensor | None = None, inplace: bool = False) -> torch.Tensor:
-    """What `linear` computes, in torch: F.linear, or addmm / addmm_ with a residual."""
+               residual: torch.Tensor | None = None, inplace: bool = False, *, norm: torch.Tensor | None = None,
+               eps: float = 0.0, silu_mul: bool = False) -> torch.Tensor:
+    """What `linear` computes, in torch: the prologue (kernels.rms_norm_weight_ref or silu_mul_ref), then F.linear,
+    or addmm / addmm_ with a residual."""
+    if norm is not None:
+        x = kernels.rms_norm_weight_ref(x, norm, eps)
+    elif silu_mul:
+        x = kernels.silu_mul_ref(x)
     if residual is None:
         return torch.nn.functional.linear(x, weight, bias)
     if bias is not None:
@@ -80,10 +87,12 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 # -- the Triton kernel (a plain function here; _load() jits it on first use) -------------------------------
-def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, M, N, sxm, swn, shm, som, K: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program (n block): out[:, cols] = round(x @ w[cols].T (+ bias) (+ h[:, cols])) over all of K."""
+def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, nw_ptr, out_ptr, M, N, sxm, swn, shm, som, eps, K: tl.constexpr,
+                   PRO: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRECISE_EXP: tl.constexpr,
+                   DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program (n block): out[:, cols] = round(a @ w[cols].T (+ bias) (+ h[:, cols])) over all of K, the operand a =
+    x (PRO 0), the RMSNorm of x's rows times nw (PRO 1: kernels._rms_weight's roundings, the statistics over K in a
+    first pass), or silu(gate) * up of x = [gate | up] (PRO 2: kernels._silu_mul_kernel's roundings)."""
     dtype = out_ptr.dtype.element_ty
     rows = tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -91,11 +100,30 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, M, N, sxm, swn, shm, som
     col_in = cols < N
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * sxm
     w_cols = w_ptr + cols.to(tl.int64)[None, :] * swn
+    if PRO == 1:  # the rows' RMS statistics (fp32) over K
+        sum_sq = tl.full((BLOCK_M,), 0.0, tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_rows + ks[None, :], mask=row_in[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+            sum_sq += tl.reduce(x * x, 1, _add)
+        r = tl.math.rsqrt(sum_sq / K + eps)
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_in = ks < K
-        a = tl.load(x_rows + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)  # [BM, BK]
+        inside = row_in[:, None] & k_in[None, :]
+        a = tl.load(x_rows + ks[None, :], mask=inside, other=0.0)  # [BM, BK]
+        if PRO == 1:
+            nw = tl.load(nw_ptr + ks, mask=k_in, other=0.0).to(tl.float32)
+            a = _round(_round(a.to(tl.float32) * r[:, None], dtype) * nw[None, :], dtype).to(dtype)
+        elif PRO == 2:
+            g = a.to(tl.float32)
+            up = tl.load(x_rows + (K + ks)[None, :], mask=inside, other=0.0).to(tl.float32)
+            if PRECISE_EXP:  # CUDA's expf, as torch's silu kernel
+                e = libdevice.exp(-g)
+            else:  # the interpreter has no libdevice: numpy's exp
+                e = tl.exp(-g)
+            a = _round(_round(tl.math.div_rn(g, 1.0 + e), dtype) * up, dtype).to(dtype)
         wt = tl.load(w_cols + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)  # [BK, BN]
         if DOT_FP32:
             acc = tl.dot(a.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
@@ -113,12 +141,13 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, M, N, sxm, swn, shm, som
 @functools.cache
 def _load() -> None:
     """Import triton and jit the kernel (kernels._load's rules: the interpreter mode is fixed at the first call)."""
-    global triton, tl, _round
+    global triton, tl, libdevice, _round, _add
     kernels._load()
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 
-    _round = kernels._round
+    _round, _add = kernels._round, kernels._add
     g = globals()
     g["_skinny_kernel"] = triton.jit(g["_skinny_kernel"])
 
@@ -132,37 +161,47 @@ def blocks(n: int, k: int) -> tuple[int, int, int]:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           residual: torch.Tensor | None = None, inplace: bool = False) -> torch.Tensor:
+           residual: torch.Tensor | None = None, inplace: bool = False, *, norm: torch.Tensor | None = None,
+           eps: float = 0.0, silu_mul: bool = False) -> torch.Tensor:
     """linear_ref in one kernel: x [..., K] (at most MAX_ROWS rows), weight [N, K] (unit column stride), bias [N] or
-    None, residual [..., N] or None (then no bias) -> [..., N] in x's dtype (`inplace`: written into residual)."""
+    None, residual [..., N] or None (then no bias) -> [..., N] in x's dtype (`inplace`: written into residual).
+    norm [K] (contiguous): the operand is kernels.rms_norm_weight(x, norm, eps) (the norm in the prologue);
+    silu_mul: x is [..., 2K] = [gate | up] and the operand kernels.silu_mul(x)."""
     _load()
-    k, n = x.shape[-1], weight.shape[0]
-    x2 = x.reshape(-1, k)
+    k, n = weight.shape[-1], weight.shape[0]
+    x2 = x.reshape(-1, x.shape[-1])
     m = x2.shape[0]
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    if weight.dim() != 2 or weight.shape[1] != k or weight.stride(1) != 1 or weight.dtype != x.dtype:
+    if weight.dim() != 2 or x.shape[-1] != (2 * k if silu_mul else k) or weight.stride(1) != 1 \
+            or weight.dtype != x.dtype:
         raise ValueError(f"skinny.linear: weight {tuple(weight.shape)} {weight.dtype} (column stride "
-                         f"{weight.stride(-1)}) for x {tuple(x.shape)} {x.dtype}")
+                         f"{weight.stride(-1)}) for x {tuple(x.shape)} {x.dtype}" + (" (gate | up)" if silu_mul else ""))
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"skinny.linear: {m} rows (1 to {MAX_ROWS})")
+    if norm is not None and (silu_mul or norm.numel() != k or not norm.is_contiguous()):
+        raise ValueError(f"skinny.linear: norm weight {tuple(norm.shape)} for K = {k}" +
+                         (" with silu_mul (one prologue at a time)" if silu_mul else ""))
     if bias is not None and (residual is not None or bias.numel() != n or not bias.is_contiguous()):
         raise ValueError(f"skinny.linear: bias {tuple(bias.shape)} for N = {n}" +
                          (" with a residual (not one addmm)" if residual is not None else ""))
+    h = None
+    out = None
     if residual is not None:
         h = residual.reshape(m, n)
         if h.stride(-1) != 1 or (inplace and h.data_ptr() != residual.data_ptr()):
             raise ValueError(f"skinny.linear: residual {tuple(residual.shape)} with strides {residual.stride()}")
-        out = h if inplace else torch.empty(m, n, dtype=x.dtype, device=x.device)
-    else:
-        h = None
+        out = h if inplace else None
+    if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bn, bk, stages = blocks(n, k)
-    dot_fp32 = x.dtype == torch.float32 or kernels._interpreted()
+    interpreted = kernels._interpreted()
     _skinny_kernel[(triton.cdiv(n, bn),)](x2, weight, bias if bias is not None else weight,
-                                          h if h is not None else out, out, m, n, x2.stride(0), weight.stride(0),
-                                          h.stride(0) if h is not None else 0, out.stride(0), K=k,
-                                          HAS_BIAS=bias is not None, HAS_RES=h is not None, DOT_FP32=dot_fp32,
+                                          h if h is not None else out, norm if norm is not None else weight, out, m,
+                                          n, x2.stride(0), weight.stride(0), h.stride(0) if h is not None else 0,
+                                          out.stride(0), eps, K=k, PRO=1 if norm is not None else 2 if silu_mul else 0,
+                                          HAS_BIAS=bias is not None, HAS_RES=h is not None,
+                                          PRECISE_EXP=not interpreted, DOT_FP32=x.dtype == torch.float32 or interpreted,
                                           BLOCK_M=max(16, kernels._pow2(m)), BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
                                           num_stages=stages)
     if inplace:
