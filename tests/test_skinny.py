@@ -138,7 +138,10 @@ def test_applies_only_to_cuda_16_bit_inference(monkeypatch):
     assert not skinny.applies(torch.zeros(1, 4608, dtype=torch.bfloat16),  # a long K (no split over it): cuBLAS
                               torch.zeros(576, 4608, dtype=torch.bfloat16))
     assert not skinny.applies(x, w.t().contiguous().t())  # a transposed weight
-    assert skinny.applies(torch.zeros(1, 64, dtype=torch.bfloat16), w, silu_mul=True)  # [gate | up] of K = 32
+    gu = torch.zeros(1, 64, dtype=torch.bfloat16)  # [gate | up] of K = 32
+    assert not skinny.applies(gu, w, silu_mul=True) and not skinny.applies(x, w, prologue=True)  # prologues: opt-in
+    monkeypatch.setenv(skinny.PROLOGUES_ENV, "1")
+    assert skinny.applies(gu, w, silu_mul=True) and skinny.applies(x, w, prologue=True)
     assert not skinny.applies(x, w, silu_mul=True)
     wg = w.clone().requires_grad_()
     assert not skinny.applies(x, wg)  # autograd: training stays on cuBLAS
@@ -162,7 +165,7 @@ def _force_skinny(monkeypatch) -> dict[str, int]:
     calls = {"plain": 0, "norm": 0, "silu_mul": 0, "residual": 0}
     real_linear = skinny.linear
 
-    def applies(x, weight, silu_mul=False):
+    def applies(x, weight, silu_mul=False, prologue=False):
         rows = x.numel() // max(1, x.shape[-1])
         return x.shape[-1] == weight.shape[1] * (2 if silu_mul else 1) and rows <= skinny.MAX_ROWS \
             and weight.shape[1] <= 1536

@@ -149,7 +149,7 @@ class _FusedStep:
         """F.linear(norm(x), weight, bias): one kernel with gemm_kernels (the norm in the GEMM's prologue)."""
         if self.gemm is not None:
             return self.gemm.rms_norm_linear(x, norm_w, self.eps, weight, bias)
-        if self.kernels and skinny.applies(x, weight):  # the same in one kernel (target/skinny.py)
+        if self.kernels and skinny.applies(x, weight, prologue=True):  # the same in one kernel (target/skinny.py)
             return skinny.linear(x, weight, bias, norm=norm_w, eps=self.eps)
         return onednn.linear(self._norm(x, norm_w), weight, bias)
 
@@ -264,7 +264,7 @@ class FusedEagle3Step(_FusedStep):
         gemm = self.gemm
         if gemm is not None and not self.norm_output:  # the normed output is not a result: norm + lm_head at once
             return gemm.rms_norm_linear(out, self.final_norm, self.eps, self.lm_w), out
-        if self.kernels and not self.norm_output and skinny.applies(out, self.lm_w):  # the same (target/skinny.py)
+        if self.kernels and not self.norm_output and skinny.applies(out, self.lm_w, prologue=True):  # (skinny.py)
             return skinny.linear(out, self.lm_w, norm=self.final_norm, eps=self.eps), out
         normed = self._norm(out, self.final_norm)
         return onednn.linear(normed, self.lm_w), (normed if self.norm_output else out)

@@ -475,7 +475,7 @@ class FastTarget:
             prologue, with the norm kernel's roundings)."""
             if gemm is not None:
                 return gemm.rms_norm_linear(x, norm_w, self.eps, weight, bias)
-            if fused is not None and skinny.applies(x, weight):
+            if fused is not None and skinny.applies(x, weight, prologue=True):
                 return skinny.linear(x, weight, bias, norm=norm_w, eps=self.eps)
             return onednn.linear(norm(x, norm_w, self.eps), weight, bias)  # F.linear; oneDNN on CPU
         if fused is None:

@@ -29,7 +29,9 @@ bf16 result can differ by one last bit where the fp32 sums straddle a rounding b
 operands go through the dot as fp32 (the interpreter's bf16 dot is wrong; bf16 products are exact in fp32).
 
 Used by target/fast.py's step and draft/fused.py's (through eaglespec.linear.linear and fast._add_linear) where
-`applies`: CUDA, bf16/fp16, no autograd, at most MAX_ROWS rows, and $EAGLESPEC_SKINNY_GEMM not "0" (unset: on).
+`applies`: CUDA, bf16/fp16, no autograd, at most MAX_ROWS rows, and $EAGLESPEC_SKINNY_GEMM not "0" (unset: on). The
+prologues (norm=, silu_mul=: the RMSNorm or silu * up computed on the operand, one kernel fewer each) are used only
+with $EAGLESPEC_SKINNY_PROLOGUES=1: on the H200 they made the steps much slower (prologues_wanted).
 The launch allocates only the output, does not sync and branches on shapes only: fit for CUDA-graph capture once
 compiled (the warm-up call before a capture compiles it).
 """
@@ -44,6 +46,7 @@ from ..errors import env_switch
 from . import kernels
 
 SKINNY_ENV = "EAGLESPEC_SKINNY_GEMM"  # "0": cuBLAS for every projection; "1" or unset: this kernel where it applies
+PROLOGUES_ENV = "EAGLESPEC_SKINNY_PROLOGUES"  # "1": the norms and silu * up in its prologue too; unset or "0": not
 MAX_ROWS = 64  # rows of x: one BLOCK_M tile (tl.dot's least is 16)
 
 
@@ -52,10 +55,20 @@ def wanted() -> bool:
     return env_switch(SKINNY_ENV, "on for CUDA bf16/fp16 projections of at most 64 rows") is not False
 
 
-def applies(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> bool:
+def prologues_wanted() -> bool:
+    """$EAGLESPEC_SKINNY_PROLOGUES: "1" on, unset or "0" off. Off by default: on the H200 (session 18, `gpu_x2.sh
+    sk18b`, MT-bench 40) with them a plain step took 5.2 ms instead of ~1.0 and a dynamic round 1.6 instead of 1.3:
+    a prologue computed inside the K loop (the silu's exp and division above all) makes the kernel far slower than
+    the separate norm / silu kernel plus the plain GEMM. Kept, tested, as the opt-in to investigate."""
+    return env_switch(PROLOGUES_ENV, "off") is True
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, prologue: bool = False) -> bool:
     """Would `linear` take this kernel for x [..., K] @ weight [N, K].T (silu_mul: x [..., 2K] = [gate | up])? CUDA
     tensors of one 16-bit dtype, a weight with unit column stride, no autograd, rows within MAX_ROWS and a shape it
-    wins on (module docstring), switched on."""
+    wins on (module docstring), switched on; `prologue` (a norm or silu_mul in the prologue): and prologues_wanted."""
+    if (prologue or silu_mul) and not prologues_wanted():
+        return False
     if not (x.is_cuda and weight.is_cuda and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)):
         return False
     if weight.dim() != 2 or weight.stride(1) != 1 or x.dim() < 1 \
