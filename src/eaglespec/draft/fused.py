@@ -42,7 +42,6 @@ from .. import linear as onednn
 from ..target import attn_kernels as A
 from ..target import gemm_kernels as G
 from ..target import kernels as K
-from ..target import skinny
 from ..target.fast import (
     _add_linear,
     _cat_bias,
@@ -149,8 +148,6 @@ class _FusedStep:
         """F.linear(norm(x), weight, bias): one kernel with gemm_kernels (the norm in the GEMM's prologue)."""
         if self.gemm is not None:
             return self.gemm.rms_norm_linear(x, norm_w, self.eps, weight, bias)
-        if self.kernels and skinny.applies(x, weight, prologue=True):  # the same in one kernel (target/skinny.py)
-            return skinny.linear(x, weight, bias, norm=norm_w, eps=self.eps)
         return onednn.linear(self._norm(x, norm_w), weight, bias)
 
     def _mask(self, visible: torch.Tensor, blk: _Block) -> torch.Tensor:
@@ -184,8 +181,6 @@ class _FusedStep:
         gate_up = self._norm_linear(h, blk.post_norm, blk.gate_up_w, blk.gate_up_b)  # [B, 2I]
         if gemm is not None and blk.down_b is None:
             return gemm.silu_mul_linear_(h, gate_up, blk.down_w)  # [B, H]: h += silu(gate) * up @ down.T
-        if self.kernels and blk.down_b is None and skinny.applies(gate_up, blk.down_w, silu_mul=True):
-            return skinny.linear(gate_up, blk.down_w, residual=h, inplace=True, silu_mul=True)  # h += ... in place
         if self.kernels:
             act = K.silu_mul(gate_up)
         else:
@@ -264,8 +259,6 @@ class FusedEagle3Step(_FusedStep):
         gemm = self.gemm
         if gemm is not None and not self.norm_output:  # the normed output is not a result: norm + lm_head at once
             return gemm.rms_norm_linear(out, self.final_norm, self.eps, self.lm_w), out
-        if self.kernels and not self.norm_output and skinny.applies(out, self.lm_w, prologue=True):  # (skinny.py)
-            return skinny.linear(out, self.lm_w, norm=self.final_norm, eps=self.eps), out
         normed = self._norm(out, self.final_norm)
         return onednn.linear(normed, self.lm_w), (normed if self.norm_output else out)
 

@@ -471,12 +471,9 @@ class FastTarget:
         norm = _rms if fused is None else fused.rms_norm_weight
 
         def norm_linear(x: torch.Tensor, norm_w: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-            """F.linear(norm(x), weight, bias): one kernel with gemm_kernels or skinny (the norm in the GEMM's
-            prologue, with the norm kernel's roundings)."""
+            """F.linear(norm(x), weight, bias): one kernel with gemm_kernels (the norm in the GEMM's prologue)."""
             if gemm is not None:
                 return gemm.rms_norm_linear(x, norm_w, self.eps, weight, bias)
-            if fused is not None and skinny.applies(x, weight, prologue=True):
-                return skinny.linear(x, weight, bias, norm=norm_w, eps=self.eps)
             return onednn.linear(norm(x, norm_w, self.eps), weight, bias)  # F.linear; oneDNN on CPU
         if fused is None:
             slots = base + cols[:b]  # [B]: this step's cache slots (cols[:b] = 0..b-1)
@@ -515,10 +512,6 @@ class FastTarget:
             gate_up = norm_linear(h, w.post_norm, w.gate_up_w, w.gate_up_b)  # [B, 2I]
             if gemm is not None and _is_silu(w.act) and w.down_b is None:  # h += silu(gate) * up @ down.T: 1 kernel
                 h = gemm.silu_mul_linear_(h, gate_up, w.down_w)
-                continue
-            if fused is not None and _is_silu(w.act) and w.down_b is None \
-                    and skinny.applies(gate_up, w.down_w, silu_mul=True):  # the same, silu * up in the prologue
-                h = skinny.linear(gate_up, w.down_w, residual=h, inplace=True, silu_mul=True)
                 continue
             if fused is not None and _is_silu(w.act):
                 act = fused.silu_mul(gate_up)  # [B, I]

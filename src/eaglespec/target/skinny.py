@@ -29,9 +29,10 @@ bf16 result can differ by one last bit where the fp32 sums straddle a rounding b
 operands go through the dot as fp32 (the interpreter's bf16 dot is wrong; bf16 products are exact in fp32).
 
 Used by target/fast.py's step and draft/fused.py's (through eaglespec.linear.linear and fast._add_linear) where
-`applies`: CUDA, bf16/fp16, no autograd, at most MAX_ROWS rows, and $EAGLESPEC_SKINNY_GEMM not "0" (unset: on). The
-prologues (norm=, silu_mul=: the RMSNorm or silu * up computed on the operand, one kernel fewer each) are used only
-with $EAGLESPEC_SKINNY_PROLOGUES=1: on the H200 they made the steps much slower (prologues_wanted).
+`applies`: CUDA, bf16/fp16, no autograd, at most MAX_ROWS rows, and $EAGLESPEC_SKINNY_GEMM=1 (opt-in: see wanted()).
+The RMSNorm or silu * up in its prologue (one kernel fewer each, as target/gemm_kernels.py's) was tried in session
+18 and was far slower on the H200 (bench/head_check.py: norm + qkv at 60 rows 11.7 us against 4.2 for the norm
+kernel + this GEMM; silu * up + down 151 us against 6.2): not kept.
 The launch allocates only the output, does not sync and branches on shapes only: fit for CUDA-graph capture once
 compiled (the warm-up call before a capture compiles it).
 """
@@ -45,34 +46,27 @@ import torch
 from ..errors import env_switch
 from . import kernels
 
-SKINNY_ENV = "EAGLESPEC_SKINNY_GEMM"  # "0": cuBLAS for every projection; "1" or unset: this kernel where it applies
-PROLOGUES_ENV = "EAGLESPEC_SKINNY_PROLOGUES"  # "1": the norms and silu * up in its prologue too; unset or "0": not
+SKINNY_ENV = "EAGLESPEC_SKINNY_GEMM"  # "1": this kernel where it applies; "0" or unset: cuBLAS (see wanted())
 MAX_ROWS = 64  # rows of x: one BLOCK_M tile (tl.dot's least is 16)
 
 
 def wanted() -> bool:
-    """$EAGLESPEC_SKINNY_GEMM: "0" off, "1" or unset on (where `applies`)."""
-    return env_switch(SKINNY_ENV, "on for CUDA bf16/fp16 projections of at most 64 rows") is not False
+    """$EAGLESPEC_SKINNY_GEMM: "1" on (where `applies`), "0" or unset off. Off by default: faster call for call in
+    isolation (the module docstring), it did not make the steps faster. In one process on the H200 (bench/ab.py,
+    session 18, 50e99b9, MT-bench 20, four alternating turns): plain decoding 1057.7 tok/s without it, 1047.4 with
+    it (0.931 vs 0.940 ms a step); a dynamic 7/10/60 round's replay 1.323 -> 1.290 ms, but tau 4.42 -> 4.22 there
+    (other bf16 roundings, other texts), 2634.6 -> 2500.1 tok/s. In a step each GEMM waits on the kernel before it,
+    which 100 independent calls in a row do not show."""
+    return env_switch(SKINNY_ENV, "off") is True
 
 
-def prologues_wanted() -> bool:
-    """$EAGLESPEC_SKINNY_PROLOGUES: "1" on, unset or "0" off. Off by default: on the H200 (session 18, `gpu_x2.sh
-    sk18b`, MT-bench 40) with them a plain step took 5.2 ms instead of ~1.0 and a dynamic round 1.6 instead of 1.3:
-    a prologue computed inside the K loop (the silu's exp and division above all) makes the kernel far slower than
-    the separate norm / silu kernel plus the plain GEMM. Kept, tested, as the opt-in to investigate."""
-    return env_switch(PROLOGUES_ENV, "off") is True
-
-
-def applies(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, prologue: bool = False) -> bool:
-    """Would `linear` take this kernel for x [..., K] @ weight [N, K].T (silu_mul: x [..., 2K] = [gate | up])? CUDA
-    tensors of one 16-bit dtype, a weight with unit column stride, no autograd, rows within MAX_ROWS and a shape it
-    wins on (module docstring), switched on; `prologue` (a norm or silu_mul in the prologue): and prologues_wanted."""
-    if (prologue or silu_mul) and not prologues_wanted():
-        return False
+def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Would `linear` take this kernel for x [..., K] @ weight [N, K].T? CUDA tensors of one 16-bit dtype, a weight
+    with unit column stride, no autograd, rows within MAX_ROWS and a shape it wins on (module docstring), switched
+    on."""
     if not (x.is_cuda and weight.is_cuda and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)):
         return False
-    if weight.dim() != 2 or weight.stride(1) != 1 or x.dim() < 1 \
-            or x.shape[-1] != weight.shape[1] * (2 if silu_mul else 1):
+    if weight.dim() != 2 or weight.stride(1) != 1 or x.shape[-1] != weight.shape[1] or x.dim() < 1:
         return False
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return False
@@ -84,14 +78,8 @@ def applies(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, prolo
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               residual: torch.Tensor | None = None, inplace: bool = False, *, norm: torch.Tensor | None = None,
-               eps: float = 0.0, silu_mul: bool = False) -> torch.Tensor:
-    """What `linear` computes, in torch: the prologue (kernels.rms_norm_weight_ref or silu_mul_ref), then F.linear,
-    or addmm / addmm_ with a residual."""
-    if norm is not None:
-        x = kernels.rms_norm_weight_ref(x, norm, eps)
-    elif silu_mul:
-        x = kernels.silu_mul_ref(x)
+               residual: torch.Tensor | None = None, inplace: bool = False) -> torch.Tensor:
+    """What `linear` computes, in torch: F.linear, or addmm / addmm_ with a residual."""
     if residual is None:
         return torch.nn.functional.linear(x, weight, bias)
     if bias is not None:
@@ -100,12 +88,10 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 # -- the Triton kernel (a plain function here; _load() jits it on first use) -------------------------------
-def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, nw_ptr, out_ptr, M, N, sxm, swn, shm, som, eps, K: tl.constexpr,
-                   PRO: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRECISE_EXP: tl.constexpr,
-                   DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program (n block): out[:, cols] = round(a @ w[cols].T (+ bias) (+ h[:, cols])) over all of K, the operand a =
-    x (PRO 0), the RMSNorm of x's rows times nw (PRO 1: kernels._rms_weight's roundings, the statistics over K in a
-    first pass), or silu(gate) * up of x = [gate | up] (PRO 2: kernels._silu_mul_kernel's roundings)."""
+def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, M, N, sxm, swn, shm, som, K: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program (n block): out[:, cols] = round(x @ w[cols].T (+ bias) (+ h[:, cols])) over all of K."""
     dtype = out_ptr.dtype.element_ty
     rows = tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -113,30 +99,11 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, nw_ptr, out_ptr, M, N, sxm, swn, 
     col_in = cols < N
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * sxm
     w_cols = w_ptr + cols.to(tl.int64)[None, :] * swn
-    if PRO == 1:  # the rows' RMS statistics (fp32) over K
-        sum_sq = tl.full((BLOCK_M,), 0.0, tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_rows + ks[None, :], mask=row_in[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
-            sum_sq += tl.reduce(x * x, 1, _add)
-        r = tl.math.rsqrt(sum_sq / K + eps)
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_in = ks < K
-        inside = row_in[:, None] & k_in[None, :]
-        a = tl.load(x_rows + ks[None, :], mask=inside, other=0.0)  # [BM, BK]
-        if PRO == 1:
-            nw = tl.load(nw_ptr + ks, mask=k_in, other=0.0).to(tl.float32)
-            a = _round(_round(a.to(tl.float32) * r[:, None], dtype) * nw[None, :], dtype).to(dtype)
-        elif PRO == 2:
-            g = a.to(tl.float32)
-            up = tl.load(x_rows + (K + ks)[None, :], mask=inside, other=0.0).to(tl.float32)
-            if PRECISE_EXP:  # CUDA's expf, as torch's silu kernel
-                e = libdevice.exp(-g)
-            else:  # the interpreter has no libdevice: numpy's exp
-                e = tl.exp(-g)
-            a = _round(_round(tl.math.div_rn(g, 1.0 + e), dtype) * up, dtype).to(dtype)
+        a = tl.load(x_rows + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)  # [BM, BK]
         wt = tl.load(w_cols + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)  # [BK, BN]
         if DOT_FP32:
             acc = tl.dot(a.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
@@ -154,13 +121,12 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, nw_ptr, out_ptr, M, N, sxm, swn, 
 @functools.cache
 def _load() -> None:
     """Import triton and jit the kernel (kernels._load's rules: the interpreter mode is fixed at the first call)."""
-    global triton, tl, libdevice, _round, _add
+    global triton, tl, _round
     kernels._load()
     import triton
     import triton.language as tl
-    from triton.language.extra import libdevice
 
-    _round, _add = kernels._round, kernels._add
+    _round = kernels._round
     g = globals()
     g["_skinny_kernel"] = triton.jit(g["_skinny_kernel"])
 
@@ -174,47 +140,37 @@ def blocks(n: int, k: int) -> tuple[int, int, int]:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           residual: torch.Tensor | None = None, inplace: bool = False, *, norm: torch.Tensor | None = None,
-           eps: float = 0.0, silu_mul: bool = False) -> torch.Tensor:
+           residual: torch.Tensor | None = None, inplace: bool = False) -> torch.Tensor:
     """linear_ref in one kernel: x [..., K] (at most MAX_ROWS rows), weight [N, K] (unit column stride), bias [N] or
-    None, residual [..., N] or None (then no bias) -> [..., N] in x's dtype (`inplace`: written into residual).
-    norm [K] (contiguous): the operand is kernels.rms_norm_weight(x, norm, eps) (the norm in the prologue);
-    silu_mul: x is [..., 2K] = [gate | up] and the operand kernels.silu_mul(x)."""
+    None, residual [..., N] or None (then no bias) -> [..., N] in x's dtype (`inplace`: written into residual)."""
     _load()
-    k, n = weight.shape[-1], weight.shape[0]
-    x2 = x.reshape(-1, x.shape[-1])
+    k, n = x.shape[-1], weight.shape[0]
+    x2 = x.reshape(-1, k)
     m = x2.shape[0]
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    if weight.dim() != 2 or x.shape[-1] != (2 * k if silu_mul else k) or weight.stride(1) != 1 \
-            or weight.dtype != x.dtype:
+    if weight.dim() != 2 or weight.shape[1] != k or weight.stride(1) != 1 or weight.dtype != x.dtype:
         raise ValueError(f"skinny.linear: weight {tuple(weight.shape)} {weight.dtype} (column stride "
-                         f"{weight.stride(-1)}) for x {tuple(x.shape)} {x.dtype}" + (" (gate | up)" if silu_mul else ""))
+                         f"{weight.stride(-1)}) for x {tuple(x.shape)} {x.dtype}")
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"skinny.linear: {m} rows (1 to {MAX_ROWS})")
-    if norm is not None and (silu_mul or norm.numel() != k or not norm.is_contiguous()):
-        raise ValueError(f"skinny.linear: norm weight {tuple(norm.shape)} for K = {k}" +
-                         (" with silu_mul (one prologue at a time)" if silu_mul else ""))
     if bias is not None and (residual is not None or bias.numel() != n or not bias.is_contiguous()):
         raise ValueError(f"skinny.linear: bias {tuple(bias.shape)} for N = {n}" +
                          (" with a residual (not one addmm)" if residual is not None else ""))
-    h = None
-    out = None
     if residual is not None:
         h = residual.reshape(m, n)
         if h.stride(-1) != 1 or (inplace and h.data_ptr() != residual.data_ptr()):
             raise ValueError(f"skinny.linear: residual {tuple(residual.shape)} with strides {residual.stride()}")
-        out = h if inplace else None
-    if out is None:
+        out = h if inplace else torch.empty(m, n, dtype=x.dtype, device=x.device)
+    else:
+        h = None
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bn, bk, stages = blocks(n, k)
-    interpreted = kernels._interpreted()
+    dot_fp32 = x.dtype == torch.float32 or kernels._interpreted()
     _skinny_kernel[(triton.cdiv(n, bn),)](x2, weight, bias if bias is not None else weight,
-                                          h if h is not None else out, norm if norm is not None else weight, out, m,
-                                          n, x2.stride(0), weight.stride(0), h.stride(0) if h is not None else 0,
-                                          out.stride(0), eps, K=k, PRO=1 if norm is not None else 2 if silu_mul else 0,
-                                          HAS_BIAS=bias is not None, HAS_RES=h is not None,
-                                          PRECISE_EXP=not interpreted, DOT_FP32=x.dtype == torch.float32 or interpreted,
+                                          h if h is not None else out, out, m, n, x2.stride(0), weight.stride(0),
+                                          h.stride(0) if h is not None else 0, out.stride(0), K=k,
+                                          HAS_BIAS=bias is not None, HAS_RES=h is not None, DOT_FP32=dot_fp32,
                                           BLOCK_M=max(16, kernels._pow2(m)), BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
                                           num_stages=stages)
     if inplace:
