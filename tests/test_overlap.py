@@ -75,8 +75,9 @@ def count_launches(rg: RoundGraph) -> list[str]:
 
 @pytest.mark.parametrize("kind", list(SPECS))
 def test_overlap_gives_the_rounds_of_one_at_a_time(pair, kind):
-    """HF generate's tokens, the same trees and accepted rows, the same committed KV; every round graph after the
-    second was launched before the host read the round before it, most of them behind a round not read yet (two in
+    """HF generate's tokens, the same trees and accepted rows, the same committed KV; every round a graph (the
+    drafter's prefill leaves the first round at most P pending rows), every one after the first launched before
+    the host read the round before it, most of them behind a round not read yet (two in
     flight), and none was launched past the last round (the stream ends by length). Each round's draft
     log-probabilities are its own (the per-phase rounds' to float rounding), not the next rounds'."""
     model, drafter = pair
@@ -101,8 +102,9 @@ def test_overlap_gives_the_rounds_of_one_at_a_time(pair, kind):
         for ka, kb in zip(one.proposer.runner.k + one.proposer.runner.v,
                           two.proposer.runner.k + two.proposer.runner.v):
             torch.testing.assert_close(kb[:, :, :d], ka[:, :, :d])
-    # per stream: the first round is per-phase, the second launched fresh, the rest ahead; none wasted
-    assert len(bodies) == len(kinds) == rounds - len(PROMPTS)
+    # per stream: the drafter's prefill took the prompt (all but P rows), so every round is a graph: the first
+    # launched fresh, the rest next / ahead; none wasted
+    assert len(bodies) == len(kinds) == rounds
     assert kinds.count("fresh") == len(PROMPTS) and kinds.count("ahead") > 10
 
 
@@ -173,9 +175,10 @@ def test_eos_leaves_one_unused_launch_and_a_clean_next_stream(pair):
     eos = ref[17]
     out = two.generate(PROMPTS[1], 30, eos_token_ids=[eos])
     assert out.token_ids == ref[: ref.index(eos) + 1] and out.finish_reason == "stop"
-    # the round that found the EOS launched nothing (its own tokens hold it), but the round after it was queued
-    # behind it before the host read it: one unused body past the last round
-    assert len(bodies) == len(out.rounds)
+    # every round a graph (the drafter's prefill took the prompt); the round that found the EOS launched nothing
+    # (its own tokens hold it), but the round after it was queued behind it before the host read it: one unused
+    # body past the last round
+    assert len(bodies) == len(out.rounds) + 1
     for prompt in PROMPTS:  # the next streams start from their own prefill, whatever was launched before
         for new in (1, 2, 7, 33):
             assert two.generate(prompt, new).token_ids == reference_greedy(model, prompt, new)
@@ -183,7 +186,8 @@ def test_eos_leaves_one_unused_launch_and_a_clean_next_stream(pair):
 
 def test_a_consumer_that_stops_early_leaves_its_launch_unused(pair):
     """A stream abandoned after 3 rounds has a round in flight; the next stream must not take it, also when its
-    first round is a round graph (a prompt of at most depth + 1 tokens: no per-phase round in between)."""
+    first round is a round graph (every first round is one, after the drafter's prefill; a prompt of at most
+    depth + 1 tokens needs no prefill)."""
     model, drafter = pair
     _, two = overlapped(model, drafter, SPECS["dynamic"])
     rg = two.round_graph.get()
@@ -216,7 +220,7 @@ def test_a_launch_that_raises_raises_at_the_round_that_needs_it(pair, monkeypatc
             for tokens in engine.stream(PROMPTS[1], 40):
                 got.append(tokens)
         seen.append(got)
-    assert seen[0] == seen[1] and len(seen[0]) == 4  # the prefill's token and rounds 1-3
+    assert seen[0] == seen[1] and len(seen[0]) == 3  # the prefill's token and rounds 1-2 (every round is launched)
 
 
 @pytest.mark.parametrize("target_kind", ["fast", "hf"])

@@ -12,6 +12,7 @@ import torch
 from _hostcount import HostCounter
 from eaglespec.draft.fast import enable_draft_graphs
 from eaglespec.engine import SpeculativeEngine
+from eaglespec.errors import EagleSpecError
 from eaglespec.round_graph import RoundGraph, enable_round_graphs, unusable_reason
 from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.target.fast import FastTarget
@@ -82,7 +83,8 @@ def _trees(result) -> list[tuple[list[int], list[int], list[int], list[int]]]:
 @pytest.mark.parametrize("kind", list(SPECS))
 def test_rounds_equal_the_phased_rounds(pair, kind):
     """HF generate's tokens, the same tree and accepted rows every round, the same committed KV (target and
-    drafter) after the stream; every round after the first runs as a round graph."""
+    drafter) after the stream; every round runs as a round graph (the drafter's prefill leaves the first round at
+    most P pending rows)."""
     model, drafter = pair
     phased, graphed = engines(model, drafter, SPECS[kind])
     bodies = count_bodies(graphed.round_graph.get())
@@ -106,15 +108,39 @@ def test_rounds_equal_the_phased_rounds(pair, kind):
             torch.testing.assert_close(kb[:, :, :d], ka[:, :, :d], rtol=1e-5, atol=1e-5)
         assert len(b.rounds) > 8
         rounds += len(b.rounds)
-    assert len(bodies) == rounds - len(PROMPTS)  # every round but each stream's first ran as a round graph
+    assert len(bodies) == rounds  # every round ran as a round graph, each stream's first too
 
 
-def test_every_round_but_the_first_is_a_round_graph(pair):
+def test_every_round_is_a_round_graph(pair):
+    """The drafter's prefill (engine._draft_prefill) catches up on all but the prompt's last P rows, so the first
+    round fits a round graph too; a prompt of at most P tokens needs none. Its drafter rows are the ones the
+    per-phase first round computes (the trees of test_rounds_equal_the_phased_rounds)."""
     model, drafter = pair
     _, graphed = engines(model, drafter, SPECS["static"])
+    rg = graphed.round_graph.get()
+    bodies = count_bodies(rg)
+    for prompt in (PROMPTS[0], PROMPTS[1], PROMPTS[0][: rg.P], PROMPTS[0][:2]):
+        before = len(bodies)
+        res = graphed.generate(prompt, 40)
+        assert len(bodies) - before == len(res.rounds)
+        assert res.token_ids == reference_greedy(model, prompt, 40)
+
+
+def test_draft_prefill_switch(pair, monkeypatch):
+    """EAGLESPEC_DRAFT_PREFILL=0: the first round catches up on the prompt by phases (no round graph), the same
+    tokens and trees; another value is refused in one line."""
+    model, drafter = pair
+    _, graphed = engines(model, drafter, SPECS["dynamic"])
+    on = graphed.generate(PROMPTS[1], 30)
     bodies = count_bodies(graphed.round_graph.get())
-    res = graphed.generate(PROMPTS[0], 40)
-    assert len(bodies) == len(res.rounds) - 1  # the first round catches up on the prompt: per-phase
+    monkeypatch.setenv("EAGLESPEC_DRAFT_PREFILL", "0")
+    off = graphed.generate(PROMPTS[1], 30)
+    assert len(bodies) == len(off.rounds) - 1  # the first round ran by phases
+    assert on.token_ids == off.token_ids == reference_greedy(model, PROMPTS[1], 30)
+    assert _trees(on) == _trees(off)
+    monkeypatch.setenv("EAGLESPEC_DRAFT_PREFILL", "yes")
+    with pytest.raises(EagleSpecError, match="EAGLESPEC_DRAFT_PREFILL"):
+        graphed.generate(PROMPTS[1], 30)
 
 
 def test_round_function_has_no_host_sync(pair):
