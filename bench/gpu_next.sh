@@ -103,6 +103,20 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 19's starting point (session 18, bench/RESULTS.md: at 50e99b9 MT-bench 80 dynamic 2875.4 tok/s = 2.72x plain
+# (tau 4.39), HumanEval 3339.4 = 3.21x, T=1 static 1.44x; fp32 2/2 identical. A dynamic round is 397 kernels (the
+# tree's bookkeeping 45 -> 31: candidates written in place, flags in select_tree), ~1.42 ms of replay, ~1.50 ms wall.
+# The drafter's prefill (801ab2c) makes each stream's first round a graph: +1.2% in one process). Measure A/Bs with
+# bench/ab.py (one process, a Bench per value of an environment switch, turns 0 1 1 0): on this machine the same
+# code's plain decoding swung 891.7 / 1030.9 tok/s between two processes, so one-process-per-value A/Bs (sk18,
+# sk18b) mislead. Tried and lost: target/skinny.py (a few-row Triton GEMM, 0.7-1 us faster than cuBLAS per call in
+# isolation, nothing per step: opt-in EAGLESPEC_SKINNY_GEMM=1), the norm / silu * up in a Triton GEMM's prologue
+# (12-151 us), a fused drafter head (norm + lm_head + chunk top-k: 14.7 vs 12.9 us). For 3x on MT-bench a round
+# must be <= ~1.39 ms wall: the draft phase (7 drafter steps x ~11 kernels) would have to halve; or tau ~4.8 at
+# today's round. Only the one-GPU kind was lent for most of session 18: gpu_x2.sh ab18 / bench18 / more18 / pre18
+# run on one GPU (bench18 + more18 ~ 230 s; the stash: part00..04 one call each, then part05 + WHEEL_NAME + .gpu/whl
+# + .gpu/data + install.sh). In ad-hoc commands put `export ...;` on its own before a `cmd &` (an `a && b &` list
+# runs the exports in the background: session 18's pre18 ran without EAGLESPEC_COMMIT that way).
 # Session 18's starting point (session 17: two rounds in flight (round_graph: the host reads round N waiting for N
 # only and queues N + 2 behind N + 1; `EAGLESPEC_TWO_IN_FLIGHT=0` goes back) took the device's idle between rounds
 # from 0.136 to 0.021 ms (bench/round_gaps.py) and a dynamic MT-bench 40 round +4-5%; session 16's kernels are on
