@@ -357,7 +357,8 @@ class SpeculativeEngine:
     def _draft_prefill(self, ids: torch.Tensor, pending_feats: torch.Tensor, keep: int) -> torch.Tensor:
         """Catch the drafter up on all but the last `keep` pending rows [n, F] (after the prefill: the prompt's);
         returns the rows left pending. A round graph catches up at most P rows, so without this the first round of
-        every stream ran by phases: on the H200 ~4 ms more per MT-bench prompt than a graphed round (session 18).
+        every stream ran by phases: on the H200 the dynamic tree +1.2% with it (session 18, MT-bench 20, bench/ab.py
+        in one process: 2788.9 -> 2821.8 tok/s).
         The drafter's rows and KV are the ones the first round's catch-up would compute, in two calls instead of
         one (contract 7: proposer.committed + the pending rows = the target's committed length)."""
         n = pending_feats.shape[0] - keep
