@@ -117,6 +117,11 @@
 # run on one GPU (bench18 + more18 ~ 230 s; the stash: part00..04 one call each, then part05 + WHEEL_NAME + .gpu/whl
 # + .gpu/data + install.sh). In ad-hoc commands put `export ...;` on its own before a `cmd &` (an `a && b &` list
 # runs the exports in the background: session 18's pre18 ran without EAGLESPEC_COMMIT that way).
+# First for session 19, prepared and not run (no device time left): `PYTHONPATH=src python3 bench/pdl_check.py --json
+# $OUT/h200_pdl_check.json` (~1 min, no model needed): does programmatic dependent launch (Triton's launch_pdl,
+# gdc_launch_dependents / gdc_wait) shorten a CUDA graph of 200 dependent norm kernels, or few-row GEMMs with their
+# weights loaded before the wait? If a kernel boundary gets ~1 us cheaper, the project's Triton kernels (a round's
+# ~250 of 397) would take USE_GDC behind a switch, timed with bench/ab.py.
 # Session 18's starting point (session 17: two rounds in flight (round_graph: the host reads round N waiting for N
 # only and queues N + 2 behind N + 1; `EAGLESPEC_TWO_IN_FLIGHT=0` goes back) took the device's idle between rounds
 # from 0.136 to 0.021 ms (bench/round_gaps.py) and a dynamic MT-bench 40 round +4-5%; session 16's kernels are on
