@@ -117,6 +117,10 @@
 # run on one GPU (bench18 + more18 ~ 230 s; the stash: part00..04 one call each, then part05 + WHEEL_NAME + .gpu/whl
 # + .gpu/data + install.sh). In ad-hoc commands put `export ...;` on its own before a `cmd &` (an `a && b &` list
 # runs the exports in the background: session 18's pre18 ran without EAGLESPEC_COMMIT that way).
+# Tau: 20.8% of MT-bench rounds accept the whole depth 7 (33.8% on HumanEval) with conditional acceptance ~0.9 per
+# depth, but deeper trees gained little: the drafter learned 7 TTT steps only. Untested lever: continue the shipped
+# drafter with `train --ttt-steps 10 --init models/smollm2-135m-instruct-eagle3` on run 9's data (.gpu/s16) and
+# sweep dynamic 9/10/70, 10/10/80 against 7/10/60 (bench/tree_sweep.py) on MT-bench 40.
 # First for session 19, prepared and not run (no device time left): `PYTHONPATH=src python3 bench/pdl_check.py --json
 # $OUT/h200_pdl_check.json` (~1 min, no model needed): does programmatic dependent launch (Triton's launch_pdl,
 # gdc_launch_dependents / gdc_wait) shorten a CUDA graph of 200 dependent norm kernels, or few-row GEMMs with their
