@@ -120,7 +120,9 @@
 # Tau: 20.8% of MT-bench rounds accept the whole depth 7 (33.8% on HumanEval) with conditional acceptance ~0.9 per
 # depth, but deeper trees gained little: the drafter learned 7 TTT steps only. Untested lever: continue the shipped
 # drafter with `train --ttt-steps 10 --init models/smollm2-135m-instruct-eagle3` on run 9's data (.gpu/s16) and
-# sweep dynamic 9/10/70, 10/10/80 against 7/10/60 (bench/tree_sweep.py) on MT-bench 40.
+# sweep dynamic 9/10/70, 10/10/80 against 7/10/60 (bench/tree_sweep.py) on MT-bench 40: prepared as `bash
+# bench/gpu_x2.sh ttt19` (after `CARRY=.gpu/s16 bash bench/gpu_x2.sh stash7`; no .gpu/s16 in a fresh workspace: `regen15`
+# makes run 9's data in one ~330-s call) then `deep19` (the new drafter and the shipped one on deeper trees, one GPU each).
 # First for session 19, prepared and not run (no device time left): `PYTHONPATH=src python3 bench/pdl_check.py --json
 # $OUT/h200_pdl_check.json` (~1 min, no model needed): does programmatic dependent launch (Triton's launch_pdl,
 # gdc_launch_dependents / gdc_wait) shorten a CUDA graph of 200 dependent norm kernels, or few-row GEMMs with their
