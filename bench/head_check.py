@@ -12,7 +12,7 @@ GPU only (CUDA graphs of --reps calls, the median over --replays replays):
 1. the projections of SmolLM2's steps (the target's qkv, o, gate_up, down and lm_head at 1 and 60 rows, the shipped
    drafter's qkv, o, gate_up, down, fc and lm_head at 1 and 10 rows): cuBLAS's F.linear and addmm_ (the residual in
    its epilogue) against target/skinny.py's linear with its shipped block sizes (and the residual), whether
-   skinny.applies takes the shape, and with --sweep the bench's copy of the kernel over 27 block sizes;
+   skinny.applies takes the shape, and with --sweep skinny.linear over 27 block sizes (its `tiles`);
 2. with --head, the drafter head at M = 1 and 10 rows (K = 576, Vd = 12,000, top-10): today's norm + lm_head +
    tree_kernels.children against a fused norm + lm_head + chunk top-k kernel + the merge, over block sizes; parity:
    share of rows whose 10 children (ids, in order) equal today's. (Session 18: it lost, 14.7 vs 12.9 us.)
@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from gemm_check import graph_replay_ms  # bench/ is the script's own directory: on sys.path
 
 from eaglespec import tree_kernels as T
 from eaglespec.bench import environment
@@ -89,33 +91,9 @@ def _head_top_kernel(x_ptr, nw_ptr, w_ptr, key_ptr, stat_ptr, M, V, S, eps, sxm,
         key = tl.where(key == best[:, None], empty, key)
 
 
-def _skinny_kernel(x_ptr, w_ptr, out_ptr, M, N, sxm, swn, som, HID: tl.constexpr, DOT_FP32: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program (n block, m block): out = x @ w.T over the whole K, BLOCK_K at a time."""
-    dtype = w_ptr.dtype.element_ty
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_in = rows < M
-    col_in = cols < N
-    x_rows = x_ptr + rows.to(tl.int64)[:, None] * sxm
-    w_cols = w_ptr + cols.to(tl.int64)[None, :] * swn
-    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-    for k0 in range(0, HID, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_in = ks < HID
-        a = tl.load(x_rows + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)
-        wt = tl.load(w_cols + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)
-        if DOT_FP32:
-            acc = tl.dot(a.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, wt, acc)
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * som + cols[None, :], acc.to(dtype),
-             mask=row_in[:, None] & col_in[None, :])
-
-
 def _kernels():
     """Import triton, load the project's jitted helpers (kernels._round, tree_kernels' keys) into this module's
-    namespace and jit the two kernels above: (triton, head_top, skinny)."""
+    namespace and jit the kernel above: (triton, head_top)."""
     global triton, tl, _round, _add, _max, _key
     import triton
     import triton.language as tl
@@ -124,32 +102,13 @@ def _kernels():
     K._load()
     _round, _add, _max, _key = K._round, K._add, T._max, T._key
     g = globals()
-    for name in ("_head_top_kernel", "_skinny_kernel"):
-        g[name] = triton.jit(g[name])
-    return triton, g["_head_top_kernel"], g["_skinny_kernel"]
+    g["_head_top_kernel"] = triton.jit(g["_head_top_kernel"])
+    return triton, g["_head_top_kernel"]
 
 
 def timed(fn, reps: int, replays: int) -> float:
-    """us per call: fn() `reps` times in one CUDA graph, the median replay."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(times)
+    """us per call: gemm_check's CUDA-graph timing (reps calls in one graph, the median replay)."""
+    return 1e3 * statistics.median(graph_replay_ms(fn, reps, replays))
 
 
 def head_row(triton, head_top, m: int, lm_w: torch.Tensor, nw: torch.Tensor, gen: torch.Generator, args) -> dict:
@@ -194,34 +153,29 @@ def head_row(triton, head_top, m: int, lm_w: torch.Tensor, nw: torch.Tensor, gen
     return row
 
 
-def skinny_row(triton, skinny, name: str, k: int, n: int, m: int, gen: torch.Generator, args) -> dict:
+def skinny_row(name: str, k: int, n: int, m: int, gen: torch.Generator, args) -> dict:
     """[m, k] @ [n, k].T: cuBLAS's F.linear and addmm (a residual in the epilogue) against target/skinny.py's linear
-    (its shipped block sizes, with and without the residual) and, with --sweep, the bench kernel over block sizes."""
+    (its shipped block sizes, with and without the residual) and, with --sweep, over other block sizes (tiles=)."""
     from eaglespec.target import skinny as S
 
     dev, dt, reps, replays = "cuda", torch.bfloat16, args.reps, args.replays
     w = (torch.randn(n, k, generator=gen, device=dev) * 0.05).to(dt)
     x = torch.randn(m, k, generator=gen, device=dev).to(dt)
     h = torch.randn(m, n, generator=gen, device=dev).to(dt)
-    out = torch.empty(m, n, dtype=dt, device=dev)
     ref = F.linear(x, w).float()
     row = {"what": name, "k": k, "n": n, "rows": m, "cublas_us": timed(lambda: F.linear(x, w), reps, replays),
            "cublas_res_us": timed(lambda: h.addmm_(x, w.t()), reps, replays),
            "module_us": timed(lambda: S.linear(x, w), reps, replays),
            "module_res_us": timed(lambda: S.linear(x, w, residual=h, inplace=True), reps, replays),
            "module_blocks": S.blocks(n, k), "applies": S.applies(x, w), "triton": []}
-    bm = 16 if m <= 16 else 64
     for bn, bk, stages in itertools.product((16, 32, 64), (64, 128, 256), (2, 3, 4)) if args.sweep else ():
         cfg = {"bn": bn, "bk": bk, "stages": stages}
 
-        def run(bn=bn, bk=bk, stages=stages):
-            skinny[(triton.cdiv(n, bn), triton.cdiv(m, bm))](x, w, out, m, n, x.stride(0), w.stride(0),
-                                                             out.stride(0), HID=k, DOT_FP32=False, BLOCK_M=bm,
-                                                             BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=stages)
+        def run(tiles=(bn, bk, stages)):
+            return S.linear(x, w, tiles=tiles)
 
         try:
-            run()
-            cfg.update(us=timed(run, reps, replays), max_diff=float((out.float() - ref).abs().max()))
+            cfg.update(max_diff=float((run().float() - ref).abs().max()), us=timed(run, reps, replays))
         except Exception as exc:
             cfg["error"] = str(exc)[:120]
         row["triton"].append(cfg)
@@ -239,12 +193,12 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--head", action="store_true", help="also the fused head kernel's sweep (slower: it lost)")
-    ap.add_argument("--sweep", action="store_true", help="also sweep the bench GEMM's block sizes per shape")
+    ap.add_argument("--sweep", action="store_true", help="also sweep skinny.linear's block sizes per shape")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("head_check: needs CUDA")
     dev, dt = "cuda", torch.bfloat16
-    triton, head_top, skinny = _kernels()
+    triton, head_top = _kernels()
     gen = torch.Generator(device=dev).manual_seed(0)
     lm_w = (torch.randn(VD, H, generator=gen, device=dev) * 0.05).to(dt)
     nw = (1 + 0.1 * torch.randn(H, generator=gen, device=dev)).to(dt)
@@ -256,7 +210,7 @@ def main() -> None:
     drafter = {"d_qkv": (1152, 960), "d_o": (576, 576), "d_gate_up": (576, 9216), "d_down": (4608, 576),
                "d_fc": (1728, 576), "d_head": (576, VD)}
     for (name, (k, n)), m in [*itertools.product(target.items(), (1, 60)), *itertools.product(drafter.items(), (1, 10))]:
-        report["skinny"].append(skinny_row(triton, skinny, name, k, n, m, gen, args))
+        report["skinny"].append(skinny_row(name, k, n, m, gen, args))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
 

@@ -24,6 +24,7 @@ each with its wait before its first read of a predecessor's output, behind a swi
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -32,6 +33,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from gemm_check import graph_replay_ms  # bench/ is the script's own directory: on sys.path
 
 from eaglespec.bench import environment
 
@@ -92,23 +95,10 @@ def _jit():
 
 
 def chain_time(step, n: int, replays: int) -> float:
-    """us per kernel: `step(i)` for i in range(n) captured in one CUDA graph, the median of `replays` replays."""
-    for i in range(2):  # compile and warm outside the capture
-        step(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(n):
-            step(i)
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / n)
-    return statistics.median(times)
+    """us per kernel: step(0), step(1), ... (a counter: the chain ping-pongs) `n` times in one CUDA graph, timed as
+    gemm_check times (warm-up calls outside the capture, the median of `replays` replays)."""
+    calls = itertools.count()
+    return 1e3 * statistics.median(graph_replay_ms(lambda: step(next(calls)), n, replays))
 
 
 def main() -> None:

@@ -70,6 +70,14 @@ def test_residual_in_place_and_not():
     torch.testing.assert_close(view, x @ w.t(), rtol=1e-5, atol=1e-5)
 
 
+def test_other_tiles_give_the_same_values():
+    """tiles= (the sweep's block sizes): the same products, another tiling of N and K."""
+    x, w, _, h = _case(8, 5, 200, 70, torch.float32)
+    want = torch.addmm(h, x, w.t())
+    for tiles in ((16, 64, 2), (32, 128, 3), (64, 256, 4)):
+        torch.testing.assert_close(skinny.linear(x, w, residual=h, tiles=tiles), want, rtol=1e-5, atol=1e-5)
+
+
 def test_linear_keeps_leading_dims():
     x, w, _, _ = _case(4, 6, 32, 24, torch.float32)
     got = skinny.linear(x.view(2, 3, 32), w)

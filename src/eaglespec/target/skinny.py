@@ -140,9 +140,11 @@ def blocks(n: int, k: int) -> tuple[int, int, int]:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           residual: torch.Tensor | None = None, inplace: bool = False) -> torch.Tensor:
+           residual: torch.Tensor | None = None, inplace: bool = False, *,
+           tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
     """linear_ref in one kernel: x [..., K] (at most MAX_ROWS rows), weight [N, K] (unit column stride), bias [N] or
-    None, residual [..., N] or None (then no bias) -> [..., N] in x's dtype (`inplace`: written into residual)."""
+    None, residual [..., N] or None (then no bias) -> [..., N] in x's dtype (`inplace`: written into residual).
+    tiles: (BLOCK_N, BLOCK_K, num_stages) in place of blocks(N, K)'s (bench/head_check.py --sweep)."""
     _load()
     k, n = x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, k)
@@ -165,7 +167,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     else:
         h = None
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bn, bk, stages = blocks(n, k)
+    bn, bk, stages = tiles or blocks(n, k)
     dot_fp32 = x.dtype == torch.float32 or kernels._interpreted()
     _skinny_kernel[(triton.cdiv(n, bn),)](x2, weight, bias if bias is not None else weight,
                                           h if h is not None else out, out, m, n, x2.stride(0), weight.stride(0),
