@@ -78,6 +78,31 @@ def test_other_tiles_give_the_same_values():
         torch.testing.assert_close(skinny.linear(x, w, residual=h, tiles=tiles), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("m, k, n", [(1, 96, 40), (7, 200, 70), (16, 130, 33)])
+def test_prefetch_kernel_gives_the_same_values(m, k, n):
+    """The PDL kernel's one-tile variant (the weight tile loaded before the wait; run here without PDL, which the
+    interpreter cannot do): all of K in one padded tile, bias and residual as the looped kernel's."""
+    assert skinny.prefetch_tiles(m, n, k) is not None
+    x, w, b, h = _case(11 * m + k, m, k, n, torch.float32)
+    torch.testing.assert_close(skinny.linear(x, w, b, prefetch=True), torch.nn.functional.linear(x, w, b),
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(skinny.linear(x, w, residual=h, prefetch=True), torch.addmm(h, x, w.t()),
+                               rtol=1e-5, atol=1e-5)
+    xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
+    got, want = skinny.linear(xb, wb, prefetch=True).double(), _exact(xb, wb)
+    assert ((got - want).abs() <= want.abs().clamp(min=1e-3) * 2.0 ** -7).all()  # the fp32 sum rounded once
+
+
+def test_prefetch_tiles_fit_the_tile_budget():
+    """The tile narrows to stay within PREFETCH_TILE elements; too many rows or too long a K: the looped kernel."""
+    for m, n, k in ((1, 960, 576), (1, 3072, 576), (1, 576, 1536), (10, 12000, 576), (16, 960, 1152)):
+        bn, bk, stages, warps = skinny.prefetch_tiles(m, n, k)
+        assert bk >= k and bk & (bk - 1) == 0 and bn * bk <= skinny.PREFETCH_TILE and bn >= 16 and stages == 1
+        assert bn <= skinny.blocks(n, k)[0] and warps in (4, 8)
+    assert skinny.prefetch_tiles(17, 960, 576) is None  # rows past PREFETCH_ROWS
+    assert skinny.prefetch_tiles(1, 576, 4096) is None  # a 16-wide tile of K = 4096 is past the budget
+
+
 def test_linear_keeps_leading_dims():
     x, w, _, _ = _case(4, 6, 32, 24, torch.float32)
     got = skinny.linear(x.view(2, 3, 32), w)

@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import env_switch
+from . import kernels
 from .kernels import _interpreted, _pow2
 
 ATTN_KERNEL_ENV = "EAGLESPEC_ATTN_KERNEL"  # "0": SDPA even with the fused kernels; "1" or unset: this kernel
@@ -114,10 +115,12 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, len_ptr, o_ptr, part_ptr, stat_p
                  q_s1, q_s2, k_s1, k_s2, v_s1, v_s2, o_s1, o_s2, mask_s0, M, SPAN, HKV, qk_scale,
                  G: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, HAS_LEN: tl.constexpr, SPLITS: tl.constexpr,
                  PRECISION: tl.constexpr, LOOP_SPAN: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
+                 BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Program (head, m block, share): rows m*BLOCK_M.. of KV head `head` over its share of the columns below
     min(SPAN, kv_len), online softmax in base 2. SPLITS == 1: o = acc / l (0 where no column was allowed);
     else the partial acc -> part [share, head, row, DP] and (max, sum) -> stat [share, head, row, 2], fp32."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)  # q, the cache, the mask and kv_len are all written in the step (kernels.pdl's rule)
     head = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     share = tl.program_id(2)
@@ -160,9 +163,11 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, len_ptr, o_ptr, part_ptr, stat_p
 
 
 def _combine_kernel(part_ptr, stat_ptr, o_ptr, o_s1, o_s2, M, HKV, SPLITS: tl.constexpr, SP: tl.constexpr,
-                    D: tl.constexpr, DP: tl.constexpr):
+                    D: tl.constexpr, DP: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Program (head, row): the SPLITS shares' partial outputs of the row combined -> o (0 where no share
     saw an allowed column)."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
     head = tl.program_id(0).to(tl.int64)
     row = tl.program_id(1)
     s = tl.arange(0, SP)
@@ -192,10 +197,12 @@ def _load() -> None:
     the attention kernel's column loop runs over the whole span there, a constexpr (LOOP_SPAN; the tiles outside
     the program's columns fully masked, so still never read): triton 3.6's interpreter takes no loop bound held
     in a tensor (its int() of a 1-element array is a TypeError with NumPy 2.5)."""
-    global triton, tl
+    global triton, tl, _dependents, _wait
     import triton
     import triton.language as tl
 
+    kernels._load()
+    _dependents, _wait = kernels._dependents, kernels._wait  # PDL (kernels.pdl)
     g = globals()
     for name in _JITTED:
         g[name] = triton.jit(g[name])
@@ -267,13 +274,14 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
     if num_stages is not None:
         launch["num_stages"] = num_stages
     grid = (hk, triton.cdiv(m, block_m), splits)
+    gdc = kernels.pdl(q)
     _attn_kernel[grid](q, k, v, allowed, allowed if kv_len is None else kv_len, out, part, stat,
                        q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
                        out.stride(1), out.stride(2), allowed.stride(0), m, span, hk, scale * _LOG2E,
                        G=m // b, D=d, DP=dp, HAS_LEN=kv_len is not None, SPLITS=splits,
                        PRECISION="ieee", LOOP_SPAN=span if _interpreted() else 0, BLOCK_M=block_m, BLOCK_N=block_n,
-                       **launch)
+                       USE_GDC=gdc, launch_pdl=gdc, **launch)
     if splits > 1:
         _combine_kernel[(hk, m)](part, stat, out, out.stride(1), out.stride(2), m, hk, SPLITS=splits,
-                                 SP=_pow2(splits), D=d, DP=dp)
+                                 SP=_pow2(splits), D=d, DP=dp, USE_GDC=gdc, launch_pdl=gdc)
     return out

@@ -90,9 +90,13 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 # -- the Triton kernel (a plain function here; _load() jits it on first use) -------------------------------
 def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, M, N, sxm, swn, shm, som, K: tl.constexpr,
                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program (n block): out[:, cols] = round(x @ w[cols].T (+ bias) (+ h[:, cols])) over all of K."""
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_GDC: tl.constexpr = False,
+                   PREFETCH: tl.constexpr = False):
+    """Program (n block): out[:, cols] = round(x @ w[cols].T (+ bias) (+ h[:, cols])) over all of K. PREFETCH (with
+    PDL, kernels.pdl; BLOCK_K >= K): the program's whole weight tile is loaded before the wait for the kernel
+    before, x after it."""
     dtype = out_ptr.dtype.element_ty
+    _dependents(USE_GDC)
     rows = tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_in = rows < M
@@ -100,15 +104,21 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, M, N, sxm, swn, shm, som
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * sxm
     w_cols = w_ptr + cols.to(tl.int64)[None, :] * swn
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
+    if PREFETCH:
+        ks = tl.arange(0, BLOCK_K)
         k_in = ks < K
+        wt = tl.load(w_cols + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)  # [BK, BN]: a weight
+        _wait(USE_GDC)
         a = tl.load(x_rows + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)  # [BM, BK]
-        wt = tl.load(w_cols + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)  # [BK, BN]
-        if DOT_FP32:
-            acc = tl.dot(a.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, wt, acc)
+        acc = _dot(a, wt, acc, DOT_FP32)
+    else:
+        _wait(USE_GDC)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_in = ks < K
+            a = tl.load(x_rows + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)  # [BM, BK]
+            wt = tl.load(w_cols + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)  # [BK, BN]
+            acc = _dot(a, wt, acc, DOT_FP32)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
     tile = row_in[:, None] & col_in[None, :]
@@ -118,17 +128,25 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, M, N, sxm, swn, shm, som
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * som + cols[None, :], out, mask=tile)
 
 
+def _dot(a, wt, acc, DOT_FP32: tl.constexpr):
+    """acc + a @ wt, in fp32 (IEEE) when DOT_FP32."""
+    if DOT_FP32:
+        return tl.dot(a.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, wt, acc)
+
+
 @functools.cache
 def _load() -> None:
     """Import triton and jit the kernel (kernels._load's rules: the interpreter mode is fixed at the first call)."""
-    global triton, tl, _round
+    global triton, tl, _round, _dependents, _wait
     kernels._load()
     import triton
     import triton.language as tl
 
-    _round = kernels._round
+    _round, _dependents, _wait = kernels._round, kernels._dependents, kernels._wait
     g = globals()
-    g["_skinny_kernel"] = triton.jit(g["_skinny_kernel"])
+    for name in ("_dot", "_skinny_kernel"):
+        g[name] = triton.jit(g[name])
 
 
 def blocks(n: int, k: int) -> tuple[int, int, int]:
@@ -139,12 +157,29 @@ def blocks(n: int, k: int) -> tuple[int, int, int]:
     return bn, 128 if k >= 1024 else 64, 4 if bn < 64 else 3
 
 
+PREFETCH_ROWS = 16  # with PDL, a program's whole weight tile is loaded before the wait up to this many rows of x
+PREFETCH_TILE = 32768  # ... and this many weight elements a program (BLOCK_N x K padded): 64 KB in bf16
+
+
+def prefetch_tiles(m: int, n: int, k: int) -> tuple[int, int, int, int] | None:
+    """(BLOCK_N, BLOCK_K, num_stages, num_warps) for the PDL kernel that loads its weight tile before the wait
+    (PREFETCH): all of K (padded to a power of two) in one tile, BLOCK_N narrowed to blocks()' or less so that the
+    tile holds at most PREFETCH_TILE elements; None where the rows or K are too many for one tile."""
+    kp = kernels._pow2(k)
+    bn = min(blocks(n, k)[0], PREFETCH_TILE // kp)
+    if m > PREFETCH_ROWS or bn < 16:
+        return None
+    return bn, kp, 1, 8 if bn * kp > PREFETCH_TILE // 2 else 4
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            residual: torch.Tensor | None = None, inplace: bool = False, *,
-           tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
+           tiles: tuple[int, int, int] | None = None, prefetch: bool | None = None) -> torch.Tensor:
     """linear_ref in one kernel: x [..., K] (at most MAX_ROWS rows), weight [N, K] (unit column stride), bias [N] or
     None, residual [..., N] or None (then no bias) -> [..., N] in x's dtype (`inplace`: written into residual).
-    tiles: (BLOCK_N, BLOCK_K, num_stages) in place of blocks(N, K)'s (bench/head_check.py --sweep)."""
+    tiles: (BLOCK_N, BLOCK_K, num_stages) in place of blocks(N, K)'s (bench/head_check.py --sweep). prefetch: the
+    one-tile kernel of prefetch_tiles (None: when launched with PDL, where it fits; True: where it fits, PDL or not,
+    for the tests)."""
     _load()
     k, n = x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, k)
@@ -167,13 +202,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     else:
         h = None
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bn, bk, stages = tiles or blocks(n, k)
+    gdc = kernels.pdl(x)
+    pre = prefetch_tiles(m, n, k) if (gdc if prefetch is None else prefetch) and tiles is None else None
+    bn, bk, stages, warps = pre or (*(tiles or blocks(n, k)), 4)
     dot_fp32 = x.dtype == torch.float32 or kernels._interpreted()
     _skinny_kernel[(triton.cdiv(n, bn),)](x2, weight, bias if bias is not None else weight,
                                           h if h is not None else out, out, m, n, x2.stride(0), weight.stride(0),
                                           h.stride(0) if h is not None else 0, out.stride(0), K=k,
                                           HAS_BIAS=bias is not None, HAS_RES=h is not None, DOT_FP32=dot_fp32,
-                                          BLOCK_M=max(16, kernels._pow2(m)), BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
+                                          BLOCK_M=max(16, kernels._pow2(m)), BLOCK_N=bn, BLOCK_K=bk, USE_GDC=gdc,
+                                          PREFETCH=pre is not None, launch_pdl=gdc, num_warps=warps,
                                           num_stages=stages)
     if inplace:
         return residual
