@@ -11,6 +11,10 @@ index_select's copy does), and one more program writes the small outputs and fea
 arithmetic: the outputs are bitwise the torch code's (cache and features are moved as raw bits).
 
 Used by round graphs where tree_kernels.wanted(device) and not EAGLESPEC_TAIL_KERNEL=0 (the A/B switch).
+
+PDL (target/kernels.pdl, EAGLESPEC_PDL=1 on Hopper): every kernel here takes USE_GDC and its launcher passes it
+with launch_pdl; the kernel lets the next one launch first thing, then waits (_wait) for the kernels before it
+before any load or store: all of its inputs are written by earlier kernels of the graph, nothing to prefetch.
 """
 
 from __future__ import annotations
@@ -61,7 +65,9 @@ def round_tail_ref(cache: torch.Tensor, ids: torch.Tensor, state_out: torch.Tens
 def _round_tail_kernel(cache, ids, state, feats_out, feats, tokens, parents, depths, flags, m_ptr, bonus_ptr, order_ptr,
                        tlen_ptr, base_ptr, result, block, feats_in_stride, feats_out_stride, F, T, G,
                        P: tl.constexpr, PB: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, FB: tl.constexpr,
-                       TB: tl.constexpr):
+                       TB: tl.constexpr, USE_GDC: tl.constexpr = False):
+    _dependents(USE_GDC)
+    _wait(USE_GDC)  # every input is written by the round's earlier kernels: nothing to read before it
     g = tl.program_id(0)
     tlen = tl.load(tlen_ptr)
     j = tl.arange(0, PB)
@@ -110,11 +116,13 @@ _JITTED = ("_round_tail_kernel",)
 
 @functools.cache
 def _load() -> None:
-    """Import triton and jit the kernel above (as target/kernels._load)."""
-    global triton, tl
+    """Import triton and jit the kernel above (as target/kernels._load); its PDL helpers are target/kernels'."""
+    global triton, tl, _dependents, _wait
+    K._load()
     import triton
     import triton.language as tl
 
+    _dependents, _wait = K._dependents, K._wait  # the PDL helpers (target/kernels.pdl)
     g = globals()
     for name in _JITTED:
         g[name] = triton.jit(g[name])
@@ -144,9 +152,10 @@ def round_tail(cache: torch.Tensor, ids: torch.Tensor, state_out: torch.Tensor, 
     g = layers * two * hkv
     flags = flags.view(torch.uint8) if flags.dtype == torch.bool else flags
     f = feats.shape[1]
+    gdc = K.pdl(tokens)  # (g: the cache blocks)
     _round_tail_kernel[(g + 1,)](_bits(cache), ids, state_out, _bits(feats_out), _bits(feats), tokens.contiguous(),
                                  parents.contiguous(), depths.contiguous(), flags.contiguous(), m, bonus, order, tlen,
                                  base, result, slots * d, feats.stride(0), feats_out.stride(0), f, t, g, P=p,
                                  PB=max(2, K._pow2(p)), D=d, DB=max(16, K._pow2(d)), FB=min(1024, max(16, K._pow2(f))),
-                                 TB=max(16, K._pow2(t)), num_warps=4)
+                                 TB=max(16, K._pow2(t)), num_warps=4, USE_GDC=gdc, launch_pdl=gdc)
     return result

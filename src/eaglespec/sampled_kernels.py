@@ -65,6 +65,10 @@ a jitted helper of ours: the interpreter spends ~1 ms on every such call (_parti
 Tested under Triton's interpreter (TRITON_INTERPRET=1); timed on the H200 (session 15, 55a5b4d: max abs difference
 to the torch path 1.8e-12 / 7.5e-9 / 1.5e-8 for r_at / q_at / the final rows); bench/sibling_check.py times them
 against the torch path on a GPU (--sweep: CHUNK x num_warps, not run yet).
+
+PDL (target/kernels.pdl, EAGLESPEC_PDL=1 on Hopper): every kernel here takes USE_GDC and its launcher passes it
+with launch_pdl; the kernel lets the next one launch first thing, then waits (_wait) for the kernels before it
+before any load or store: all of its inputs are written by earlier kernels of the graph, nothing to prefetch.
 """
 
 from __future__ import annotations
@@ -170,8 +174,11 @@ def _state(t, upto, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, T, 
     return a, beta, left, rem, val
 
 
-def _left_kernel(live_ptr, q_ptr, ps_ptr, V, S, q_stride, K: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr):
+def _left_kernel(live_ptr, q_ptr, ps_ptr, V, S, q_stride, K: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr,
+                 USE_GDC: tl.constexpr = False):
     """Program (t, c): pS[0, t, c] = q's mass over chunk c of row t, where parent t has a live child."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     slot = tl.arange(0, KP)
@@ -183,9 +190,12 @@ def _left_kernel(live_ptr, q_ptr, ps_ptr, V, S, q_stride, K: tl.constexpr, KP: t
 
 
 def _rank_kernel(R, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, rq_ptr, ps_ptr, pm_ptr, V, T, S, p_stride,
-                 q_stride, K: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr, SB: tl.constexpr):
+                 q_stride, K: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr, SB: tl.constexpr,
+                 USE_GDC: tl.constexpr = False):
     """Program (t, c), where parent t's child of rank R is live: pM[R, t, c] and pS[R + 1, t, c] (the module
     docstring); program c = 0 also writes that child's r_at (rq[0]) and q_at (rq[1])."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     if tl.load(live_ptr + t * K + R) != 0:
@@ -222,8 +232,11 @@ def _rank_kernel(R, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, rq_ptr, ps_ptr, p
 
 
 def _final_kernel(best_ptr, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, ps_ptr, pm_ptr, out_ptr, V, T, S, p_stride,
-                  q_stride, K: tl.constexpr, KP: tl.constexpr, SB: tl.constexpr, BLOCK: tl.constexpr):
+                  q_stride, K: tl.constexpr, KP: tl.constexpr, SB: tl.constexpr, BLOCK: tl.constexpr,
+                  USE_GDC: tl.constexpr = False):
     """Program j: out[j*BLOCK : (j+1)*BLOCK] = node best's final residual (_state() over all K ranks)."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
     b = tl.load(best_ptr).to(tl.int64)
     prow = p_ptr + b * p_stride
     qrow = q_ptr + b * q_stride
@@ -245,10 +258,12 @@ _JITTED = ("_partials", "_state", "_left_kernel", "_rank_kernel", "_final_kernel
 def _load() -> None:
     """Import triton and jit the kernels above (as target/kernels._load); the rank R is not specialised on (one
     compiled _rank_kernel for every rank)."""
-    global triton, tl
+    global triton, tl, _dependents, _wait
+    K._load()
     import triton
     import triton.language as tl
 
+    _dependents, _wait = K._dependents, K._wait  # the PDL helpers (target/kernels.pdl)
     g = globals()
     for name in _JITTED:
         g[name] = triton.jit(g[name], do_not_specialize=["R"] if name == "_rank_kernel" else None)
@@ -286,10 +301,13 @@ def sibling_tests(tokens: torch.Tensor, kids: torch.Tensor, target_probs: torch.
     state = Residuals(tokens.contiguous(), kids.contiguous(), live.contiguous().view(torch.uint8),
                       torch.empty(k + 1, t, s, dtype=torch.float32, device=dev),
                       torch.empty(k, t, s, dtype=torch.float32, device=dev))
-    _left_kernel[(t, s)](state.live, q, state.left, v, s, q.stride(0), K=k, KP=kp, CHUNK=ck, num_warps=num_warps)
+    g = K.pdl(p)
+    _left_kernel[(t, s)](state.live, q, state.left, v, s, q.stride(0), K=k, KP=kp, CHUNK=ck, num_warps=num_warps,
+                         USE_GDC=g, launch_pdl=g)
     for i in range(k):
         _rank_kernel[(t, s)](i, state.tokens, state.kids, state.live, p, q, rq, state.left, state.mass, v, t, s,
-                             p.stride(0), q.stride(0), K=k, KP=kp, CHUNK=ck, SB=_sums(s, kp), num_warps=num_warps)
+                             p.stride(0), q.stride(0), K=k, KP=kp, CHUNK=ck, SB=_sums(s, kp), num_warps=num_warps,
+                             USE_GDC=g, launch_pdl=g)
     return rq[0], rq[1], state
 
 
@@ -304,7 +322,8 @@ def final_residual(target_probs: torch.Tensor, draft_probs: torch.Tensor, state:
     kp = max(2, K._pow2(k))
     out = torch.empty(1, v, dtype=torch.float32, device=p.device)
     blk = min(block, max(16, K._pow2(v)))
+    g = K.pdl(p)
     _final_kernel[(triton.cdiv(v, blk),)](best, state.tokens, state.kids, state.live, p, q, state.left, state.mass,
                                           out, v, t, s, p.stride(0), q.stride(0), K=k, KP=kp,
-                                          SB=_sums(s, kp), BLOCK=blk, num_warps=4)
+                                          SB=_sums(s, kp), BLOCK=blk, num_warps=4, USE_GDC=g, launch_pdl=g)
     return out

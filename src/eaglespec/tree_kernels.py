@@ -63,6 +63,10 @@ a round 672 -> 560 kernels. The first children kernel (59e909f: one program per 
 the chunked two kernels (~7 us). Session 14, select_tree and accept_path on vs off in one lease (MT-bench 40): the same
 tau, static 2182 -> 2287 tok/s, dynamic 7/20/120 unchanged within noise; a 7/20/120 round 560 -> 519 kernels with
 the attention kernel.
+
+PDL (target/kernels.pdl, EAGLESPEC_PDL=1 on Hopper): every kernel here takes USE_GDC and its launcher passes it
+with launch_pdl; the kernel lets the next one launch first thing, then waits (_wait) for the kernels before it
+before any load or store: all of its inputs are written by earlier kernels of the graph, nothing to prefetch.
 """
 
 from __future__ import annotations
@@ -249,9 +253,12 @@ def _store_top_keys(key, out_ptr, K: tl.constexpr):
         key = tl.where(key == best, empty, key)
 
 
-def _chunk_top_kernel(x_ptr, key_ptr, stat_ptr, x_row_stride, V, S, K: tl.constexpr, CHUNK: tl.constexpr):
+def _chunk_top_kernel(x_ptr, key_ptr, stat_ptr, x_row_stride, V, S, K: tl.constexpr, CHUNK: tl.constexpr,
+                      USE_GDC: tl.constexpr = False):
     """Program (row, s) over x[row, s*CHUNK : (s+1)*CHUNK]: its max and sum(exp(x - max)) -> stat[row, s, 0:2], and
     the keys of its K largest (by value, then lower id; padding: int64 min) -> key[row, s, :K]."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     cols = s * CHUNK + tl.arange(0, CHUNK)
@@ -267,10 +274,12 @@ def _chunk_top_kernel(x_ptr, key_ptr, stat_ptr, x_row_stride, V, S, K: tl.conste
 
 def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, S, floor,
                       K: tl.constexpr, KB: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr, BASE: tl.constexpr,
-                      PARENTS: tl.constexpr):
+                      PARENTS: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Program row: the softmax statistics of its S chunks combined, then the K largest of its S*K chunk keys ->
     conf = exp(x - max) / sum, the id, log(max(conf, floor)) (BASE: plus base[row]); PARENTS 1: par[row, :] = -1,
     2: par[row, :] = parent[row] (0: nothing); KB = K rounded up to a power of 2."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
     base = tl.load(base_ptr + row) if BASE else 0.0
     if PARENTS != 0:
@@ -300,9 +309,11 @@ def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, 
 
 
 def _race_chunk_kernel(q_ptr, e_ptr, vkey_ptr, rkey_ptr, q_row_stride, e_row_stride, V, S, K: tl.constexpr,
-                       CHUNK: tl.constexpr):
+                       CHUNK: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Program (row, s) over q[row, s*CHUNK : (s+1)*CHUNK]: the keys of its K largest q -> vkey[row, s, :K], and of
     its K largest q / e (IEEE division, as torch's) -> rkey[row, s, :K] (by value, then lower id; padding: int64 min)."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     cols = s * CHUNK + tl.arange(0, CHUNK)
@@ -315,9 +326,11 @@ def _race_chunk_kernel(q_ptr, e_ptr, vkey_ptr, rkey_ptr, q_row_stride, e_row_str
 
 
 def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, S, floor, K: tl.constexpr,
-                       BLOCK: tl.constexpr, BASE: tl.constexpr):
+                       BLOCK: tl.constexpr, BASE: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Program row: the K largest of its S*K chunk keys of each kind -> conf = the value, log(max(conf, floor))
     (BASE: plus base[row]); tok = the race's ids, in order."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
     base = tl.load(base_ptr + row) if BASE else 0.0
     i = tl.arange(0, BLOCK)
@@ -337,9 +350,11 @@ def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr
 
 
 def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, ids_ptr, M, K, offset, DESC: tl.constexpr, IDS: tl.constexpr,
-                     TILE: tl.constexpr):
+                     TILE: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Program p ranks v[p*TILE : (p+1)*TILE] against all of v; rank < K is written at its rank (IDS: also the index
     plus offset)."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
     i = tl.program_id(0) * TILE + tl.arange(0, TILE)
     in_i = i < M
     vi = tl.load(v_ptr + i, mask=in_i, other=0)
@@ -363,9 +378,11 @@ def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, ids_ptr, M, K, offset, DESC: tl.c
 
 def _expand_rows_kernel(local_ptr, prev_ptr, newest_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, prev_stride,
                         mask_stride, k, r0, p0, H, X, INHERIT: tl.constexpr, MAP: tl.constexpr, HB: tl.constexpr,
-                        XB: tl.constexpr):
+                        XB: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Program i: expanded node local[i] -> states[i] = prev[its parent slot], tokens[i] = (table of) newest[local[i]],
     and (INHERIT) mask row r0 + i |= mask row p0 + slot (a parent's row precedes its children's: no overlap)."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
     i = tl.program_id(0)
     node = tl.load(local_ptr + i)
     if INHERIT:
@@ -388,12 +405,14 @@ def _expand_rows_kernel(local_ptr, prev_ptr, newest_ptr, table_ptr, states_ptr, 
 
 def _select_tree_kernel(root_ptr, chosen_ptr, parents_ptr, tokens_ptr, depths_ptr, logv_ptr, table_ptr, conf_ptr,
                         ids_ptr, logq_ptr, flag_ptr, B, R, C, max_mass, MAP: tl.constexpr, CONF: tl.constexpr,
-                        BB: tl.constexpr, RB: tl.constexpr, CB: tl.constexpr):
+                        BB: tl.constexpr, RB: tl.constexpr, CB: tl.constexpr, USE_GDC: tl.constexpr = False):
     """One program: node 1 + j is candidate chosen[j]; its parent node = #{i: chosen[i] <= its parent id} (a
     searchsorted over the ascending ids), and the selection is closed iff every parent id is -1 or chosen. CONF:
     the checks of the confidences conf [R, C] (RB rows at a time) -> flag[0] (one not >= 0 and <= 1: NaN compares
     false) and flag[2] (a row's sum above max_mass: a NaN sum compares false, as torch's); flag[1] (a duplicate
     token) is never checked."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
     bad = tl.full([RB], 0, tl.int32)
     heavy = tl.full([RB], 0, tl.int32)
     if CONF:
@@ -431,9 +450,12 @@ def _select_tree_kernel(root_ptr, chosen_ptr, parents_ptr, tokens_ptr, depths_pt
     tl.store(logq_ptr, 0.0)
 
 
-def _ancestry_kernel(par_ptr, vis_ptr, T, DEPTH: tl.constexpr, RB: tl.constexpr, TB: tl.constexpr):
+def _ancestry_kernel(par_ptr, vis_ptr, T, DEPTH: tl.constexpr, RB: tl.constexpr, TB: tl.constexpr,
+                     USE_GDC: tl.constexpr = False):
     """Rows RB * program .. of the [T, T] visibility: each row sets its own column, then walks up DEPTH parents
     (a parent of -1 ends the walk: masked loads keep it at -1) and sets each one's column."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
     rows = tl.program_id(0) * RB + tl.arange(0, RB)
     cols = tl.arange(0, TB)
     live = rows < T
@@ -446,10 +468,12 @@ def _ancestry_kernel(par_ptr, vis_ptr, T, DEPTH: tl.constexpr, RB: tl.constexpr,
 
 
 def _accept_path_kernel(tok_ptr, par_ptr, dep_ptr, vis_ptr, next_ptr, best_ptr, bonus_ptr, m_ptr, order_ptr, T, P,
-                        TB: tl.constexpr):
+                        TB: tl.constexpr, USE_GDC: tl.constexpr = False):
     """One program over the T tree rows: a row is ok when every visible row matches (its token is the target's
     argmax at its parent row, or it is the root); best = the first deepest ok row; its ancestry row is the path,
     whose rows go first in `order` (in row order), then the others (in row order)."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
     i = tl.arange(0, TB)
     inside = i < T
     tok = tl.load(tok_ptr + i, mask=inside, other=0)
@@ -482,10 +506,12 @@ _JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_
 @functools.cache
 def _load() -> None:
     """Import triton and jit the kernels above (as target/kernels._load)."""
-    global triton, tl
+    global triton, tl, _dependents, _wait
+    K._load()
     import triton
     import triton.language as tl
 
+    _dependents, _wait = K._dependents, K._wait  # the PDL helpers (target/kernels.pdl)
     g = globals()
     for name in _JITTED:
         g[name] = triton.jit(g[name])
@@ -523,8 +549,9 @@ def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | No
                              "long, log conf fp32, parents long")
         conf, tok, logc, par = out
         parents = 1
+    g = K.pdl(logits)
     _chunk_top_kernel[(n, splits)](logits, keys, stats, logits.stride(0), v, splits, K=k, CHUNK=chunk,
-                                   num_warps=4)
+                                   num_warps=4, USE_GDC=g, launch_pdl=g)
     if parent is not None:
         if out is None or parent.shape != (n,) or parent.dtype != torch.long:
             raise ValueError(f"tree kernels: children's parent must be [{n}] long, with out")
@@ -532,7 +559,7 @@ def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | No
     _merge_top_kernel[(n,)](keys, stats, conf, tok, logc, _base(base, n, logc), par,
                             parent if parent is not None else par, splits, floor, K=k, KB=K._pow2(k),
                             SP=K._pow2(splits), BLOCK=K._pow2(splits * k), BASE=base is not None, PARENTS=parents,
-                            num_warps=4)
+                            num_warps=4, USE_GDC=g, launch_pdl=g)
     return conf, tok, logc
 
 
@@ -555,10 +582,11 @@ def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float, ba
     conf = torch.empty(n, k, dtype=torch.float32, device=dev)
     tok = torch.empty(n, k, dtype=torch.long, device=dev)
     logc = torch.empty(n, k, dtype=torch.float32, device=dev)
+    g = K.pdl(q)
     _race_chunk_kernel[(n, splits)](q, noise, vkeys, rkeys, q.stride(0), noise.stride(0), v, splits, K=k, CHUNK=chunk,
-                                    num_warps=4)
+                                    num_warps=4, USE_GDC=g, launch_pdl=g)
     _race_merge_kernel[(n,)](vkeys, rkeys, conf, tok, logc, _base(base, n, logc), splits, floor, K=k,
-                             BLOCK=K._pow2(splits * k), BASE=base is not None, num_warps=4)
+                             BLOCK=K._pow2(splits * k), BASE=base is not None, num_warps=4, USE_GDC=g, launch_pdl=g)
     return conf, tok, logc
 
 
@@ -583,8 +611,9 @@ def _rank(v: torch.Tensor, k: int, descending: bool, offset: int | None
     idx = torch.empty(k, dtype=torch.long, device=v.device)
     ids = None if offset is None else torch.empty(k, dtype=torch.long, device=v.device)
     tile = min(_RANK_TILE, max(16, K._pow2(m)))
+    g = K.pdl(v)
     _rank_top_kernel[(triton.cdiv(m, tile),)](v, vals, idx, idx if ids is None else ids, m, k, offset or 0,
-                                              DESC=descending, IDS=ids is not None, TILE=tile)
+                                              DESC=descending, IDS=ids is not None, TILE=tile, USE_GDC=g, launch_pdl=g)
     return vals, idx, ids
 
 
@@ -612,10 +641,11 @@ def expand_rows(local: torch.Tensor, k: int, prev: torch.Tensor, newest: torch.T
     states = torch.empty(n, h, dtype=prev.dtype, device=prev.device)
     tokens = torch.empty(n, dtype=torch.long, device=prev.device)
     x = mask.shape[1]
+    g = K.pdl(prev)
     _expand_rows_kernel[(n,)](local, prev, newest, table if table is not None else newest, states, tokens,
                               mask.view(torch.uint8), prev.stride(0), mask.stride(0), k, r0, p0, h, x,
                               INHERIT=inherit, MAP=table is not None, HB=K._pow2(h),
-                              XB=min(1024, K._pow2(x)), num_warps=4)
+                              XB=min(1024, K._pow2(x)), num_warps=4, USE_GDC=g, launch_pdl=g)
     return states, tokens
 
 
@@ -636,11 +666,12 @@ def select_tree(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Tensor,
     logq = torch.empty(b + 1, dtype=torch.float32, device=dev)
     flags = torch.empty(4, dtype=torch.bool, device=dev)
     r, c = conf.shape if conf is not None else (0, 0)
+    g = K.pdl(chosen)
     _select_tree_kernel[(1,)](root, chosen, parents.contiguous(), tokens.contiguous(), depths.contiguous(),
                               logv.contiguous(), table if table is not None else tokens,
                               conf.contiguous() if conf is not None else logq, ids, logq, flags.view(torch.uint8), b,
                               r, c, max_mass, MAP=table is not None, CONF=conf is not None, BB=max(16, K._pow2(b)),
-                              RB=16, CB=max(2, K._pow2(c)), num_warps=4)
+                              RB=16, CB=max(2, K._pow2(c)), num_warps=4, USE_GDC=g, launch_pdl=g)
     return ids, logq, flags
 
 
@@ -657,9 +688,11 @@ def accept_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     bonus = torch.empty(1, dtype=torch.long, device=dev)
     m = torch.empty((), dtype=torch.long, device=dev)
     order = torch.empty(min(t, p), dtype=torch.long, device=dev)
+    g = K.pdl(tokens)
     _accept_path_kernel[(1,)](tokens.contiguous(), parents.contiguous(), depths.contiguous(),
                               visible.contiguous().view(torch.uint8), target_next.contiguous(), best, bonus, m,
-                              order, t, min(t, p), TB=max(16, K._pow2(t)), num_warps=8)
+                              order, t, min(t, p), TB=max(16, K._pow2(t)), num_warps=8, USE_GDC=g,
+                              launch_pdl=g)
     return best, bonus, m, order
 
 
@@ -672,6 +705,7 @@ def ancestry(parents: torch.Tensor, depth: int) -> torch.Tensor:
         raise ValueError(f"tree kernels: ancestry over {t} rows (at most {MAX_ROWS})")
     visible = torch.empty(t, t, dtype=torch.bool, device=parents.device)
     rb = 16
+    g = K.pdl(parents)
     _ancestry_kernel[(triton.cdiv(t, rb),)](parents.contiguous(), visible.view(torch.uint8), t, DEPTH=max(depth, 1),
-                                            RB=rb, TB=max(16, K._pow2(t)))
+                                            RB=rb, TB=max(16, K._pow2(t)), USE_GDC=g, launch_pdl=g)
     return visible

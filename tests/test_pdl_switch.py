@@ -1,0 +1,243 @@
+"""Programmatic dependent launch (target/kernels.pdl, EAGLESPEC_PDL) in the tree, round-tail and sampled kernels
+(tree_kernels.py, round_kernels.py, sampled_kernels.py), under Triton's CPU interpreter (TRITON_INTERPRET=1):
+the switch stays off there (the interpreter cannot run griddepcontrol) and refuses other values in one line; every
+kernel takes USE_GDC and waits first thing (the source, parsed); every launch passes USE_GDC and launch_pdl from
+kernels.pdl of one of its inputs (the source, and the launchers run with the kernels spied on); the results are the
+same with the switch on."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+# Triton's interpreter: set before the kernels are jitted (on their first use), and stays set for the session.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from eaglespec import round_kernels as RK
+from eaglespec import sampled_kernels as SK
+from eaglespec import tree_kernels as TK
+from eaglespec.errors import EagleSpecError
+from eaglespec.target import kernels as K
+from eaglespec.tree import CONF_FLOOR, ancestry
+from eaglespec.verify import sibling_table_of, sibling_tests
+
+MODULES = {TK: 9, RK: 1, SK: 3}  # module -> its kernels (and launch sites)
+
+
+def _tree(module) -> ast.Module:
+    with open(module.__file__) as f:
+        return ast.parse(f.read())
+
+
+def _kernels(module) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in _tree(module).body if isinstance(n, ast.FunctionDef) and n.name.endswith("_kernel")}
+
+
+def _calls(node: ast.AST, name: str) -> list[ast.Call]:
+    return [c for c in ast.walk(node) if isinstance(c, ast.Call) and ast.unparse(c.func) == name]
+
+
+# -- the switch -----------------------------------------------------------------------------------------------
+def test_pdl_is_off_on_the_interpreter_and_refuses_other_values(monkeypatch):
+    t = torch.zeros(3)
+    for value in (None, "", "0", "1"):
+        if value is None:
+            monkeypatch.delenv(K.PDL_ENV, raising=False)
+        else:
+            monkeypatch.setenv(K.PDL_ENV, value)
+        assert K.pdl(t) is False  # CPU / the interpreter: never (it cannot run gdc_wait)
+    for value in ("2", "on", " 1"):
+        monkeypatch.setenv(K.PDL_ENV, value)
+        with pytest.raises(EagleSpecError, match=f"EAGLESPEC_PDL={value!r}: expected 0 or 1") as err:
+            K.pdl(t)
+        assert "\n" not in str(err.value)  # the project's one-line refusal
+
+
+# -- the source: every kernel waits first, every launch passes the flags ---------------------------------------
+@pytest.mark.parametrize("module", list(MODULES), ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_every_kernel_takes_use_gdc_and_waits_before_any_access(module):
+    kernels = _kernels(module)
+    assert len(kernels) == MODULES[module]
+    assert set(kernels) == {n for n in module._JITTED if n.endswith("_kernel")}  # all of them are jitted
+    for name, fn in kernels.items():
+        last = fn.args.args[-1]
+        assert last.arg == "USE_GDC" and ast.unparse(last.annotation) == "tl.constexpr", name
+        assert isinstance(fn.args.defaults[-1], ast.Constant) and fn.args.defaults[-1].value is False, name
+        body = fn.body[1:] if isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant) else fn.body
+        # the first statements, unconditional: nothing read (all inputs are activations) or stored before the wait
+        assert [ast.unparse(s) for s in body[:2]] == ["_dependents(USE_GDC)", "_wait(USE_GDC)"], name
+        assert len(_calls(fn, "_wait")) == len(_calls(fn, "_dependents")) == 1, name
+        wait = body[1].lineno
+        access = _calls(fn, "tl.load") + _calls(fn, "tl.store")
+        assert access and all(c.lineno > wait for c in access), name
+    helpers = [n for n in _tree(module).body if isinstance(n, ast.FunctionDef) and n.name not in kernels]
+    assert not any(_calls(h, "_wait") or _calls(h, "_dependents") for h in helpers)  # the kernels' business only
+
+
+@pytest.mark.parametrize("module", list(MODULES), ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_every_launch_passes_pdl_as_use_gdc_and_launch_pdl(module):
+    launched = []
+    for fn in (n for n in _tree(module).body if isinstance(n, ast.FunctionDef)):
+        switches = {a.targets[0].id for a in ast.walk(fn) if isinstance(a, ast.Assign) and len(a.targets) == 1
+                    and isinstance(a.targets[0], ast.Name) and isinstance(a.value, ast.Call)
+                    and ast.unparse(a.value.func) == "K.pdl" and len(a.value.args) == 1}
+        for call in ast.walk(fn):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Subscript)
+                    and ast.unparse(call.func.value).endswith("_kernel")):
+                continue
+            kw = {k.arg: ast.unparse(k.value) for k in call.keywords}
+            name = ast.unparse(call.func.value)
+            assert kw.get("USE_GDC") == kw.get("launch_pdl") and kw.get("launch_pdl") in switches, (fn.name, name)
+            launched.append(name)
+    assert len(launched) == MODULES[module]
+    assert set(launched) == set(_kernels(module))
+    with open(module.__file__) as f:
+        assert f.read().count("launch_pdl=") == MODULES[module]
+
+
+# -- the launchers: K.pdl's answer reaches every launch; the switch changes no result ---------------------------
+class _Spy:
+    """A jitted kernel whose launches are logged (name, USE_GDC, launch_pdl), then run without PDL."""
+
+    def __init__(self, kernel, name: str, log: list):
+        self.kernel, self.name, self.log = kernel, name, log
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.log.append((self.name, kw.get("USE_GDC"), kw.get("launch_pdl")))
+            kw.update(USE_GDC=False, launch_pdl=False)
+            return self.kernel[grid](*args, **kw)
+
+        return launch
+
+
+def _children():
+    g = torch.Generator().manual_seed(0)
+    return TK.children(torch.randn(3, 70, generator=g) * 3, 4, CONF_FLOOR, base=torch.randn(3, generator=g))
+
+
+def _race():
+    g = torch.Generator().manual_seed(1)
+    q = torch.softmax(torch.randn(2, 50, generator=g), -1)
+    return TK.race_children(q, torch.empty_like(q).exponential_(generator=g), 3, CONF_FLOOR)
+
+
+def _rank():
+    v = torch.randn(40, generator=torch.Generator().manual_seed(2)).round(decimals=1)  # ties
+    return TK.rank_top_ids(v, 6, 100)
+
+
+def _expand():
+    g = torch.Generator().manual_seed(3)
+    mask = torch.rand(10, 37, generator=g) > 0.6
+    states, tokens = TK.expand_rows(torch.tensor([7, 0, 3, 11]), 4, torch.randn(3, 20, generator=g),
+                                    torch.randint(0, 50, (12,), generator=g), torch.randperm(50, generator=g), mask,
+                                    5, 1, True)
+    return states, tokens, mask
+
+
+def _select():
+    parents = torch.tensor([-1, -1, -1, 0, 0, 0, 2, 2, 2])
+    conf = torch.tensor([[0.5, 0.3, 0.1], [0.6, 0.2, 0.1], [0.4, 0.4, 0.3]])
+    return TK.select_tree(torch.tensor([5]), torch.tensor([0, 2, 3, 7]), parents, torch.arange(11, 20),
+                          torch.tensor([1, 1, 1, 2, 2, 2, 2, 2, 2]), -torch.arange(9.0) / 4, torch.arange(40).flip(0),
+                          conf)
+
+
+def _parents(t: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(t)
+    return torch.tensor([-1] + [int(torch.randint(0, j, (1,), generator=g)) for j in range(1, t)])
+
+
+def _accept():
+    parents = _parents(9)
+    depths = torch.zeros(9, dtype=torch.long)
+    for j in range(1, 9):
+        depths[j] = depths[parents[j]] + 1
+    g = torch.Generator().manual_seed(4)
+    return TK.accept_path(torch.randint(0, 3, (9,), generator=g), parents, depths, ancestry(parents, check=False),
+                          torch.randint(0, 3, (9,), generator=g), 4)
+
+
+def _ancestry():
+    return (TK.ancestry(_parents(12), 11),)
+
+
+def _tail():
+    g = torch.Generator().manual_seed(5)
+    t, p = 8, 4
+    cache = torch.randn(2, 2, 2, 30, 8, generator=g)
+    ids, state_out, feats_out = torch.randint(0, 90, (40,), generator=g), torch.zeros(4 + p, dtype=torch.long), \
+        torch.zeros(p, 12)
+    result = RK.round_tail(cache, ids, state_out, feats_out, torch.randn(t, 12, generator=g),
+                           torch.randint(0, 90, (t,), generator=g), _parents(t), torch.randint(0, 4, (t,), generator=g),
+                           torch.tensor([0, 1, 1, 0]), torch.tensor(3), torch.tensor([7]), torch.tensor([0, 2, 5, 1]),
+                           torch.tensor(13), torch.tensor(9))
+    return result, cache, ids, state_out, feats_out
+
+
+def _sampled():
+    g = torch.Generator().manual_seed(6)
+    parents = torch.tensor([-1, 0, 0, 1, 1, 0])
+    kids = sibling_table_of(parents, 3)
+    p = torch.softmax(torch.randn(6, 40, generator=g) * 2, -1)
+    q = torch.softmax(torch.randn(6, 40, generator=g) * 2, -1)
+    tokens = torch.randperm(40, generator=g)[:6]
+    live = kids > 0
+    r_at, q_at, state = SK.sibling_tests(tokens, kids, p, q, live, chunk=16)
+    ref_r, ref_q, ref_final = sibling_tests(tokens, kids, p, q, live)
+    on = kids[live]
+    torch.testing.assert_close(r_at[on], ref_r[on], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(q_at[on], ref_q[on], rtol=1e-5, atol=1e-6)
+    final = SK.final_residual(p, q, state, torch.tensor([0]))
+    torch.testing.assert_close(final[0] / final[0].sum(), ref_final[0] / ref_final[0].sum(), rtol=1e-5, atol=1e-6)
+    return r_at, q_at, final
+
+
+LAUNCHERS = {  # launcher -> the kernels it launches, in order
+    "children": (_children, ["_chunk_top_kernel", "_merge_top_kernel"]),
+    "race_children": (_race, ["_race_chunk_kernel", "_race_merge_kernel"]),
+    "rank_top_ids": (_rank, ["_rank_top_kernel"]),
+    "expand_rows": (_expand, ["_expand_rows_kernel"]),
+    "select_tree": (_select, ["_select_tree_kernel"]),
+    "accept_path": (_accept, ["_accept_path_kernel"]),
+    "ancestry": (_ancestry, ["_ancestry_kernel"]),
+    "round_tail": (_tail, ["_round_tail_kernel"]),
+    "sibling_tests+final_residual": (_sampled, ["_left_kernel", "_rank_kernel", "_rank_kernel", "_rank_kernel",
+                                                "_final_kernel"]),
+}
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_launchers_hand_pdl_to_every_launch_and_the_switch_changes_nothing(launcher, monkeypatch):
+    """Off (unset), then EAGLESPEC_PDL=1 (still off on the interpreter: the same results, bitwise), then kernels.pdl
+    made to say yes (the kernels spied on and run without PDL): every launch gets USE_GDC = launch_pdl = True, and
+    kernels.pdl is asked about an input tensor of the launch."""
+    run, expected = LAUNCHERS[launcher]
+    for module in MODULES:
+        module._load()
+    log: list = []
+    for module in MODULES:
+        for name in module._JITTED:
+            if name.endswith("_kernel"):
+                monkeypatch.setattr(module, name, _Spy(getattr(module, name), name, log))
+    monkeypatch.delenv(K.PDL_ENV, raising=False)
+    want = run()
+    assert log == [(name, False, False) for name in expected]
+    monkeypatch.setenv(K.PDL_ENV, "1")
+    log.clear()
+    got = run()
+    assert log == [(name, False, False) for name in expected]
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    asked = []
+    monkeypatch.setattr(K, "pdl", lambda t: asked.append(t) or True)
+    log.clear()
+    got = run()
+    assert log == [(name, True, True) for name in expected]
+    assert asked and all(isinstance(t, torch.Tensor) for t in asked)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
