@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,15 +20,27 @@ PREFETCHED = {"_rms_norm_weight_kernel": {"w_ptr"}, "_eagle3_input_kernel": {"in
               "_skinny_kernel": {"w_cols"}}
 
 
-def test_switch_is_off_unless_set_and_never_on_cpu(monkeypatch):
+def test_switch_is_on_for_sm90_cuda_unless_0_and_never_on_cpu(monkeypatch):
     t = torch.zeros(1)
     monkeypatch.delenv(kernels.PDL_ENV, raising=False)
-    assert kernels.pdl(t) is False
-    monkeypatch.setenv(kernels.PDL_ENV, "1")
     assert kernels.pdl(t) is False  # a CPU tensor: no griddepcontrol
+    monkeypatch.setenv(kernels.PDL_ENV, "1")
+    assert kernels.pdl(t) is False
     monkeypatch.setenv(kernels.PDL_ENV, "2")
     with pytest.raises(EagleSpecError, match="EAGLESPEC_PDL='2'"):
         kernels.pdl(t)
+    # a CUDA tensor stand-in, outside the interpreter
+    cuda = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))
+    monkeypatch.setattr(kernels, "_interpreted", lambda: False)
+    capability = {"hopper": True}
+    monkeypatch.setattr(kernels, "_hopper_or_later", lambda index: capability["hopper"])
+    monkeypatch.delenv(kernels.PDL_ENV, raising=False)
+    assert kernels.pdl(cuda) is True  # the default on sm90+
+    monkeypatch.setenv(kernels.PDL_ENV, "0")
+    assert kernels.pdl(cuda) is False
+    monkeypatch.setenv(kernels.PDL_ENV, "1")
+    capability["hopper"] = False
+    assert kernels.pdl(cuda) is False  # before Hopper: no griddepcontrol, even when asked
 
 
 def _kernel_functions(module):

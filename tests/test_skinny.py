@@ -127,7 +127,13 @@ def test_applies_only_to_cuda_16_bit_inference(monkeypatch):
     assert not skinny.applies(x, w)  # CPU
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     monkeypatch.setattr(skinny.kernels, "available", lambda device: True)
-    assert not skinny.applies(x, w)  # off unless switched on (it did not make the steps faster)
+    monkeypatch.delenv(skinny.SKINNY_ENV, raising=False)
+    assert not skinny.applies(x, w)  # unset: with PDL only, which the interpreter has not
+    monkeypatch.setattr(skinny.kernels, "pdl", lambda t: True)
+    assert skinny.applies(x, w)  # unset, with PDL: on
+    monkeypatch.setenv(skinny.SKINNY_ENV, "0")
+    assert not skinny.applies(x, w)  # 0: cuBLAS even with PDL
+    monkeypatch.setattr(skinny.kernels, "pdl", lambda t: False)
     monkeypatch.setenv(skinny.SKINNY_ENV, "1")
     assert skinny.applies(x, w)
     assert not skinny.applies(x.float(), w.float())  # fp32: cuBLAS (the identity checks' dtype)

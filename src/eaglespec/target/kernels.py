@@ -45,7 +45,7 @@ from ..errors import env_switch
 
 FUSED_KERNELS_ENV = "EAGLESPEC_FUSED_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
 NEW_KERNELS_ENV = "EAGLESPEC_NEW_KERNELS"  # "0": not block_mask and tree_kernels.ancestry; unset or "1": them too
-PDL_ENV = "EAGLESPEC_PDL"  # "1": the project's Triton kernels launched with programmatic dependent launch (pdl())
+PDL_ENV = "EAGLESPEC_PDL"  # "0": no programmatic dependent launch; unset or "1": where the GPU has it (pdl())
 
 
 def new_wanted() -> bool:
@@ -86,15 +86,18 @@ def _hopper_or_later(index: int) -> bool:
 
 
 def pdl(t: torch.Tensor) -> bool:
-    """Launch a kernel on t's device with programmatic dependent launch (PDL, Hopper's griddepcontrol)? When
-    $EAGLESPEC_PDL=1 (off when unset or 0), t is on a CUDA device of compute capability 9 or more, and not under
-    the interpreter. The launchers pass it as both USE_GDC (the kernel lets the next kernel launch at its start
-    and waits in _wait() for the kernels before it) and launch_pdl (this launch may begin before the previous
-    kernel ends). Why (bench/pdl_check.py, H200, session 19): in a CUDA graph of 200 dependent kernels, a one-row
-    RMSNorm 1.01 -> 0.68 us per kernel, a one-row 576 x 576 GEMM 3.30 -> 2.02 us with its weights loaded before the
-    wait. Every kernel that takes USE_GDC obeys one rule: before _wait() it reads only what no kernel of the graph
-    writes (weights, constant tables) and writes nothing."""
-    if env_switch(PDL_ENV, "off") is not True or not t.is_cuda or _interpreted():
+    """Launch a kernel on t's device with programmatic dependent launch (PDL, Hopper's griddepcontrol)? Yes when t
+    is on a CUDA device of compute capability 9 or more, not under the interpreter, unless $EAGLESPEC_PDL=0. The
+    launchers pass it as both USE_GDC (the kernel lets the next kernel launch at its start and waits in _wait() for
+    the kernels before it) and launch_pdl (this launch may begin before the previous kernel ends). Every kernel that
+    takes USE_GDC obeys one rule: before _wait() it reads only what no kernel of the graph writes (weights, constant
+    tables) and writes nothing; so PDL changes no value (bench/ab.py's "same tokens": 1.00 on MT-bench 20).
+    Measured on an H200 (session 19, bench/RESULTS.md): in a CUDA graph of 200 dependent kernels
+    (bench/pdl_check.py) a one-row RMSNorm 1.01 -> 0.68 us per kernel, a one-row 576 x 576 GEMM 3.30 -> 2.02 us
+    with its weights loaded before the wait; in one process (bench/ab.py, MT-bench 20) plain decoding 1052 -> 1033
+    tok/s with PDL alone (the cuBLAS GEMMs between the kernels launch as before) and 1240 with PDL and the skinny
+    GEMM (target/skinny.py, on with PDL by default)."""
+    if env_switch(PDL_ENV, "on where the GPU has it") is False or not t.is_cuda or _interpreted():
         return False
     return _hopper_or_later(t.device.index if t.device.index is not None else torch.cuda.current_device())
 

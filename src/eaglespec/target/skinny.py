@@ -29,7 +29,9 @@ bf16 result can differ by one last bit where the fp32 sums straddle a rounding b
 operands go through the dot as fp32 (the interpreter's bf16 dot is wrong; bf16 products are exact in fp32).
 
 Used by target/fast.py's step and draft/fused.py's (through eaglespec.linear.linear and fast._add_linear) where
-`applies`: CUDA, bf16/fp16, no autograd, at most MAX_ROWS rows, and $EAGLESPEC_SKINNY_GEMM=1 (opt-in: see wanted()).
+`applies`: CUDA, bf16/fp16, no autograd, at most MAX_ROWS rows, and wanted() (with PDL unless
+$EAGLESPEC_SKINNY_GEMM=0; =1 without PDL too). With PDL (kernels.pdl) a call of at most PREFETCH_ROWS rows loads its
+program's whole weight tile before it waits for the kernel before it (prefetch_tiles): what made it pay (session 19).
 The RMSNorm or silu * up in its prologue (one kernel fewer each, as target/gemm_kernels.py's) was tried in session
 18 and was far slower on the H200 (bench/head_check.py: norm + qkv at 60 rows 11.7 us against 4.2 for the norm
 kernel + this GEMM; silu * up + down 151 us against 6.2): not kept.
@@ -46,18 +48,19 @@ import torch
 from ..errors import env_switch
 from . import kernels
 
-SKINNY_ENV = "EAGLESPEC_SKINNY_GEMM"  # "1": this kernel where it applies; "0" or unset: cuBLAS (see wanted())
+SKINNY_ENV = "EAGLESPEC_SKINNY_GEMM"  # "1": this kernel where it applies; "0": cuBLAS; unset: with PDL (wanted())
 MAX_ROWS = 64  # rows of x: one BLOCK_M tile (tl.dot's least is 16)
 
 
-def wanted() -> bool:
-    """$EAGLESPEC_SKINNY_GEMM: "1" on (where `applies`), "0" or unset off. Off by default: faster call for call in
-    isolation (the module docstring), it did not make the steps faster. In one process on the H200 (bench/ab.py,
-    session 18, 50e99b9, MT-bench 20, four alternating turns): plain decoding 1057.7 tok/s without it, 1047.4 with
-    it (0.931 vs 0.940 ms a step); a dynamic 7/10/60 round's replay 1.323 -> 1.290 ms, but tau 4.42 -> 4.22 there
-    (other bf16 roundings, other texts), 2634.6 -> 2500.1 tok/s. In a step each GEMM waits on the kernel before it,
-    which 100 independent calls in a row do not show."""
-    return env_switch(SKINNY_ENV, "off") is True
+def wanted(x: torch.Tensor) -> bool:
+    """$EAGLESPEC_SKINNY_GEMM: "1" on (where `applies`), "0" off; unset: on where the kernels launch with PDL
+    (kernels.pdl(x)). Its gain comes with PDL, which loads a program's weight tile before waiting for the kernel
+    before it (prefetch_tiles). Without PDL it did not make the steps faster (session 18, H200, bench/ab.py,
+    MT-bench 20: plain decoding 1057.7 tok/s with cuBLAS, 1047.4 with it); with PDL (session 19, MT-bench 80, one
+    process): plain decoding 1032.3 -> 1240.8 tok/s (0.949 -> 0.783 ms a step), a dynamic 7/10/60 round's replay
+    1.246 -> 1.180 ms, 2804.6 -> 2840.8 tok/s (other bf16 roundings, other texts: tau 4.39 -> 4.33)."""
+    env = env_switch(SKINNY_ENV, "on with PDL")
+    return kernels.pdl(x) if env is None else env
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -74,7 +77,7 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     n, k = weight.shape
     if not 1 <= rows <= MAX_ROWS or k > 1536 or (rows > 16 and (k >= 1536 or n > 4096)):
         return False
-    return wanted() and kernels.available(x.device)
+    return wanted(x) and kernels.available(x.device)
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
