@@ -30,8 +30,8 @@ operands go through the dot as fp32 (the interpreter's bf16 dot is wrong; bf16 p
 
 Used by target/fast.py's step and draft/fused.py's (through eaglespec.linear.linear and fast._add_linear) where
 `applies`: CUDA, bf16/fp16, no autograd, at most MAX_ROWS rows, and wanted() (with PDL unless
-$EAGLESPEC_SKINNY_GEMM=0; =1 without PDL too). With PDL (kernels.pdl) a call of at most PREFETCH_ROWS rows loads its
-program's whole weight tile before it waits for the kernel before it (prefetch_tiles): what made it pay (session 19).
+$EAGLESPEC_SKINNY_GEMM=0; =1 without PDL too). With PDL (kernels.pdl) a program loads its whole weight tile before it
+waits for the kernel before it, then takes x's rows 16 at a time (prefetch_tiles): what made it pay (session 19).
 The RMSNorm or silu * up in its prologue (one kernel fewer each, as target/gemm_kernels.py's) was tried in session
 18 and was far slower on the H200 (bench/head_check.py: norm + qkv at 60 rows 11.7 us against 4.2 for the norm
 kernel + this GEMM; silu * up + down 151 us against 6.2): not kept.
@@ -42,10 +42,11 @@ compiled (the warm-up call before a capture compiles it).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
-from ..errors import env_switch
+from ..errors import EagleSpecError, env_switch
 from . import kernels
 
 SKINNY_ENV = "EAGLESPEC_SKINNY_GEMM"  # "1": this kernel where it applies; "0": cuBLAS; unset: with PDL (wanted())
@@ -97,34 +98,45 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, M, N, sxm, swn, shm, som
                    PREFETCH: tl.constexpr = False):
     """Program (n block): out[:, cols] = round(x @ w[cols].T (+ bias) (+ h[:, cols])) over all of K. PREFETCH (with
     PDL, kernels.pdl; BLOCK_K >= K): the program's whole weight tile is loaded before the wait for the kernel
-    before, x after it."""
-    dtype = out_ptr.dtype.element_ty
+    before, then x's rows BLOCK_M at a time, each block against the tile in registers; else x's rows in one block
+    and K walked BLOCK_K at a time."""
     _dependents(USE_GDC)
-    rows = tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_in = rows < M
     col_in = cols < N
-    x_rows = x_ptr + rows.to(tl.int64)[:, None] * sxm
     w_cols = w_ptr + cols.to(tl.int64)[None, :] * swn
-    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     if PREFETCH:
         ks = tl.arange(0, BLOCK_K)
         k_in = ks < K
         wt = tl.load(w_cols + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)  # [BK, BN]: a weight
         _wait(USE_GDC)
-        a = tl.load(x_rows + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)  # [BM, BK]
-        acc = _dot(a, wt, acc, DOT_FP32)
+        for m0 in range(0, M, BLOCK_M):
+            rows = m0 + tl.arange(0, BLOCK_M)
+            a = tl.load(x_ptr + rows.to(tl.int64)[:, None] * sxm + ks[None, :],
+                        mask=(rows < M)[:, None] & k_in[None, :], other=0.0)  # [BM, BK]
+            acc = _dot(a, wt, tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32), DOT_FP32)
+            _finish(acc, rows, cols, M, N, b_ptr, h_ptr, out_ptr, shm, som, HAS_BIAS, HAS_RES)
     else:
         _wait(USE_GDC)
+        rows = tl.arange(0, BLOCK_M)
+        x_rows = x_ptr + rows.to(tl.int64)[:, None] * sxm
+        row_in = rows < M
+        acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_in = ks < K
             a = tl.load(x_rows + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)  # [BM, BK]
             wt = tl.load(w_cols + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)  # [BK, BN]
             acc = _dot(a, wt, acc, DOT_FP32)
+        _finish(acc, rows, cols, M, N, b_ptr, h_ptr, out_ptr, shm, som, HAS_BIAS, HAS_RES)
+
+
+def _finish(acc, rows, cols, M, N, b_ptr, h_ptr, out_ptr, shm, som, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
+    """The epilogue of the [rows, cols] tile: + bias, + h (the residual), rounded once to out's dtype, stored."""
+    dtype = out_ptr.dtype.element_ty
+    col_in = cols < N
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
-    tile = row_in[:, None] & col_in[None, :]
+    tile = (rows < M)[:, None] & col_in[None, :]
     if HAS_RES:
         acc += tl.load(h_ptr + rows.to(tl.int64)[:, None] * shm + cols[None, :], mask=tile, other=0.0).to(tl.float32)
     out = _round(acc, dtype).to(dtype)  # round to nearest even (the interpreter's own cast truncates)
@@ -148,7 +160,7 @@ def _load() -> None:
 
     _round, _dependents, _wait = kernels._round, kernels._dependents, kernels._wait
     g = globals()
-    for name in ("_dot", "_skinny_kernel"):
+    for name in ("_dot", "_finish", "_skinny_kernel"):
         g[name] = triton.jit(g[name])
 
 
@@ -160,17 +172,30 @@ def blocks(n: int, k: int) -> tuple[int, int, int]:
     return bn, 128 if k >= 1024 else 64, 4 if bn < 64 else 3
 
 
-PREFETCH_ROWS = 16  # with PDL, a program's whole weight tile is loaded before the wait up to this many rows of x
-PREFETCH_TILE = 32768  # ... and this many weight elements a program (BLOCK_N x K padded): 64 KB in bf16
+PREFETCH_ROWS_ENV = "EAGLESPEC_SKINNY_PREFETCH_ROWS"  # the most rows of x the prefetch kernel takes (default MAX_ROWS)
+PREFETCH_TILE = 32768  # weight elements a program of the prefetch kernel holds (BLOCK_N x K padded): 64 KB in bf16
+PREFETCH_BLOCK_M = 16  # rows of x a step of the prefetch kernel's row loop
+
+
+def prefetch_rows() -> int:
+    """$EAGLESPEC_SKINNY_PREFETCH_ROWS (0..MAX_ROWS; unset: MAX_ROWS): calls with more rows of x walk K instead
+    (bench/ab.py's A/B of the row loop: 16 was session 19's first version, one block of rows)."""
+    env = os.environ.get(PREFETCH_ROWS_ENV, "").strip()
+    if not env:
+        return MAX_ROWS
+    if not env.isdigit() or int(env) > MAX_ROWS:
+        raise EagleSpecError(f"{PREFETCH_ROWS_ENV}={env!r}: expected a whole number from 0 to {MAX_ROWS}")
+    return int(env)
 
 
 def prefetch_tiles(m: int, n: int, k: int) -> tuple[int, int, int, int] | None:
     """(BLOCK_N, BLOCK_K, num_stages, num_warps) for the PDL kernel that loads its weight tile before the wait
     (PREFETCH): all of K (padded to a power of two) in one tile, BLOCK_N narrowed to blocks()' or less so that the
-    tile holds at most PREFETCH_TILE elements; None where the rows or K are too many for one tile."""
+    tile holds at most PREFETCH_TILE elements, x's rows PREFETCH_BLOCK_M at a time; None where K is too long for a
+    16-wide tile or the rows are past prefetch_rows()."""
     kp = kernels._pow2(k)
     bn = min(blocks(n, k)[0], PREFETCH_TILE // kp)
-    if m > PREFETCH_ROWS or bn < 16:
+    if m > prefetch_rows() or bn < 16:
         return None
     return bn, kp, 1, 8 if bn * kp > PREFETCH_TILE // 2 else 4
 
@@ -213,7 +238,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                                           h if h is not None else out, out, m, n, x2.stride(0), weight.stride(0),
                                           h.stride(0) if h is not None else 0, out.stride(0), K=k,
                                           HAS_BIAS=bias is not None, HAS_RES=h is not None, DOT_FP32=dot_fp32,
-                                          BLOCK_M=max(16, kernels._pow2(m)), BLOCK_N=bn, BLOCK_K=bk, USE_GDC=gdc,
+                                          BLOCK_M=PREFETCH_BLOCK_M if pre else max(16, kernels._pow2(m)),
+                                          BLOCK_N=bn, BLOCK_K=bk, USE_GDC=gdc,
                                           PREFETCH=pre is not None, launch_pdl=gdc, num_warps=warps,
                                           num_stages=stages)
     if inplace:
