@@ -79,10 +79,11 @@ def test_other_tiles_give_the_same_values():
 
 
 @pytest.mark.parametrize("m, k, n", [(1, 96, 40), (7, 200, 70), (16, 130, 33), (17, 64, 20), (61, 96, 40)])
-def test_prefetch_kernel_gives_the_same_values(m, k, n):
+def test_prefetch_kernel_gives_the_same_values(monkeypatch, m, k, n):
     """The PDL kernel's one-tile variant (the weight tile loaded before the wait; run here without PDL, which the
     interpreter cannot do): all of K in one padded tile, x's rows 16 at a time (a short last block at 17 and 61
-    rows), bias and residual as the looped kernel's."""
+    rows, allowed by the switch), bias and residual as the looped kernel's."""
+    monkeypatch.setenv(skinny.PREFETCH_ROWS_ENV, "64")
     assert skinny.prefetch_tiles(m, n, k) is not None
     x, w, b, h = _case(11 * m + k, m, k, n, torch.float32)
     torch.testing.assert_close(skinny.linear(x, w, b, prefetch=True), torch.nn.functional.linear(x, w, b),
@@ -100,13 +101,15 @@ def test_prefetch_tiles_fit_the_tile_budget():
         bn, bk, stages, warps = skinny.prefetch_tiles(m, n, k)
         assert bk >= k and bk & (bk - 1) == 0 and bn * bk <= skinny.PREFETCH_TILE and bn >= 16 and stages == 1
         assert bn <= skinny.blocks(n, k)[0] and warps in (4, 8)
-    assert skinny.prefetch_tiles(64, 960, 576) is not None  # every row count (the row loop)
+    assert skinny.prefetch_tiles(17, 960, 576) is None  # past PREFETCH_ROWS by default: K walked instead
     assert skinny.prefetch_tiles(1, 576, 4096) is None  # a 16-wide tile of K = 4096 is past the budget
 
 
 def test_prefetch_rows_switch(monkeypatch):
-    monkeypatch.setenv(skinny.PREFETCH_ROWS_ENV, "16")
-    assert skinny.prefetch_tiles(16, 960, 576) is not None and skinny.prefetch_tiles(17, 960, 576) is None
+    monkeypatch.setenv(skinny.PREFETCH_ROWS_ENV, "64")
+    assert skinny.prefetch_tiles(64, 960, 576) is not None  # the row loop at every row count
+    monkeypatch.setenv(skinny.PREFETCH_ROWS_ENV, "0")
+    assert skinny.prefetch_tiles(1, 960, 576) is None
     monkeypatch.setenv(skinny.PREFETCH_ROWS_ENV, "65")
     with pytest.raises(EagleSpecError, match=skinny.PREFETCH_ROWS_ENV):
         skinny.prefetch_tiles(1, 960, 576)

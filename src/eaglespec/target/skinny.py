@@ -31,7 +31,8 @@ operands go through the dot as fp32 (the interpreter's bf16 dot is wrong; bf16 p
 Used by target/fast.py's step and draft/fused.py's (through eaglespec.linear.linear and fast._add_linear) where
 `applies`: CUDA, bf16/fp16, no autograd, at most MAX_ROWS rows, and wanted() (with PDL unless
 $EAGLESPEC_SKINNY_GEMM=0; =1 without PDL too). With PDL (kernels.pdl) a program loads its whole weight tile before it
-waits for the kernel before it, then takes x's rows 16 at a time (prefetch_tiles): what made it pay (session 19).
+waits for the kernel before it (prefetch_tiles): what made it pay (session 19). That takes at most 16 rows by
+default (prefetch_rows(): x's rows 16 at a time beyond, which lost at a tree's ~60).
 The RMSNorm or silu * up in its prologue (one kernel fewer each, as target/gemm_kernels.py's) was tried in session
 18 and was far slower on the H200 (bench/head_check.py: norm + qkv at 60 rows 11.7 us against 4.2 for the norm
 kernel + this GEMM; silu * up + down 151 us against 6.2): not kept.
@@ -172,17 +173,20 @@ def blocks(n: int, k: int) -> tuple[int, int, int]:
     return bn, 128 if k >= 1024 else 64, 4 if bn < 64 else 3
 
 
-PREFETCH_ROWS_ENV = "EAGLESPEC_SKINNY_PREFETCH_ROWS"  # the most rows of x the prefetch kernel takes (default MAX_ROWS)
+PREFETCH_ROWS_ENV = "EAGLESPEC_SKINNY_PREFETCH_ROWS"  # the most rows of x the prefetch kernel takes (prefetch_rows())
+PREFETCH_ROWS = 16  # its default: one block of rows
 PREFETCH_TILE = 32768  # weight elements a program of the prefetch kernel holds (BLOCK_N x K padded): 64 KB in bf16
 PREFETCH_BLOCK_M = 16  # rows of x a step of the prefetch kernel's row loop
 
 
 def prefetch_rows() -> int:
-    """$EAGLESPEC_SKINNY_PREFETCH_ROWS (0..MAX_ROWS; unset: MAX_ROWS): calls with more rows of x walk K instead
-    (bench/ab.py's A/B of the row loop: 16 was session 19's first version, one block of rows)."""
+    """$EAGLESPEC_SKINNY_PREFETCH_ROWS (0..MAX_ROWS; unset: PREFETCH_ROWS, one block of rows): calls with more rows
+    of x walk K instead. More rows go through the row loop, which lost on the H200 (session 19, bench/ab.py, one
+    process, MT-bench 20): a dynamic 7/10/60 round's replay 1.226 ms with 16, 2.001 with 64 (2746.6 -> 1780.5
+    tok/s); plain decoding (one row) the same."""
     env = os.environ.get(PREFETCH_ROWS_ENV, "").strip()
     if not env:
-        return MAX_ROWS
+        return PREFETCH_ROWS
     if not env.isdigit() or int(env) > MAX_ROWS:
         raise EagleSpecError(f"{PREFETCH_ROWS_ENV}={env!r}: expected a whole number from 0 to {MAX_ROWS}")
     return int(env)
