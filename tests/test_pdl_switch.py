@@ -1,14 +1,17 @@
-"""Programmatic dependent launch (target/kernels.pdl, EAGLESPEC_PDL) in the tree, round-tail and sampled kernels
-(tree_kernels.py, round_kernels.py, sampled_kernels.py), under Triton's CPU interpreter (TRITON_INTERPRET=1):
-the switch stays off there (the interpreter cannot run griddepcontrol) and refuses other values in one line; every
-kernel takes USE_GDC and waits first thing (the source, parsed); every launch passes USE_GDC and launch_pdl from
-kernels.pdl of one of its inputs (the source, and the launchers run with the kernels spied on); the results are the
-same with the switch on."""
+"""Programmatic dependent launch (target/kernels.pdl, EAGLESPEC_PDL), under Triton's CPU interpreter
+(TRITON_INTERPRET=1): the switch is on by default for sm90+ CUDA tensors only, stays off on the interpreter (which
+cannot run griddepcontrol) and refuses other values in one line. The tree, round-tail and sampled kernels
+(tree_kernels.py, round_kernels.py, sampled_kernels.py) take USE_GDC and wait first thing; the target's and drafter's
+kernels (target/kernels.py, attn_kernels.py, skinny.py) read only weights before their wait and store nothing (the
+source, parsed); every launch passes USE_GDC and launch_pdl from kernels.pdl of one of its inputs (the source, and
+the tree / round / sampled launchers run with the kernels spied on); the results are the same with the switch on.
+PDL itself needs an sm90 GPU: bench/ab.py checks there that it changes no token."""
 
 from __future__ import annotations
 
 import ast
 import os
+from types import SimpleNamespace
 
 # Triton's interpreter: set before the kernels are jitted (on their first use), and stays set for the session.
 os.environ["TRITON_INTERPRET"] = "1"
@@ -22,11 +25,16 @@ from eaglespec import round_kernels as RK
 from eaglespec import sampled_kernels as SK
 from eaglespec import tree_kernels as TK
 from eaglespec.errors import EagleSpecError
+from eaglespec.target import attn_kernels, skinny
 from eaglespec.target import kernels as K
 from eaglespec.tree import CONF_FLOOR, ancestry
 from eaglespec.verify import sibling_table_of, sibling_tests
 
 MODULES = {TK: 9, RK: 1, SK: 3}  # module -> its kernels (and launch sites)
+TARGET_MODULES = (K, attn_kernels, skinny)
+# the target's kernels that load a weight before their wait: kernel -> the weight pointers (kernels.pdl's rule)
+PREFETCHED = {"_rms_norm_weight_kernel": {"w_ptr"}, "_eagle3_input_kernel": {"in_w_ptr", "hid_w_ptr"},
+              "_skinny_kernel": {"w_cols"}}
 
 
 def _tree(module) -> ast.Module:
@@ -58,6 +66,21 @@ def test_pdl_is_off_on_the_interpreter_and_refuses_other_values(monkeypatch):
         assert "\n" not in str(err.value)  # the project's one-line refusal
 
 
+def test_pdl_is_on_by_default_for_sm90_cuda_tensors_unless_0(monkeypatch):
+    cuda = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))  # a CUDA tensor's stand-in
+    monkeypatch.setattr(K, "_interpreted", lambda: False)
+    hopper = {"yes": True}
+    monkeypatch.setattr(K, "_hopper_or_later", lambda index: hopper["yes"])
+    monkeypatch.delenv(K.PDL_ENV, raising=False)
+    assert K.pdl(cuda) is True
+    monkeypatch.setenv(K.PDL_ENV, "0")
+    assert K.pdl(cuda) is False
+    monkeypatch.setenv(K.PDL_ENV, "1")
+    assert K.pdl(cuda) is True
+    hopper["yes"] = False
+    assert K.pdl(cuda) is False  # before Hopper: no griddepcontrol, even when asked
+
+
 # -- the source: every kernel waits first, every launch passes the flags ---------------------------------------
 @pytest.mark.parametrize("module", list(MODULES), ids=lambda m: m.__name__.rsplit(".", 1)[1])
 def test_every_kernel_takes_use_gdc_and_waits_before_any_access(module):
@@ -79,13 +102,33 @@ def test_every_kernel_takes_use_gdc_and_waits_before_any_access(module):
     assert not any(_calls(h, "_wait") or _calls(h, "_dependents") for h in helpers)  # the kernels' business only
 
 
-@pytest.mark.parametrize("module", list(MODULES), ids=lambda m: m.__name__.rsplit(".", 1)[1])
+@pytest.mark.parametrize("module", TARGET_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_target_kernels_read_only_weights_before_the_wait(module):
+    kernels = _kernels(module)
+    assert kernels
+    helpers = {n.name: n for n in _tree(module).body if isinstance(n, ast.FunctionDef) and n.name not in kernels}
+    accessing = {name for name, h in helpers.items() if _calls(h, "tl.load") or _calls(h, "tl.store")}
+    for name, fn in kernels.items():
+        assert "USE_GDC" in [a.arg for a in fn.args.args], name
+        waits = _calls(fn, "_wait")
+        assert waits and _calls(fn, "_dependents"), name
+        wait = min(c.lineno for c in waits)
+        assert all(c.lineno > wait for c in _calls(fn, "tl.store")), f"{name}: a store before the wait"
+        for helper in accessing:  # a helper that loads or stores is called after the wait only
+            assert all(c.lineno > wait for c in _calls(fn, helper)), f"{name}: {helper} before the wait"
+        for load in _calls(fn, "tl.load"):
+            if load.lineno < wait:
+                names = {n.id for n in ast.walk(load.args[0]) if isinstance(n, ast.Name)}
+                assert names & PREFETCHED.get(name, set()), f"{name} line {load.lineno}: loads {names} before the wait"
+
+
+@pytest.mark.parametrize("module", [*MODULES, *TARGET_MODULES], ids=lambda m: m.__name__.rsplit(".", 1)[1])
 def test_every_launch_passes_pdl_as_use_gdc_and_launch_pdl(module):
     launched = []
     for fn in (n for n in _tree(module).body if isinstance(n, ast.FunctionDef)):
         switches = {a.targets[0].id for a in ast.walk(fn) if isinstance(a, ast.Assign) and len(a.targets) == 1
                     and isinstance(a.targets[0], ast.Name) and isinstance(a.value, ast.Call)
-                    and ast.unparse(a.value.func) == "K.pdl" and len(a.value.args) == 1}
+                    and ast.unparse(a.value.func) in ("K.pdl", "kernels.pdl", "pdl") and len(a.value.args) == 1}
         for call in ast.walk(fn):
             if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Subscript)
                     and ast.unparse(call.func.value).endswith("_kernel")):
@@ -94,10 +137,11 @@ def test_every_launch_passes_pdl_as_use_gdc_and_launch_pdl(module):
             name = ast.unparse(call.func.value)
             assert kw.get("USE_GDC") == kw.get("launch_pdl") and kw.get("launch_pdl") in switches, (fn.name, name)
             launched.append(name)
-    assert len(launched) == MODULES[module]
     assert set(launched) == set(_kernels(module))
     with open(module.__file__) as f:
-        assert f.read().count("launch_pdl=") == MODULES[module]
+        assert f.read().count("launch_pdl=") == len(launched)
+    if module in MODULES:
+        assert len(launched) == MODULES[module]
 
 
 # -- the launchers: K.pdl's answer reaches every launch; the switch changes no result ---------------------------
