@@ -745,6 +745,6 @@ PY
              --json "$R/h200_tree_sweep_deep19_$1_$c.json" > "$R/sweep_$1.log" 2>&1; }
     g0() { sw ttt10 "$W/r5-bf16"; }
     g1() { sw shipped models/smollm2-135m-instruct-eagle3; }
-    pair deep19 "grep '^| \\|Error\\|error' | grep -v '^|---' | tail -6" R c
+    pair deep19 "grep '^| \\|Error\\|error' | grep -v '^|---' | tail -6" R c W  # g0 reads $W (session 19: it was not passed)
     ;;
 esac
