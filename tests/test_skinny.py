@@ -171,7 +171,7 @@ def test_applies_only_to_cuda_16_bit_inference(monkeypatch):
         skinny.applies(x, w)
 
 
-def _force_skinny(monkeypatch) -> dict[str, int]:
+def _force_skinny(monkeypatch, split: bool = False) -> dict[str, int]:
     """Route the fused steps' projections to skinny on CPU (the interpreter) wherever its row, length and shape
     limits allow, counting the calls by kind: what `applies` does on CUDA, minus the device and dtype checks. CPU's
     oneDNN path (which comes first, and packs FastTarget's weights) is turned off."""
@@ -182,24 +182,26 @@ def _force_skinny(monkeypatch) -> dict[str, int]:
     calls = {"plain": 0, "residual": 0}
     real_linear = skinny.linear
 
+    longest = skinny.SPLIT_MAX_K if split else 1536
+
     def applies(x, weight):
         rows = x.numel() // max(1, x.shape[-1])
-        return x.shape[-1] == weight.shape[1] and rows <= skinny.MAX_ROWS and weight.shape[1] <= 1536
+        return x.shape[-1] == weight.shape[1] and rows <= skinny.MAX_ROWS and weight.shape[1] <= longest
 
     def linear(x, weight, bias=None, residual=None, inplace=False):
         calls["residual" if residual is not None else "plain"] += 1
-        return real_linear(x, weight, bias, residual, inplace)
+        return real_linear(x, weight, bias, residual, inplace, split=split or None)
 
     monkeypatch.setattr(skinny, "applies", applies)
     monkeypatch.setattr(skinny, "linear", linear)
     return calls
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_fused_target_step_through_skinny(monkeypatch, arch):
+@pytest.mark.parametrize("arch, split", [("llama", False), ("qwen2", False), ("llama", True)])
+def test_fused_target_step_through_skinny(monkeypatch, arch, split):
     """FastTarget's fused step with every projection in skinny (qkv, o + residual, gate_up, down + residual,
     lm_head; Qwen2's qkv bias) gives the step without it (fp32, to accumulation order): a prefill, a tree step with
-    a mask, a non-prefix commit, a causal step; the same KV."""
+    a mask, a non-prefix commit, a causal step; the same KV. `split`: every projection through the split-K kernel."""
     from eaglespec.target.fast import FastTarget
     from eaglespec.tree import ancestry
 
@@ -220,7 +222,7 @@ def test_fused_target_step_through_skinny(monkeypatch, arch):
         return [x for o in out for x in (o.logits, o.features)], t.cache
 
     ref, ref_cache = run()
-    calls = _force_skinny(monkeypatch)
+    calls = _force_skinny(monkeypatch, split)
     got, got_cache = run()
     for a, b in zip(ref, got):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
@@ -230,9 +232,11 @@ def test_fused_target_step_through_skinny(monkeypatch, arch):
     assert calls["plain"] >= steps * (2 * layers + 1) and calls["residual"] >= steps * 2 * layers
 
 
-def test_fused_drafter_step_through_skinny(monkeypatch):
+@pytest.mark.parametrize("split", [False, True])
+def test_fused_drafter_step_through_skinny(monkeypatch, split):
     """FusedEagle3Step(kernels=True) with skinny's projections (qkv, o + residual, gate_up, down + residual,
-    lm_head) gives the step without it, logits and next state (fp32)."""
+    lm_head) gives the step without it, logits and next state (fp32). `split`: all of them through the split-K kernel
+    (the drafter's long-K fc runs outside this step, through eaglespec.linear)."""
     from eaglespec.draft.fast import StaticKV
     from eaglespec.draft.fused import FusedEagle3Step
 
@@ -252,9 +256,72 @@ def test_fused_drafter_step_through_skinny(monkeypatch):
     with torch.no_grad():
         ref = FusedEagle3Step(d, size, kernels=True)(state, tokens, positions,
                                                      [StaticKV(k.clone(), v.clone(), slots, 32)], visible)
-        calls = _force_skinny(monkeypatch)
+        calls = _force_skinny(monkeypatch, split)
         got = FusedEagle3Step(d, size, kernels=True)(state, tokens, positions,
                                                      [StaticKV(k.clone(), v.clone(), slots, 32)], visible)
     torch.testing.assert_close(got[0], ref[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(got[1], ref[1], rtol=0, atol=1e-5)
     assert calls == {"plain": 3, "residual": 2}
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 4608, 40), (10, 1728, 70), (61, 576, 96), (64, 1536, 33), (33, 700, 20)])
+def test_split_k_kernel_gives_f_linear_and_is_deterministic(m, k, n):
+    """The split-K kernel (run here without PDL): K in slices (a short last one where K is not a multiple), the
+    partials summed in split order by each n block's last program, bias and residual in its epilogue; the same bits
+    on every call, and the counters back to zero after each."""
+    x, w, b, h = _case(13 * m + k, m, k, n, torch.float32)
+    bm, bn, bk, splits = skinny.split_tiles(m, n, k)
+    assert splits > 1 and bk * max(bm, bn) <= skinny.SPLIT_TILE
+    got = skinny.linear(x, w, b, split=True)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-4)
+    assert torch.equal(skinny.linear(x, w, b, split=True), got)  # the split order fixes the sums
+    h0 = h.clone()
+    torch.testing.assert_close(skinny.linear(x, w, residual=h, split=True), torch.addmm(h0, x, w.t()), rtol=1e-5,
+                               atol=1e-4)
+    assert torch.equal(h, h0)
+    back = skinny.linear(x, w, residual=h, inplace=True, split=True)
+    assert back is h
+    torch.testing.assert_close(h, torch.addmm(h0, x, w.t()), rtol=1e-5, atol=1e-4)
+    ring, _ = skinny._COUNTERS[x.device]
+    assert int(ring.abs().sum()) == 0  # every launch's last programs set their counters back
+
+
+def test_split_k_bf16_rounds_the_fp32_sum_once():
+    x, w, _, h = _case(21, 10, 1728, 40, torch.bfloat16)
+    got = skinny.linear(x, w, residual=h.clone(), split=True).double()
+    want = _exact(x, w, h=h)
+    assert ((got - want).abs() <= want.abs().clamp(min=1e-3) * 2.0 ** -7).all()
+
+
+def test_split_k_counters_come_from_a_ring():
+    dev = torch.device("cpu")
+    skinny._COUNTERS.pop(dev, None)
+    a = skinny._counters(dev, 5)
+    b = skinny._counters(dev, 7)
+    assert a.numel() == 5 and b.numel() == 7 and b.data_ptr() == a.data_ptr() + 5 * 4  # the next slots
+    skinny._COUNTERS[dev][1] = skinny.COUNTER_RING - 3
+    c = skinny._counters(dev, 5)  # past the end: from the start again
+    assert c.data_ptr() == skinny._COUNTERS[dev][0].data_ptr()
+
+
+def test_split_k_switch_widens_applies(monkeypatch):
+    """With the split-K switch and PDL, `applies` takes the drafter's long-K projections and a verification's
+    1536 -> 576 from cuBLAS; without PDL (or the switch) they stay on cuBLAS; wide outputs at many rows always do."""
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(skinny.kernels, "available", lambda device: True)
+    monkeypatch.setattr(skinny.kernels, "pdl", lambda t: True)
+    bf = torch.bfloat16
+    down = (torch.zeros(10, 4608, dtype=bf), torch.zeros(576, 4608, dtype=bf))
+    verify_down = (torch.zeros(61, 1536, dtype=bf), torch.zeros(576, 1536, dtype=bf))
+    head = (torch.zeros(61, 576, dtype=bf), torch.zeros(49152, 576, dtype=bf))
+    monkeypatch.delenv(skinny.SPLIT_K_ENV, raising=False)
+    assert not skinny.applies(*down) and not skinny.applies(*verify_down)
+    monkeypatch.setenv(skinny.SPLIT_K_ENV, "1")
+    assert skinny.applies(*down) and skinny.applies(*verify_down) and not skinny.applies(*head)
+    assert not skinny.applies(torch.zeros(1, 9000, dtype=bf), torch.zeros(576, 9000, dtype=bf))  # past SPLIT_MAX_K
+    monkeypatch.setattr(skinny.kernels, "pdl", lambda t: False)
+    monkeypatch.setenv(skinny.SKINNY_ENV, "1")
+    assert not skinny.applies(*down)  # the split-K kernel needs PDL
+    monkeypatch.setenv(skinny.SPLIT_K_ENV, "2")
+    with pytest.raises(EagleSpecError, match=skinny.SPLIT_K_ENV):
+        skinny.applies(*down)

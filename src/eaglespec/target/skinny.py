@@ -77,7 +77,10 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         return False
     rows = x.numel() // max(1, x.shape[-1])
     n, k = weight.shape
-    if not 1 <= rows <= MAX_ROWS or k > 1536 or (rows > 16 and (k >= 1536 or n > 4096)):
+    if split_wanted() and kernels.pdl(x):  # the split-K kernel: K up to SPLIT_MAX_K at any row count
+        if not 1 <= rows <= MAX_ROWS or k > SPLIT_MAX_K or (rows > 16 and n > 4096):
+            return False
+    elif not 1 <= rows <= MAX_ROWS or k > 1536 or (rows > 16 and (k >= 1536 or n > 4096)):
         return False
     return wanted(x) and kernels.available(x.device)
 
@@ -131,6 +134,40 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, M, N, sxm, swn, shm, som
         _finish(acc, rows, cols, M, N, b_ptr, h_ptr, out_ptr, shm, som, HAS_BIAS, HAS_RES)
 
 
+def _split_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, part_ptr, count_ptr, M, N, sxm, swn, shm, som,
+                  K: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                  DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  USE_GDC: tl.constexpr = False):
+    """Program (n block, split s): the partial x[:, slice] @ w[cols, slice].T over the s-th BLOCK_K slice of K (its
+    weight slice loaded before the wait) -> part [n block, s] in fp32; the n block's last program to finish (its
+    counter) sums the SPLITS partials in split order (so the result does not depend on which finished last), adds
+    bias / residual, rounds once, stores, and sets the counter back to 0 for the next launch."""
+    _dependents(USE_GDC)
+    pid_n = tl.program_id(0)
+    s = tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_in = cols < N
+    ks = s * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_in = ks < K
+    w_slice = w_ptr + cols.to(tl.int64)[None, :] * swn + ks[:, None]
+    wt = tl.load(w_slice, mask=k_in[:, None] & col_in[None, :], other=0.0)  # [BK, BN]: a weight, before the wait
+    _wait(USE_GDC)
+    rows = tl.arange(0, BLOCK_M)
+    a = tl.load(x_ptr + rows.to(tl.int64)[:, None] * sxm + ks[None, :], mask=(rows < M)[:, None] & k_in[None, :],
+                other=0.0)  # [BM, BK]
+    acc = _dot(a, wt, tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32), DOT_FP32)
+    tile = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [BM, BN] within a partial
+    tl.store(part_ptr + (pid_n * SPLITS + s).to(tl.int64) * (BLOCK_M * BLOCK_N) + tile, acc)
+    done = tl.atomic_add(count_ptr + pid_n, 1)  # acq_rel: the partials stored before it are seen after it
+    if done == SPLITS - 1:
+        total = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+        for t in tl.static_range(SPLITS):
+            total += tl.load(part_ptr + (pid_n * SPLITS + t).to(tl.int64) * (BLOCK_M * BLOCK_N) + tile,
+                             cache_modifier=".cg")
+        _finish(total, rows, cols, M, N, b_ptr, h_ptr, out_ptr, shm, som, HAS_BIAS, HAS_RES)
+        tl.atomic_xchg(count_ptr + pid_n, 0)
+
+
 def _finish(acc, rows, cols, M, N, b_ptr, h_ptr, out_ptr, shm, som, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
     """The epilogue of the [rows, cols] tile: + bias, + h (the residual), rounded once to out's dtype, stored."""
     dtype = out_ptr.dtype.element_ty
@@ -161,7 +198,7 @@ def _load() -> None:
 
     _round, _dependents, _wait = kernels._round, kernels._dependents, kernels._wait
     g = globals()
-    for name in ("_dot", "_finish", "_skinny_kernel"):
+    for name in ("_dot", "_finish", "_skinny_kernel", "_split_kernel"):
         g[name] = triton.jit(g[name])
 
 
@@ -204,14 +241,55 @@ def prefetch_tiles(m: int, n: int, k: int) -> tuple[int, int, int, int] | None:
     return bn, kp, 1, 8 if bn * kp > PREFETCH_TILE // 2 else 4
 
 
+SPLIT_K_ENV = "EAGLESPEC_SKINNY_SPLIT_K"  # "1": the split-K kernel (split_tiles); "0" or unset: off (untimed)
+SPLIT_MAX_K = 8192  # the longest K it takes (the drafter's down projection: 4608)
+SPLIT_TILE = 16384  # elements of x's slice and of the weight's slice a program holds
+COUNTER_RING = 1 << 16  # int32 counters per device, handed out to the split-K launches in turn
+_COUNTERS: dict[torch.device, list] = {}  # device -> [the ring, the next free slot]
+
+
+def split_wanted() -> bool:
+    """$EAGLESPEC_SKINNY_SPLIT_K: "1" the split-K kernel where the one-tile prefetch kernel does not fit (more than
+    prefetch_rows() rows: a tree's verification; K past the prefetch tile: the drafter's fc and down projections,
+    which `applies` then takes from cuBLAS). "0" or unset: off. Written in session 19 and not timed yet: every
+    program loads its weight slice before the PDL wait, and more programs share a long K."""
+    return env_switch(SPLIT_K_ENV, "off") is True
+
+
+def split_tiles(m: int, n: int, k: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, SPLITS) for the split-K kernel: x's rows in one block, blocks()' N tiles, K in
+    SPLITS slices of BLOCK_K (a power of two; the last slice may be short), each slice of x and of the weight at
+    most SPLIT_TILE elements."""
+    bm, bn = max(16, kernels._pow2(m)), blocks(n, k)[0]
+    bk = min(kernels._pow2(k), SPLIT_TILE // bm, SPLIT_TILE // bn)
+    return bm, bn, bk, -(-k // bk)
+
+
+def _counters(device: torch.device, count: int) -> torch.Tensor | None:
+    """`count` zeroed int32 counters for one split-K launch, the next slots of the device's ring (a launch's last
+    program of each n block sets its counter back to 0, so the ring stays zeroed between launches; a graph keeps
+    the slots it was captured with). None during a CUDA-graph capture before the ring exists (it is allocated by an
+    eager call: the warm-up before a capture)."""
+    ring = _COUNTERS.get(device)
+    if ring is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        ring = _COUNTERS[device] = [torch.zeros(COUNTER_RING, dtype=torch.int32, device=device), 0]
+    at = ring[1] if ring[1] + count <= COUNTER_RING else 0
+    ring[1] = at + count
+    return ring[0][at:at + count]
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            residual: torch.Tensor | None = None, inplace: bool = False, *,
-           tiles: tuple[int, int, int] | None = None, prefetch: bool | None = None) -> torch.Tensor:
+           tiles: tuple[int, int, int] | None = None, prefetch: bool | None = None,
+           split: bool | None = None) -> torch.Tensor:
     """linear_ref in one kernel: x [..., K] (at most MAX_ROWS rows), weight [N, K] (unit column stride), bias [N] or
     None, residual [..., N] or None (then no bias) -> [..., N] in x's dtype (`inplace`: written into residual).
     tiles: (BLOCK_N, BLOCK_K, num_stages) in place of blocks(N, K)'s (bench/head_check.py --sweep). prefetch: the
     one-tile kernel of prefetch_tiles (None: when launched with PDL, where it fits; True: where it fits, PDL or not,
-    for the tests)."""
+    for the tests). split: the split-K kernel where the one-tile one does not apply (None: split_wanted() with PDL;
+    True: PDL or not, for the tests)."""
     _load()
     k, n = x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, k)
@@ -236,8 +314,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     gdc = kernels.pdl(x)
     pre = prefetch_tiles(m, n, k) if (gdc if prefetch is None else prefetch) and tiles is None else None
-    bn, bk, stages, warps = pre or (*(tiles or blocks(n, k)), 4)
     dot_fp32 = x.dtype == torch.float32 or kernels._interpreted()
+    if pre is None and tiles is None and k <= SPLIT_MAX_K and (gdc and split_wanted() if split is None else split):
+        bm, bn, bk, splits = split_tiles(m, n, k)
+        counters = _counters(x.device, triton.cdiv(n, bn))
+        if counters is not None:
+            part = torch.empty(counters.numel() * splits * bm * bn, dtype=torch.float32, device=x.device)
+            _split_kernel[(counters.numel(), splits)](
+                x2, weight, bias if bias is not None else weight, h if h is not None else out, out, part, counters,
+                m, n, x2.stride(0), weight.stride(0), h.stride(0) if h is not None else 0, out.stride(0), K=k,
+                SPLITS=splits, HAS_BIAS=bias is not None, HAS_RES=h is not None, DOT_FP32=dot_fp32, BLOCK_M=bm,
+                BLOCK_N=bn, BLOCK_K=bk, USE_GDC=gdc, launch_pdl=gdc, num_warps=4, num_stages=1)
+            return residual if inplace else out.view(*x.shape[:-1], n)
+    bn, bk, stages, warps = pre or (*(tiles or blocks(n, k)), 4)
     _skinny_kernel[(triton.cdiv(n, bn),)](x2, weight, bias if bias is not None else weight,
                                           h if h is not None else out, out, m, n, x2.stride(0), weight.stride(0),
                                           h.stride(0) if h is not None else 0, out.stride(0), K=k,
