@@ -103,6 +103,22 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 20's starting point (session 19, bench/RESULTS.md: programmatic dependent launch in every Triton kernel and
+# the skinny GEMM loading its weight tile before the PDL wait are the CUDA defaults since 98aca06 (EAGLESPEC_PDL=0 /
+# EAGLESPEC_SKINNY_GEMM=0 go back; PDL changes no token: bench/ab.py's "same tokens" 1.00). At 98aca06: MT-bench 80
+# plain 1218.8 tok/s (+15%), dynamic 2931.5 = 2.41x (tau 4.34), HumanEval 3485.7 = 2.86x, T=1 static 1.29x; fp32
+# 2/2. Every method is faster in tok/s, plain most, so the ratios fell: the one-row GEMMs prefetch, a verification's
+# ~60-row ones do not (a row loop over a register-held weight tile lost: replay 1.23 -> 2.00 ms), and the cuBLAS
+# kernels (the down projection at 60 rows, the drafter's fc and down) break the PDL chain. Round: plain 0.811 ms
+# wall, dynamic 1.454 (1.351 replay); 3x at tau 4.34 needs <= 1.17.
+# First: `bash bench/gpu_x2.sh split20` (~3 min after the stash; one GPU): the split-K skinny kernel written in
+# session 19 and never run on a GPU (EAGLESPEC_SKINNY_SPLIT_K=1: K in slices whose weights load before the wait,
+# the partials summed in split order by each n block's last program, counters from a per-device ring; interpreter
+# tests only), A/B in one process against the defaults. Watch for a capture error or a hang first (atomics + PDL on
+# real hardware); if it wins, make it the default with PDL and rerun bench18 + more18.
+# Tau: a 10-TTT-step copy of run 10 gained nothing (MT-bench 40 tau 4.29 vs 4.40 at 7/10/60; deeper trees 4.5 for
+# both), so depth is not the lever; per-token accuracy on MT-bench-like prompts is. Dynamic A/B turns are noisy in
+# one process (turn 0 is always the fastest: compare the same turn, or the plain control).
 # Session 19's starting point (session 18, bench/RESULTS.md: at 50e99b9 MT-bench 80 dynamic 2875.4 tok/s = 2.72x plain
 # (tau 4.39), HumanEval 3339.4 = 3.21x, T=1 static 1.44x; fp32 2/2 identical. A dynamic round is 397 kernels (the
 # tree's bookkeeping 45 -> 31: candidates written in place, flags in select_tree), ~1.42 ms of replay, ~1.50 ms wall.
