@@ -3,7 +3,7 @@
 cannot run griddepcontrol) and refuses other values in one line. The tree, round-tail and sampled kernels
 (tree_kernels.py, round_kernels.py, sampled_kernels.py) take USE_GDC and wait first thing; the target's and drafter's
 kernels (target/kernels.py, attn_kernels.py, skinny.py) read only weights before their wait and store nothing (the
-source, parsed); every launch passes USE_GDC and launch_pdl from kernels.pdl of one of its inputs (the source, and
+source, parsed); every launch passes **pdl_kwargs(kernels.pdl of one of its inputs) (the source, and
 the tree / round / sampled launchers run with the kernels spied on); the results are the same with the switch on.
 PDL itself needs an sm90 GPU: bench/ab.py checks there that it changes no token."""
 
@@ -102,6 +102,15 @@ def test_every_kernel_takes_use_gdc_and_waits_before_any_access(module):
     assert not any(_calls(h, "_wait") or _calls(h, "_dependents") for h in helpers)  # the kernels' business only
 
 
+def test_pdl_kwargs_name_nothing_when_off_and_a_triton_without_pdl_never_gets_it(monkeypatch):
+    assert K.pdl_kwargs(False) == {}  # an older Triton refuses launch_pdl even when False
+    assert K.pdl_kwargs(True) == {"USE_GDC": True, "launch_pdl": True}
+    from triton.language.extra import cuda
+
+    monkeypatch.delattr(cuda, "gdc_wait")
+    assert K._hopper_or_later.__wrapped__(0) is False  # no gdc_wait: no PDL, whatever the GPU
+
+
 @pytest.mark.parametrize("module", TARGET_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
 def test_target_kernels_read_only_weights_before_the_wait(module):
     kernels = _kernels(module)
@@ -123,7 +132,9 @@ def test_target_kernels_read_only_weights_before_the_wait(module):
 
 
 @pytest.mark.parametrize("module", [*MODULES, *TARGET_MODULES], ids=lambda m: m.__name__.rsplit(".", 1)[1])
-def test_every_launch_passes_pdl_as_use_gdc_and_launch_pdl(module):
+def test_every_launch_passes_pdl_kwargs_of_the_switch(module):
+    """Each launch passes `**pdl_kwargs(v)`, v assigned from kernels.pdl(<a tensor>) in the launcher; no launch
+    names USE_GDC or launch_pdl itself (a Triton without PDL refuses launch_pdl even when it is False)."""
     launched = []
     for fn in (n for n in _tree(module).body if isinstance(n, ast.FunctionDef)):
         switches = {a.targets[0].id for a in ast.walk(fn) if isinstance(a, ast.Assign) and len(a.targets) == 1
@@ -133,13 +144,16 @@ def test_every_launch_passes_pdl_as_use_gdc_and_launch_pdl(module):
             if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Subscript)
                     and ast.unparse(call.func.value).endswith("_kernel")):
                 continue
-            kw = {k.arg: ast.unparse(k.value) for k in call.keywords}
             name = ast.unparse(call.func.value)
-            assert kw.get("USE_GDC") == kw.get("launch_pdl") and kw.get("launch_pdl") in switches, (fn.name, name)
+            named = {k.arg for k in call.keywords}
+            spread = [k.value for k in call.keywords if k.arg is None and isinstance(k.value, ast.Call)
+                      and ast.unparse(k.value.func) in ("K.pdl_kwargs", "kernels.pdl_kwargs", "pdl_kwargs")]
+            assert not named & {"USE_GDC", "launch_pdl"}, (fn.name, name)
+            assert len(spread) == 1 and ast.unparse(spread[0].args[0]) in switches, (fn.name, name)
             launched.append(name)
     assert set(launched) == set(_kernels(module))
     with open(module.__file__) as f:
-        assert f.read().count("launch_pdl=") == len(launched)
+        assert "launch_pdl=" not in f.read()
     if module in MODULES:
         assert len(launched) == MODULES[module]
 
@@ -154,7 +168,8 @@ class _Spy:
     def __getitem__(self, grid):
         def launch(*args, **kw):
             self.log.append((self.name, kw.get("USE_GDC"), kw.get("launch_pdl")))
-            kw.update(USE_GDC=False, launch_pdl=False)
+            kw.pop("USE_GDC", None)
+            kw.pop("launch_pdl", None)
             return self.kernel[grid](*args, **kw)
 
         return launch
@@ -260,8 +275,8 @@ LAUNCHERS = {  # launcher -> the kernels it launches, in order
 @pytest.mark.parametrize("launcher", list(LAUNCHERS))
 def test_launchers_hand_pdl_to_every_launch_and_the_switch_changes_nothing(launcher, monkeypatch):
     """Off (unset), then EAGLESPEC_PDL=1 (still off on the interpreter: the same results, bitwise), then kernels.pdl
-    made to say yes (the kernels spied on and run without PDL): every launch gets USE_GDC = launch_pdl = True, and
-    kernels.pdl is asked about an input tensor of the launch."""
+    made to say yes (the kernels spied on and run without PDL): every launch gets USE_GDC = launch_pdl = True (and
+    no PDL keyword at all while off), and kernels.pdl is asked about an input tensor of the launch."""
     run, expected = LAUNCHERS[launcher]
     for module in MODULES:
         module._load()
@@ -272,11 +287,11 @@ def test_launchers_hand_pdl_to_every_launch_and_the_switch_changes_nothing(launc
                 monkeypatch.setattr(module, name, _Spy(getattr(module, name), name, log))
     monkeypatch.delenv(K.PDL_ENV, raising=False)
     want = run()
-    assert log == [(name, False, False) for name in expected]
+    assert log == [(name, None, None) for name in expected]
     monkeypatch.setenv(K.PDL_ENV, "1")
     log.clear()
     got = run()
-    assert log == [(name, False, False) for name in expected]
+    assert log == [(name, None, None) for name in expected]
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     asked = []
     monkeypatch.setattr(K, "pdl", lambda t: asked.append(t) or True)

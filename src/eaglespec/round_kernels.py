@@ -157,5 +157,5 @@ def round_tail(cache: torch.Tensor, ids: torch.Tensor, state_out: torch.Tensor, 
                                  parents.contiguous(), depths.contiguous(), flags.contiguous(), m, bonus, order, tlen,
                                  base, result, slots * d, feats.stride(0), feats_out.stride(0), f, t, g, P=p,
                                  PB=max(2, K._pow2(p)), D=d, DB=max(16, K._pow2(d)), FB=min(1024, max(16, K._pow2(f))),
-                                 TB=max(16, K._pow2(t)), num_warps=4, USE_GDC=gdc, launch_pdl=gdc)
+                                 TB=max(16, K._pow2(t)), num_warps=4, **K.pdl_kwargs(gdc))
     return result

@@ -303,11 +303,11 @@ def sibling_tests(tokens: torch.Tensor, kids: torch.Tensor, target_probs: torch.
                       torch.empty(k, t, s, dtype=torch.float32, device=dev))
     g = K.pdl(p)
     _left_kernel[(t, s)](state.live, q, state.left, v, s, q.stride(0), K=k, KP=kp, CHUNK=ck, num_warps=num_warps,
-                         USE_GDC=g, launch_pdl=g)
+                         **K.pdl_kwargs(g))
     for i in range(k):
         _rank_kernel[(t, s)](i, state.tokens, state.kids, state.live, p, q, rq, state.left, state.mass, v, t, s,
                              p.stride(0), q.stride(0), K=k, KP=kp, CHUNK=ck, SB=_sums(s, kp), num_warps=num_warps,
-                             USE_GDC=g, launch_pdl=g)
+                             **K.pdl_kwargs(g))
     return rq[0], rq[1], state
 
 
@@ -325,5 +325,5 @@ def final_residual(target_probs: torch.Tensor, draft_probs: torch.Tensor, state:
     g = K.pdl(p)
     _final_kernel[(triton.cdiv(v, blk),)](best, state.tokens, state.kids, state.live, p, q, state.left, state.mass,
                                           out, v, t, s, p.stride(0), q.stride(0), K=k, KP=kp,
-                                          SB=_sums(s, kp), BLOCK=blk, num_warps=4, USE_GDC=g, launch_pdl=g)
+                                          SB=_sums(s, kp), BLOCK=blk, num_warps=4, **K.pdl_kwargs(g))
     return out

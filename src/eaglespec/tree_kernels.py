@@ -551,7 +551,7 @@ def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | No
         parents = 1
     g = K.pdl(logits)
     _chunk_top_kernel[(n, splits)](logits, keys, stats, logits.stride(0), v, splits, K=k, CHUNK=chunk,
-                                   num_warps=4, USE_GDC=g, launch_pdl=g)
+                                   num_warps=4, **K.pdl_kwargs(g))
     if parent is not None:
         if out is None or parent.shape != (n,) or parent.dtype != torch.long:
             raise ValueError(f"tree kernels: children's parent must be [{n}] long, with out")
@@ -559,7 +559,7 @@ def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | No
     _merge_top_kernel[(n,)](keys, stats, conf, tok, logc, _base(base, n, logc), par,
                             parent if parent is not None else par, splits, floor, K=k, KB=K._pow2(k),
                             SP=K._pow2(splits), BLOCK=K._pow2(splits * k), BASE=base is not None, PARENTS=parents,
-                            num_warps=4, USE_GDC=g, launch_pdl=g)
+                            num_warps=4, **K.pdl_kwargs(g))
     return conf, tok, logc
 
 
@@ -584,9 +584,9 @@ def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float, ba
     logc = torch.empty(n, k, dtype=torch.float32, device=dev)
     g = K.pdl(q)
     _race_chunk_kernel[(n, splits)](q, noise, vkeys, rkeys, q.stride(0), noise.stride(0), v, splits, K=k, CHUNK=chunk,
-                                    num_warps=4, USE_GDC=g, launch_pdl=g)
+                                    num_warps=4, **K.pdl_kwargs(g))
     _race_merge_kernel[(n,)](vkeys, rkeys, conf, tok, logc, _base(base, n, logc), splits, floor, K=k,
-                             BLOCK=K._pow2(splits * k), BASE=base is not None, num_warps=4, USE_GDC=g, launch_pdl=g)
+                             BLOCK=K._pow2(splits * k), BASE=base is not None, num_warps=4, **K.pdl_kwargs(g))
     return conf, tok, logc
 
 
@@ -613,7 +613,7 @@ def _rank(v: torch.Tensor, k: int, descending: bool, offset: int | None
     tile = min(_RANK_TILE, max(16, K._pow2(m)))
     g = K.pdl(v)
     _rank_top_kernel[(triton.cdiv(m, tile),)](v, vals, idx, idx if ids is None else ids, m, k, offset or 0,
-                                              DESC=descending, IDS=ids is not None, TILE=tile, USE_GDC=g, launch_pdl=g)
+                                              DESC=descending, IDS=ids is not None, TILE=tile, **K.pdl_kwargs(g))
     return vals, idx, ids
 
 
@@ -645,7 +645,7 @@ def expand_rows(local: torch.Tensor, k: int, prev: torch.Tensor, newest: torch.T
     _expand_rows_kernel[(n,)](local, prev, newest, table if table is not None else newest, states, tokens,
                               mask.view(torch.uint8), prev.stride(0), mask.stride(0), k, r0, p0, h, x,
                               INHERIT=inherit, MAP=table is not None, HB=K._pow2(h),
-                              XB=min(1024, K._pow2(x)), num_warps=4, USE_GDC=g, launch_pdl=g)
+                              XB=min(1024, K._pow2(x)), num_warps=4, **K.pdl_kwargs(g))
     return states, tokens
 
 
@@ -671,7 +671,7 @@ def select_tree(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Tensor,
                               logv.contiguous(), table if table is not None else tokens,
                               conf.contiguous() if conf is not None else logq, ids, logq, flags.view(torch.uint8), b,
                               r, c, max_mass, MAP=table is not None, CONF=conf is not None, BB=max(16, K._pow2(b)),
-                              RB=16, CB=max(2, K._pow2(c)), num_warps=4, USE_GDC=g, launch_pdl=g)
+                              RB=16, CB=max(2, K._pow2(c)), num_warps=4, **K.pdl_kwargs(g))
     return ids, logq, flags
 
 
@@ -691,8 +691,7 @@ def accept_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     g = K.pdl(tokens)
     _accept_path_kernel[(1,)](tokens.contiguous(), parents.contiguous(), depths.contiguous(),
                               visible.contiguous().view(torch.uint8), target_next.contiguous(), best, bonus, m,
-                              order, t, min(t, p), TB=max(16, K._pow2(t)), num_warps=8, USE_GDC=g,
-                              launch_pdl=g)
+                              order, t, min(t, p), TB=max(16, K._pow2(t)), num_warps=8, **K.pdl_kwargs(g))
     return best, bonus, m, order
 
 
@@ -707,5 +706,5 @@ def ancestry(parents: torch.Tensor, depth: int) -> torch.Tensor:
     rb = 16
     g = K.pdl(parents)
     _ancestry_kernel[(triton.cdiv(t, rb),)](parents.contiguous(), visible.view(torch.uint8), t, DEPTH=max(depth, 1),
-                                            RB=rb, TB=max(16, K._pow2(t)), USE_GDC=g, launch_pdl=g)
+                                            RB=rb, TB=max(16, K._pow2(t)), **K.pdl_kwargs(g))
     return visible

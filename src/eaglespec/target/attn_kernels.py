@@ -280,8 +280,8 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
                        out.stride(1), out.stride(2), allowed.stride(0), m, span, hk, scale * _LOG2E,
                        G=m // b, D=d, DP=dp, HAS_LEN=kv_len is not None, SPLITS=splits,
                        PRECISION="ieee", LOOP_SPAN=span if _interpreted() else 0, BLOCK_M=block_m, BLOCK_N=block_n,
-                       USE_GDC=gdc, launch_pdl=gdc, **launch)
+                       **kernels.pdl_kwargs(gdc), **launch)
     if splits > 1:
         _combine_kernel[(hk, m)](part, stat, out, out.stride(1), out.stride(2), m, hk, SPLITS=splits,
-                                 SP=_pow2(splits), D=d, DP=dp, USE_GDC=gdc, launch_pdl=gdc)
+                                 SP=_pow2(splits), D=d, DP=dp, **kernels.pdl_kwargs(gdc))
     return out

@@ -82,13 +82,18 @@ def _interpreted() -> bool:
 
 @functools.cache
 def _hopper_or_later(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    """Compute capability >= 9 (griddepcontrol), and a Triton that has PDL (gdc_wait and launch_pdl: 3.4 on)."""
+    try:
+        from triton.language.extra import cuda
+    except ImportError:
+        return False
+    return hasattr(cuda, "gdc_wait") and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def pdl(t: torch.Tensor) -> bool:
     """Launch a kernel on t's device with programmatic dependent launch (PDL, Hopper's griddepcontrol)? Yes when t
     is on a CUDA device of compute capability 9 or more, not under the interpreter, unless $EAGLESPEC_PDL=0. The
-    launchers pass it as both USE_GDC (the kernel lets the next kernel launch at its start and waits in _wait() for
+    launchers pass it through pdl_kwargs() as both USE_GDC (the kernel lets the next kernel launch at its start and waits in _wait() for
     the kernels before it) and launch_pdl (this launch may begin before the previous kernel ends). Every kernel that
     takes USE_GDC obeys one rule: before _wait() it reads only what no kernel of the graph writes (weights, constant
     tables) and writes nothing; so PDL changes no value (bench/ab.py's "same tokens": 1.00 on MT-bench 20).
@@ -100,6 +105,12 @@ def pdl(t: torch.Tensor) -> bool:
     if env_switch(PDL_ENV, "on where the GPU has it") is False or not t.is_cuda or _interpreted():
         return False
     return _hopper_or_later(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+def pdl_kwargs(on: bool) -> dict[str, bool]:
+    """A launch's PDL keywords: USE_GDC and launch_pdl when `on` (pdl()), none otherwise (the kernels' USE_GDC
+    defaults to False, and a Triton without PDL refuses the launch_pdl keyword even when it is False)."""
+    return {"USE_GDC": True, "launch_pdl": True} if on else {}
 
 
 # -- plain-torch references (the code of fast.py each kernel replaces) ---------------------------------------
@@ -327,8 +338,7 @@ def rms_norm_weight(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tenso
         x2 = x2.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     g = pdl(x)
-    _rms_norm_weight_kernel[(x2.shape[0],)](x2, w, out, x2.stride(0), eps, N=n, BLOCK=_pow2(n), USE_GDC=g,
-                                            launch_pdl=g, enable_fp_fusion=False)
+    _rms_norm_weight_kernel[(x2.shape[0],)](x2, w, out, x2.stride(0), eps, N=n, BLOCK=_pow2(n), **pdl_kwargs(g), enable_fp_fusion=False)
     return out
 
 
@@ -350,8 +360,7 @@ def eagle3_input(tokens: torch.Tensor, embed_w: torch.Tensor, state: torch.Tenso
     out = torch.empty(b, 2 * n, dtype=state.dtype, device=state.device)
     g = pdl(state)
     _eagle3_input_kernel[(b, 2)](tokens, embed_w, state, in_norm, hidden_norm, out, tokens.stride(0),
-                                 embed_w.stride(0), state.stride(0), eps, N=n, BLOCK=_pow2(n), USE_GDC=g,
-                                 launch_pdl=g, enable_fp_fusion=False)
+                                 embed_w.stride(0), state.stride(0), eps, N=n, BLOCK=_pow2(n), **pdl_kwargs(g), enable_fp_fusion=False)
     return out
 
 
@@ -378,7 +387,7 @@ def rope_qk_kv_write(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor, pos
                                    qk.stride(0), qk.stride(1), v.stride(0), v.stride(1),
                                    k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
                                    HQ=hq, HKV=hk, G=hq // hk, HALF=d // 2, BLOCK=_pow2(d // 2),
-                                   USE_GDC=g, launch_pdl=g, enable_fp_fusion=False)
+                                   **pdl_kwargs(g), enable_fp_fusion=False)
     return q
 
 
@@ -392,8 +401,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block = min(1024, _pow2(n))
     g = pdl(gate_up)
     _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, gate_up.stride(0), n,
-                                                    PRECISE_EXP=not _interpreted(), BLOCK=block, USE_GDC=g,
-                                                    launch_pdl=g, enable_fp_fusion=False)
+                                                    PRECISE_EXP=not _interpreted(), BLOCK=block, **pdl_kwargs(g), enable_fp_fusion=False)
     return out
 
 
@@ -406,5 +414,5 @@ def block_mask(visible: torch.Tensor, base: torch.Tensor, cols: torch.Tensor) ->
     xb = min(1024, _pow2(span))
     g = pdl(visible)
     _block_mask_kernel[(b, triton.cdiv(span, xb))](visible.contiguous().view(torch.uint8), base.reshape(1),
-                                                  out.view(torch.uint8), b, span, XB=xb, USE_GDC=g, launch_pdl=g)
+                                                  out.view(torch.uint8), b, span, XB=xb, **pdl_kwargs(g))
     return out

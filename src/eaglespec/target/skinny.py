@@ -324,7 +324,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 x2, weight, bias if bias is not None else weight, h if h is not None else out, out, part, counters,
                 m, n, x2.stride(0), weight.stride(0), h.stride(0) if h is not None else 0, out.stride(0), K=k,
                 SPLITS=splits, HAS_BIAS=bias is not None, HAS_RES=h is not None, DOT_FP32=dot_fp32, BLOCK_M=bm,
-                BLOCK_N=bn, BLOCK_K=bk, USE_GDC=gdc, launch_pdl=gdc, num_warps=4, num_stages=1)
+                BLOCK_N=bn, BLOCK_K=bk, **kernels.pdl_kwargs(gdc), num_warps=4, num_stages=1)
             return residual if inplace else out.view(*x.shape[:-1], n)
     bn, bk, stages, warps = pre or (*(tiles or blocks(n, k)), 4)
     _skinny_kernel[(triton.cdiv(n, bn),)](x2, weight, bias if bias is not None else weight,
@@ -332,8 +332,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                                           h.stride(0) if h is not None else 0, out.stride(0), K=k,
                                           HAS_BIAS=bias is not None, HAS_RES=h is not None, DOT_FP32=dot_fp32,
                                           BLOCK_M=PREFETCH_BLOCK_M if pre else max(16, kernels._pow2(m)),
-                                          BLOCK_N=bn, BLOCK_K=bk, USE_GDC=gdc,
-                                          PREFETCH=pre is not None, launch_pdl=gdc, num_warps=warps,
+                                          BLOCK_N=bn, BLOCK_K=bk, PREFETCH=pre is not None,
+                                          **kernels.pdl_kwargs(gdc), num_warps=warps,
                                           num_stages=stages)
     if inplace:
         return residual
