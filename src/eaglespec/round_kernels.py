@@ -12,9 +12,10 @@ arithmetic: the outputs are bitwise the torch code's (cache and features are mov
 
 Used by round graphs where tree_kernels.wanted(device) and not EAGLESPEC_TAIL_KERNEL=0 (the A/B switch).
 
-PDL (target/kernels.pdl, EAGLESPEC_PDL=1 on Hopper): every kernel here takes USE_GDC and its launcher passes it
-with launch_pdl; the kernel lets the next one launch first thing, then waits (_wait) for the kernels before it
-before any load or store: all of its inputs are written by earlier kernels of the graph, nothing to prefetch.
+PDL (target/kernels.pdl: on sm90+ GPUs unless EAGLESPEC_PDL=0): every kernel here takes USE_GDC, which its launcher
+passes with launch_pdl (kernels.pdl_kwargs); the kernel lets the next one launch first thing, then waits (_wait) for
+the kernels before it before any load or store: all of its inputs are written by earlier kernels of the graph,
+nothing to prefetch.
 """
 
 from __future__ import annotations

@@ -66,9 +66,10 @@ Tested under Triton's interpreter (TRITON_INTERPRET=1); timed on the H200 (sessi
 to the torch path 1.8e-12 / 7.5e-9 / 1.5e-8 for r_at / q_at / the final rows); bench/sibling_check.py times them
 against the torch path on a GPU (--sweep: CHUNK x num_warps, not run yet).
 
-PDL (target/kernels.pdl, EAGLESPEC_PDL=1 on Hopper): every kernel here takes USE_GDC and its launcher passes it
-with launch_pdl; the kernel lets the next one launch first thing, then waits (_wait) for the kernels before it
-before any load or store: all of its inputs are written by earlier kernels of the graph, nothing to prefetch.
+PDL (target/kernels.pdl: on sm90+ GPUs unless EAGLESPEC_PDL=0): every kernel here takes USE_GDC, which its launcher
+passes with launch_pdl (kernels.pdl_kwargs); the kernel lets the next one launch first thing, then waits (_wait) for
+the kernels before it before any load or store: all of its inputs are written by earlier kernels of the graph,
+nothing to prefetch.
 """
 
 from __future__ import annotations

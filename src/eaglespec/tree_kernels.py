@@ -64,9 +64,10 @@ the chunked two kernels (~7 us). Session 14, select_tree and accept_path on vs o
 tau, static 2182 -> 2287 tok/s, dynamic 7/20/120 unchanged within noise; a 7/20/120 round 560 -> 519 kernels with
 the attention kernel.
 
-PDL (target/kernels.pdl, EAGLESPEC_PDL=1 on Hopper): every kernel here takes USE_GDC and its launcher passes it
-with launch_pdl; the kernel lets the next one launch first thing, then waits (_wait) for the kernels before it
-before any load or store: all of its inputs are written by earlier kernels of the graph, nothing to prefetch.
+PDL (target/kernels.pdl: on sm90+ GPUs unless EAGLESPEC_PDL=0): every kernel here takes USE_GDC, which its launcher
+passes with launch_pdl (kernels.pdl_kwargs); the kernel lets the next one launch first thing, then waits (_wait) for
+the kernels before it before any load or store: all of its inputs are written by earlier kernels of the graph,
+nothing to prefetch.
 """
 
 from __future__ import annotations
