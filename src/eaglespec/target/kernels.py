@@ -92,10 +92,10 @@ def _hopper_or_later(index: int) -> bool:
 
 def pdl(t: torch.Tensor) -> bool:
     """Launch a kernel on t's device with programmatic dependent launch (PDL, Hopper's griddepcontrol)? Yes when t
-    is on a CUDA device of compute capability 9 or more, not under the interpreter, unless $EAGLESPEC_PDL=0. The
-    launchers pass it through pdl_kwargs() as both USE_GDC (the kernel lets the next kernel launch at its start and waits in _wait() for
-    the kernels before it) and launch_pdl (this launch may begin before the previous kernel ends). Every kernel that
-    takes USE_GDC obeys one rule: before _wait() it reads only what no kernel of the graph writes (weights, constant
+    is on a CUDA device of compute capability 9 or more with a Triton that has PDL, not under the interpreter,
+    unless $EAGLESPEC_PDL=0. The launchers pass it through pdl_kwargs() as both USE_GDC (the kernel lets the next
+    kernel launch at its start and waits in _wait() for the kernels before it) and launch_pdl (this launch may begin
+    before the previous kernel ends). Every kernel that takes USE_GDC obeys one rule: before _wait() it reads only what no kernel of the graph writes (weights, constant
     tables) and writes nothing; so PDL changes no value (bench/ab.py's "same tokens": 1.00 on MT-bench 20).
     Measured on an H200 (session 19, bench/RESULTS.md): in a CUDA graph of 200 dependent kernels
     (bench/pdl_check.py) a one-row RMSNorm 1.01 -> 0.68 us per kernel, a one-row 576 x 576 GEMM 3.30 -> 2.02 us
