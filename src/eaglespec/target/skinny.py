@@ -54,15 +54,15 @@ SKINNY_ENV = "EAGLESPEC_SKINNY_GEMM"  # "1": this kernel where it applies; "0": 
 MAX_ROWS = 64  # rows of x: one BLOCK_M tile (tl.dot's least is 16)
 
 
-def wanted(x: torch.Tensor) -> bool:
+def wanted(pdl: bool) -> bool:
     """$EAGLESPEC_SKINNY_GEMM: "1" on (where `applies`), "0" off; unset: on where the kernels launch with PDL
-    (kernels.pdl(x)). Its gain comes with PDL, which loads a program's weight tile before waiting for the kernel
+    (`pdl`: kernels.pdl of the input). Its gain comes with PDL, which loads a program's weight tile before waiting for the kernel
     before it (prefetch_tiles). Without PDL it did not make the steps faster (session 18, H200, bench/ab.py,
     MT-bench 20: plain decoding 1057.7 tok/s with cuBLAS, 1047.4 with it); with PDL (session 19, MT-bench 80, one
     process): plain decoding 1032.3 -> 1240.8 tok/s (0.949 -> 0.783 ms a step), a dynamic 7/10/60 round's replay
     1.246 -> 1.180 ms, 2804.6 -> 2840.8 tok/s (other bf16 roundings, other texts: tau 4.39 -> 4.33)."""
     env = env_switch(SKINNY_ENV, "on with PDL")
-    return kernels.pdl(x) if env is None else env
+    return pdl if env is None else env
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -77,12 +77,13 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         return False
     rows = x.numel() // max(1, x.shape[-1])
     n, k = weight.shape
-    if split_wanted() and kernels.pdl(x):  # the split-K kernel: K up to SPLIT_MAX_K at any row count
+    pdl = kernels.pdl(x)
+    if split_wanted() and pdl:  # the split-K kernel: K up to SPLIT_MAX_K at any row count
         if not 1 <= rows <= MAX_ROWS or k > SPLIT_MAX_K or (rows > 16 and n > 4096):
             return False
     elif not 1 <= rows <= MAX_ROWS or k > 1536 or (rows > 16 and (k >= 1536 or n > 4096)):
         return False
-    return wanted(x) and kernels.available(x.device)
+    return wanted(pdl) and kernels.available(x.device)
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -314,27 +315,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     gdc = kernels.pdl(x)
     pre = prefetch_tiles(m, n, k) if (gdc if prefetch is None else prefetch) and tiles is None else None
-    dot_fp32 = x.dtype == torch.float32 or kernels._interpreted()
+    # both kernels' operands: x, weight, bias (the weight when none), h (out when none), out; then the sizes and
+    # row strides; and their shared constexprs
+    b_arg, h_arg = bias if bias is not None else weight, h if h is not None else out
+    strides = (x2.stride(0), weight.stride(0), h.stride(0) if h is not None else 0, out.stride(0))
+    shared = dict(K=k, HAS_BIAS=bias is not None, HAS_RES=h is not None,
+                  DOT_FP32=x.dtype == torch.float32 or kernels._interpreted())
     if pre is None and tiles is None and k <= SPLIT_MAX_K and (gdc and split_wanted() if split is None else split):
         bm, bn, bk, splits = split_tiles(m, n, k)
         counters = _counters(x.device, triton.cdiv(n, bn))
         if counters is not None:
             part = torch.empty(counters.numel() * splits * bm * bn, dtype=torch.float32, device=x.device)
-            _split_kernel[(counters.numel(), splits)](
-                x2, weight, bias if bias is not None else weight, h if h is not None else out, out, part, counters,
-                m, n, x2.stride(0), weight.stride(0), h.stride(0) if h is not None else 0, out.stride(0), K=k,
-                SPLITS=splits, HAS_BIAS=bias is not None, HAS_RES=h is not None, DOT_FP32=dot_fp32, BLOCK_M=bm,
-                BLOCK_N=bn, BLOCK_K=bk, **kernels.pdl_kwargs(gdc), num_warps=4, num_stages=1)
+            _split_kernel[(counters.numel(), splits)](x2, weight, b_arg, h_arg, out, part, counters, m, n, *strides,
+                                                      SPLITS=splits, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
+                                                      num_stages=1, **shared, **kernels.pdl_kwargs(gdc))
             return residual if inplace else out.view(*x.shape[:-1], n)
     bn, bk, stages, warps = pre or (*(tiles or blocks(n, k)), 4)
-    _skinny_kernel[(triton.cdiv(n, bn),)](x2, weight, bias if bias is not None else weight,
-                                          h if h is not None else out, out, m, n, x2.stride(0), weight.stride(0),
-                                          h.stride(0) if h is not None else 0, out.stride(0), K=k,
-                                          HAS_BIAS=bias is not None, HAS_RES=h is not None, DOT_FP32=dot_fp32,
+    _skinny_kernel[(triton.cdiv(n, bn),)](x2, weight, b_arg, h_arg, out, m, n, *strides,
                                           BLOCK_M=PREFETCH_BLOCK_M if pre else max(16, kernels._pow2(m)),
-                                          BLOCK_N=bn, BLOCK_K=bk, PREFETCH=pre is not None,
-                                          **kernels.pdl_kwargs(gdc), num_warps=warps,
-                                          num_stages=stages)
-    if inplace:
-        return residual
-    return out.view(*x.shape[:-1], n)
+                                          BLOCK_N=bn, BLOCK_K=bk, PREFETCH=pre is not None, num_warps=warps,
+                                          num_stages=stages, **shared, **kernels.pdl_kwargs(gdc))
+    return residual if inplace else out.view(*x.shape[:-1], n)
