@@ -34,7 +34,7 @@ MODULES = {TK: 9, RK: 1, SK: 3}  # module -> its kernels (and launch sites)
 TARGET_MODULES = (K, attn_kernels, skinny)
 # the target's kernels that load a weight before their wait: kernel -> the weight pointers (kernels.pdl's rule)
 PREFETCHED = {"_rms_norm_weight_kernel": {"w_ptr"}, "_eagle3_input_kernel": {"in_w_ptr", "hid_w_ptr"},
-              "_skinny_kernel": {"w_cols"}, "_split_kernel": {"w_slice"}}
+              "_skinny_kernel": {"w_cols", "nw_ptr"}}
 
 
 def _tree(module) -> ast.Module:
@@ -111,6 +111,21 @@ def test_pdl_kwargs_name_nothing_when_off_and_a_triton_without_pdl_never_gets_it
     assert K._hopper_or_later.__wrapped__(0) is False  # no gdc_wait: no PDL, whatever the GPU
 
 
+def _runs_before(body: list[ast.stmt], call: ast.Call) -> list[ast.stmt] | None:
+    """The statements that run before `call` on its own path through `body` (the earlier statements of every block
+    that encloses it, other branches left out), or None where body does not contain it."""
+    for i, stmt in enumerate(body):
+        if not any(node is call for node in ast.walk(stmt)):
+            continue
+        for inner in (getattr(stmt, "body", None), getattr(stmt, "orelse", None)):
+            if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                found = _runs_before(inner, call)
+                if found is not None:
+                    return body[:i] + found
+        return body[:i]
+    return None
+
+
 @pytest.mark.parametrize("module", TARGET_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
 def test_target_kernels_read_only_weights_before_the_wait(module):
     kernels = _kernels(module)
@@ -121,14 +136,28 @@ def test_target_kernels_read_only_weights_before_the_wait(module):
         assert "USE_GDC" in [a.arg for a in fn.args.args], name
         waits = _calls(fn, "_wait")
         assert waits and _calls(fn, "_dependents"), name
-        wait = min(c.lineno for c in waits)
-        assert all(c.lineno > wait for c in _calls(fn, "tl.store")), f"{name}: a store before the wait"
-        for helper in accessing:  # a helper that loads or stores is called after the wait only
-            assert all(c.lineno > wait for c in _calls(fn, helper)), f"{name}: {helper} before the wait"
-        for load in _calls(fn, "tl.load"):
-            if load.lineno < wait:
+        for wait in waits:  # what runs before each wait on its path (a kernel may wait in each of two branches)
+            before = _runs_before(fn.body, wait)
+            assert before is not None, name
+            assert not any(_calls(s, "tl.store") for s in before), f"{name}: a store before the wait"
+            for helper in accessing:  # a helper that loads or stores is called after the wait only
+                assert not any(_calls(s, helper) for s in before), f"{name}: {helper} before the wait"
+            for load in (c for s in before for c in _calls(s, "tl.load")):
                 names = {n.id for n in ast.walk(load.args[0]) if isinstance(n, ast.Name)}
                 assert names & PREFETCHED.get(name, set()), f"{name} line {load.lineno}: loads {names} before the wait"
+
+
+def test_the_before_the_wait_check_sees_each_branch():
+    """_runs_before follows a wait into its branch: a load in the other branch is not before it; one before the if
+    and one before the wait in the same branch are."""
+    fn = ast.parse("def k(P):\n    a = tl.load(p)\n    if P:\n        b = tl.load(q)\n        _wait(1)\n"
+                   "    else:\n        c = tl.load(r)\n        _wait(1)\n        d = tl.load(s)\n").body[0]
+    first, second = _calls(fn, "_wait")
+
+    def loads(call: ast.Call) -> set[str]:
+        return {ast.unparse(c.args[0]) for s in _runs_before(fn.body, call) for c in _calls(s, "tl.load")}
+
+    assert loads(first) == {"p", "q"} and loads(second) == {"p", "r"}
 
 
 @pytest.mark.parametrize("module", [*MODULES, *TARGET_MODULES], ids=lambda m: m.__name__.rsplit(".", 1)[1])

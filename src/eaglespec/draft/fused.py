@@ -42,6 +42,7 @@ from .. import linear as onednn
 from ..target import attn_kernels as A
 from ..target import gemm_kernels as G
 from ..target import kernels as K
+from ..target import skinny
 from ..target.fast import (
     _add_linear,
     _cat_bias,
@@ -148,6 +149,8 @@ class _FusedStep:
         """F.linear(norm(x), weight, bias): one kernel with gemm_kernels (the norm in the GEMM's prologue)."""
         if self.gemm is not None:
             return self.gemm.rms_norm_linear(x, norm_w, self.eps, weight, bias)
+        if self.kernels and skinny.fuses(x, weight):  # the norm in the prefetch GEMM's prologue
+            return skinny.linear(x, weight, bias, norm=norm_w, eps=self.eps)
         return onednn.linear(self._norm(x, norm_w), weight, bias)
 
     def _mask(self, visible: torch.Tensor, blk: _Block) -> torch.Tensor:
@@ -181,6 +184,8 @@ class _FusedStep:
         gate_up = self._norm_linear(h, blk.post_norm, blk.gate_up_w, blk.gate_up_b)  # [B, 2I]
         if gemm is not None and blk.down_b is None:
             return gemm.silu_mul_linear_(h, gate_up, blk.down_w)  # [B, H]: h += silu(gate) * up @ down.T
+        if self.kernels and blk.down_b is None and skinny.fuses(gate_up, blk.down_w, True):  # K short enough
+            return skinny.linear(gate_up, blk.down_w, residual=h, inplace=True, silu=True)  # silu * up inside
         if self.kernels:
             act = K.silu_mul(gate_up)
         else:
@@ -256,9 +261,8 @@ class FusedEagle3Step(_FusedStep):
         qkv = onednn.linear(x, blk.qkv_w, blk.qkv_b)  # [B, (Hq + 2 Hkv) D]
         # out of place: the residual may be the caller's state (or a view of x)
         out = self._layer(blk, qkv, residual, positions, cache[0], self._mask(visible, blk), inplace=False)
-        gemm = self.gemm
-        if gemm is not None and not self.norm_output:  # the normed output is not a result: norm + lm_head at once
-            return gemm.rms_norm_linear(out, self.final_norm, self.eps, self.lm_w), out
+        if not self.norm_output:  # the normed output is not a result: norm + lm_head at once where a kernel can
+            return self._norm_linear(out, self.final_norm, self.lm_w, None), out
         normed = self._norm(out, self.final_norm)
         return onednn.linear(normed, self.lm_w), (normed if self.norm_output else out)
 

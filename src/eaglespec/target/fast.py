@@ -474,6 +474,8 @@ class FastTarget:
             """F.linear(norm(x), weight, bias): one kernel with gemm_kernels (the norm in the GEMM's prologue)."""
             if gemm is not None:
                 return gemm.rms_norm_linear(x, norm_w, self.eps, weight, bias)
+            if fused is not None and skinny.fuses(x, weight):  # the norm in the prefetch GEMM's prologue
+                return skinny.linear(x, weight, bias, norm=norm_w, eps=self.eps)
             return onednn.linear(norm(x, norm_w, self.eps), weight, bias)  # F.linear; oneDNN on CPU
         if fused is None:
             slots = base + cols[:b]  # [B]: this step's cache slots (cols[:b] = 0..b-1)
@@ -512,6 +514,9 @@ class FastTarget:
             gate_up = norm_linear(h, w.post_norm, w.gate_up_w, w.gate_up_b)  # [B, 2I]
             if gemm is not None and _is_silu(w.act) and w.down_b is None:  # h += silu(gate) * up @ down.T: 1 kernel
                 h = gemm.silu_mul_linear_(h, gate_up, w.down_w)
+                continue
+            if fused is not None and _is_silu(w.act) and w.down_b is None and skinny.fuses(gate_up, w.down_w, True):
+                h = skinny.linear(gate_up, w.down_w, residual=h, inplace=True, silu=True)  # silu * up in its prologue
                 continue
             if fused is not None and _is_silu(w.act):
                 act = fused.silu_mul(gate_up)  # [B, I]

@@ -33,9 +33,12 @@ Used by target/fast.py's step and draft/fused.py's (through eaglespec.linear.lin
 $EAGLESPEC_SKINNY_GEMM=0; =1 without PDL too). With PDL (kernels.pdl) a program loads its whole weight tile before it
 waits for the kernel before it (prefetch_tiles): what made it pay (session 19). That takes at most 16 rows by
 default (prefetch_rows(): x's rows 16 at a time beyond, which lost at a tree's ~60).
-The RMSNorm or silu * up in its prologue (one kernel fewer each, as target/gemm_kernels.py's) was tried in session
-18 and was far slower on the H200 (bench/head_check.py: norm + qkv at 60 rows 11.7 us against 4.2 for the norm
-kernel + this GEMM; silu * up + down 151 us against 6.2): not kept.
+The RMSNorm or silu * up in the K-walking kernel's prologue (as target/gemm_kernels.py's) was far slower on the H200
+(session 18, bench/head_check.py: norm + qkv at 60 rows 11.7 us against 4.2 for the norm kernel + this GEMM; silu *
+up + down 151 us against 6.2). The prefetch kernel holds all of K, so there it is one more reduction over rows it
+loads anyway (`fuses`, $EAGLESPEC_SKINNY_PROLOGUE=1; session 20). A split-K variant (each K slice's weight loaded
+before the wait, the partials summed by the last program of each column block) lost on the H200 (session 20,
+bench/ab.py, MT-bench 20: static 5/10/25 0.92x, dynamic 7/10/60 0.84x) and was removed.
 The launch allocates only the output, does not sync and branches on shapes only: fit for CUDA-graph capture once
 compiled (the warm-up call before a capture compiles it).
 """
@@ -65,25 +68,60 @@ def wanted(pdl: bool) -> bool:
     return pdl if env is None else env
 
 
-def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Would `linear` take this kernel for x [..., K] @ weight [N, K].T? CUDA tensors of one 16-bit dtype, a weight
-    with unit column stride, no autograd, rows within MAX_ROWS and a shape it wins on (module docstring), switched
-    on."""
+TOUCH_ENV = "EAGLESPEC_SKINNY_TOUCH"  # "1": the K-walking kernel touches its weight tile before the PDL wait
+PROLOGUE_ENV = "EAGLESPEC_SKINNY_PROLOGUE"  # "1": RMSNorm / silu * up in the prefetch kernel's prologue
+LINE_BYTES = 128  # a cache line: what one touched element brings in
+
+
+def touch_wanted() -> bool:
+    """$EAGLESPEC_SKINNY_TOUCH: "1" on, "0" or unset off (written in session 20, timed by bench/ab.py). With PDL,
+    the kernel that walks K (more rows than prefetch_rows(): a tree's verification) reads one element of each cache
+    line of its weight tile before it waits for the kernel before it, so its walk after the wait reads the weight
+    from the cache instead of HBM; it then also takes the verification's 1536-long down projection from cuBLAS."""
+    return env_switch(TOUCH_ENV, "off") is True
+
+
+def prologue_wanted() -> bool:
+    """$EAGLESPEC_SKINNY_PROLOGUE: "1" on, "0" or unset off (written in session 20, timed by bench/ab.py). With PDL,
+    the prefetch kernel (few rows: plain decoding, a drafter step) computes the RMSNorm before a projection, or
+    silu(gate) * up before the down projection, from x's rows itself (`fuses`): one kernel instead of two."""
+    return env_switch(PROLOGUE_ENV, "off") is True
+
+
+def _eligible(x: torch.Tensor, weight: torch.Tensor, width: int) -> int:
+    """x's rows where x [..., width] and weight [N, K] could go through the kernel at all (CUDA tensors of one 16-bit
+    dtype, a weight with unit column stride, no autograd, 1 to MAX_ROWS rows), else 0."""
     if not (x.is_cuda and weight.is_cuda and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)):
-        return False
-    if weight.dim() != 2 or weight.stride(1) != 1 or x.shape[-1] != weight.shape[1] or x.dim() < 1:
-        return False
+        return 0
+    if weight.dim() != 2 or weight.stride(1) != 1 or x.shape[-1] != width or x.dim() < 1:
+        return 0
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return False
+        return 0
     rows = x.numel() // max(1, x.shape[-1])
+    return rows if 1 <= rows <= MAX_ROWS else 0
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Would `linear` take this kernel for x [..., K] @ weight [N, K].T? `_eligible`, a shape it wins on (module
+    docstring; with touch_wanted() also K = 1536 past 16 rows), switched on."""
+    rows = _eligible(x, weight, weight.shape[-1] if weight.dim() == 2 else -1)
+    if not rows:
+        return False
     n, k = weight.shape
-    pdl = kernels.pdl(x)
-    if split_wanted() and pdl:  # the split-K kernel: K up to SPLIT_MAX_K at any row count
-        if not 1 <= rows <= MAX_ROWS or k > SPLIT_MAX_K or (rows > 16 and n > 4096):
-            return False
-    elif not 1 <= rows <= MAX_ROWS or k > 1536 or (rows > 16 and (k >= 1536 or n > 4096)):
+    touch, pdl = touch_wanted(), kernels.pdl(x)  # the switch read (and a bad value refused) with PDL or not
+    longest = 1536 if pdl and touch else 1535  # the longest K past 16 rows
+    if k > 1536 or (rows > 16 and (k > longest or n > 4096)):
         return False
     return wanted(pdl) and kernels.available(x.device)
+
+
+def fuses(x: torch.Tensor, weight: torch.Tensor, silu: bool = False) -> bool:
+    """Would `linear` take x [..., K] (silu: [..., 2K], gate then up) through the prefetch kernel with the RMSNorm
+    (silu * up) in its prologue, for weight [N, K]? prologue_wanted(), PDL and the prefetch kernel's tiles."""
+    k = weight.shape[-1] if weight.dim() == 2 else -1
+    rows = _eligible(x, weight, 2 * k if silu else k)
+    return (bool(rows) and prologue_wanted() and kernels.pdl(x) and wanted(True) and kernels.available(x.device)
+            and prefetch_tiles(rows, weight.shape[0], k) is not None)
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -97,14 +135,17 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 # -- the Triton kernel (a plain function here; _load() jits it on first use) -------------------------------
-def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, M, N, sxm, swn, shm, som, K: tl.constexpr,
+def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, nw_ptr, M, N, sxm, swn, shm, som, eps, K: tl.constexpr,
                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_GDC: tl.constexpr = False,
-                   PREFETCH: tl.constexpr = False):
-    """Program (n block): out[:, cols] = round(x @ w[cols].T (+ bias) (+ h[:, cols])) over all of K. PREFETCH (with
-    PDL, kernels.pdl; BLOCK_K >= K): the program's whole weight tile is loaded before the wait for the kernel
-    before, then x's rows BLOCK_M at a time, each block against the tile in registers; else x's rows in one block
-    and K walked BLOCK_K at a time."""
+                   PREFETCH: tl.constexpr = False, PROLOGUE: tl.constexpr = 0, PRECISE_EXP: tl.constexpr = False,
+                   TOUCH: tl.constexpr = 0, LINES: tl.constexpr = 1):
+    """Program (n block): out[:, cols] = round(op(x) @ w[cols].T (+ bias) (+ h[:, cols])) over all of K. PREFETCH
+    (with PDL, kernels.pdl; BLOCK_K >= K): the program's whole weight tile is loaded before the wait for the kernel
+    before, then x's rows BLOCK_M at a time, each block against the tile in registers, op(x) its PROLOGUE (_operand:
+    x itself, its RMSNorm times nw, or silu(gate) * up); else x's rows in one block and K walked BLOCK_K at a time,
+    TOUCH > 0: one element of each TOUCH-element line of the weight tile (LINES of them a weight row, a power of two
+    >= K / TOUCH) read before the wait, so that the walk finds its weight in the cache."""
     _dependents(USE_GDC)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_in = cols < N
@@ -113,15 +154,22 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, M, N, sxm, swn, shm, som
         ks = tl.arange(0, BLOCK_K)
         k_in = ks < K
         wt = tl.load(w_cols + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)  # [BK, BN]: a weight
+        nw = None
+        if PROLOGUE == 1:
+            nw = tl.load(nw_ptr + ks, mask=k_in, other=0.0).to(tl.float32)  # [BK]: a weight
         _wait(USE_GDC)
         for m0 in range(0, M, BLOCK_M):
             rows = m0 + tl.arange(0, BLOCK_M)
-            a = tl.load(x_ptr + rows.to(tl.int64)[:, None] * sxm + ks[None, :],
-                        mask=(rows < M)[:, None] & k_in[None, :], other=0.0)  # [BM, BK]
+            a = _operand(x_ptr, nw, rows, ks, M, sxm, eps, K, PROLOGUE, PRECISE_EXP)  # [BM, BK]
             acc = _dot(a, wt, tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32), DOT_FP32)
             _finish(acc, rows, cols, M, N, b_ptr, h_ptr, out_ptr, shm, som, HAS_BIAS, HAS_RES)
     else:
+        if TOUCH > 0:  # a weight: read before the wait (a load whose value only a store that never runs takes)
+            lines = tl.minimum(tl.arange(0, LINES) * TOUCH, K - 1)
+            seen = tl.load(w_cols + lines[:, None], mask=col_in[None, :], other=0.0)  # [lines, BN]
         _wait(USE_GDC)
+        if TOUCH > 0 and M < 0:  # never (M >= 1): keeps the touch from being optimised away
+            tl.store(out_ptr + tl.arange(0, BLOCK_N), tl.reduce(seen, 0, _add))
         rows = tl.arange(0, BLOCK_M)
         x_rows = x_ptr + rows.to(tl.int64)[:, None] * sxm
         row_in = rows < M
@@ -135,38 +183,29 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, M, N, sxm, swn, shm, som
         _finish(acc, rows, cols, M, N, b_ptr, h_ptr, out_ptr, shm, som, HAS_BIAS, HAS_RES)
 
 
-def _split_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, part_ptr, count_ptr, M, N, sxm, swn, shm, som,
-                  K: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                  DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  USE_GDC: tl.constexpr = False):
-    """Program (n block, split s): the partial x[:, slice] @ w[cols, slice].T over the s-th BLOCK_K slice of K (its
-    weight slice loaded before the wait) -> part [n block, s] in fp32; the n block's last program to finish (its
-    counter) sums the SPLITS partials in split order (so the result does not depend on which finished last), adds
-    bias / residual, rounds once, stores, and sets the counter back to 0 for the next launch."""
-    _dependents(USE_GDC)
-    pid_n = tl.program_id(0)
-    s = tl.program_id(1)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_in = cols < N
-    ks = s * BLOCK_K + tl.arange(0, BLOCK_K)
-    k_in = ks < K
-    w_slice = w_ptr + cols.to(tl.int64)[None, :] * swn + ks[:, None]
-    wt = tl.load(w_slice, mask=k_in[:, None] & col_in[None, :], other=0.0)  # [BK, BN]: a weight, before the wait
-    _wait(USE_GDC)
-    rows = tl.arange(0, BLOCK_M)
-    a = tl.load(x_ptr + rows.to(tl.int64)[:, None] * sxm + ks[None, :], mask=(rows < M)[:, None] & k_in[None, :],
-                other=0.0)  # [BM, BK]
-    acc = _dot(a, wt, tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32), DOT_FP32)
-    tile = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [BM, BN] within a partial
-    tl.store(part_ptr + (pid_n * SPLITS + s).to(tl.int64) * (BLOCK_M * BLOCK_N) + tile, acc)
-    done = tl.atomic_add(count_ptr + pid_n, 1)  # acq_rel: the partials stored before it are seen after it
-    if done == SPLITS - 1:
-        total = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-        for t in tl.static_range(SPLITS):
-            total += tl.load(part_ptr + (pid_n * SPLITS + t).to(tl.int64) * (BLOCK_M * BLOCK_N) + tile,
-                             cache_modifier=".cg")
-        _finish(total, rows, cols, M, N, b_ptr, h_ptr, out_ptr, shm, som, HAS_BIAS, HAS_RES)
-        tl.atomic_xchg(count_ptr + pid_n, 0)
+def _operand(x_ptr, nw, rows, ks, M, sxm, eps, K: tl.constexpr, PROLOGUE: tl.constexpr, PRECISE_EXP: tl.constexpr):
+    """x's rows [BM, BK] (columns ks, zeros past M and K) in x's dtype, as the dot's operand. PROLOGUE 0: as stored;
+    1: the RMSNorm times nw (fp32 nw [BK]), rounded as kernels._rms_weight: round(round(x * rsqrt(mean(x^2) + eps))
+    * nw); 2: x = [gate | up] (2K columns), silu(gate) * up rounded as kernels._silu_mul_kernel."""
+    dtype = x_ptr.dtype.element_ty
+    at = x_ptr + rows.to(tl.int64)[:, None] * sxm + ks[None, :]
+    inside = (rows < M)[:, None] & (ks < K)[None, :]
+    a = tl.load(at, mask=inside, other=0.0)
+    if PROLOGUE == 1:
+        x = a.to(tl.float32)
+        mean_sq = tl.reduce(x * x, 1, _add) / K  # [BM]
+        y = _round(x * tl.math.rsqrt(mean_sq + eps)[:, None], dtype)
+        a = _round(y * nw[None, :], dtype).to(dtype)
+    elif PROLOGUE == 2:
+        g = a.to(tl.float32)
+        up = tl.load(at + K, mask=inside, other=0.0).to(tl.float32)
+        if PRECISE_EXP:  # CUDA's expf, as torch's silu kernel
+            e = libdevice.exp(-g)
+        else:  # the interpreter has no libdevice
+            e = tl.exp(-g)
+        silu = _round(tl.math.div_rn(g, 1.0 + e), dtype)
+        a = _round(silu * up, dtype).to(dtype)
+    return a
 
 
 def _finish(acc, rows, cols, M, N, b_ptr, h_ptr, out_ptr, shm, som, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
@@ -192,14 +231,15 @@ def _dot(a, wt, acc, DOT_FP32: tl.constexpr):
 @functools.cache
 def _load() -> None:
     """Import triton and jit the kernel (kernels._load's rules: the interpreter mode is fixed at the first call)."""
-    global triton, tl, _round, _dependents, _wait
+    global triton, tl, libdevice, _round, _add, _dependents, _wait
     kernels._load()
     import triton
     import triton.language as tl
 
-    _round, _dependents, _wait = kernels._round, kernels._dependents, kernels._wait
+    libdevice = kernels.libdevice
+    _round, _add, _dependents, _wait = kernels._round, kernels._add, kernels._dependents, kernels._wait
     g = globals()
-    for name in ("_dot", "_finish", "_skinny_kernel", "_split_kernel"):
+    for name in ("_dot", "_operand", "_finish", "_skinny_kernel"):
         g[name] = triton.jit(g[name])
 
 
@@ -242,69 +282,34 @@ def prefetch_tiles(m: int, n: int, k: int) -> tuple[int, int, int, int] | None:
     return bn, kp, 1, 8 if bn * kp > PREFETCH_TILE // 2 else 4
 
 
-SPLIT_K_ENV = "EAGLESPEC_SKINNY_SPLIT_K"  # "1": the split-K kernel (split_tiles); "0" or unset: off (untimed)
-SPLIT_MAX_K = 8192  # the longest K it takes (the drafter's down projection: 4608)
-SPLIT_TILE = 16384  # elements of x's slice and of the weight's slice a program holds
-COUNTER_RING = 1 << 16  # int32 counters per device, handed out to the split-K launches in turn
-_COUNTERS: dict[torch.device, list] = {}  # device -> [the ring, the next free slot]
-
-
-def split_wanted() -> bool:
-    """$EAGLESPEC_SKINNY_SPLIT_K: "1" the split-K kernel where the one-tile prefetch kernel does not fit (more than
-    prefetch_rows() rows: a tree's verification; K past the prefetch tile: the drafter's fc and down projections,
-    which `applies` then takes from cuBLAS). "0" or unset: off. Written in session 19 and not timed yet: every
-    program loads its weight slice before the PDL wait, and more programs share a long K."""
-    return env_switch(SPLIT_K_ENV, "off") is True
-
-
-def split_tiles(m: int, n: int, k: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, SPLITS) for the split-K kernel: x's rows in one block, blocks()' N tiles, K in
-    SPLITS slices of BLOCK_K (a power of two; the last slice may be short), each slice of x and of the weight at
-    most SPLIT_TILE elements."""
-    bm, bn = max(16, kernels._pow2(m)), blocks(n, k)[0]
-    bk = min(kernels._pow2(k), SPLIT_TILE // bm, SPLIT_TILE // bn)
-    return bm, bn, bk, -(-k // bk)
-
-
-def _counters(device: torch.device, count: int) -> torch.Tensor | None:
-    """`count` zeroed int32 counters for one split-K launch, the next slots of the device's ring (a launch's last
-    program of each n block sets its counter back to 0, so the ring stays zeroed between launches; a graph keeps
-    the slots it was captured with). None during a CUDA-graph capture before the ring exists (it is allocated by an
-    eager call: the warm-up before a capture)."""
-    ring = _COUNTERS.get(device)
-    if ring is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        ring = _COUNTERS[device] = [torch.zeros(COUNTER_RING, dtype=torch.int32, device=device), 0]
-    at = ring[1] if ring[1] + count <= COUNTER_RING else 0
-    ring[1] = at + count
-    return ring[0][at:at + count]
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           residual: torch.Tensor | None = None, inplace: bool = False, *,
-           tiles: tuple[int, int, int] | None = None, prefetch: bool | None = None,
-           split: bool | None = None) -> torch.Tensor:
+           residual: torch.Tensor | None = None, inplace: bool = False, *, norm: torch.Tensor | None = None,
+           eps: float = 0.0, silu: bool = False, tiles: tuple[int, int, int] | None = None,
+           prefetch: bool | None = None, touch: bool | None = None) -> torch.Tensor:
     """linear_ref in one kernel: x [..., K] (at most MAX_ROWS rows), weight [N, K] (unit column stride), bias [N] or
     None, residual [..., N] or None (then no bias) -> [..., N] in x's dtype (`inplace`: written into residual).
+    norm [K] (with eps): the projection of kernels.rms_norm_weight(x, norm, eps); silu: x [..., 2K] = [gate | up],
+    the projection of kernels.silu_mul(x). Both need the prefetch kernel (`fuses`).
     tiles: (BLOCK_N, BLOCK_K, num_stages) in place of blocks(N, K)'s (bench/head_check.py --sweep). prefetch: the
     one-tile kernel of prefetch_tiles (None: when launched with PDL, where it fits; True: where it fits, PDL or not,
-    for the tests). split: the split-K kernel where the one-tile one does not apply (None: split_wanted() with PDL;
-    True: PDL or not, for the tests)."""
+    for the tests). touch: the K-walking kernel touches its weight tile first (None: touch_wanted() with PDL)."""
     _load()
-    k, n = x.shape[-1], weight.shape[0]
-    x2 = x.reshape(-1, k)
+    k, n = weight.shape[-1], weight.shape[0]
+    width = 2 * k if silu else k
+    x2 = x.reshape(-1, x.shape[-1])
     m = x2.shape[0]
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    if weight.dim() != 2 or weight.shape[1] != k or weight.stride(1) != 1 or weight.dtype != x.dtype:
+    if weight.dim() != 2 or x.shape[-1] != width or weight.stride(1) != 1 or weight.dtype != x.dtype:
         raise ValueError(f"skinny.linear: weight {tuple(weight.shape)} {weight.dtype} (column stride "
-                         f"{weight.stride(-1)}) for x {tuple(x.shape)} {x.dtype}")
+                         f"{weight.stride(-1)}) for x {tuple(x.shape)} {x.dtype}" + (" (silu: 2K columns)" if silu else ""))
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"skinny.linear: {m} rows (1 to {MAX_ROWS})")
     if bias is not None and (residual is not None or bias.numel() != n or not bias.is_contiguous()):
         raise ValueError(f"skinny.linear: bias {tuple(bias.shape)} for N = {n}" +
                          (" with a residual (not one addmm)" if residual is not None else ""))
+    if norm is not None and (silu or norm.shape != (k,) or not norm.is_contiguous()):
+        raise ValueError(f"skinny.linear: norm weight {tuple(norm.shape)} for K = {k}" + (" with silu" if silu else ""))
     if residual is not None:
         h = residual.reshape(m, n)
         if h.stride(-1) != 1 or (inplace and h.data_ptr() != residual.data_ptr()):
@@ -314,25 +319,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         h = None
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     gdc = kernels.pdl(x)
+    prologue = 1 if norm is not None else 2 if silu else 0
     pre = prefetch_tiles(m, n, k) if (gdc if prefetch is None else prefetch) and tiles is None else None
-    # both kernels' operands: x, weight, bias (the weight when none), h (out when none), out; then the sizes and
-    # row strides; and their shared constexprs
-    b_arg, h_arg = bias if bias is not None else weight, h if h is not None else out
-    strides = (x2.stride(0), weight.stride(0), h.stride(0) if h is not None else 0, out.stride(0))
-    shared = dict(K=k, HAS_BIAS=bias is not None, HAS_RES=h is not None,
-                  DOT_FP32=x.dtype == torch.float32 or kernels._interpreted())
-    if pre is None and tiles is None and k <= SPLIT_MAX_K and (gdc and split_wanted() if split is None else split):
-        bm, bn, bk, splits = split_tiles(m, n, k)
-        counters = _counters(x.device, triton.cdiv(n, bn))
-        if counters is not None:
-            part = torch.empty(counters.numel() * splits * bm * bn, dtype=torch.float32, device=x.device)
-            _split_kernel[(counters.numel(), splits)](x2, weight, b_arg, h_arg, out, part, counters, m, n, *strides,
-                                                      SPLITS=splits, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
-                                                      num_stages=1, **shared, **kernels.pdl_kwargs(gdc))
-            return residual if inplace else out.view(*x.shape[:-1], n)
+    if prologue and pre is None:
+        raise ValueError(f"skinny.linear: a {'norm' if norm is not None else 'silu'} prologue needs the prefetch "
+                         f"kernel ({m} rows, K = {k}, N = {n}; see fuses)")
     bn, bk, stages, warps = pre or (*(tiles or blocks(n, k)), 4)
-    _skinny_kernel[(triton.cdiv(n, bn),)](x2, weight, b_arg, h_arg, out, m, n, *strides,
-                                          BLOCK_M=PREFETCH_BLOCK_M if pre else max(16, kernels._pow2(m)),
-                                          BLOCK_N=bn, BLOCK_K=bk, PREFETCH=pre is not None, num_warps=warps,
-                                          num_stages=stages, **shared, **kernels.pdl_kwargs(gdc))
+    touch = pre is None and (gdc and touch_wanted() if touch is None else touch)
+    line = LINE_BYTES // x.element_size()
+    _skinny_kernel[(triton.cdiv(n, bn),)](
+        x2, weight, bias if bias is not None else weight, h if h is not None else out, out,
+        norm if norm is not None else weight, m, n, x2.stride(0), weight.stride(0), h.stride(0) if h is not None else 0,
+        out.stride(0), eps, K=k, HAS_BIAS=bias is not None, HAS_RES=h is not None,
+        DOT_FP32=x.dtype == torch.float32 or kernels._interpreted(),
+        BLOCK_M=PREFETCH_BLOCK_M if pre else max(16, kernels._pow2(m)), BLOCK_N=bn, BLOCK_K=bk,
+        PREFETCH=pre is not None, PROLOGUE=prologue, PRECISE_EXP=not kernels._interpreted(),
+        TOUCH=line if touch else 0, LINES=kernels._pow2(-(-k // line)) if touch else 1, num_warps=warps,
+        num_stages=stages, enable_fp_fusion=prologue == 0, **kernels.pdl_kwargs(gdc))
     return residual if inplace else out.view(*x.shape[:-1], n)
