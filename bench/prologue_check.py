@@ -1,7 +1,7 @@
 """On the GPU: target/skinny.py's session-20 variants against what they replace, value for value and call for call.
 
-    prologue   the RMSNorm (silu * up) in the prefetch kernel's prologue vs kernels.rms_norm_weight (silu_mul)
-               then the prefetch GEMM: few rows (plain decoding 1, a drafter step 10)
+    prologue   the RMSNorm in the prefetch kernel's prologue vs kernels.rms_norm_weight then the prefetch GEMM: few
+               rows (plain decoding 1, a drafter step 10)
     touch      the K-walking kernel reading one element per cache line of its weight tile before the PDL wait vs
                without, and vs cuBLAS (F.linear / addmm_): a tree verification's 60 rows
 
@@ -32,9 +32,9 @@ from eaglespec.target import kernels as K
 from eaglespec.target import skinny
 
 EPS = 1e-5
-# (name, rows, N, K, kind): kind norm / silu (the prologue) or touch (+res: with the residual, in place)
+# (name, rows, N, K, kind): kind norm (the prologue) or touch (+res: with the residual, in place)
 CASES = [("qkv", 1, 960, 576, "norm"), ("gate_up", 1, 3072, 576, "norm"), ("lm_head", 1, 49152, 576, "norm"),
-         ("down", 1, 576, 1536, "silu"), ("draft gate_up", 10, 9216, 576, "norm"),
+         ("draft gate_up", 10, 9216, 576, "norm"),
          ("draft lm_head", 10, 12000, 576, "norm"), ("qkv", 60, 960, 576, "touch"), ("o", 60, 576, 576, "touch+res"),
          ("gate_up", 60, 3072, 576, "touch"), ("down", 60, 576, 1536, "touch+res")]
 
@@ -52,24 +52,15 @@ def case(name: str, rows: int, n: int, k: int, kind: str, reps: int, replays: in
     bf = dict(device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, generator=g, **bf) * 0.05
     out = {"case": name, "rows": rows, "n": n, "k": k, "kind": kind}
-    if kind in ("norm", "silu"):
-        if kind == "norm":
-            x = torch.randn(rows, k, generator=g, **bf) * 3
-            nw = 1 + torch.randn(k, generator=g, **bf) * 0.3
+    if kind == "norm":
+        x = torch.randn(rows, k, generator=g, **bf) * 3
+        nw = 1 + torch.randn(k, generator=g, **bf) * 0.3
 
-            def pair():
-                return skinny.linear(K.rms_norm_weight(x, nw, EPS), w)
+        def pair():
+            return skinny.linear(K.rms_norm_weight(x, nw, EPS), w)
 
-            def fused():
-                return skinny.linear(x, w, norm=nw, eps=EPS)
-        else:
-            x = torch.randn(rows, 2 * k, generator=g, **bf) * 4
-
-            def pair():
-                return skinny.linear(K.silu_mul(x), w)
-
-            def fused():
-                return skinny.linear(x, w, silu=True)
+        def fused():
+            return skinny.linear(x, w, norm=nw, eps=EPS)
         out.update(_compare(fused(), pair()), pair_us=_us(pair, reps, replays), fused_us=_us(fused, reps, replays))
         return out
     x = torch.randn(rows, k, generator=g, **bf)

@@ -184,8 +184,6 @@ class _FusedStep:
         gate_up = self._norm_linear(h, blk.post_norm, blk.gate_up_w, blk.gate_up_b)  # [B, 2I]
         if gemm is not None and blk.down_b is None:
             return gemm.silu_mul_linear_(h, gate_up, blk.down_w)  # [B, H]: h += silu(gate) * up @ down.T
-        if self.kernels and blk.down_b is None and skinny.fuses(gate_up, blk.down_w, True):  # K short enough
-            return skinny.linear(gate_up, blk.down_w, residual=h, inplace=True, silu=True)  # silu * up inside
         if self.kernels:
             act = K.silu_mul(gate_up)
         else:

@@ -515,9 +515,6 @@ class FastTarget:
             if gemm is not None and _is_silu(w.act) and w.down_b is None:  # h += silu(gate) * up @ down.T: 1 kernel
                 h = gemm.silu_mul_linear_(h, gate_up, w.down_w)
                 continue
-            if fused is not None and _is_silu(w.act) and w.down_b is None and skinny.fuses(gate_up, w.down_w, True):
-                h = skinny.linear(gate_up, w.down_w, residual=h, inplace=True, silu=True)  # silu * up in its prologue
-                continue
             if fused is not None and _is_silu(w.act):
                 act = fused.silu_mul(gate_up)  # [B, I]
             else:
