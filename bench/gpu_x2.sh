@@ -722,7 +722,8 @@ PY
     grep '^|\|Error\|error\|turn 0' "$R/ab.log" | tail -14
     cp "$R/h200_ab_pdl_$c.json" "$OUT/" 2>/dev/null
     ;;
-  pro20)  # session 20 (split20 ran first: the split-K kernel lost, 0.92x static / 0.84x dynamic, and was removed):
+  pro20)  # session 20, ran at ae38c25 (fbf9cb8 first: its silu prologue was ~250x slower); every variant lost and was
+          # removed after, so this stage no longer applies (split20 ran before it: split-K 0.92x static / 0.84x dynamic):
           # bench/prologue_check.py (skinny's norm prologue and the K walk's touch against what they replace,
           # values and us per call), then bench/ab.py over EAGLESPEC_SKINNY_PROLOGUE,EAGLESPEC_SKINNY_TOUCH,
           # EAGLESPEC_SKINNY_MANY_ROWS_N in ONE process, MT-bench 20: plain and dynamic 7/10/60 (~5 min)

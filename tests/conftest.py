@@ -21,6 +21,13 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(autouse=True)
+def _no_gc_freeze(monkeypatch):
+    """api.settle_heap (bench's timed loops, serve) off: a frozen heap would outlive the test that froze it
+    (tests that want it set EAGLESPEC_GC_FREEZE=1)."""
+    monkeypatch.setenv("EAGLESPEC_GC_FREEZE", "0")
+
+
 def tiny_target(arch: str = "llama", seed: int = 0, attn: str = "sdpa", vocab: int = VOCAB, layers: int = 4):
     """A tiny random HF causal LM of the named family (fp32, eval mode)."""
     import transformers as tf

@@ -228,3 +228,33 @@ def test_draft_temperature_drafts_top_k_children_under_sampling():
     assert flags.draft_temperature == 0.0
     with pytest.raises(EagleSpecError, match="draft_temperature must be >= 0"):
         Bench(model, _Tok(), tiny_drafter(model, seed=2), [2], _args(temperature=1.0, draft_temperature=-1)).sampling()
+
+
+def test_the_heap_is_settled_before_each_timed_loop(monkeypatch):
+    """settle_heap (gc.collect then gc.freeze) runs after a method's warm-ups and before its first timed prompt, so
+    no full collection walks the models during timing; EAGLESPEC_GC_FREEZE=0 leaves the collector alone."""
+    import gc
+
+    from eaglespec import api
+
+    model = tiny_target("llama", seed=4)
+    bench = Bench(model, _Tok(), tiny_drafter(model, seed=2), [2], _args(warm_prompts=False))
+    engine, _ = bench.engine("eagle3-chain")
+    events: list[str] = []
+    orig = engine.generate
+    engine.generate = lambda ids, n, *a: events.append(f"generate {n}") or orig(ids, n, *a)
+    bench.engine = lambda method: (engine, None)
+    real = api.settle_heap
+    monkeypatch.setattr(api, "settle_heap", lambda: events.append("settle") or real())
+    monkeypatch.setenv(api.GC_FREEZE_ENV, "1")  # conftest turns it off for every other test
+    try:
+        bench.run("eagle3-chain", [[5, 6, 7], [5, 6, 7, 8]], 6, warmup=1)
+        assert events == ["generate 48", "settle", "generate 6", "generate 6"]
+        assert gc.get_freeze_count() > 0  # the models' objects are in the permanent generation
+    finally:
+        gc.unfreeze()
+    monkeypatch.setenv(api.GC_FREEZE_ENV, "0")
+    assert real() is False and gc.get_freeze_count() == 0
+    monkeypatch.setenv(api.GC_FREEZE_ENV, "yes")
+    with pytest.raises(EagleSpecError, match=api.GC_FREEZE_ENV):
+        real()

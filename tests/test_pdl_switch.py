@@ -34,7 +34,7 @@ MODULES = {TK: 9, RK: 1, SK: 3}  # module -> its kernels (and launch sites)
 TARGET_MODULES = (K, attn_kernels, skinny)
 # the target's kernels that load a weight before their wait: kernel -> the weight pointers (kernels.pdl's rule)
 PREFETCHED = {"_rms_norm_weight_kernel": {"w_ptr"}, "_eagle3_input_kernel": {"in_w_ptr", "hid_w_ptr"},
-              "_skinny_kernel": {"w_cols", "nw_ptr"}}
+              "_skinny_kernel": {"w_cols"}}
 
 
 def _tree(module) -> ast.Module:

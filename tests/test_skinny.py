@@ -171,43 +171,35 @@ def test_applies_only_to_cuda_16_bit_inference(monkeypatch):
         skinny.applies(x, w)
 
 
-def _force_skinny(monkeypatch, prologue: bool = False) -> dict[str, int]:
+def _force_skinny(monkeypatch) -> dict[str, int]:
     """Route the fused steps' projections to skinny on CPU (the interpreter) wherever its row, length and shape
     limits allow, counting the calls by kind: what `applies` does on CUDA, minus the device and dtype checks. CPU's
-    oneDNN path (which comes first, and packs FastTarget's weights) is turned off. `prologue`: `fuses` too (the
-    norm in the prefetch kernel, run without PDL here)."""
+    oneDNN path (which comes first, and packs FastTarget's weights) is turned off."""
     from eaglespec import linear as onednn
 
     monkeypatch.setattr(onednn, "applies", lambda *args, **kw: False)
     monkeypatch.setattr(onednn, "packing_available", lambda: False)
-    calls = {"plain": 0, "residual": 0, "norm": 0}
+    calls = {"plain": 0, "residual": 0}
     real_linear = skinny.linear
 
     def applies(x, weight):
         rows = x.numel() // max(1, x.shape[-1])
         return x.shape[-1] == weight.shape[1] and rows <= skinny.MAX_ROWS and weight.shape[1] <= 1536
 
-    def fuses(x, weight):
-        rows, (n, k) = x.numel() // max(1, x.shape[-1]), weight.shape
-        return (prologue and x.shape[-1] == k and n <= skinny.PROLOGUE_MAX_N
-                and skinny.prefetch_tiles(rows, n, k) is not None)
-
-    def linear(x, weight, bias=None, residual=None, inplace=False, *, norm=None, eps=0.0):
-        calls["norm" if norm is not None else "residual" if residual is not None else "plain"] += 1
-        return real_linear(x, weight, bias, residual, inplace, norm=norm, eps=eps,
-                           prefetch=True if norm is not None else None)
+    def linear(x, weight, bias=None, residual=None, inplace=False):
+        calls["residual" if residual is not None else "plain"] += 1
+        return real_linear(x, weight, bias, residual, inplace)
 
     monkeypatch.setattr(skinny, "applies", applies)
-    monkeypatch.setattr(skinny, "fuses", fuses)
     monkeypatch.setattr(skinny, "linear", linear)
     return calls
 
 
-@pytest.mark.parametrize("arch, prologue", [("llama", False), ("qwen2", False), ("llama", True), ("qwen2", True)])
-def test_fused_target_step_through_skinny(monkeypatch, arch, prologue):
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_fused_target_step_through_skinny(monkeypatch, arch):
     """FastTarget's fused step with every projection in skinny (qkv, o + residual, gate_up, down + residual,
     lm_head; Qwen2's qkv bias) gives the step without it (fp32, to accumulation order): a prefill, a tree step with
-    a mask, a non-prefix commit, a causal step; the same KV. `prologue`: the norms in the GEMMs."""
+    a mask, a non-prefix commit, a causal step; the same KV."""
     from eaglespec.target.fast import FastTarget
     from eaglespec.tree import ancestry
 
@@ -228,26 +220,20 @@ def test_fused_target_step_through_skinny(monkeypatch, arch, prologue):
         return [x for o in out for x in (o.logits, o.features)], t.cache
 
     ref, ref_cache = run()
-    calls = _force_skinny(monkeypatch, prologue)
+    calls = _force_skinny(monkeypatch)
     got, got_cache = run()
     for a, b in zip(ref, got):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
     torch.testing.assert_close(got_cache, ref_cache, rtol=0, atol=1e-5)
     layers = model.config.num_hidden_layers
     steps = 2  # the tree step and the causal step (the 6-row prefill is within the buckets: 3 forwards)
-    assert calls["residual"] >= steps * 2 * layers  # o and down
-    if prologue:  # qkv, gate_up and lm_head with their norms
-        assert calls["norm"] >= steps * (2 * layers + 1) and calls["plain"] == 0
-    else:
-        assert calls["plain"] >= steps * (2 * layers + 1) and calls["norm"] == 0
+    assert calls["plain"] >= steps * (2 * layers + 1) and calls["residual"] >= steps * 2 * layers
 
 
-@pytest.mark.parametrize("prologue", [False, True])
-def test_fused_drafter_step_through_skinny(monkeypatch, prologue):
+def test_fused_drafter_step_through_skinny(monkeypatch):
     """FusedEagle3Step(kernels=True) with skinny's projections (qkv, o + residual, gate_up, down + residual,
-    lm_head) gives the step without it, logits and next state (fp32). `prologue`: the post-attention norm with
-    gate_up and the final norm with lm_head, one kernel each (the drafter's long-K fc runs outside this step,
-    through eaglespec.linear)."""
+    lm_head) gives the step without it, logits and next state (fp32); the drafter's long-K fc runs outside this
+    step, through eaglespec.linear."""
     from eaglespec.draft.fast import StaticKV
     from eaglespec.draft.fused import FusedEagle3Step
 
@@ -267,101 +253,9 @@ def test_fused_drafter_step_through_skinny(monkeypatch, prologue):
     with torch.no_grad():
         ref = FusedEagle3Step(d, size, kernels=True)(state, tokens, positions,
                                                      [StaticKV(k.clone(), v.clone(), slots, 32)], visible)
-        calls = _force_skinny(monkeypatch, prologue)
+        calls = _force_skinny(monkeypatch)
         got = FusedEagle3Step(d, size, kernels=True)(state, tokens, positions,
                                                      [StaticKV(k.clone(), v.clone(), slots, 32)], visible)
     torch.testing.assert_close(got[0], ref[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(got[1], ref[1], rtol=0, atol=1e-5)
-    assert calls == ({"plain": 1, "residual": 2, "norm": 2} if prologue else {"plain": 3, "residual": 2, "norm": 0})
-
-
-def _prologue_case(seed: int, m: int, k: int, n: int, dtype: torch.dtype):
-    """x [m, k], its norm weight and a weight [n, k]."""
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(m, k, generator=g) * 3).to(dtype)
-    nw = (1 + torch.randn(k, generator=g) * 0.3).to(dtype)
-    return x, nw, (torch.randn(n, k, generator=g) * 0.1).to(dtype)
-
-
-@pytest.mark.parametrize("m, k, n", [(1, 96, 40), (7, 200, 70), (16, 130, 33)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prologue_is_the_two_kernels_in_one(m, k, n, dtype):
-    """The prefetch kernel with the RMSNorm in its prologue gives the bits of the norm kernel's output through the
-    same GEMM, bias and residual included; K not a multiple of the tile, rows past one (the norm per row)."""
-    from eaglespec.target import kernels as K
-
-    x, nw, w = _prologue_case(m + k, m, k, n, dtype)
-    b, h = _case(m, m, k, n, dtype)[2:]
-    eps = 1e-5
-    normed = K.rms_norm_weight(x, nw, eps)
-    assert torch.equal(skinny.linear(x, w, b, norm=nw, eps=eps, prefetch=True),
-                       skinny.linear(normed, w, b, prefetch=True))
-    h2 = h.clone()
-    back = skinny.linear(x, w, residual=h2, inplace=True, norm=nw, eps=eps, prefetch=True)
-    assert back is h2 and torch.equal(h2, skinny.linear(normed, w, residual=h, prefetch=True))
-    # against torch's own: HF's RMSNorm then F.linear
-    torch.testing.assert_close(skinny.linear(x, w, norm=nw, eps=eps, prefetch=True),
-                               torch.nn.functional.linear(K.rms_norm_weight_ref(x, nw, eps), w), rtol=1e-2, atol=1e-2)
-    assert not torch.equal(skinny.linear(x, w, norm=nw, eps=eps, prefetch=True), skinny.linear(x, w, prefetch=True))
-
-
-def test_touch_changes_no_value():
-    """The K-walking kernel's touch of its weight lines before the wait (run here without PDL) reads nothing into
-    the result: the same bits at a tree's row counts, K past one line and not a multiple of it."""
-    for m, k, n in ((17, 96, 40), (40, 200, 70), (61, 1536, 33)):
-        x, w, b, h = _case(m * k, m, k, n, torch.bfloat16)
-        assert skinny.prefetch_tiles(m, n, k) is None
-        assert torch.equal(skinny.linear(x, w, b, touch=True), skinny.linear(x, w, b, touch=False))
-        assert torch.equal(skinny.linear(x, w, residual=h, touch=True), skinny.linear(x, w, residual=h))
-
-
-def test_prologue_needs_the_prefetch_kernel_and_a_matching_norm():
-    x, nw, w = _prologue_case(3, 4, 64, 24, torch.float32)
-    with pytest.raises(ValueError, match="prologue needs the prefetch kernel"):
-        skinny.linear(x, w, norm=nw, eps=1e-5)  # no PDL here: the K-walking kernel
-    with pytest.raises(ValueError, match="norm weight"):
-        skinny.linear(x, w, norm=nw[:10], eps=1e-5, prefetch=True)
-
-
-def test_switches_route_the_prologue_the_touch_and_many_rows(monkeypatch):
-    """`fuses` (the prologue) needs its switch, PDL, N <= PROLOGUE_MAX_N and the prefetch kernel's tiles (few rows,
-    K within the tile); the touch switch lets `applies` take a verification's 1536-long down projection from
-    cuBLAS, with PDL only; many_rows_n() bounds N past 16 rows."""
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    monkeypatch.setattr(skinny.kernels, "available", lambda device: True)
-    monkeypatch.setattr(skinny.kernels, "pdl", lambda t: True)
-    for name in (skinny.PROLOGUE_ENV, skinny.TOUCH_ENV, skinny.SKINNY_ENV, skinny.PREFETCH_ROWS_ENV,
-                 skinny.MANY_ROWS_N_ENV):
-        monkeypatch.delenv(name, raising=False)
-    bf = torch.bfloat16
-    qkv = (torch.zeros(1, 576, dtype=bf), torch.zeros(960, 576, dtype=bf))
-    assert not skinny.fuses(*qkv)  # off by default
-    monkeypatch.setenv(skinny.PROLOGUE_ENV, "1")
-    assert skinny.fuses(*qkv) and skinny.fuses(torch.zeros(1, 576, dtype=bf), torch.zeros(3072, 576, dtype=bf))
-    assert not skinny.fuses(torch.zeros(10, 576, dtype=bf), torch.zeros(9216, 576, dtype=bf))  # past PROLOGUE_MAX_N
-    assert not skinny.fuses(torch.zeros(17, 576, dtype=bf), qkv[1])  # past the prefetch rows: the K walk
-    assert not skinny.fuses(torch.zeros(1, 4608, dtype=bf), torch.zeros(576, 4608, dtype=bf))  # K past the tile
-    assert not skinny.fuses(qkv[0].float(), qkv[1].float())  # fp32: cuBLAS
-    assert not skinny.fuses(torch.zeros(1, 500, dtype=bf), qkv[1])  # widths that do not match
-    monkeypatch.setattr(skinny.kernels, "pdl", lambda t: False)
-    assert not skinny.fuses(*qkv)  # the prefetch kernel is a PDL kernel
-    monkeypatch.setattr(skinny.kernels, "pdl", lambda t: True)
-    verify_down = (torch.zeros(61, 1536, dtype=bf), torch.zeros(576, 1536, dtype=bf))
-    head = (torch.zeros(61, 576, dtype=bf), torch.zeros(49152, 576, dtype=bf))
-    gate_up = (torch.zeros(61, 576, dtype=bf), torch.zeros(3072, 576, dtype=bf))
-    assert not skinny.applies(*verify_down) and skinny.applies(*gate_up)
-    monkeypatch.setenv(skinny.MANY_ROWS_N_ENV, "1024")
-    assert not skinny.applies(*gate_up) and skinny.applies(torch.zeros(61, 576, dtype=bf), qkv[1])
-    assert skinny.applies(gate_up[0][:16], gate_up[1])  # 16 rows: the prefetch kernel's, whatever N
-    monkeypatch.delenv(skinny.MANY_ROWS_N_ENV)
-    monkeypatch.setenv(skinny.TOUCH_ENV, "1")
-    assert skinny.applies(*verify_down) and not skinny.applies(*head)
-    assert not skinny.applies(torch.zeros(1, 4608, dtype=bf), torch.zeros(576, 4608, dtype=bf))  # K past 1536
-    monkeypatch.setattr(skinny.kernels, "pdl", lambda t: False)
-    monkeypatch.setenv(skinny.SKINNY_ENV, "1")
-    assert not skinny.applies(*verify_down)  # the touch is a PDL thing
-    for name, bad in ((skinny.TOUCH_ENV, "2"), (skinny.PROLOGUE_ENV, "2"), (skinny.MANY_ROWS_N_ENV, "wide")):
-        monkeypatch.setenv(name, bad)
-        with pytest.raises(EagleSpecError, match=name):
-            skinny.fuses(*qkv) if name == skinny.PROLOGUE_ENV else skinny.applies(*qkv)
-        monkeypatch.delenv(name)
+    assert calls == {"plain": 3, "residual": 2}

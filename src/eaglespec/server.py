@@ -494,7 +494,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    from .api import EagleSpec
+    from .api import EagleSpec, settle_heap
     from .target.loading import DEFAULT_TARGET
 
     if FastAPI is None:
@@ -512,6 +512,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     name = args.model_name or (Path(args.target).name if args.target else DEFAULT_TARGET)
     key = args.api_key or os.environ.get("EAGLESPEC_API_KEY") or None
     app = create_app(es, name, key, args.max_tokens_limit, args.default_max_tokens, args.max_queue)
+    settle_heap()  # the loaded models out of the collector's way for the server's lifetime
     print(f"eaglespec: serving {name!r} on http://{args.host}:{args.port}/v1"
           f"{' (Bearer auth on)' if key else ''}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -42,7 +42,6 @@ from .. import linear as onednn
 from ..target import attn_kernels as A
 from ..target import gemm_kernels as G
 from ..target import kernels as K
-from ..target import skinny
 from ..target.fast import (
     _add_linear,
     _cat_bias,
@@ -149,8 +148,6 @@ class _FusedStep:
         """F.linear(norm(x), weight, bias): one kernel with gemm_kernels (the norm in the GEMM's prologue)."""
         if self.gemm is not None:
             return self.gemm.rms_norm_linear(x, norm_w, self.eps, weight, bias)
-        if self.kernels and skinny.fuses(x, weight):  # the norm in the prefetch GEMM's prologue
-            return skinny.linear(x, weight, bias, norm=norm_w, eps=self.eps)
         return onednn.linear(self._norm(x, norm_w), weight, bias)
 
     def _mask(self, visible: torch.Tensor, blk: _Block) -> torch.Tensor:
@@ -259,8 +256,9 @@ class FusedEagle3Step(_FusedStep):
         qkv = onednn.linear(x, blk.qkv_w, blk.qkv_b)  # [B, (Hq + 2 Hkv) D]
         # out of place: the residual may be the caller's state (or a view of x)
         out = self._layer(blk, qkv, residual, positions, cache[0], self._mask(visible, blk), inplace=False)
-        if not self.norm_output:  # the normed output is not a result: norm + lm_head at once where a kernel can
-            return self._norm_linear(out, self.final_norm, self.lm_w, None), out
+        gemm = self.gemm
+        if gemm is not None and not self.norm_output:  # the normed output is not a result: norm + lm_head at once
+            return gemm.rms_norm_linear(out, self.final_norm, self.eps, self.lm_w), out
         normed = self._norm(out, self.final_norm)
         return onednn.linear(normed, self.lm_w), (normed if self.norm_output else out)
 

@@ -474,8 +474,6 @@ class FastTarget:
             """F.linear(norm(x), weight, bias): one kernel with gemm_kernels (the norm in the GEMM's prologue)."""
             if gemm is not None:
                 return gemm.rms_norm_linear(x, norm_w, self.eps, weight, bias)
-            if fused is not None and skinny.fuses(x, weight):  # the norm in the prefetch GEMM's prologue
-                return skinny.linear(x, weight, bias, norm=norm_w, eps=self.eps)
             return onednn.linear(norm(x, norm_w, self.eps), weight, bias)  # F.linear; oneDNN on CPU
         if fused is None:
             slots = base + cols[:b]  # [B]: this step's cache slots (cols[:b] = 0..b-1)

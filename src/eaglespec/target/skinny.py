@@ -33,12 +33,17 @@ Used by target/fast.py's step and draft/fused.py's (through eaglespec.linear.lin
 $EAGLESPEC_SKINNY_GEMM=0; =1 without PDL too). With PDL (kernels.pdl) a program loads its whole weight tile before it
 waits for the kernel before it (prefetch_tiles): what made it pay (session 19). That takes at most 16 rows by
 default (prefetch_rows(): x's rows 16 at a time beyond, which lost at a tree's ~60).
-The RMSNorm or silu * up in the K-walking kernel's prologue (as target/gemm_kernels.py's) was far slower on the H200
-(session 18, bench/head_check.py: norm + qkv at 60 rows 11.7 us against 4.2 for the norm kernel + this GEMM; silu *
-up + down 151 us against 6.2). The prefetch kernel holds all of K: there the norm is one more reduction over rows it loads
-anyway (`fuses`, $EAGLESPEC_SKINNY_PROLOGUE=1; session 20), which paid at 1 row for N <= 4096 only. A split-K variant (each K slice's weight loaded
-before the wait, the partials summed by the last program of each column block) lost on the H200 (session 20,
-bench/ab.py, MT-bench 20: static 5/10/25 0.92x, dynamic 7/10/60 0.84x) and was removed.
+Tried on the H200 and not kept (bench/RESULTS.md):
+- the RMSNorm or silu * up in the K-walking kernel's prologue (as target/gemm_kernels.py's; session 18,
+  bench/head_check.py: norm + qkv at 60 rows 11.7 us against 4.2 for the norm kernel + this GEMM; silu * up + down
+  151 us against 6.2);
+- session 20 (bench/ab.py, MT-bench 20, one process): a split-K variant (each K slice's weight loaded before the
+  wait, the partials summed by the last program of each column block; static 5/10/25 0.92x, dynamic 7/10/60
+  0.84x); the RMSNorm in the prefetch kernel's prologue (0.71 and 0.24 us faster per call for qkv and gate_up at 1
+  row when timed alone, yet plain decoding 0.97x; silu * up there was ~250x slower); one load per cache line of
+  the weight tile before the wait in the K-walking kernel, with the verification's down projection taken from
+  cuBLAS (down alone 5.30 -> 4.29 us, cuBLAS 4.44; dynamic 0.94x); and the verification's gate_up left to cuBLAS
+  (3.34 us against this kernel's 5.33 alone; dynamic 0.90x). Kernels timed one at a time mislead here.
 The launch allocates only the output, does not sync and branches on shapes only: fit for CUDA-graph capture once
 compiled (the warm-up call before a capture compiles it).
 """
@@ -68,78 +73,21 @@ def wanted(pdl: bool) -> bool:
     return pdl if env is None else env
 
 
-TOUCH_ENV = "EAGLESPEC_SKINNY_TOUCH"  # "1": the K-walking kernel touches its weight tile before the PDL wait
-PROLOGUE_ENV = "EAGLESPEC_SKINNY_PROLOGUE"  # "1": the RMSNorm in the prefetch kernel's prologue
-MANY_ROWS_N_ENV = "EAGLESPEC_SKINNY_MANY_ROWS_N"  # the widest N this kernel takes past 16 rows (default 4096)
-LINE_BYTES = 128  # a cache line: what one touched element brings in
-TOUCH_MIN_K = 1024  # the touch where K is at least this (session 20, bench/prologue_check.py)
-PROLOGUE_MAX_N = 4096  # the prologue where N is at most this (ditto)
-
-
-def touch_wanted() -> bool:
-    """$EAGLESPEC_SKINNY_TOUCH: "1" on, "0" or unset off (session 20, bench/ab.py). With PDL, the kernel that walks
-    K (more rows than prefetch_rows(): a tree's verification) reads one element of each cache line of its weight tile
-    before it waits for the kernel before it, so that its walk after the wait finds the weight in the cache; where
-    K >= TOUCH_MIN_K, and it then takes the verification's 1536-long down projection from cuBLAS too. On the H200
-    (bench/prologue_check.py, 100 chained calls in a graph, 60 rows): down + residual 5.30 -> 4.29 us (cuBLAS 4.44);
-    at K = 576 it changed little either way (qkv 2.12 -> 2.31, o 2.83 -> 2.52)."""
-    return env_switch(TOUCH_ENV, "off") is True
-
-
-def prologue_wanted() -> bool:
-    """$EAGLESPEC_SKINNY_PROLOGUE: "1" on, "0" or unset off (session 20, bench/ab.py). With PDL, the prefetch kernel
-    (few rows) computes the RMSNorm before a projection of N <= PROLOGUE_MAX_N from x's rows itself (`fuses`): one
-    kernel instead of two. On the H200 (bench/prologue_check.py, 1 row): norm + qkv 3.84 -> 3.07 us, norm + gate_up
-    4.44 -> 4.20; but wider projections lost (10 rows, 576 -> 9216: 9.93 -> 12.08; the heads +0.6 to +1 us: every
-    program normalises its rows) and silu * up before down was ~250x slower (the tile and both halves in registers)."""
-    return env_switch(PROLOGUE_ENV, "off") is True
-
-
-def many_rows_n() -> int:
-    """$EAGLESPEC_SKINNY_MANY_ROWS_N (unset: 4096): the widest projection `applies` takes past 16 rows. On the H200
-    (bench/prologue_check.py, 60 rows chained in a graph) cuBLAS did gate_up (576 -> 3072) in 3.34 us, this kernel in
-    5.33; 1024 leaves it to cuBLAS (session 20, bench/ab.py)."""
-    env = os.environ.get(MANY_ROWS_N_ENV, "").strip()
-    if not env:
-        return 4096
-    if not env.isdigit():
-        raise EagleSpecError(f"{MANY_ROWS_N_ENV}={env!r}: expected a whole number of columns")
-    return int(env)
-
-
-def _eligible(x: torch.Tensor, weight: torch.Tensor, width: int) -> int:
-    """x's rows where x [..., width] and weight [N, K] could go through the kernel at all (CUDA tensors of one 16-bit
-    dtype, a weight with unit column stride, no autograd, 1 to MAX_ROWS rows), else 0."""
-    if not (x.is_cuda and weight.is_cuda and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)):
-        return 0
-    if weight.dim() != 2 or weight.stride(1) != 1 or x.shape[-1] != width or x.dim() < 1:
-        return 0
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return 0
-    rows = x.numel() // max(1, x.shape[-1])
-    return rows if 1 <= rows <= MAX_ROWS else 0
-
-
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Would `linear` take this kernel for x [..., K] @ weight [N, K].T? `_eligible`, a shape it wins on (module
-    docstring; past 16 rows N <= many_rows_n(), and with touch_wanted() K = 1536 too), switched on."""
-    rows = _eligible(x, weight, weight.shape[-1] if weight.dim() == 2 else -1)
-    if not rows:
+    """Would `linear` take this kernel for x [..., K] @ weight [N, K].T? CUDA tensors of one 16-bit dtype, a weight
+    with unit column stride, no autograd, rows within MAX_ROWS and a shape it wins on (module docstring), switched
+    on."""
+    if not (x.is_cuda and weight.is_cuda and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)):
         return False
+    if weight.dim() != 2 or weight.stride(1) != 1 or x.shape[-1] != weight.shape[1] or x.dim() < 1:
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return False
+    rows = x.numel() // max(1, x.shape[-1])
     n, k = weight.shape
-    touch, widest, pdl = touch_wanted(), many_rows_n(), kernels.pdl(x)  # switches read (bad values refused) anyway
-    longest = 1536 if pdl and touch else 1535  # the longest K past 16 rows
-    if k > 1536 or (rows > 16 and (k > longest or n > widest)):
+    if not 1 <= rows <= MAX_ROWS or k > 1536 or (rows > 16 and (k >= 1536 or n > 4096)):
         return False
-    return wanted(pdl) and kernels.available(x.device)
-
-
-def fuses(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Would `linear` take x [..., K] @ weight [N, K].T through the prefetch kernel with the RMSNorm in its prologue?
-    prologue_wanted(), PDL, N <= PROLOGUE_MAX_N and the prefetch kernel's tiles (few rows, K within the tile)."""
-    rows = _eligible(x, weight, weight.shape[-1] if weight.dim() == 2 else -1)
-    return (bool(rows) and prologue_wanted() and kernels.pdl(x) and wanted(True) and kernels.available(x.device)
-            and weight.shape[0] <= PROLOGUE_MAX_N and prefetch_tiles(rows, weight.shape[0], weight.shape[1]) is not None)
+    return wanted(kernels.pdl(x)) and kernels.available(x.device)
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -153,16 +101,14 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 # -- the Triton kernel (a plain function here; _load() jits it on first use) -------------------------------
-def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, nw_ptr, M, N, sxm, swn, shm, som, eps, K: tl.constexpr,
+def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, M, N, sxm, swn, shm, som, K: tl.constexpr,
                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_GDC: tl.constexpr = False,
-                   PREFETCH: tl.constexpr = False, PROLOGUE: tl.constexpr = 0, TOUCH: tl.constexpr = 0, LINES: tl.constexpr = 1):
-    """Program (n block): out[:, cols] = round(op(x) @ w[cols].T (+ bias) (+ h[:, cols])) over all of K. PREFETCH
-    (with PDL, kernels.pdl; BLOCK_K >= K): the program's whole weight tile is loaded before the wait for the kernel
-    before, then x's rows BLOCK_M at a time, each block against the tile in registers, op(x) its PROLOGUE (_operand:
-    x itself or its RMSNorm times nw); else x's rows in one block and K walked BLOCK_K at a time,
-    TOUCH > 0: one element of each TOUCH-element line of the weight tile (LINES of them a weight row, a power of two
-    >= K / TOUCH) read before the wait, so that the walk finds its weight in the cache."""
+                   PREFETCH: tl.constexpr = False):
+    """Program (n block): out[:, cols] = round(x @ w[cols].T (+ bias) (+ h[:, cols])) over all of K. PREFETCH (with
+    PDL, kernels.pdl; BLOCK_K >= K): the program's whole weight tile is loaded before the wait for the kernel
+    before, then x's rows BLOCK_M at a time, each block against the tile in registers; else x's rows in one block
+    and K walked BLOCK_K at a time."""
     _dependents(USE_GDC)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_in = cols < N
@@ -171,22 +117,15 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, nw_ptr, M, N, sxm, swn, 
         ks = tl.arange(0, BLOCK_K)
         k_in = ks < K
         wt = tl.load(w_cols + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)  # [BK, BN]: a weight
-        nw = None
-        if PROLOGUE == 1:
-            nw = tl.load(nw_ptr + ks, mask=k_in, other=0.0).to(tl.float32)  # [BK]: a weight
         _wait(USE_GDC)
         for m0 in range(0, M, BLOCK_M):
             rows = m0 + tl.arange(0, BLOCK_M)
-            a = _operand(x_ptr, nw, rows, ks, M, sxm, eps, K, PROLOGUE)  # [BM, BK]
+            a = tl.load(x_ptr + rows.to(tl.int64)[:, None] * sxm + ks[None, :],
+                        mask=(rows < M)[:, None] & k_in[None, :], other=0.0)  # [BM, BK]
             acc = _dot(a, wt, tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32), DOT_FP32)
             _finish(acc, rows, cols, M, N, b_ptr, h_ptr, out_ptr, shm, som, HAS_BIAS, HAS_RES)
     else:
-        if TOUCH > 0:  # a weight: read before the wait (a load whose value only a store that never runs takes)
-            lines = tl.minimum(tl.arange(0, LINES) * TOUCH, K - 1)
-            seen = tl.load(w_cols + lines[:, None], mask=col_in[None, :], other=0.0)  # [lines, BN]
         _wait(USE_GDC)
-        if TOUCH > 0 and M < 0:  # never (M >= 1): keeps the touch from being optimised away
-            tl.store(out_ptr + tl.arange(0, BLOCK_N), tl.reduce(seen, 0, _add))
         rows = tl.arange(0, BLOCK_M)
         x_rows = x_ptr + rows.to(tl.int64)[:, None] * sxm
         row_in = rows < M
@@ -198,22 +137,6 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, h_ptr, out_ptr, nw_ptr, M, N, sxm, swn, 
             wt = tl.load(w_cols + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)  # [BK, BN]
             acc = _dot(a, wt, acc, DOT_FP32)
         _finish(acc, rows, cols, M, N, b_ptr, h_ptr, out_ptr, shm, som, HAS_BIAS, HAS_RES)
-
-
-def _operand(x_ptr, nw, rows, ks, M, sxm, eps, K: tl.constexpr, PROLOGUE: tl.constexpr):
-    """x's rows [BM, BK] (columns ks, zeros past M and K) in x's dtype, as the dot's operand. PROLOGUE 0: as stored;
-    1: the RMSNorm times nw (fp32 nw [BK]), rounded as kernels._rms_weight: round(round(x * rsqrt(mean(x^2) + eps))
-    * nw)."""
-    dtype = x_ptr.dtype.element_ty
-    at = x_ptr + rows.to(tl.int64)[:, None] * sxm + ks[None, :]
-    inside = (rows < M)[:, None] & (ks < K)[None, :]
-    a = tl.load(at, mask=inside, other=0.0)
-    if PROLOGUE == 1:
-        x = a.to(tl.float32)
-        mean_sq = tl.reduce(x * x, 1, _add) / K  # [BM]
-        y = _round(x * tl.math.rsqrt(mean_sq + eps)[:, None], dtype)
-        a = _round(y * nw[None, :], dtype).to(dtype)
-    return a
 
 
 def _finish(acc, rows, cols, M, N, b_ptr, h_ptr, out_ptr, shm, som, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
@@ -239,14 +162,14 @@ def _dot(a, wt, acc, DOT_FP32: tl.constexpr):
 @functools.cache
 def _load() -> None:
     """Import triton and jit the kernel (kernels._load's rules: the interpreter mode is fixed at the first call)."""
-    global triton, tl, _round, _add, _dependents, _wait
+    global triton, tl, _round, _dependents, _wait
     kernels._load()
     import triton
     import triton.language as tl
 
-    _round, _add, _dependents, _wait = kernels._round, kernels._add, kernels._dependents, kernels._wait
+    _round, _dependents, _wait = kernels._round, kernels._dependents, kernels._wait
     g = globals()
-    for name in ("_dot", "_operand", "_finish", "_skinny_kernel"):
+    for name in ("_dot", "_finish", "_skinny_kernel"):
         g[name] = triton.jit(g[name])
 
 
@@ -290,16 +213,13 @@ def prefetch_tiles(m: int, n: int, k: int) -> tuple[int, int, int, int] | None:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           residual: torch.Tensor | None = None, inplace: bool = False, *, norm: torch.Tensor | None = None,
-           eps: float = 0.0, tiles: tuple[int, int, int] | None = None, prefetch: bool | None = None,
-           touch: bool | None = None) -> torch.Tensor:
+           residual: torch.Tensor | None = None, inplace: bool = False, *,
+           tiles: tuple[int, int, int] | None = None, prefetch: bool | None = None) -> torch.Tensor:
     """linear_ref in one kernel: x [..., K] (at most MAX_ROWS rows), weight [N, K] (unit column stride), bias [N] or
     None, residual [..., N] or None (then no bias) -> [..., N] in x's dtype (`inplace`: written into residual).
-    norm [K] (with eps): the projection of kernels.rms_norm_weight(x, norm, eps); it needs the prefetch kernel
-    (`fuses`). tiles: (BLOCK_N, BLOCK_K, num_stages) in place of blocks(N, K)'s (bench/head_check.py --sweep).
-    prefetch: the one-tile kernel of prefetch_tiles (None: when launched with PDL, where it fits; True: where it
-    fits, PDL or not, for the tests). touch: the K-walking kernel touches its weight tile first (None: touch_wanted()
-    with PDL where K >= TOUCH_MIN_K)."""
+    tiles: (BLOCK_N, BLOCK_K, num_stages) in place of blocks(N, K)'s (bench/head_check.py --sweep). prefetch: the
+    one-tile kernel of prefetch_tiles (None: when launched with PDL, where it fits; True: where it fits, PDL or not,
+    for the tests)."""
     _load()
     k, n = x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, k)
@@ -314,8 +234,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None and (residual is not None or bias.numel() != n or not bias.is_contiguous()):
         raise ValueError(f"skinny.linear: bias {tuple(bias.shape)} for N = {n}" +
                          (" with a residual (not one addmm)" if residual is not None else ""))
-    if norm is not None and (norm.shape != (k,) or not norm.is_contiguous()):
-        raise ValueError(f"skinny.linear: norm weight {tuple(norm.shape)} for K = {k}")
     if residual is not None:
         h = residual.reshape(m, n)
         if h.stride(-1) != 1 or (inplace and h.data_ptr() != residual.data_ptr()):
@@ -326,19 +244,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     gdc = kernels.pdl(x)
     pre = prefetch_tiles(m, n, k) if (gdc if prefetch is None else prefetch) and tiles is None else None
-    if norm is not None and pre is None:
-        raise ValueError(f"skinny.linear: a norm prologue needs the prefetch kernel ({m} rows, K = {k}, N = {n}; "
-                         "see fuses)")
     bn, bk, stages, warps = pre or (*(tiles or blocks(n, k)), 4)
-    touch = pre is None and (gdc and k >= TOUCH_MIN_K and touch_wanted() if touch is None else touch)
-    line = LINE_BYTES // x.element_size()
     _skinny_kernel[(triton.cdiv(n, bn),)](
-        x2, weight, bias if bias is not None else weight, h if h is not None else out, out,
-        norm if norm is not None else weight, m, n, x2.stride(0), weight.stride(0), h.stride(0) if h is not None else 0,
-        out.stride(0), eps, K=k, HAS_BIAS=bias is not None, HAS_RES=h is not None,
-        DOT_FP32=x.dtype == torch.float32 or kernels._interpreted(),
+        x2, weight, bias if bias is not None else weight, h if h is not None else out, out, m, n, x2.stride(0),
+        weight.stride(0), h.stride(0) if h is not None else 0, out.stride(0), K=k, HAS_BIAS=bias is not None,
+        HAS_RES=h is not None, DOT_FP32=x.dtype == torch.float32 or kernels._interpreted(),
         BLOCK_M=PREFETCH_BLOCK_M if pre else max(16, kernels._pow2(m)), BLOCK_N=bn, BLOCK_K=bk,
-        PREFETCH=pre is not None, PROLOGUE=int(norm is not None), TOUCH=line if touch else 0,
-        LINES=kernels._pow2(-(-k // line)) if touch else 1, num_warps=warps, num_stages=stages,
-        enable_fp_fusion=norm is None, **kernels.pdl_kwargs(gdc))
+        PREFETCH=pre is not None, num_warps=warps, num_stages=stages, **kernels.pdl_kwargs(gdc))
     return residual if inplace else out.view(*x.shape[:-1], n)
