@@ -158,6 +158,13 @@ class HostRead:
             self.event.synchronize()
         return self.buf.tolist()
 
+    def copy(self) -> torch.Tensor:
+        """The copied values as a host tensor of their own (waits as values() does), for slices that must outlive
+        the buffer's next copy: one clone instead of a torch.tensor(list) per slice (~16 us each on a CPU)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.buf.clone()
+
     def wait(self) -> int:
         return self.values()[0]
 

@@ -424,6 +424,7 @@ class RoundGraph:
             flight = [launch]
         this, flight = flight[0], flight[1:]
         vals = this.read.values()  # the round's one host sync: waits for this round, not the one behind it
+        snap = this.read.copy()  # the same values, for the telemetry's tensors (before a launch reuses the buffer)
         m, bonus, flags = vals[0], vals[1], vals[2:6]
         t1 = time.perf_counter()
         if any(flags):
@@ -435,13 +436,12 @@ class RoundGraph:
         emitted = [*vals[6 + P:6 + P + m][1:], bonus]  # the path past the root, then the bonus
         if engine.overlap:
             self._flight = self._launch_next(sampling, flight, emitted, result)
-        size = (len(vals) - 6 - 2 * P) // 3
-        order, nodes = vals[6:6 + m], vals[6 + 2 * P:]
-        tree = DraftTree(tokens=torch.tensor(nodes[:size]), parents=torch.tensor(nodes[size:2 * size]),
-                         depths=torch.tensor(nodes[2 * size:]), logq=this.logq, ordered=True)
+        size, at = (len(vals) - 6 - 2 * P) // 3, 6 + 2 * P  # the tree's tokens, parents, depths from `at` on
+        tree = DraftTree(tokens=snap[at:at + size], parents=snap[at + size:at + 2 * size],
+                         depths=snap[at + 2 * size:], logq=this.logq, ordered=True)
         result.rounds.append(RoundStats(drafted=size - 1, accepted=m - 1, emitted=len(emitted), verify_s=t1 - t0,
                                         commit_s=time.perf_counter() - t1,
-                                        detail=round_detail(tree, torch.tensor(order))))
+                                        detail=round_detail(tree, snap[6:6 + m])))  # the accepted rows
         return emitted, self.ids[: self.tlen + 1], self.feats_in[: self.n]
 
     def _draw(self, generator: torch.Generator | None) -> None:
