@@ -423,8 +423,8 @@ class RoundGraph:
                 return engine._phased_round(ids, pending, result)
             flight = [launch]
         this, flight = flight[0], flight[1:]
-        vals = this.read.values()  # the round's one host sync: waits for this round, not the one behind it
-        snap = this.read.copy()  # the same values, for the telemetry's tensors (before a launch reuses the buffer)
+        snap = this.read.copy()  # the round's one host sync: waits for this round, not the one behind it (copied
+        vals = snap.tolist()  # before a launch reuses the buffer: the telemetry's tensors are slices of it)
         m, bonus, flags = vals[0], vals[1], vals[2:6]
         t1 = time.perf_counter()
         if any(flags):
