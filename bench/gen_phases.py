@@ -142,7 +142,7 @@ def measure(bench: Bench, method: str, prompts: list[list[int]], max_new: int, e
     engine, reason = bench.engine(method)
     if engine is None:
         raise SystemExit(f"gen_phases: {method}: {reason}")
-    for ids in prompts[:2]:  # captures
+    for ids in prompts:  # every prompt's captures (the drafter's prefill buckets and spans, the rounds' spans)
         engine.generate(ids, max_new, eos)
     rec = Recorder(cuda, plain=method == "fast-plain")
     rows, walls, tokens, rounds = [], [], 0, 0
