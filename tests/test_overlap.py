@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglespec.engine import HostRead, SpeculativeEngine, overlap_wanted
+from eaglespec.engine import SpeculativeEngine, overlap_wanted
 from eaglespec.errors import EagleSpecError
 from eaglespec.round_graph import RoundGraph
 from eaglespec.sampling import SamplingConfig, SamplingParams
@@ -182,43 +182,6 @@ def test_eos_leaves_one_unused_launch_and_a_clean_next_stream(pair):
     for prompt in PROMPTS:  # the next streams start from their own prefill, whatever was launched before
         for new in (1, 2, 7, 33):
             assert two.generate(prompt, new).token_ids == reference_greedy(model, prompt, new)
-
-
-@pytest.mark.parametrize("early", ["1", "0"])
-def test_the_first_rounds_are_queued_before_the_first_token_is_read(pair, monkeypatch, early):
-    """RoundGraph.launch_first: the stream's first round, and the one after it (from bounds), are queued behind
-    the drafter's prefill before the host reads the prefill's token (only the first where it could end the stream
-    by length: max_new_tokens <= 1 + P); the first round() takes them. HF generate's tokens either way, and with
-    EAGLESPEC_EARLY_ROUNDS=0 nothing is launched before that read. A first token that is an EOS leaves the queued
-    rounds unused and the next streams clean."""
-    model, drafter = pair
-    monkeypatch.setenv("EAGLESPEC_EARLY_ROUNDS", early)
-    _, two = overlapped(model, drafter, SPECS["dynamic"])
-    rg = two.round_graph.get()
-    kinds = count_launches(rg)
-    bodies = count_bodies(rg)
-    read = two._first_read = HostRead(torch.device("cpu"))
-    wait, seen = read.wait, []
-
-    def waited():
-        seen.append(list(kinds))
-        return wait()
-
-    read.wait = waited
-    for new in (40, rg.P + 1, 2):
-        for prompt in PROMPTS:
-            kinds.clear()
-            bodies.clear()
-            out = two.generate(prompt, new)
-            assert out.token_ids == reference_greedy(model, prompt, new)
-            expected = [] if early == "0" else ["fresh", "ahead"] if new > rg.P + 1 else ["fresh"]
-            assert seen[-1] == expected, new
-            assert len(bodies) == len(out.rounds), (new, kinds)  # nothing unused: the streams end by length
-    ref = reference_greedy(model, PROMPTS[1], 30)
-    out = two.generate(PROMPTS[1], 30, eos_token_ids=[ref[0]])
-    assert out.token_ids == ref[:1] and out.finish_reason == "stop" and not out.rounds
-    for prompt in PROMPTS:
-        assert two.generate(prompt, 30).token_ids == reference_greedy(model, prompt, 30)
 
 
 def test_a_consumer_that_stops_early_leaves_its_launch_unused(pair):

@@ -217,7 +217,6 @@ class SpeculativeEngine:
         self._stop: tuple[frozenset[int], int] = (frozenset(), 0)  # the stream's EOS ids and max_new_tokens
         self._plain_ahead: tuple[torch.Tensor, TargetOutput] | None = None  # (root, its forward), launched ahead
         self._host_read: HostRead | None = None  # the plain step's token, read past the step launched ahead
-        self._first_read: HostRead | None = None  # the prefill's token, read past the drafter's prefill and rounds
         if drafter is not None:
             if hasattr(drafter, "set_target_embedding") and getattr(drafter, "embed_tokens", None) is None:
                 drafter.set_target_embedding(target.embedding())
@@ -256,9 +255,11 @@ class SpeculativeEngine:
         prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=dev)
         out = prefill(target, prompt, self.chunked_prefill)
         root = self._next_token(out.logits[-1])  # [1] on the device: the next round's root row
-        if self._first_read is None:
-            self._first_read = HostRead(dev)
-        self._first_read.start(root)  # its read waits for the prefill only, not for the work queued below
+        first = int(root)
+        result.token_ids.append(first)
+        yield [first]
+        if first in eos:
+            result.finish_reason = "stop"
         speculating = self.speculating
         plain_rows = _PlainRows(dev)
         if speculating:  # every token on the device, and the features the drafter has not consumed yet
@@ -266,13 +267,6 @@ class SpeculativeEngine:
             if self.round_graph is not None and _switch(DRAFT_PREFILL_ENV, "on with round graphs", True):
                 # the drafter's prefill: the first round fits a round graph
                 pending_feats = self._draft_prefill(ids, pending_feats, self.round_graph.get().P)
-                if self.overlap and not self.adaptive:  # the first rounds queued before the first token is read
-                    ids, pending_feats = self.round_graph.get().launch_first(ids, pending_feats, max_new_tokens)
-        first = self._first_read.wait()
-        result.token_ids.append(first)
-        yield [first]
-        if first in eos:
-            result.finish_reason = "stop"
         gate = self.gate = SpeculationGate() if self.adaptive and speculating else None
         if gate is not None:  # plain steps queue their tokens and features in lists, joined at the next draft
             queue = _Queue(ids, pending_feats)

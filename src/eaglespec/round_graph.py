@@ -89,7 +89,6 @@ if TYPE_CHECKING:
 ENV = "EAGLESPEC_ROUND_GRAPHS"  # 0: off, 1: on (default: wanted())
 ENV_SAMPLED = "EAGLESPEC_ROUND_GRAPHS_SAMPLED"  # 0: greedy rounds only (default: sampled rounds too)
 ENV_TWO = "EAGLESPEC_TWO_IN_FLIGHT"  # 0: overlap keeps one round in flight (session 12's), unset or 1: two
-ENV_EARLY = "EAGLESPEC_EARLY_ROUNDS"  # 0: a stream's first round launched by round(), unset or 1: launch_first
 
 
 def wanted(device: torch.device | str, flag: bool | None = None) -> bool:
@@ -408,40 +407,6 @@ class RoundGraph:
         except (EagleSpecError, RuntimeError):  # no room in the drafter's KV; out of memory growing the target's
             pass
         return flight
-
-    def launch_first(self, ids: torch.Tensor, pending: torch.Tensor, max_new_tokens: int
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Overlap: queue a stream's first round, and the one after it, right behind the prefill and the drafter's
-        prefill, before the host reads the prefill's token (engine.stream reads it through a HostRead, waiting for
-        the prefill only). Without this the device idled while the host read that token, staged the first round
-        and launched it, and again while it read the first round (bench/gen_phases.py, session 21).
-
-        Returns (ids, pending) for the stream's first round() call: the round graph's own buffers where a round was
-        queued (round() then takes it, as _mine), else the ones given (round() stages them itself). The second
-        round is queued from bounds, as _launch_next's is, only where the first cannot end the stream by length
-        (1 + P tokens). A first token that is an EOS leaves both unused, as an EOS leaves one (their writes lie past
-        everything committed); $EAGLESPEC_EARLY_ROUNDS=0 launches the first round in round() instead."""
-        engine, P = self.engine, self.P
-        sampling = engine._sampling
-        if (self.failed or (sampling is not None and not self.sampled) or engine.spec != self.spec
-                or max_new_tokens < 2 or env_switch(ENV_EARLY, "on with overlap") is False
-                or not self._stage(ids, pending)):
-            return ids, pending
-        try:
-            launch = self._launch(sampling, self.n, self.dlen, self.tlen)
-        except (EagleSpecError, RuntimeError):  # no room: round() raises it at the same round as before
-            return ids, pending
-        if launch is None:  # the capture failed: round() takes the per-phase path
-            return ids, pending
-        self._flight = [launch]
-        if self.two_in_flight and max_new_tokens > 1 + P:  # the first round cannot end the stream by length
-            try:
-                ahead = self._launch(sampling, P, self.dlen + self.n, self.tlen + P, ahead=True)
-            except (EagleSpecError, RuntimeError):  # as in _launch_next: the next round() raises it
-                ahead = None
-            if ahead is not None:
-                self._flight.append(ahead)
-        return self.ids[: self.tlen + 1], self.feats_in[: self.n]
 
     def round(self, ids: torch.Tensor, pending: torch.Tensor, result: GenerationResult):
         """SpeculativeEngine._round's contract, as one round graph where it applies (else _phased_round)."""
