@@ -13,7 +13,7 @@ share of prompts whose tokens are those of the first value (a switch that should
 give 1.0).
 
     PYTHONPATH=src python bench/ab.py --env EAGLESPEC_SKINNY_GEMM --values 0,1 [--configs plain,dynamic:7/10/60]
-        [--limit 20] [--turns 4] [--json OUT]
+        [--limit 20] [--turns 4] [--temperature T] [--json OUT]
 
 Several variables at once: `--env EAGLESPEC_PDL,EAGLESPEC_SKINNY_GEMM --values 0:0,1:0,1:1` (a value per variable,
 colon-separated, in --env's order).
@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--configs", default="plain,dynamic:7/10/60")
     ap.add_argument("--turns", type=int, default=4, help="timed turns per value (A B B A ...)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, metavar="OUT")
     args = ap.parse_args(argv)
     values = args.values.split(",")
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     es = _load(args, args.dtype)
     prompts = [es.encode(t) for t in load_prompts(args.dataset, args.limit)]
     args.max_len = max(len(p) for p in prompts) + args.max_new_tokens + 256
-    args.k, args.depth, args.top_k, args.budget, args.temperature = 5, 7, 10, 60, 0.0
+    args.k, args.depth, args.top_k, args.budget = 5, 7, 10, 60
     args.compile = False
     configs = args.configs.split(",")
     benches = {}

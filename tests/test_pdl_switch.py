@@ -30,7 +30,7 @@ from eaglespec.target import kernels as K
 from eaglespec.tree import CONF_FLOOR, ancestry
 from eaglespec.verify import sibling_table_of, sibling_tests
 
-MODULES = {TK: 9, RK: 1, SK: 3}  # module -> its kernels (and launch sites)
+MODULES = {TK: 10, RK: 1, SK: 3}  # module -> its kernels (and launch sites)
 TARGET_MODULES = (K, attn_kernels, skinny)
 # the target's kernels that load a weight before their wait: kernel -> the weight pointers (kernels.pdl's rule)
 PREFETCHED = {"_rms_norm_weight_kernel": {"w_ptr"}, "_eagle3_input_kernel": {"in_w_ptr", "hid_w_ptr"},
@@ -252,6 +252,18 @@ def _accept():
                           torch.randint(0, 3, (9,), generator=g), 4)
 
 
+def _sampled_walk():
+    parents = _parents(9)
+    depths = torch.zeros(9, dtype=torch.long)
+    for j in range(1, 9):
+        depths[j] = depths[parents[j]] + 1
+    g = torch.Generator().manual_seed(7)
+    kids = sibling_table_of(parents, 8)
+    q_at = torch.rand(9, generator=g) + 0.1
+    return TK.sampled_accept_path(parents, kids, kids > 0, q_at * torch.rand(9, generator=g) * 1.5, q_at,
+                                  torch.rand(9, generator=g), ancestry(parents, check=False), depths, 4)
+
+
 def _ancestry():
     return (TK.ancestry(_parents(12), 11),)
 
@@ -294,6 +306,7 @@ LAUNCHERS = {  # launcher -> the kernels it launches, in order
     "expand_rows": (_expand, ["_expand_rows_kernel"]),
     "select_tree": (_select, ["_select_tree_kernel"]),
     "accept_path": (_accept, ["_accept_path_kernel"]),
+    "sampled_accept_path": (_sampled_walk, ["_sampled_accept_path_kernel"]),
     "ancestry": (_ancestry, ["_ancestry_kernel"]),
     "round_tail": (_tail, ["_round_tail_kernel"]),
     "sibling_tests+final_residual": (_sampled, ["_left_kernel", "_rank_kernel", "_rank_kernel", "_rank_kernel",

@@ -526,6 +526,40 @@ def test_accept_path_is_the_greedy_acceptance(t, p):
         assert [x.tolist() for x in got] == [x.tolist() for x in ref]
 
 
+@pytest.mark.parametrize("t,p,width", [(8, 3, 4), (26, 6, 10), (1, 4, 2), (61, 8, 10), (40, 8, 3)])
+def test_sampled_accept_path_is_the_sampled_walk(t, p, width):
+    """Random trees with their sibling tables (at most `width` children a node; the last case's table is wider
+    than any node's children), some children pruned (not live), tests that pass about half the time: the
+    kernel's path end, length and row order are verify.sampled_path's and path_first's; also with tests placed so
+    that a lower-rank sibling that passes must hide a higher-rank one that passes too."""
+    from eaglespec.tree import ancestry
+    from eaglespec.verify import sibling_table_of
+
+    gen = torch.Generator().manual_seed(t * 100 + p)
+    for trial in range(10):
+        parents = [-1]
+        for j in range(1, t):
+            q = int(torch.randint(0, j, (1,), generator=gen))
+            while parents.count(q) >= min(width, 3 if trial % 2 else width):
+                q = int(torch.randint(0, j, (1,), generator=gen))
+            parents.append(q)
+        parents = torch.tensor(parents)
+        depths = torch.zeros(t, dtype=torch.long)
+        for j in range(1, t):
+            depths[j] = depths[parents[j]] + 1
+        kids = sibling_table_of(parents, width)
+        live = (kids > 0) & (torch.rand(kids.shape, generator=gen) > 0.15)
+        coins = torch.rand(t, generator=gen)
+        q_at = torch.rand(t, generator=gen) + 0.05
+        r_at = q_at * (torch.rand(t, generator=gen) * 1.6) if trial < 8 else q_at * 2  # the last: every test passes
+        visible = ancestry(parents, check=False)
+        got = TK.sampled_accept_path(parents, kids, live, r_at, q_at, coins, visible, depths, p)
+        ref = TK.sampled_accept_path_ref(parents, kids, live, r_at, q_at, coins, visible, depths, p)
+        assert [x.tolist() for x in got] == [x.tolist() for x in ref], trial
+    with pytest.raises(ValueError, match="sampled_accept_path over"):
+        TK.sampled_accept_path(parents, kids, live.long(), r_at, q_at, coins, visible, depths, p)
+
+
 def _random_tree(t: int, depth: int, gen: torch.Generator) -> torch.Tensor:
     """parents [t] of a random tree in node order (parents before children), no node deeper than `depth`."""
     parents, depths = [-1], [0]
@@ -634,6 +668,23 @@ def test_round_graphs_with_the_kernels_match_the_phased_rounds(kind, monkeypatch
     assert rounds == ref_rounds and max(r[2] for r in rounds) >= 2
     assert calls["accept_path"] == len(rounds)  # every round is a round graph (the first too: the drafter's prefill)
     assert calls["children"] > 0 or kind == "chain"
+
+
+@pytest.mark.parametrize("kind", ["chain", "static", "dynamic"])
+def test_sampled_round_graphs_walk_in_one_kernel(kind, monkeypatch):
+    """Sampled round graphs (seeded, T=0.9): with the tree kernels every round's walk is sampled_accept_path, and
+    the tokens and every round's tree and acceptance are those of the torch walk (EAGLESPEC_SAMPLED_WALK_KERNEL=0,
+    verify.sampled_path), for the same seed."""
+    from eaglespec.sampling import SamplingConfig, SamplingParams
+
+    spec = {"chain": TreeSpec("chain", depth=4), "static": TreeSpec("static", depth=3),
+            "dynamic": TreeSpec("dynamic", depth=4, top_k=3, budget=10)}[kind]
+    cfg = SamplingConfig(SamplingParams(temperature=0.9), seed=7)
+    ref_tokens, ref_rounds = graphed_rounds(monkeypatch, spec, TK.WALK_ENV, "0", sampling=cfg, n=24)
+    calls = count_calls(monkeypatch, "sampled_accept_path", module=TK)
+    tokens, rounds = graphed_rounds(monkeypatch, spec, TK.WALK_ENV, "1", sampling=cfg, n=24)
+    assert tokens == ref_tokens and rounds == ref_rounds and len(tokens) == 24
+    assert calls["sampled_accept_path"] == len(rounds) and max(r[1] for r in rounds) >= 1
 
 
 def test_untimed_kernels_switched_off_alone(monkeypatch):

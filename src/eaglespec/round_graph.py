@@ -260,21 +260,22 @@ class RoundGraph:
                 live = kids > 0 if keep is None else (kids > 0) & keep[kids]
                 if tree.draft_probs is None:  # children drafted greedily (top-k): the point-mass scheme, q = 1
                     r_at, q_at = point_mass_tests(tree.tokens, kids, p, live)
-                    best = sampled_path(visible, tree.depths, kids, r_at, q_at, self.coins, live)
+                    best, m, order = self._walk(tree, kids, live, visible, r_at, q_at)
                     final = point_mass_residual(p, tree.tokens, kids, live, best)  # [1, V]
                 else:  # children drawn from q: real q (on CUDA: sampled_kernels, K + 2 launches)
                     fast = sampled_kernels.wanted(self.device) and sampled_kernels.fits(p.shape[1], kids.shape[1])
                     tests = sampled_kernels.sibling_tests if fast else sibling_tests
                     r_at, q_at, residuals = tests(tree.tokens, kids, p, tree.draft_probs, live)
-                    best = sampled_path(visible, tree.depths, kids, r_at, q_at, self.coins, live)
+                    best, m, order = self._walk(tree, kids, live, visible, r_at, q_at)
                     if fast:  # the residual of the one node where the walk ends
                         final = sampled_kernels.final_residual(p, tree.draft_probs, residuals, best)  # [1, V]
                     else:
                         final = residuals.index_select(0, best)  # [1, V]
                 bonus = race_argmax(final, self.race[None])  # [1]
-            on_path = visible.index_select(0, best)[0]  # [T]
-            m = on_path.sum()
-            order = path_first(on_path)[:P]  # path rows first, in depth order
+            if sampling is None or m is None:
+                on_path = visible.index_select(0, best)[0]  # [T]
+                m = on_path.sum()
+                order = path_first(on_path)[:P]  # path rows first, in depth order
         # 5. commit: the path's KV rows to slots tlen..tlen+P-1; 6. the next round's inputs (x_{t+1} of each
         # accepted row: the next path token, the bonus after the last), the ids and the result row (one kernel)
         tail = round_kernels.round_tail if round_kernels.wanted(self.device) else round_kernels.round_tail_ref
@@ -282,6 +283,17 @@ class RoundGraph:
                       tree.depths, self.no_flags if flags is None else flags, m, bonus, order, tlen, base,
                       (i, self.ahead, self.next_row))
         return result, tree.logq
+
+    def _walk(self, tree: DraftTree, kids: torch.Tensor, live: torch.Tensor, visible: torch.Tensor,
+              r_at: torch.Tensor, q_at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """A sampled round's walk over the sibling tests: (best [1], m [], order [P]) in one kernel where the tree
+        kernels run (tree_kernels.sampled_accept_path: in place of ~6 kernels per sibling rank), else (best, None,
+        None) from verify.sampled_path (body then takes the path's length and order as a greedy round does)."""
+        if (tree_kernels.wanted(self.device, walk=True) and kids.shape[1] <= tree_kernels.MAX_K
+                and kids.shape[0] <= tree_kernels.MAX_ROWS):
+            return tree_kernels.sampled_accept_path(tree.parents, kids, live, r_at, q_at, self.coins, visible,
+                                                    tree.depths, self.P)
+        return sampled_path(visible, tree.depths, kids, r_at, q_at, self.coins, live), None, None
 
     # -- the host side ------------------------------------------------------------------------------
     def _stage(self, ids: torch.Tensor, pending: torch.Tensor) -> bool:

@@ -29,6 +29,9 @@ the log value a clamp and a log, and the next expansion's pick a stable radix so
     accept_path(...)             -> a greedy round's acceptance in ONE kernel (round_graph.RoundGraph.body): the
                                     deepest matching row, the bonus, the path length and the rows' order (path
                                     first), in place of ~18 kernels, among them a radix-sorting argsort
+    sampled_accept_path(...)     -> a sampled round's walk in ONE kernel (session 21): verify.sampled_path (the
+                                    first accepted child under each node, ~6 kernels per sibling rank) and the
+                                    path's length and order, from sibling_tests' values and the coins
     expand_rows(...)             -> an expansion's inputs in ONE kernel: the expanded nodes' states (gathered from
                                     their parents' drafter outputs), target ids (through d2t) and mask rows (their
                                     parents' OR-ed in), in place of a division, two gathers, the d2t gather, an
@@ -81,6 +84,7 @@ from .target import kernels as K
 
 TREE_KERNELS_ENV = "EAGLESPEC_TREE_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
 UNTIMED_ENV = "EAGLESPEC_TREE_KERNELS_UNTIMED"  # "0": not select_tree / accept_path (unset or "1": with the others)
+WALK_ENV = "EAGLESPEC_SAMPLED_WALK_KERNEL"  # "0": not sampled_accept_path (unset or "1": with the others)
 MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge reads vocab / 1024 * k keys per row)
 MAX_K = 32  # children(): the most children per row (the kernels unroll a loop per child)
 MAX_ROWS = 512  # accept_path(): the most tree rows (one program holds a [rows, rows] tile)
@@ -88,11 +92,14 @@ _CHUNK = 1024  # children(): logits per program of its first kernel
 _RANK_TILE = 64  # rank_top: at most this many rows per program, and columns per step
 
 
-def wanted(device: torch.device | str, untimed: bool = False, new: bool = False) -> bool:
+def wanted(device: torch.device | str, untimed: bool = False, new: bool = False, walk: bool = False) -> bool:
     """Whether the tree bookkeeping on `device` should use these kernels (see the module docstring). `untimed`:
     select_tree or accept_path, also off where EAGLESPEC_TREE_KERNELS_UNTIMED=0; `new`: session 16's ancestry, also
-    off where EAGLESPEC_NEW_KERNELS=0 (target/kernels.new_wanted)."""
+    off where EAGLESPEC_NEW_KERNELS=0 (target/kernels.new_wanted); `walk`: sampled_accept_path, also off where
+    EAGLESPEC_SAMPLED_WALK_KERNEL=0."""
     if untimed and env_switch(UNTIMED_ENV, "on with the others") is False:
+        return False
+    if walk and env_switch(WALK_ENV, "on with the others") is False:
         return False
     if new and not K.new_wanted():
         return False
@@ -204,6 +211,21 @@ def accept_path_ref(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.T
                                     target_next)
     on_path = visible.index_select(0, best)[0]  # [T]
     return best, bonus, on_path.sum(), path_first(on_path)[:p]
+
+
+def sampled_accept_path_ref(parents: torch.Tensor, kids: torch.Tensor, live: torch.Tensor, r_at: torch.Tensor,
+                            q_at: torch.Tensor, coins: torch.Tensor, visible: torch.Tensor, depths: torch.Tensor,
+                            p: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """round_graph's sampled acceptance walk (verify.sampled_path, then the path's rows): parents / depths [T] long,
+    kids [T, K] long and live [T, K] bool (sibling_tests'), the tests' r_at / q_at and the coins [T] fp32, visible
+    [T, T] bool -> (best [1]: the deepest node of the accepted path, m []: the path's rows, order [min(T, p)]: the
+    path's rows in depth order, then the other rows in order). `parents` is unused here (the kernel finds each
+    node's siblings through it)."""
+    from .verify import path_first, sampled_path
+
+    best = sampled_path(visible, depths, kids, r_at, q_at, coins, live)
+    on_path = visible.index_select(0, best)[0]  # [T]
+    return best, on_path.sum(), path_first(on_path)[:p]
 
 
 # -- the Triton kernels (plain functions here; _load() jits them on first use) --------------------------------
@@ -499,9 +521,52 @@ def _accept_path_kernel(tok_ptr, par_ptr, dep_ptr, vis_ptr, next_ptr, best_ptr, 
     tl.store(order_ptr + pos, i.to(tl.int64), mask=inside & (pos < P))
 
 
+def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_ptr, vis_ptr, dep_ptr, best_ptr,
+                                m_ptr, order_ptr, T, K, P, TB: tl.constexpr, KB: tl.constexpr,
+                                USE_GDC: tl.constexpr = False):
+    """One program over the T tree rows: node c passes its test when coin_c * q_c < r_c, and is its parent's first
+    accepted child when it passes, takes part (live) and no sibling of a lower rank (its place in the parent's
+    kids row) takes part and passes; a row is ok when every visible row is such a child (or the root); then best,
+    the path's length and the rows' order as _accept_path_kernel's."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
+    i = tl.arange(0, TB)
+    inside = i < T
+    k = tl.arange(0, KB)
+    par = tl.load(par_ptr + i, mask=inside, other=-1)
+    cells = inside[:, None] & (k < K)[None, :]  # [TB, KB]: each node's parent's kids row
+    at = tl.maximum(par, 0)[:, None] * K + k[None, :]
+    sib = tl.load(kids_ptr + at, mask=cells, other=0)
+    takes = cells & (tl.load(live_ptr + at, mask=cells, other=0) != 0)
+    coin = tl.load(coin_ptr + sib, mask=takes, other=1.0)
+    q = tl.load(q_ptr + sib, mask=takes, other=1.0)
+    r = tl.load(r_ptr + sib, mask=takes, other=0.0)
+    hit = takes & (coin * q < r)  # [TB, KB]: the sibling takes part and passes
+    me = cells & (sib == i[:, None])  # the node's own cell (node 0, the root, is no one's child)
+    rank = tl.reduce(tl.where(me, k[None, :], KB), 1, _min)  # [TB]
+    earlier = tl.reduce((hit & (k[None, :] < rank[:, None])).to(tl.int32), 1, _max)
+    mine = tl.reduce((hit & me).to(tl.int32), 1, _max)
+    first = ((mine != 0) & (earlier == 0) & (par >= 0)) | (i == 0)
+    both = inside[:, None] & inside[None, :]
+    vis = tl.load(vis_ptr + i[:, None] * T + i[None, :], mask=both, other=0)
+    bad = ((vis != 0) & (first == 0)[None, :]).to(tl.int32)
+    ok = inside & (tl.reduce(bad, 1, _max) == 0)
+    dep = tl.load(dep_ptr + i, mask=inside, other=0)
+    score = tl.where(ok, dep, -1)
+    top = tl.reduce(score, 0, _max)
+    best = tl.reduce(tl.where(inside & (score == top), i, TB), 0, _min)
+    tl.store(best_ptr, best.to(tl.int64))
+    on = inside & (tl.load(vis_ptr + best * T + i, mask=inside, other=0) != 0)
+    m = tl.reduce(on.to(tl.int64), 0, _add)
+    tl.store(m_ptr, m)
+    on_before = tl.reduce(((i[None, :] < i[:, None]) & on[None, :]).to(tl.int64), 1, _add)  # [TB]
+    pos = tl.where(on, on_before, m + i - on_before)
+    tl.store(order_ptr + pos, i.to(tl.int64), mask=inside & (pos < P))
+
+
 _JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_chunk_top_kernel",
            "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel", "_rank_top_kernel", "_expand_rows_kernel",
-           "_select_tree_kernel", "_accept_path_kernel", "_ancestry_kernel")
+           "_select_tree_kernel", "_accept_path_kernel", "_sampled_accept_path_kernel", "_ancestry_kernel")
 
 
 @functools.cache
@@ -694,6 +759,31 @@ def accept_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
                               visible.contiguous().view(torch.uint8), target_next.contiguous(), best, bonus, m,
                               order, t, min(t, p), TB=max(16, K._pow2(t)), num_warps=8, **K.pdl_kwargs(g))
     return best, bonus, m, order
+
+
+def sampled_accept_path(parents: torch.Tensor, kids: torch.Tensor, live: torch.Tensor, r_at: torch.Tensor,
+                        q_at: torch.Tensor, coins: torch.Tensor, visible: torch.Tensor, depths: torch.Tensor, p: int
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """sampled_accept_path_ref in one kernel (parents / depths [T] long, kids [T, K] long, live [T, K] bool, r_at /
+    q_at / coins [T] fp32, visible [T, T] bool)."""
+    _load()
+    t, k = kids.shape
+    if (visible.shape != (t, t) or visible.dtype != torch.bool or live.shape != (t, k) or live.dtype != torch.bool
+            or not 0 < t <= MAX_ROWS or not 0 < k <= MAX_K):
+        raise ValueError(f"tree kernels: sampled_accept_path over {t} rows (at most {MAX_ROWS}) and {k} kids (at "
+                         f"most {MAX_K}), visible {tuple(visible.shape)} {visible.dtype}, live {tuple(live.shape)} "
+                         f"{live.dtype}")
+    dev = kids.device
+    best = torch.empty(1, dtype=torch.long, device=dev)
+    m = torch.empty((), dtype=torch.long, device=dev)
+    order = torch.empty(min(t, p), dtype=torch.long, device=dev)
+    f32 = [x.contiguous() if x.dtype == torch.float32 else x.float() for x in (r_at, q_at, coins)]
+    g = K.pdl(kids)
+    _sampled_accept_path_kernel[(1,)](parents.contiguous(), kids.contiguous(), live.contiguous().view(torch.uint8),
+                                      *f32, visible.contiguous().view(torch.uint8), depths.contiguous(), best, m,
+                                      order, t, k, min(t, p), TB=max(16, K._pow2(t)), KB=max(2, K._pow2(k)),
+                                      num_warps=8, **K.pdl_kwargs(g))
+    return best, m, order
 
 
 def ancestry(parents: torch.Tensor, depth: int) -> torch.Tensor:
