@@ -31,21 +31,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tree_sweep import parse_config, static_config
+from tree_sweep import configure
 
 from eaglespec.bench import Bench, _load, environment, load_prompts, summarize_run
 from eaglespec.cli import add_model_args
-
-
-def configure(bench: Bench, args, text: str) -> str:
-    """Set the bench's args for one config ("plain", chain:K, static:D/K/B, dynamic:D/K/B); its method."""
-    if text == "plain":
-        return "fast-plain"
-    method, kw = parse_config(text)
-    for key, value in kw.items():
-        setattr(args, key, value)
-    bench.static_override = static_config(kw, None) if method == "eagle3-static" else None
-    return method
 
 
 def set_env(names: list[str], value: str) -> None:

@@ -22,7 +22,6 @@ On a CPU the events are host clocks (the phases then measure host time only): fo
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import statistics
@@ -34,12 +33,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tree_sweep import parse_config, static_config
+from round_gaps import run_args
+from tree_sweep import configure
 
 from eaglespec import engine as engine_mod
 from eaglespec import round_graph
 from eaglespec.bench import Bench, _load, environment, load_prompts
-from eaglespec.cli import add_model_args
 from eaglespec.target.fast import FastTarget
 
 
@@ -181,13 +180,7 @@ COLS = ("wall", "total", "prefill", "pre_round", "draft_prefill", "first_round_g
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_model_args(ap)
-    ap.add_argument("--dataset", default="mtbench")
-    ap.add_argument("--limit", type=int, default=20)
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--configs", default="plain,dynamic:7/10/60",
-                    help="plain, chain:K, static:DEPTH/TOPK/BUDGET, dynamic:DEPTH/TOPK/BUDGET")
+    ap = run_args(__doc__.split("\n\n")[0], limit=20)
     ap.add_argument("--json", default=None, metavar="OUT")
     args = ap.parse_args(argv)
     es = _load(args, args.dtype)
@@ -201,13 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
     print("|---" * (4 + len(COLS)) + "|")
     rows = []
     for text in args.configs.split(","):
-        if text == "plain":
-            method = "fast-plain"
-        else:
-            method, kw = parse_config(text)
-            for k, v in kw.items():
-                setattr(args, k, v)
-            bench.static_override = static_config(kw, None) if method == "eagle3-static" else None
+        method = configure(bench, args, text)
         row = measure(bench, method, prompts, args.max_new_tokens, es.eos_ids(), cuda)
         row["config"] = text
         rows.append(row)

@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tree_sweep import parse_config, static_config
+from tree_sweep import configure
 
 from eaglespec import round_graph
 from eaglespec.bench import Bench, _load, environment, load_prompts
@@ -109,14 +109,20 @@ def measure(bench: Bench, method: str, prompts: list[list[int]], max_new: int, e
             "gap_ms_median": statistics.median(gaps), "gap_share": mean(gaps) / mean(walls)}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_args(description: str, limit: int) -> argparse.ArgumentParser:
+    """The model, prompts and configs arguments of the timing scripts (this one, gen_phases.py)."""
+    ap = argparse.ArgumentParser(description=description)
     add_model_args(ap)
     ap.add_argument("--dataset", default="mtbench")
-    ap.add_argument("--limit", type=int, default=10)
+    ap.add_argument("--limit", type=int, default=limit)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--configs", default="plain,dynamic:7/10/60",
                     help="plain, chain:K, static:DEPTH/TOPK/BUDGET, dynamic:DEPTH/TOPK/BUDGET")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = run_args(__doc__.split("\n\n")[0], limit=10)
     ap.add_argument("--turns", type=int, default=1, help="measure every config this many times, in turn")
     ap.add_argument("--json", default=None, metavar="OUT")
     args = ap.parse_args(argv)
@@ -132,13 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     bench = Bench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args)
     rows = []
     for turn, text in itertools.product(range(args.turns), args.configs.split(",")):
-        if text == "plain":
-            method = "fast-plain"
-        else:
-            method, kw = parse_config(text)
-            for k, v in kw.items():
-                setattr(args, k, v)
-            bench.static_override = static_config(kw, None) if method == "eagle3-static" else None
+        method = configure(bench, args, text)
         row = measure(bench, method, prompts, args.max_new_tokens, es.eos_ids())
         row["config"], row["turn"] = text, turn
         rows.append(row)

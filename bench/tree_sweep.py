@@ -60,6 +60,17 @@ def static_config(kw: dict, fitted: tuple[tuple[int, ...], ...] | None) -> TreeS
     return TreeSpec("static", depth=kw["depth"], top_k=kw["top_k"], budget=kw["budget"])
 
 
+def configure(bench: Bench, args, text: str) -> str:
+    """Set the bench's args for one config ("plain", chain:K, static:D/K/B, dynamic:D/K/B); its method."""
+    if text == "plain":
+        return "fast-plain"
+    method, kw = parse_config(text)
+    for key, value in kw.items():
+        setattr(args, key, value)
+    bench.static_override = static_config(kw, None) if method == "eagle3-static" else None
+    return method
+
+
 def fitted_choices(path: str | None, drafter) -> tuple[tuple[int, ...], ...]:
     """The fitted static tree: the "tree" of fit_static_tree.py's --json, else the drafter's manifest choices."""
     if path:

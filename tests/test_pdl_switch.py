@@ -242,21 +242,24 @@ def _parents(t: int) -> torch.Tensor:
     return torch.tensor([-1] + [int(torch.randint(0, j, (1,), generator=g)) for j in range(1, t)])
 
 
-def _accept():
+def _tree9() -> tuple[torch.Tensor, torch.Tensor]:
+    """(parents, depths) [9] of a random tree."""
     parents = _parents(9)
     depths = torch.zeros(9, dtype=torch.long)
     for j in range(1, 9):
         depths[j] = depths[parents[j]] + 1
+    return parents, depths
+
+
+def _accept():
+    parents, depths = _tree9()
     g = torch.Generator().manual_seed(4)
     return TK.accept_path(torch.randint(0, 3, (9,), generator=g), parents, depths, ancestry(parents, check=False),
                           torch.randint(0, 3, (9,), generator=g), 4)
 
 
 def _sampled_walk():
-    parents = _parents(9)
-    depths = torch.zeros(9, dtype=torch.long)
-    for j in range(1, 9):
-        depths[j] = depths[parents[j]] + 1
+    parents, depths = _tree9()
     g = torch.Generator().manual_seed(7)
     kids = sibling_table_of(parents, 8)
     q_at = torch.rand(9, generator=g) + 0.1

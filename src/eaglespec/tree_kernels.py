@@ -490,6 +490,22 @@ def _ancestry_kernel(par_ptr, vis_ptr, T, DEPTH: tl.constexpr, RB: tl.constexpr,
     tl.store(vis_ptr + rows[:, None] * T + cols[None, :], reach.to(tl.uint8), mask=live[:, None] & (cols[None, :] < T))
 
 
+def _store_path(ok, dep, i, inside, vis_ptr, best_ptr, m_ptr, order_ptr, T, P, TB: tl.constexpr):
+    """The two acceptance kernels' end: best = the first deepest ok row (stored, and returned); its ancestry row is
+    the path, whose length m is stored and whose rows go first in `order` (in row order), then the others."""
+    score = tl.where(ok, dep, -1)
+    top = tl.reduce(score, 0, _max)
+    best = tl.reduce(tl.where(inside & (score == top), i, TB), 0, _min)
+    tl.store(best_ptr, best.to(tl.int64))
+    on = inside & (tl.load(vis_ptr + best * T + i, mask=inside, other=0) != 0)
+    m = tl.reduce(on.to(tl.int64), 0, _add)
+    tl.store(m_ptr, m)
+    on_before = tl.reduce(((i[None, :] < i[:, None]) & on[None, :]).to(tl.int64), 1, _add)  # [TB]
+    pos = tl.where(on, on_before, m + i - on_before)
+    tl.store(order_ptr + pos, i.to(tl.int64), mask=inside & (pos < P))
+    return best
+
+
 def _accept_path_kernel(tok_ptr, par_ptr, dep_ptr, vis_ptr, next_ptr, best_ptr, bonus_ptr, m_ptr, order_ptr, T, P,
                         TB: tl.constexpr, USE_GDC: tl.constexpr = False):
     """One program over the T tree rows: a row is ok when every visible row matches (its token is the target's
@@ -508,17 +524,8 @@ def _accept_path_kernel(tok_ptr, par_ptr, dep_ptr, vis_ptr, next_ptr, best_ptr, 
     vis = tl.load(vis_ptr + i[:, None] * T + i[None, :], mask=both, other=0)
     bad = ((vis != 0) & (match == 0)[None, :]).to(tl.int32)
     ok = inside & (tl.reduce(bad, 1, _max) == 0)
-    score = tl.where(ok, dep, -1)
-    top = tl.reduce(score, 0, _max)
-    best = tl.reduce(tl.where(inside & (score == top), i, TB), 0, _min)
-    tl.store(best_ptr, best.to(tl.int64))
+    best = _store_path(ok, dep, i, inside, vis_ptr, best_ptr, m_ptr, order_ptr, T, P, TB)
     tl.store(bonus_ptr, tl.load(next_ptr + best))
-    on = inside & (tl.load(vis_ptr + best * T + i, mask=inside, other=0) != 0)
-    m = tl.reduce(on.to(tl.int64), 0, _add)
-    tl.store(m_ptr, m)
-    on_before = tl.reduce(((i[None, :] < i[:, None]) & on[None, :]).to(tl.int64), 1, _add)  # [TB]
-    pos = tl.where(on, on_before, m + i - on_before)
-    tl.store(order_ptr + pos, i.to(tl.int64), mask=inside & (pos < P))
 
 
 def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_ptr, vis_ptr, dep_ptr, best_ptr,
@@ -551,22 +558,14 @@ def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_
     vis = tl.load(vis_ptr + i[:, None] * T + i[None, :], mask=both, other=0)
     bad = ((vis != 0) & (first == 0)[None, :]).to(tl.int32)
     ok = inside & (tl.reduce(bad, 1, _max) == 0)
-    dep = tl.load(dep_ptr + i, mask=inside, other=0)
-    score = tl.where(ok, dep, -1)
-    top = tl.reduce(score, 0, _max)
-    best = tl.reduce(tl.where(inside & (score == top), i, TB), 0, _min)
-    tl.store(best_ptr, best.to(tl.int64))
-    on = inside & (tl.load(vis_ptr + best * T + i, mask=inside, other=0) != 0)
-    m = tl.reduce(on.to(tl.int64), 0, _add)
-    tl.store(m_ptr, m)
-    on_before = tl.reduce(((i[None, :] < i[:, None]) & on[None, :]).to(tl.int64), 1, _add)  # [TB]
-    pos = tl.where(on, on_before, m + i - on_before)
-    tl.store(order_ptr + pos, i.to(tl.int64), mask=inside & (pos < P))
+    _store_path(ok, tl.load(dep_ptr + i, mask=inside, other=0), i, inside, vis_ptr, best_ptr, m_ptr, order_ptr, T, P,
+                TB)
 
 
 _JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_chunk_top_kernel",
            "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel", "_rank_top_kernel", "_expand_rows_kernel",
-           "_select_tree_kernel", "_accept_path_kernel", "_sampled_accept_path_kernel", "_ancestry_kernel")
+           "_select_tree_kernel", "_store_path", "_accept_path_kernel", "_sampled_accept_path_kernel",
+           "_ancestry_kernel")
 
 
 @functools.cache
