@@ -254,6 +254,7 @@ class RoundGraph:
             if sampling is None:  # 4. greedy acceptance (verify.greedy_accept's path, without its host read)
                 flat = FlatTree(tokens=tree.tokens, depths=tree.depths, parents=tree.parents, visible=visible)
                 best, bonus = greedy_path_end(flat, out_logits)  # [1], [1]
+                m = order = None  # from the path below
             else:  # 4. lossless rejection sampling (verify.sample_accept's recursion, as tensor ops)
                 p = process_logits(out_logits, sampling.target)  # [T, V]
                 kids = self.kids if self.kids is not None else sibling_table_of(tree.parents, self.spec.top_k)
@@ -272,7 +273,7 @@ class RoundGraph:
                     else:
                         final = residuals.index_select(0, best)  # [1, V]
                 bonus = race_argmax(final, self.race[None])  # [1]
-            if sampling is None or m is None:
+            if m is None:  # the path's length and order from its end (the torch walks)
                 on_path = visible.index_select(0, best)[0]  # [T]
                 m = on_path.sum()
                 order = path_first(on_path)[:P]  # path rows first, in depth order
