@@ -528,8 +528,9 @@ def test_accept_path_is_the_greedy_acceptance(t, p):
 
 @pytest.mark.parametrize("t,p,width", [(8, 3, 4), (26, 6, 10), (1, 4, 2), (61, 8, 10), (40, 8, 3)])
 def test_sampled_accept_path_is_the_sampled_walk(t, p, width):
-    """Random trees with their sibling tables (at most `width` children a node; the last case's table is wider
-    than any node's children), some children pruned (not live), tests that pass about half the time: the
+    """Random trees with their sibling tables (at most `width` children a node; odd trials cap a node's children
+    at 3, so the table can be wider than any row needs), some children pruned (not live), tests that pass about
+    half the time: the
     kernel's path end, length and row order are verify.sampled_path's and path_first's; also with tests placed so
     that a lower-rank sibling that passes must hide a higher-rank one that passes too."""
     from eaglespec.tree import ancestry
