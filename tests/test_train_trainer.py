@@ -99,6 +99,70 @@ def test_widened_mlp_keeps_the_loss_then_learns(method):
     assert mlp.down_proj.weight[:, narrow:].abs().sum() > 0
 
 
+def _fitted_head(drafter, model, seed: int = 0) -> torch.Tensor:
+    """Set drafter.lm_head to an exact linear map of the target's output embeddings of its draft ids
+    (E[ids] @ A + c); returns the stacked [A; c] [Ht + 1, H]."""
+    g = torch.Generator().manual_seed(seed)
+    emb = model.get_output_embeddings().weight.detach().float()
+    fit = torch.randn(emb.shape[1] + 1, drafter.cfg.hidden_size, generator=g) * 0.3
+    ids = drafter.to_target_ids(torch.arange(drafter.cfg.draft_vocab_size))
+    with torch.no_grad():
+        drafter.lm_head.weight.copy_(emb[ids] @ fit[:-1] + fit[-1])
+    return fit
+
+
+def test_grow_draft_vocab_keeps_the_rows_and_maps_the_new_ones():
+    """grow_draft_vocab (--init with a larger --draft-vocab): the kept ids' rows copied, the new ids the most
+    frequent others, sorted by id with d2t / t2d rebuilt, and the new rows from the least-squares map of the
+    target's embeddings (exact here: the old rows are such a map)."""
+    from eaglespec.train.trainer import grow_draft_vocab
+
+    model = sharp_target()
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(1)
+    old_ids = torch.randperm(vocab, generator=g)[:48].sort().values
+    drafter = new_drafter(model, "eagle3", old_ids, seed=0)
+    fit = _fitted_head(drafter, model)
+    before = drafter.lm_head.weight.clone()
+    h = torch.randn(5, drafter.cfg.hidden_size, generator=g)
+    logits_before = drafter.lm_head(h)
+    counts = torch.randint(0, 1000, (vocab,), generator=g)
+    counts[old_ids] = 0  # the kept ids join whatever their counts
+    ids = grow_draft_vocab(drafter, model, counts, 70)
+    others = torch.tensor([i for i in range(vocab) if i not in set(old_ids.tolist())])
+    want_new = others[torch.sort(counts[others], descending=True, stable=True).indices[:22]]
+    assert torch.equal(ids, torch.cat([old_ids, want_new]).sort().values)
+    assert drafter.cfg.draft_vocab_size == 70 and drafter.lm_head.weight.shape == (70, drafter.cfg.hidden_size)
+    assert torch.equal(drafter.to_target_ids(torch.arange(70)), ids)
+    assert torch.equal(drafter.t2d.nonzero().squeeze(1), ids)
+    slot = torch.searchsorted(ids, old_ids)
+    assert torch.equal(drafter.lm_head.weight[slot], before)  # the kept rows, bit for bit
+    torch.testing.assert_close(drafter.lm_head(h)[:, slot], logits_before)
+    emb = model.get_output_embeddings().weight.detach().float()
+    new_slot = torch.searchsorted(ids, want_new)
+    torch.testing.assert_close(drafter.lm_head.weight[new_slot], emb[want_new] @ fit[:-1] + fit[-1], rtol=1e-3, atol=1e-3)
+    full = grow_draft_vocab(drafter, model, counts, 10 ** 6)  # capped at the target's vocabulary
+    assert torch.equal(full, torch.arange(vocab)) and not drafter.d2t.any() and bool(drafter.t2d.all())
+
+
+def test_grown_vocab_trains_resumes_and_saves(tmp_path):
+    """train(init_from=..., draft_vocab=larger): the saved drafter has the grown vocabulary, and a run killed and
+    resumed (which grows the checkpoint again before loading its state) equals the uninterrupted one."""
+    model = sharp_target()
+    samples = greedy_samples(model, 24, new=10, seed=2)
+    src = _trained(tmp_path, model, samples)  # draft vocab 64
+    cfg = small_cfg(steps=4, save_every=2, init_from=str(src), draft_vocab=80)
+    full = train(model, samples, cfg, tmp_path / "a")
+    train(model, samples, cfg, tmp_path / "b", stop_after=3)
+    resumed = train(model, samples, small_cfg(steps=4, save_every=2), tmp_path / "b", resume=True)
+    a, b = full.drafter.state_dict(), resumed.drafter.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    saved = load_drafter(tmp_path / "a", target_num_layers=4)
+    assert saved.cfg.draft_vocab_size == 80 and saved.manifest["hyperparameters"]["draft_vocab"] == 80
+    grown = load_drafter(src, target_num_layers=4).to_target_ids(torch.arange(64))
+    assert bool(saved.t2d[grown].all())  # the checkpoint's ids are all still draft ids
+
+
 def test_unknown_ttt_attention_is_refused():
     model = sharp_target()
     with pytest.raises(EagleSpecError, match="--ttt-attention 'sparse'"):
@@ -400,8 +464,9 @@ def test_init_refuses_a_checkpoint_that_does_not_fit(tmp_path):
         assert "\n" not in str(err.value) and str(path) in str(err.value)
 
     refused(src, r"config.json: method eagle3 does not match --method hass", method="hass")
-    refused(src, r"draft_vocab_size 64 differs from --draft-vocab 50", draft_vocab=50)
+    refused(src, r"draft_vocab_size 64 is above --draft-vocab 50: --init grows", draft_vocab=50)
     init_drafter(src, model, small_cfg(draft_vocab=64))  # the same size is fine
+    init_drafter(src, model, small_cfg(draft_vocab=80))  # a larger one is grown by train (grow_draft_vocab)
     refused(src, r"eaglespec_manifest.json: .*weight_digest.*--init refuses it", target=sharp_target(seed=5))
     refused(src, r"'vocab_size' \(96\) does not match the target's vocabulary size 128", target=tiny_target(vocab=128))
     refused(src, r"eagle_aux_hidden_state_layer_ids.*out of range", target=sharp_target(layers=2))

@@ -40,7 +40,9 @@ def add_parser(subparsers) -> None:
                    help="how a TTT / HASS step attends: a dense mask over every step's keys (default), or factored: "
                         "the prefix block plus each row's own keys of the earlier steps (the same result, less work)")
     t.add_argument("--hass-steps", type=int, default=None, help="HASS alignment steps (3)")
-    t.add_argument("--draft-vocab", type=int, default=None, help="EAGLE-3 draft vocabulary size (32000, capped)")
+    t.add_argument("--draft-vocab", type=int, default=None,
+                   help="EAGLE-3 draft vocabulary size (32000, capped); with --init, a size above the checkpoint's "
+                        "grows its vocabulary (the most frequent answer tokens join)")
     t.add_argument("--noise", default=None, choices=["uniform", "length-scaled", "none"],
                    help="EAGLE-1/HASS feature noise: uniform U(-0.1,0.1) (paper) or length-scaled (reference code)")
     t.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")

@@ -48,6 +48,7 @@ from .vocab import select_draft_vocab, token_counts, vocab_maps
 
 STATE_FILE = "training_state.pt"
 LOG_FILE = "train_log.jsonl"
+GROW_RIDGE = 1e-3  # grow_draft_vocab: the ridge of the embedding-to-lm_head least-squares map
 
 
 @dataclass
@@ -261,9 +262,9 @@ def init_drafter(path: str | Path, model, cfg: TrainConfig, tokenizer=None) -> n
     if dc.method == "eagle3" and min(dc.aux_layer_ids) < 2:
         raise CheckpointError(cfile, f"aux layer ids {list(dc.aux_layer_ids)} start below 2: the trainer writes "
                                      "entering-layer ids >= 2")
-    if dc.method == "eagle3" and cfg.draft_vocab is not None and min(cfg.draft_vocab, vocab) != dc.draft_vocab_size:
-        raise CheckpointError(cfile, f"draft_vocab_size {dc.draft_vocab_size} differs from --draft-vocab "
-                                     f"{cfg.draft_vocab}: --init takes the draft vocabulary from the checkpoint")
+    if dc.method == "eagle3" and cfg.draft_vocab is not None and min(cfg.draft_vocab, vocab) < dc.draft_vocab_size:
+        raise CheckpointError(cfile, f"draft_vocab_size {dc.draft_vocab_size} is above --draft-vocab "
+                                     f"{cfg.draft_vocab}: --init grows a drafter's draft vocabulary, never shrinks it")
     bad = manifest_mismatches(drafter.manifest, model, tokenizer)
     if bad:
         raise CheckpointError(path / MANIFEST, f"the drafter was trained against another target ({'; '.join(bad)}): "
@@ -297,6 +298,41 @@ def widen_mlp(drafter: nn.Module, size: int, seed: int) -> None:
         mlp.down_proj = _linear_of(torch.cat([down.weight, down.weight.new_zeros(down.out_features, extra)], 1),
                                    down.bias)
     drafter.cfg = replace(drafter.cfg, intermediate_size=size)
+
+
+@torch.no_grad()
+def grow_draft_vocab(drafter: nn.Module, model, counts: torch.Tensor, size: int) -> torch.Tensor:
+    """Grow an EAGLE-3 drafter's draft vocabulary to `size` ids in place (`--init` with a larger --draft-vocab).
+
+    The drafter's draft ids stay; the most frequent other target ids by `counts` [V] join them (ties: the lower
+    id), and the new draft ids are the union sorted by id (contract 5: d2t / t2d rebuilt). A kept id's lm_head row
+    is copied. A new id's row is the target's output embedding of that id through the linear map (with a constant
+    term) that best takes the kept ids' target embeddings to their rows (least squares, ridge GROW_RIDGE): the new
+    rows start on the drafter's own logit scale rather than at zero, where tens of thousands of new tokens would
+    take a share of every distribution. drafter.cfg.draft_vocab_size becomes the new size. Returns the draft ids.
+    """
+    vocab = counts.numel()
+    head = drafter.lm_head.weight  # [Vd, H]
+    old = drafter.to_target_ids(torch.arange(head.shape[0], device=drafter.d2t.device)).cpu()  # [Vd]
+    boosted = counts.detach().cpu().long().clone()
+    boosted[old] = int(boosted.max()) + 1  # the kept ids first
+    ids = select_draft_vocab(boosted, min(size, vocab))  # [size] sorted, a superset of old
+    emb = model.get_output_embeddings().weight.detach().to(head.device, torch.float32)  # [V, Ht]
+    x = torch.cat([emb, emb.new_ones(vocab, 1)], 1)  # [V, Ht + 1]
+    xo = x[old.to(head.device)]
+    ridge = GROW_RIDGE * torch.eye(x.shape[1], device=head.device)
+    fit = torch.linalg.solve(xo.T @ xo + ridge, xo.T @ head.float())  # [Ht + 1, H]
+    rows = x[ids.to(head.device)] @ fit  # [size, H]
+    slot = torch.full((vocab,), -1, dtype=torch.long)
+    slot[old] = torch.arange(old.numel())
+    src = slot[ids].to(head.device)
+    kept = src >= 0
+    rows[kept] = head.float()[src[kept]]
+    drafter.lm_head = _linear_of(rows.to(head.dtype), None)
+    d2t, t2d = vocab_maps(ids, vocab)
+    drafter.d2t, drafter.t2d = d2t.to(drafter.d2t.device), t2d.to(drafter.t2d.device)
+    drafter.cfg = replace(drafter.cfg, draft_vocab_size=ids.numel())
+    return ids
 
 
 def _linear_of(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
@@ -774,7 +810,8 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
             raise EagleSpecError("--resume needs --out")
         st = read_training_state(out)
         # the saved run's drafter shape: its MLP width, and its checkpoint when it started from one
-        cfg = replace(cfg, intermediate_size=st["config"].get("intermediate_size"))
+        cfg = replace(cfg, intermediate_size=st["config"].get("intermediate_size"),
+                      draft_vocab=st["config"].get("draft_vocab"))
         if st["config"].get("init_from"):  # the saved run started from a checkpoint: same shapes and vocabulary
             cfg = replace(cfg, init_from=st["config"]["init_from"])
     torch.manual_seed(cfg.seed)
@@ -786,6 +823,13 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
     if cfg.init_from is not None and rank == 0 and not resume:
         _log(f"eaglespec train: starting from {cfg.init_from} (draft vocab {drafter.cfg.draft_vocab_size}, "
              f"{(getattr(drafter, 'manifest', None) or {}).get('trained_steps', '?')} steps trained there)")
+    if (drafter is not None and cfg.method == "eagle3" and cfg.draft_vocab is not None
+            and drafter.cfg.draft_vocab_size < min(cfg.draft_vocab, vocab)):
+        before = drafter.cfg.draft_vocab_size
+        grow_draft_vocab(drafter, model, token_counts(((s.ids, s.loss_mask) for s in train_s), vocab), cfg.draft_vocab)
+        if rank == 0 and not resume:
+            _log(f"eaglespec train: draft vocabulary grown {before} -> {drafter.cfg.draft_vocab_size} (the most "
+                 "frequent answer tokens; new lm_head rows mapped from the target's embeddings)")
     if drafter is None:
         draft_ids = None
         if cfg.method == "eagle3":
