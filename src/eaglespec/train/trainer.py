@@ -44,7 +44,7 @@ from .data import Packed, Sample, group_for_packing, pack, split_eval
 from .features import TargetBatch, TargetFeatures, soft_labels
 from .masks import prefix_visible, step_visible
 from .rows import RowPlan, compile_rows
-from .vocab import select_draft_vocab, token_counts, vocab_maps
+from .vocab import grown_draft_ids, select_draft_vocab, token_counts, vocab_maps
 
 STATE_FILE = "training_state.pt"
 LOG_FILE = "train_log.jsonl"
@@ -314,9 +314,7 @@ def grow_draft_vocab(drafter: nn.Module, model, counts: torch.Tensor, size: int)
     vocab = counts.numel()
     head = drafter.lm_head.weight  # [Vd, H]
     old = drafter.to_target_ids(torch.arange(head.shape[0], device=drafter.d2t.device)).cpu()  # [Vd]
-    boosted = counts.detach().cpu().long().clone()
-    boosted[old] = int(boosted.max()) + 1  # the kept ids first
-    ids = select_draft_vocab(boosted, min(size, vocab))  # [size] sorted, a superset of old
+    ids = grown_draft_ids(old, counts, size)  # [size] sorted, a superset of old
     emb = model.get_output_embeddings().weight.detach().to(head.device, torch.float32)  # [V, Ht]
     x = torch.cat([emb, emb.new_ones(vocab, 1)], 1)  # [V, Ht + 1]
     xo = x[old.to(head.device)]

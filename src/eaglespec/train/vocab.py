@@ -33,6 +33,14 @@ def select_draft_vocab(counts: torch.Tensor, size: int | None = None) -> torch.T
     return torch.sort(order[:size]).values
 
 
+def grown_draft_ids(draft_ids: torch.Tensor, counts: torch.Tensor, size: int) -> torch.Tensor:
+    """A draft vocabulary grown to `size` ids (capped at the vocabulary): every id of `draft_ids` kept, the most
+    frequent others by `counts` [V] added (ties: the lower id), sorted by id."""
+    boosted = counts.detach().cpu().long().clone()
+    boosted[draft_ids.cpu()] = int(boosted.max()) + 1  # the kept ids first
+    return select_draft_vocab(boosted, max(size, draft_ids.numel()))
+
+
 def vocab_maps(draft_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(d2t [Vd] long offsets, t2d [V] bool) for draft ids sorted ascending."""
     draft_ids = draft_ids.long()
