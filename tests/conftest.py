@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,6 +13,7 @@ from eaglespec.draft.eagle3 import Eagle3Drafter
 from eaglespec.target.hf import HFTarget
 
 VOCAB = 96
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -165,3 +169,11 @@ def without_onednn(monkeypatch):
     import eaglespec.linear
 
     monkeypatch.setattr(eaglespec.linear, "available", lambda: False)
+
+
+def bench_module(name: str):
+    """bench/<name>.py imported as a module (the bench scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

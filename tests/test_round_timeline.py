@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-PATH = Path(__file__).resolve().parents[1] / "bench" / "round_timeline.py"
+from conftest import bench_module
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("round_timeline", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("round_timeline")
 
 
 def test_union_merges_and_clips():

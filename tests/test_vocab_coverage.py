@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
 
-PATH = Path(__file__).resolve().parents[1] / "bench" / "vocab_coverage.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("vocab_coverage", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import bench_module
 
 
 def test_outside_share_and_grown_shares():
-    vc = _module()
+    vc = bench_module("vocab_coverage")
     in_vocab = torch.zeros(10, dtype=torch.bool)
     draft_ids = torch.tensor([1, 2, 5])
     in_vocab[draft_ids] = True
