@@ -105,7 +105,7 @@
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
 # Session 23's starting point (session 22, bench/RESULTS.md): the GPU recipe is session 22's below (5 parts of 19 MB;
 # the last stash call can carry .gpu/s22, run 9's prompts gzipped, for `CARRY=.gpu/s22 bash bench/gpu_x2.sh stash7`,
-# then vocab22a answers them in one ~300-s call). Found: 6.9% of the target's greedy MT-bench answer tokens are outside
+# then vocab22a answers them in one ~300-s call). Found: 5.2% of the target's greedy MT-bench answer tokens are outside
 # the 12,000 draft ids (bench/vocab_coverage.py); the drafter grown to 32,000 ids (vocab22b, 300 s) took MT-bench tau
 # 4.29 -> 4.57 over a same-data control but its head cost 8% more per round (net 0.97x), and cannot be one 15 MB
 # shard. Levers left: a cheaper drafter head (then a 16,000-20,000-id vocabulary), or the leads relaxing the shard
