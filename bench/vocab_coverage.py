@@ -26,6 +26,13 @@ from eaglespec.train.vocab import grown_draft_ids, token_counts
 from eaglespec.tree import TreeSpec
 
 
+def id_mask(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[vocab] bool, True at `ids`."""
+    mask = torch.zeros(vocab, dtype=torch.bool)
+    mask[ids] = True
+    return mask
+
+
 def outside_share(answers: list[list[int]], in_vocab: torch.Tensor) -> float:
     """The share of answer tokens whose id is not marked in `in_vocab` [V] bool."""
     ids = torch.tensor([x for a in answers for x in a], dtype=torch.long)
@@ -35,12 +42,7 @@ def outside_share(answers: list[list[int]], in_vocab: torch.Tensor) -> float:
 def grown_shares(answers: list[list[int]], draft_ids: torch.Tensor, counts: torch.Tensor,
                  sizes: list[int]) -> dict[int, float]:
     """{N: outside_share for the draft vocabulary grown to N ids by `counts`}."""
-    out = {}
-    for n in sizes:
-        mask = torch.zeros(counts.numel(), dtype=torch.bool)
-        mask[grown_draft_ids(draft_ids, counts, n)] = True
-        out[n] = outside_share(answers, mask)
-    return out
+    return {n: outside_share(answers, id_mask(grown_draft_ids(draft_ids, counts, n), counts.numel())) for n in sizes}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     es = EagleSpec.from_pretrained(device="cpu", dtype="float32", draft=args.draft, spec=TreeSpec("chain", depth=0))
     draft_ids = es.drafter.to_target_ids(torch.arange(es.drafter.d2t.numel()))
     vocab = es.drafter.t2d.numel()
-    in_vocab = torch.zeros(vocab, dtype=torch.bool)
-    in_vocab[draft_ids] = True
+    in_vocab = id_mask(draft_ids, vocab)
     answers = []
     for i, prompt in enumerate(load_prompts(args.dataset, args.limit)):
         res = es.engine.generate(es.encode(prompt), args.max_new_tokens, es.eos_ids())

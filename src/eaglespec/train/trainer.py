@@ -321,11 +321,7 @@ def grow_draft_vocab(drafter: nn.Module, model, counts: torch.Tensor, size: int)
     ridge = GROW_RIDGE * torch.eye(x.shape[1], device=head.device)
     fit = torch.linalg.solve(xo.T @ xo + ridge, xo.T @ head.float())  # [Ht + 1, H]
     rows = x[ids.to(head.device)] @ fit  # [size, H]
-    slot = torch.full((vocab,), -1, dtype=torch.long)
-    slot[old] = torch.arange(old.numel())
-    src = slot[ids].to(head.device)
-    kept = src >= 0
-    rows[kept] = head.float()[src[kept]]
+    rows[torch.searchsorted(ids, old).to(head.device)] = head.float()  # the kept rows (both id lists sorted)
     drafter.lm_head = _linear_of(rows.to(head.dtype), None)
     d2t, t2d = vocab_maps(ids, vocab)
     drafter.d2t, drafter.t2d = d2t.to(drafter.d2t.device), t2d.to(drafter.t2d.device)
