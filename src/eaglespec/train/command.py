@@ -1,4 +1,4 @@
-"""`eaglespec train` and `eaglespec regenerate` (DESIGN.md, the command-line contract)."""
+"""`eaglespec train`, `regenerate` and `synth-prompts` (DESIGN.md, the command-line contract)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _log(msg: str) -> None:
 
 
 def add_parser(subparsers) -> None:
-    """Register `train` and `regenerate`."""
+    """Register `train`, `regenerate` and `synth-prompts`."""
     t = subparsers.add_parser("train", help="train an EAGLE-3 / HASS / EAGLE-1 drafter for a frozen target")
     t.add_argument("--config", default=None, help="JSON file of options (flag names with _ ; flags override it)")
     t.add_argument("--target", default=None, help="target model (default: SmolLM2-135M-Instruct)")
@@ -93,6 +93,23 @@ def add_parser(subparsers) -> None:
     r.add_argument("--device", default=None)
     r.add_argument("--dtype", default=None)
     r.set_defaults(func=cmd_regenerate)
+
+    s = subparsers.add_parser("synth-prompts", help="user queries written by the target itself (Magpie), for "
+                                                    "regenerate to answer")
+    s.add_argument("--target", default=None, help="target model (default: SmolLM2-135M-Instruct)")
+    s.add_argument("--out", required=True, help="output JSONL (appended; rerun to resume)")
+    s.add_argument("--count", type=int, required=True, help="queries the output should hold")
+    s.add_argument("--batch-size", type=int, default=256, help="queries sampled together (256)")
+    s.add_argument("--max-new-tokens", type=int, default=256, help="longest query; longer ones are dropped (256)")
+    s.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (1.0)")
+    s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0: off)")
+    s.add_argument("--seed", type=int, default=0, help="another seed, other queries (0)")
+    s.add_argument("--exclude", default="mtbench,humaneval", metavar="LIST",
+                   help="drop queries sharing a 13-word run with these prompt sets (bench's --dataset names or "
+                        "files, comma-separated; default mtbench,humaneval where installed; '' for none)")
+    s.add_argument("--device", default=None)
+    s.add_argument("--dtype", default=None)
+    s.set_defaults(func=cmd_synth_prompts)
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -193,4 +210,38 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
                    temperature=args.temperature, max_turns=args.max_turns, limit=args.limit, seed=args.seed,
                    shard=shard)
     _log(f"eaglespec regenerate: wrote {n} conversations to {args.out}")
+    return 0
+
+
+def _exclusions(spec: str) -> list[str]:
+    """The prompts of each named set; the default benchmarks are skipped where their packages are not installed."""
+    from ..bench import load_prompts
+
+    texts: list[str] = []
+    for name in (n.strip() for n in spec.split(",") if n.strip()):
+        try:
+            texts += load_prompts(name)
+        except EagleSpecError as exc:
+            if name not in ("mtbench", "humaneval"):
+                raise EagleSpecError(f"--exclude {name}: {exc}") from None
+            _log(f"eaglespec synth-prompts: not excluding {name} ({exc})")
+    return texts
+
+
+def cmd_synth_prompts(args: argparse.Namespace) -> int:
+    from ..target.loading import load_target
+    from .synth import MAX_CHARS, MIN_CHARS, NGRAM, synthesize
+
+    for k in ("count", "batch_size", "max_new_tokens"):
+        if getattr(args, k) <= 0:
+            raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {getattr(args, k)}")
+    if args.temperature <= 0 or not 0 < args.top_p <= 1:
+        raise EagleSpecError(f"--temperature must be > 0 and --top-p in (0, 1], got {args.temperature}, {args.top_p}")
+    exclude = _exclusions(args.exclude)
+    model, tok = load_target(args.target, device=args.device, dtype=args.dtype)
+    st = synthesize(model, tok, args.out, args.count, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                    temperature=args.temperature, top_p=args.top_p, seed=args.seed, exclude=exclude)
+    _log(f"eaglespec synth-prompts: {args.out} holds {st['total']} queries ({st['kept']} new; dropped "
+         f"{st['unfinished']} unfinished, {st['length']} out of {MIN_CHARS}-{MAX_CHARS} characters, {st['duplicate']} duplicates, "
+         f"{st['excluded']} sharing a {NGRAM}-word run with --exclude)")
     return 0
