@@ -223,7 +223,7 @@ def _exclusions(spec: str) -> list[str]:
             texts += load_prompts(name)
         except EagleSpecError as exc:
             if name not in ("mtbench", "humaneval"):
-                raise EagleSpecError(f"--exclude {name}: {exc}") from None
+                raise EagleSpecError(f"--exclude {name}: {str(exc).removeprefix(f'--dataset {name}: ')}") from None
             _log(f"eaglespec synth-prompts: not excluding {name} ({exc})")
     return texts
 

@@ -27,7 +27,7 @@ MARKER = "EAGLESPEC_QUERY_7f3c"  # stands in for the user's text when the templa
 NGRAM = 13  # words in a run shared with an excluded text (GPT-3's decontamination length)
 MIN_CHARS, MAX_CHARS = 8, 1500  # make_prompts.py's bounds for ShareGPT user turns
 STALL = 3  # batches in a row without a kept query before giving up
-_ID = re.compile(r"^synth-s(\d+)-b(\d+)-\d+$")
+_ID = re.compile(r"^synth-s(-?\d+)-b(\d+)-\d+$")
 
 
 def query_prefix(tokenizer) -> tuple[str, str]:
@@ -65,6 +65,8 @@ def ngram_index(texts: Iterable[str], n: int = NGRAM) -> set[tuple[str, ...]]:
     index: set[tuple[str, ...]] = set()
     for text in texts:
         w = _words(text)
+        if not w:  # no words (e.g. "---"): nothing to match, and an empty run would match every query
+            continue
         index.update(tuple(w[i:i + n]) for i in range(max(1, len(w) - n + 1)))
     return index
 
@@ -100,21 +102,31 @@ def sample_queries(model, tokenizer, rows: int, *, max_new_tokens: int, temperat
 
 
 def _existing(out: Path, seed: int) -> tuple[list[str], int]:
-    """The queries already in `out` and the next batch number for this seed (a torn last line is dropped)."""
+    """The queries already in `out` and the next batch number for this seed. A torn last line (a killed run) is
+    dropped; any other line that is not a synth-prompts record is refused, so that no other file is rewritten."""
     if not out.is_file():
         return [], 0
-    queries, good, next_batch = [], [], 0
-    for line in out.read_text(encoding="utf-8").split("\n"):
+    lines = out.read_text(encoding="utf-8").split("\n")  # not splitlines (U+2028 inside a query)
+    queries, next_batch, torn = [], 0, False
+    for k, line in enumerate(lines):
+        if not line.strip():
+            continue
         try:
             rec = json.loads(line)
-            queries.append(rec["messages"][0]["content"])
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-            continue
-        good.append(line)
-        m = _ID.match(str(rec.get("id", "")))
-        if m and int(m.group(1)) == seed:
+            m = _ID.match(str(rec["id"]))
+            query = rec["messages"][0]["content"]
+            if m is None or not isinstance(query, str):
+                raise ValueError
+        except (ValueError, KeyError, IndexError, TypeError):  # JSONDecodeError is a ValueError
+            if k == len(lines) - 1:
+                torn = True
+                continue
+            raise EagleSpecError(f"{out}:{k + 1}: not a synth-prompts record; give another --out") from None
+        queries.append(query)
+        if int(m.group(1)) == seed:
             next_batch = max(next_batch, int(m.group(2)) + 1)
-    out.write_text("".join(g + "\n" for g in good), encoding="utf-8")
+    if torn:
+        out.write_text("".join(line + "\n" for line in lines[:-1] if line.strip()), encoding="utf-8")
     return queries, next_batch
 
 
