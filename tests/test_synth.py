@@ -110,6 +110,32 @@ def test_sample_queries_cut_at_the_first_stop_token(monkeypatch):
     assert (seen["do_sample"], seen["temperature"], seen["top_p"], seen["max_new_tokens"]) == (True, 0.7, 0.9, width)
 
 
+def test_a_plain_text_end_marker_ends_queries_as_a_string(monkeypatch):
+    """A template whose end-of-turn is plain text (as older Mistral tokenizers' " [/INST]"): its first token is an
+    ordinary byte, so it is not a stop id (a query would be cut at every space); generate gets it as a stop string and
+    the query is cut where the marker text appears, or at the eos."""
+    tok = byte_tokenizer()
+    tok.chat_template = "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
+    prefix, end = synth.query_prefix(tok)
+    assert (prefix, end) == ("[INST] ", " [/INST]")
+    assert synth.text_marker(tok, end) == "[/INST]" and synth.stop_ids(tok, end) == [2]
+    assert synth.text_marker(byte_tokenizer(), synth.query_prefix(byte_tokenizer())[1]) is None  # ChatML: special
+    model = tiny_target(vocab=BYTE_VOCAB)
+    conts = [enc(tok, "a b c [/INST] junk"), [*enc(tok, "ends by eos "), 2], enc(tok, "no end [/INS")]
+    width = max(map(len, conts))
+    new = torch.tensor([c + [0] * (width - len(c)) for c in conts])
+    seen = {}
+
+    def generate(input_ids, **kw):
+        seen.update(kw)
+        return torch.cat([input_ids, new], dim=1)
+
+    monkeypatch.setattr(model, "generate", generate)
+    got = synth.sample_queries(model, tok, 3, max_new_tokens=width, temperature=1.0, top_p=1.0, seed=0)
+    assert got == ["a b c", "ends by eos", None]
+    assert seen["stop_strings"] == ["[/INST]"] and seen["tokenizer"] is tok and seen["eos_token_id"] == [2]
+
+
 def _real_target():
     return tiny_target(vocab=BYTE_VOCAB), byte_tokenizer()
 

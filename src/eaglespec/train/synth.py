@@ -42,11 +42,26 @@ def query_prefix(tokenizer) -> tuple[str, str]:
     return prefix, end
 
 
+def _end_ids(tokenizer, end: str) -> list[int]:
+    return tokenizer(end, add_special_tokens=False)["input_ids"] if end.strip() else []
+
+
+def text_marker(tokenizer, end: str) -> str | None:
+    """The template's end-of-turn text when it is plain text (e.g. " [/INST]" in older Mistral tokenizers), not one
+    special token: a query then ends where that string appears. None for a special-token marker or none at all."""
+    ids = _end_ids(tokenizer, end)
+    if not ids:
+        return None
+    special = set(getattr(tokenizer, "all_special_ids", [])) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    return end.strip() if ids[0] not in special else None
+
+
 def stop_ids(tokenizer, end: str) -> list[int]:
-    """Token ids that end a user query: the first token of the template's end-of-turn text, and the EOS."""
-    ids = tokenizer(end, add_special_tokens=False)["input_ids"] if end.strip() else []
-    out = ids[:1] + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
-    if not out:
+    """Token ids that end a user query: the template's end-of-turn token (when it is a special token) and the EOS."""
+    ids = _end_ids(tokenizer, end)
+    out = ids[:1] if text_marker(tokenizer, end) is None else []
+    out += [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    if not out and text_marker(tokenizer, end) is None:
         raise EagleSpecError("the chat template has no end-of-turn marker and the tokenizer no EOS: a query "
                              "could not end")
     return sorted(set(out))
@@ -85,19 +100,24 @@ def sample_queries(model, tokenizer, rows: int, *, max_new_tokens: int, temperat
                    seed: int) -> list[str | None]:
     """`rows` queries sampled from the template's user prefix; None where the model did not end the turn."""
     prefix, end = query_prefix(tokenizer)
-    stops = stop_ids(tokenizer, end)
+    stops, marker = stop_ids(tokenizer, end), text_marker(tokenizer, end)
     ids = tokenizer(prefix, add_special_tokens=False, return_tensors="pt")["input_ids"]  # [1, P]
     dev = next(model.parameters()).device
     torch.manual_seed(seed)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops or [0])[0]
+    by_text = {"stop_strings": [marker], "tokenizer": tokenizer} if marker else {}
     out = model.generate(ids.repeat(rows, 1).to(dev), attention_mask=torch.ones(rows, ids.shape[1], dtype=torch.long,
                          device=dev), do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
-                         max_new_tokens=max_new_tokens, eos_token_id=stops, pad_token_id=pad)
+                         max_new_tokens=max_new_tokens, eos_token_id=stops or None, pad_token_id=pad, **by_text)
     new = out[:, ids.shape[1]:].cpu()  # [rows, <= max_new_tokens]
     queries: list[str | None] = []
     for row in new.tolist():
         cut = next((i for i, t in enumerate(row) if t in stops), None)
-        queries.append(None if cut is None else tokenizer.decode(row[:cut], skip_special_tokens=True).strip())
+        text = tokenizer.decode(row[:cut], skip_special_tokens=True)
+        at = text.find(marker) if marker else -1
+        if at >= 0:
+            text, cut = text[:at], at
+        queries.append(None if cut is None else text.strip())
     return queries
 
 
