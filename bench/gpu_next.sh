@@ -113,7 +113,9 @@
 #   6. carry [WHEEL_NAME, .gpu/whl, install.sh]: `bash .gpu/install.sh >/dev/null && export PYTHONPATH=$HOME/site:$PWD/src
 #      EAGLESPEC_COMMIT=<hash> && OUT=$OUT TAG=s24 SEED=1 ANSWER_TEMP=0.7 SYNTH_N=26000 SYNTH_S=210 REGEN_S=300 bash
 #      bench/gpu_x2.sh synth23` (new queries, answers sampled at T=0.7 for the T=1 loss seen in session 23)
-#   7. `... OUT=$OUT TAG=s24 RUN_S=460 bash bench/gpu_x2.sh synth23b` (run 12 -> run 13 on s23 + s24, ~50k conversations)
+#   7. `... OUT=$OUT TAG=s24 RUN_S=460 VOCAB=13000 bash bench/gpu_x2.sh synth23b` (run 12 -> run 13 on s23 + s24, ~50k
+#      conversations; VOCAB=13000 grows the draft ids by the synthesized answers' counts: on CPU MT-bench's tokens
+#      outside them 5.16% -> 4.32%; leave it out to change one thing at a time)
 #   8. `... OUT=$OUT TAG=s24 T1=1 bash bench/gpu_x2.sh synth23c` (run 13 against run 12 in one process), then ship it
 #      (draft.tgz.part* from step 7) if it wins, and rerun `bench18` with it as the default.
 # Session 23's starting point (session 22, bench/RESULTS.md): the GPU recipe is session 22's below (5 parts of 19 MB;

