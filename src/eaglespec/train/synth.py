@@ -58,10 +58,10 @@ def text_marker(tokenizer, end: str) -> str | None:
 
 def stop_ids(tokenizer, end: str) -> list[int]:
     """Token ids that end a user query: the template's end-of-turn token (when it is a special token) and the EOS."""
-    ids = _end_ids(tokenizer, end)
-    out = ids[:1] if text_marker(tokenizer, end) is None else []
+    marker = text_marker(tokenizer, end)
+    out = _end_ids(tokenizer, end)[:1] if marker is None else []
     out += [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    if not out and text_marker(tokenizer, end) is None:
+    if not out and marker is None:
         raise EagleSpecError("the chat template has no end-of-turn marker and the tokenizer no EOS: a query "
                              "could not end")
     return sorted(set(out))
@@ -87,12 +87,12 @@ def ngram_index(texts: Iterable[str], n: int = NGRAM) -> set[tuple[str, ...]]:
 
 
 def shares_ngram(text: str, index: set[tuple[str, ...]], n: int = NGRAM) -> bool:
-    """Whether `text` holds a run of `index` (the runs of texts shorter than n words are matched by their length)."""
+    """Whether `text` holds a run of `index` (the runs of texts shorter than n words are matched by their length:
+    every length up to n is looked up, which costs per word of `text`, not per entry of `index`)."""
     if not index:
         return False
     w = _words(text)
-    sizes = {len(g) for g in index}
-    return any(tuple(w[i:i + k]) in index for k in sizes for i in range(len(w) - k + 1))
+    return any(tuple(w[i:i + k]) in index for k in range(1, n + 1) for i in range(len(w) - k + 1))
 
 
 @torch.no_grad()
@@ -176,12 +176,13 @@ def synthesize(model, tokenizer, out: str | Path, count: int, *, batch_size: int
             for j, q in enumerate(queries):
                 if len(have) >= count:
                     break
+                key = None if q is None else _norm(q)
                 why = ("unfinished" if q is None else "length" if not MIN_CHARS <= len(q) <= MAX_CHARS
-                       else "duplicate" if _norm(q) in seen else "excluded" if shares_ngram(q, index) else None)
+                       else "duplicate" if key in seen else "excluded" if shares_ngram(q, index) else None)
                 if why is not None:
                     stats[why] += 1
                     continue
-                seen.add(_norm(q))
+                seen.add(key)
                 have.append(q)
                 stats["kept"] += 1
                 rec = {"id": f"synth-s{seed}-b{batch}-{j}",
