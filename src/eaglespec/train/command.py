@@ -220,10 +220,10 @@ def _exclusions(spec: str) -> list[str]:
     texts: list[str] = []
     for name in (n.strip() for n in spec.split(",") if n.strip()):
         try:
-            texts += load_prompts(name)
+            texts += load_prompts(name, flag="--exclude")
         except EagleSpecError as exc:
             if name not in ("mtbench", "humaneval"):
-                raise EagleSpecError(f"--exclude {name}: {str(exc).removeprefix(f'--dataset {name}: ')}") from None
+                raise
             _log(f"eaglespec synth-prompts: not excluding {name} ({exc})")
     return texts
 
