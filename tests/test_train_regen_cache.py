@@ -9,9 +9,9 @@ import torch
 
 from eaglespec.checkpoint.manifest import build_manifest
 from eaglespec.errors import EagleSpecError
-from eaglespec.train.data import pack
+from eaglespec.train.data import pack, read_resumable
 from eaglespec.train.features import TargetFeatures, open_feature_cache, write_feature_cache
-from eaglespec.train.regenerate import parse_shard, regenerate
+from eaglespec.train.regenerate import done_ids, parse_shard, regenerate
 from train_helpers import greedy_samples, sharp_target
 
 
@@ -57,6 +57,38 @@ def test_regenerate_batched_and_resumable(tmp_path):
                          max_new_tokens=6, do_sample=False, pad_token_id=0)[0, len(prompt):]
     first = next(r for r in recs if r["id"] == "c0")
     assert first["messages"][1]["content"] == tok.decode(ref).strip()
+
+
+@pytest.mark.parametrize("lines", [
+    [json.dumps({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "a"}]})],  # ShareGPT
+    ['{"id": "c0", "messages": []}', "a note, not JSON", '{"id": "c1", "messages": []}'],  # a bad middle line
+    ["plain text that is not JSON at all"],  # one unparsable line that none of our writers began
+])
+def test_regenerate_refuses_an_out_file_it_did_not_write(tmp_path, lines):
+    """An --out that is not a regenerate output is refused by file and line, and left byte for byte as it was
+    (the old resume kept only the lines that parsed and rewrote the file with them)."""
+    data = tmp_path / "in.jsonl"
+    data.write_text(json.dumps({"id": "c9", "messages": [{"role": "user", "content": "q"},
+                                                          {"role": "assistant", "content": "a"}]}) + "\n")
+    out = tmp_path / "mine.jsonl"
+    text = "\n".join(lines)  # no newline at the end either
+    out.write_text(text)
+    with pytest.raises(EagleSpecError, match=r"mine.jsonl:\d+: not a regenerated conversation"):
+        regenerate(sharp_target(), CharTokenizer(), data, out, max_new_tokens=2, progress=False)
+    assert out.read_text() == text
+
+
+def test_read_resumable_ends_a_whole_last_line_and_drops_only_our_torn_one(tmp_path):
+    out = tmp_path / "o.jsonl"
+    out.write_text('{"id": "a", "messages": []}\n{"id": "b", "messages": []}')  # killed before the last newline
+    assert done_ids(out) == {"a", "b"}
+    assert out.read_text() == '{"id": "a", "messages": []}\n{"id": "b", "messages": []}\n'  # an append starts afresh
+    out.write_text('{"id": "a", "messages": []}\n{"id": "b", "mess')
+    assert done_ids(out) == {"a"} and out.read_text() == '{"id": "a", "messages": []}\n'
+    assert read_resumable(tmp_path / "none.jsonl", dict, "x") == []
+    out.write_text('{"id": "a", "messages": []}\n\n{"id": "b", "messages": "oops"}\n')
+    with pytest.raises(EagleSpecError, match=r"o.jsonl:3: not x; give another --out"):
+        read_resumable(out, lambda r: r["messages"] + [], "x")  # str + list: a TypeError, refused, not dropped
 
 
 def test_sampled_regeneration_follows_its_seed(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,39 @@ def iter_records(path: str | Path) -> Iterator[Any]:
             yield json.loads(line)
         except json.JSONDecodeError as exc:
             raise EagleSpecError(f"{path}:{lineno}: malformed JSONL line ({exc.msg})") from None
+
+
+TORN_HEAD = '{"id": '  # how every line regenerate and synth-prompts write begins (json.dumps, "id" first)
+
+
+def read_resumable(path: Path, check: Callable[[Any], Any], what: str) -> list[Any]:
+    """The records of a JSONL output that a killed run resumes: `check(record)` returns what to keep or raises
+    ValueError/KeyError/IndexError/TypeError. A torn last line (a kill mid-write: one of ours, cut before it parses)
+    is dropped, and a whole last line missing its newline gets one, so that an append cannot join it; any other bad
+    line is refused, naming the file and line, and then nothing is rewritten."""
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")  # not splitlines (U+2028 inside a string)
+    kept, torn = [], False
+    for k, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if k == len(lines) - 1 and line.startswith(TORN_HEAD):
+                torn = True
+                continue
+            raise EagleSpecError(f"{path}:{k + 1}: not {what} (not JSON); give another --out") from None
+        try:
+            kept.append(check(rec))
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise EagleSpecError(f"{path}:{k + 1}: not {what}; give another --out") from None
+    if torn or (text.strip() and not text.endswith("\n")):
+        whole = lines[:-1] if torn else lines
+        path.write_text("".join(line + "\n" for line in whole if line.strip()), encoding="utf-8")
+    return kept
 
 
 def normalize_messages(record: Any, where: str) -> list[dict[str, str]]:

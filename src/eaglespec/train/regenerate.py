@@ -18,24 +18,19 @@ from pathlib import Path
 import torch
 
 from ..errors import EagleSpecError
-from .data import read_conversations
+from .data import read_conversations, read_resumable
 
 
 def done_ids(out_path: Path) -> set[str]:
-    """Ids already in the output (a torn last line from a kill is ignored and rewritten later)."""
-    done: set[str] = set()
-    if not out_path.is_file():
-        return done
-    good = []
-    for line in out_path.read_text(encoding="utf-8").split("\n"):  # not splitlines (U+2028)
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        done.add(str(rec.get("id")))
-        good.append(line)
-    out_path.write_text("".join(g + "\n" for g in good), encoding="utf-8")  # drop a torn tail
-    return done
+    """Ids already in the output (read_resumable: a torn last line from a kill is dropped and rewritten later; a
+    file that is not a regenerate output is refused, never rewritten)."""
+
+    def check(rec: dict) -> str:
+        if not isinstance(rec["messages"], list):
+            raise TypeError
+        return str(rec["id"])
+
+    return set(read_resumable(out_path, check, "a regenerated conversation ({id, messages})"))
 
 
 def parse_shard(text: str) -> tuple[int, int]:

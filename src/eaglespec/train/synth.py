@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..errors import EagleSpecError
+from .data import read_resumable
 
 MARKER = "EAGLESPEC_QUERY_7f3c"  # stands in for the user's text when the template is rendered
 NGRAM = 13  # words in a run shared with an excluded text (GPT-3's decontamination length)
@@ -122,32 +123,19 @@ def sample_queries(model, tokenizer, rows: int, *, max_new_tokens: int, temperat
 
 
 def _existing(out: Path, seed: int) -> tuple[list[str], int]:
-    """The queries already in `out` and the next batch number for this seed. A torn last line (a killed run) is
-    dropped; any other line that is not a synth-prompts record is refused, so that no other file is rewritten."""
-    if not out.is_file():
-        return [], 0
-    lines = out.read_text(encoding="utf-8").split("\n")  # not splitlines (U+2028 inside a query)
-    queries, next_batch, torn = [], 0, False
-    for k, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            m = _ID.match(str(rec["id"]))
-            query = rec["messages"][0]["content"]
-            if m is None or not isinstance(query, str):
-                raise ValueError
-        except (ValueError, KeyError, IndexError, TypeError):  # JSONDecodeError is a ValueError
-            if k == len(lines) - 1:
-                torn = True
-                continue
-            raise EagleSpecError(f"{out}:{k + 1}: not a synth-prompts record; give another --out") from None
-        queries.append(query)
-        if int(m.group(1)) == seed:
-            next_batch = max(next_batch, int(m.group(2)) + 1)
-    if torn:
-        out.write_text("".join(line + "\n" for line in lines[:-1] if line.strip()), encoding="utf-8")
-    return queries, next_batch
+    """The queries already in `out` and the next batch number for this seed (read_resumable: a torn last line is
+    dropped; any other line that is not a synth-prompts record is refused, so that no other file is rewritten)."""
+
+    def check(rec: dict) -> tuple[str, re.Match]:
+        m = _ID.match(str(rec["id"]))
+        query = rec["messages"][0]["content"]
+        if m is None or not isinstance(query, str):
+            raise ValueError
+        return query, m
+
+    records = read_resumable(out, check, "a synth-prompts record")
+    batches = [int(m.group(2)) + 1 for _, m in records if int(m.group(1)) == seed]
+    return [q for q, _ in records], max(batches, default=0)
 
 
 def synthesize(model, tokenizer, out: str | Path, count: int, *, batch_size: int = 256, max_new_tokens: int = 256,
