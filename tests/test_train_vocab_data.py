@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eaglespec.errors import EagleSpecError
-from eaglespec.train.data import pack, read_conversations, tokenize_conversation
+from eaglespec.train.data import Sample, pack, read_conversations, split_eval, tokenize_conversation
 from eaglespec.train.vocab import select_draft_vocab, token_counts, vocab_maps
 
 
@@ -101,3 +101,35 @@ def test_jsonl_with_unicode_line_separator(tmp_path):
     p.write_text(json.dumps(rec, ensure_ascii=False) + "\n" + json.dumps(rec, ensure_ascii=False) + "\n", encoding="utf-8")
     got = read_conversations(p)
     assert len(got) == 2 and got[0]["messages"][0]["content"] == "a\u2028b"
+
+
+def _sample(prompt: list[int], answer: list[int]) -> Sample:
+    ids = torch.tensor(prompt + answer)
+    return Sample(ids, torch.tensor([False] * len(prompt) + [True] * len(answer)))
+
+
+def test_split_eval_keeps_every_answer_to_a_prompt_on_one_side():
+    """Greedy and sampled answers to one query must not straddle the split (a held-out top-1 on prompts trained
+    on, as runs 2-10's numbers were): group by the tokens before the first loss token."""
+    samples = [_sample([1, p, p], [a, a + 1]) for p in range(3, 43) for a in (50, 60, 70)]  # 40 prompts x 3 answers
+    train, ev = split_eval(samples, 0.1, seed=0)
+    assert len(train) + len(ev) == 120 and len(ev) == 12  # 4 whole prompts
+    held = {tuple(s.ids[:3].tolist()) for s in ev}
+    assert len(held) == 4 and not held & {tuple(s.ids[:3].tolist()) for s in train}
+    def names(part):
+        return [id(s) for s in part]
+
+    assert names(split_eval(samples, 0.1, seed=0)[1]) == names(ev) != names(split_eval(samples, 0.1, seed=1)[1])
+    for seed in range(6):  # a group that does not fit is skipped, never split
+        train, ev = split_eval([_sample([1, 2], [3]), _sample([1, 2], [4]), _sample([5], [6])], 0.5, seed=seed)
+        assert sorted(len(s.ids) for s in ev) in ([2], [3, 3]) and train
+
+
+def test_split_eval_with_distinct_prompts_is_the_plain_seeded_permutation():
+    samples = [_sample([p], [p + 100]) for p in range(50)]
+    _, ev = split_eval(samples, 0.2, seed=3)
+    perm = torch.randperm(50, generator=torch.Generator().manual_seed(3)).tolist()
+    assert [int(s.ids[0]) for s in ev] == sorted(perm[:10])
+    assert split_eval(samples, 0.0)[1] == [] and split_eval(samples[:1], 0.5)[1] == []
+    one = [_sample([7, 7], [a]) for a in range(5)]  # one prompt only: it stays in training
+    assert split_eval(one, 0.5) == (one, [])

@@ -393,10 +393,30 @@ def group_for_packing(samples: Sequence[Sample], max_tokens: int) -> list[list[S
     return groups
 
 
+def _prompt_key(sample: Sample) -> bytes:
+    """The tokens before the first loss token (the prompt): two answers to one prompt share it."""
+    mask = sample.loss_mask
+    first = int(mask.to(torch.uint8).argmax()) if bool(mask.any()) else len(mask)
+    return sample.ids[:first].numpy().tobytes()
+
+
 def split_eval(samples: Sequence[Sample], fraction: float, seed: int = 0) -> tuple[list[Sample], list[Sample]]:
-    """Deterministic train/eval split (at least one eval sample when fraction > 0 and n >= 2)."""
+    """Deterministic train/eval split by prompt: every answer to one prompt (greedy and sampled regenerations of the
+    same query) falls on the same side, so the held-out numbers are on prompts never trained on. Groups are drawn
+    in a seeded order, each if it fits in round(n * fraction) samples (the first group always, unless it is all
+    of them); with distinct prompts this is a plain seeded permutation of the samples."""
     n = len(samples)
     n_eval = 0 if fraction <= 0 or n < 2 else max(1, round(n * fraction))
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-    ev = set(perm[:n_eval])
+    groups: dict[bytes, list[int]] = {}
+    for i, sample in enumerate(samples):
+        groups.setdefault(_prompt_key(sample), []).append(i)
+    members = list(groups.values())  # in first-appearance order
+    perm = torch.randperm(len(members), generator=torch.Generator().manual_seed(seed)).tolist()
+    ev: set[int] = set()
+    for g in perm:
+        if len(ev) >= n_eval:
+            break
+        size = len(members[g])
+        if len(ev) + size <= n_eval or (not ev and size < n):  # the first group may overshoot; train never empty
+            ev.update(members[g])
     return [s for i, s in enumerate(samples) if i not in ev], [samples[i] for i in sorted(ev)]
