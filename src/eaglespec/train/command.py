@@ -53,7 +53,7 @@ def add_parser(subparsers) -> None:
     t.add_argument("--warmup-steps", type=int, default=None)
     t.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (0: at the end)")
     t.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (0: at the end)")
-    t.add_argument("--eval-fraction", type=float, default=None, help="held-out fraction of the data (0.02)")
+    t.add_argument("--eval-fraction", type=float, default=None, help="held-out fraction of the data, split by prompt (0.02)")
     t.add_argument("--log-every", type=int, default=None)
     t.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="fit the schedule (warmup + cosine) into this many seconds of training steps, timed over "
