@@ -11,7 +11,7 @@ from eaglespec.checkpoint.manifest import build_manifest
 from eaglespec.errors import EagleSpecError
 from eaglespec.train.data import pack, read_resumable
 from eaglespec.train.features import TargetFeatures, open_feature_cache, write_feature_cache
-from eaglespec.train.regenerate import done_ids, parse_shard, regenerate
+from eaglespec.train.regenerate import done_ids, length_batches, parse_shard, regenerate
 from train_helpers import greedy_samples, sharp_target
 
 
@@ -112,6 +112,21 @@ def test_sampled_regeneration_follows_its_seed(tmp_path):
     assert answers(2, "c.jsonl") != first
 
 
+def test_length_batches_group_alike_lengths_in_a_random_order():
+    """Each batch holds neighbours in length (little padding) and the batches do not run shortest first: a run cut by
+    its time limit after half the batches has answered long prompts too (the sorted order answered the shortest)."""
+    convs = [{"id": f"c{n}", "messages": [{"role": "user", "content": "q" * n}]} for n in range(40, 0, -1)]
+    batches = length_batches(convs, 4)
+    assert sorted(len(b) for b in batches) == [4] * 10
+    lengths = [[len(c["messages"][0]["content"]) for c in b] for b in batches]
+    assert sorted(n for b in lengths for n in b) == list(range(1, 41))  # every conversation once
+    assert all(b == list(range(b[0], b[0] + 4)) and b[0] % 4 == 1 for b in lengths)  # 4 neighbours each
+    first_half = [n for b in lengths[:5] for n in b]
+    assert max(first_half) > 20 and min(first_half) <= 20  # both halves of the length range
+    assert lengths != sorted(lengths) and length_batches(convs, 4) == batches  # shuffled, and the same each time
+    assert length_batches(convs, 4, seed=1) != batches
+
+
 def test_regenerate_shards_split_one_file(tmp_path):
     """N shards, each with its own output, write every conversation exactly once, in parts of alike lengths (every
     N-th of the length-sorted file); a resumed shard takes up its own part; a bad --shard is one clear error."""
@@ -130,11 +145,11 @@ def test_regenerate_shards_split_one_file(tmp_path):
         return [json.loads(line)["id"] for line in (tmp_path / f"out{i}.jsonl").read_text().splitlines()]
 
     assert run(0) == 4 and run(1) == 3
-    assert ids(0) == ["c1", "c3", "c5", "c7"] and ids(1) == ["c2", "c4", "c6"]
+    assert sorted(ids(0)) == ["c1", "c3", "c5", "c7"] and sorted(ids(1)) == ["c2", "c4", "c6"]
     out0 = tmp_path / "out0.jsonl"
     out0.write_text("".join(line + "\n" for line in out0.read_text().splitlines()[:2]))  # killed after 2
     assert run(0) == 2 and run(1) == 0
-    assert ids(0) == ["c1", "c3", "c5", "c7"] and ids(1) == ["c2", "c4", "c6"]
+    assert sorted(ids(0)) == ["c1", "c3", "c5", "c7"] and sorted(ids(1)) == ["c2", "c4", "c6"]
     for bad in ("2/2", "1", "a/b", "0/0", "-1/2"):
         with pytest.raises(EagleSpecError, match="--shard"):
             parse_shard(bad)

@@ -6,12 +6,15 @@ regenerated earlier answers), batched across conversations with left padding. Th
 ({"id", "messages"} in OpenAI form), appended one conversation at a time: an interrupted run is
 resumed by running the same command again (ids already written are skipped). `shard=(i, n)` takes every n-th
 conversation of the length-sorted file from the i-th on, so that n processes (one per GPU, each with its own output)
-split one file into parts of alike lengths; a resumed shard takes the same part.
+split one file into parts of alike lengths; a resumed shard takes the same part. Each batch holds conversations of
+alike lengths (little padding), and the batches run in a seeded random order: a run cut short by a time limit has
+answered a sample of every length, not the shortest prompts (session 25's run answered only the shortest 60%).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -55,6 +58,14 @@ def _prompts_until_turn(messages: list[dict], turn: int) -> list[dict] | None:
     return None
 
 
+def length_batches(convs: list[dict], batch_size: int, seed: int = 0) -> list[list[dict]]:
+    """Batches of `batch_size` conversations of alike first-message lengths, in a seeded random order."""
+    ranked = sorted(convs, key=lambda c: len(c["messages"][0]["content"]))
+    batches = [ranked[i:i + batch_size] for i in range(0, len(ranked), batch_size)]
+    random.Random(seed).shuffle(batches)
+    return batches
+
+
 @torch.no_grad()
 def generate_batch(model, tokenizer, chats: list[list[dict]], max_new_tokens: int, temperature: float,
                    max_prompt_tokens: int) -> list[str]:
@@ -93,9 +104,8 @@ def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_siz
 
     out = Path(out)
     convs = read_conversations(data, limit)
-    convs.sort(key=lambda c: len(c["messages"][0]["content"]))  # similar lengths batch together
     if shard is not None:
-        convs = convs[shard[0]::shard[1]]
+        convs = sorted(convs, key=lambda c: len(c["messages"][0]["content"]))[shard[0]::shard[1]]
     done = done_ids(out)
     todo = [c for c in convs if c["id"] not in done]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -103,8 +113,8 @@ def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_siz
     bar = tqdm(total=len(convs), initial=len(convs) - len(todo), desc="regenerate", disable=not progress,
                file=sys.stderr, dynamic_ncols=True)
     with open(out, "a", encoding="utf-8") as f:
-        for first in range(0, len(todo), batch_size):
-            batch = [[dict(m) for m in c["messages"]] for c in todo[first:first + batch_size]]
+        for group in length_batches(todo, batch_size):
+            batch = [[dict(m) for m in c["messages"]] for c in group]
             kept: list[list[dict]] = [[] for _ in batch]  # regenerated conversation so far
             turn = 0
             while max_turns is None or turn < max_turns:
@@ -122,7 +132,7 @@ def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_siz
                     batch[i][idx] = {"role": "assistant", "content": answer}
                     kept[i] = batch[i][: idx + 1]
                 turn += 1
-            for conv, msgs in zip(todo[first:first + batch_size], kept):
+            for conv, msgs in zip(group, kept):
                 if msgs:
                     f.write(json.dumps({"id": conv["id"], "messages": msgs}, ensure_ascii=False) + "\n")
                     written += 1
