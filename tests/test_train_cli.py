@@ -12,7 +12,14 @@ def test_train_flags_parse():
                                       "--resume"])
     assert (args.method, args.steps, args.ttt_steps, args.draft_vocab, args.resume) == ("hass", 5, 4, 100, True)
     r = build_parser().parse_args(["regenerate", "--target", "T", "--data", "a", "--out", "b", "--seed", "3"])
-    assert r.func.__name__ == "cmd_regenerate" and r.seed == 3
+    assert r.func.__name__ == "cmd_regenerate" and r.seed == 3 and r.decoder == "hf"
+
+
+def test_regenerate_bad_decoder_is_one_line_before_loading(tmp_path, capsys):
+    assert main(["regenerate", "--target", str(tmp_path / "nothing"), "--data", "a", "--out", "b",
+                 "--decoder", "vllm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["eaglespec: error: --decoder 'vllm': expected one of hf, static, auto"]
 
 
 def test_train_bad_config_and_values(tmp_path, capsys):

@@ -59,6 +59,28 @@ def test_regenerate_batched_and_resumable(tmp_path):
     assert first["messages"][1]["content"] == tok.decode(ref).strip()
 
 
+def test_static_decoder_writes_hf_generates_greedy_answers(tmp_path):
+    """--decoder static (target/batched.py) writes what HF generate writes, greedy, multi-turn, with left padding:
+    prompts of different lengths in one batch; an unsupported choice is one clear error."""
+    model = sharp_target()
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"id": f"c{i}", "conversations": [
+        {"from": "human", "value": "q" * (1 + 3 * i)}, {"from": "gpt", "value": "old"},
+        {"from": "human", "value": f"and {i}?"}, {"from": "gpt", "value": "old2"}]}) + "\n" for i in range(6)))
+
+    def answers(decoder: str) -> dict[str, list]:
+        out = tmp_path / f"{decoder}.jsonl"
+        assert regenerate(model, CharTokenizer(), data, out, batch_size=4, max_new_tokens=9, progress=False,
+                          decoder=decoder) == 6
+        return {r["id"]: r["messages"] for r in map(json.loads, out.read_text().splitlines())}
+
+    hf = answers("hf")
+    assert answers("static") == hf and answers("auto") == hf
+    assert len({m[1]["content"] for m in hf.values()}) > 1  # the prompts lead to different answers
+    with pytest.raises(EagleSpecError, match="--decoder 'fast'"):
+        regenerate(model, CharTokenizer(), data, tmp_path / "x.jsonl", progress=False, decoder="fast")
+
+
 @pytest.mark.parametrize("lines", [
     [json.dumps({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "a"}]})],  # ShareGPT
     ['{"id": "c0", "messages": []}', "a note, not JSON", '{"id": "c1", "messages": []}'],  # a bad middle line

@@ -13,6 +13,8 @@ TRAIN_FLAGS = ("target", "data", "method", "out", "steps", "epochs", "max_length
                "draft_vocab", "device", "dtype", "grad_accum", "limit", "seed", "save_every", "eval_every",
                "eval_fraction", "warmup_steps", "hass_steps", "noise", "weight_decay", "log_every", "feature_cache", "time_budget",
                "init", "ttt_attention", "ttt_decay", "intermediate_size")
+DECODER_HELP = ("HF generate (hf, the default), a static-cache batched decoder for Llama-family targets (static; "
+                "target/batched.py), or static where the target allows it (auto)")
 
 
 def _log(msg: str) -> None:
@@ -90,6 +92,8 @@ def add_parser(subparsers) -> None:
     r.add_argument("--shard", default=None, metavar="I/N",
                    help="only every N-th conversation (by first-message length) from the I-th: N processes, each "
                         "with its own --out, split one file")
+    r.add_argument("--decoder", default="hf",
+                   help=DECODER_HELP)
     r.add_argument("--device", default=None)
     r.add_argument("--dtype", default=None)
     r.set_defaults(func=cmd_regenerate)
@@ -107,6 +111,8 @@ def add_parser(subparsers) -> None:
     s.add_argument("--exclude", default="mtbench,humaneval", metavar="LIST",
                    help="drop queries sharing a 13-word run with these prompt sets (bench's --dataset names or "
                         "files, comma-separated; default mtbench,humaneval where installed; '' for none)")
+    s.add_argument("--decoder", default="hf",
+                   help=DECODER_HELP)
     s.add_argument("--device", default=None)
     s.add_argument("--dtype", default=None)
     s.set_defaults(func=cmd_synth_prompts)
@@ -198,6 +204,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_regenerate(args: argparse.Namespace) -> int:
+    from ..target.batched import check_decoder
     from ..target.loading import load_target
     from .regenerate import parse_shard, regenerate
 
@@ -205,10 +212,11 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
         if getattr(args, k) <= 0:
             raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {getattr(args, k)}")
     shard = parse_shard(args.shard) if args.shard is not None else None
+    check_decoder(args.decoder)
     model, tok = load_target(args.target, device=args.device, dtype=args.dtype)
     n = regenerate(model, tok, args.data, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                    temperature=args.temperature, max_turns=args.max_turns, limit=args.limit, seed=args.seed,
-                   shard=shard)
+                   shard=shard, decoder=args.decoder)
     _log(f"eaglespec regenerate: wrote {n} conversations to {args.out}")
     return 0
 
@@ -229,6 +237,7 @@ def _exclusions(spec: str) -> list[str]:
 
 
 def cmd_synth_prompts(args: argparse.Namespace) -> int:
+    from ..target.batched import check_decoder
     from ..target.loading import load_target
     from .synth import MAX_CHARS, MIN_CHARS, NGRAM, synthesize
 
@@ -237,10 +246,12 @@ def cmd_synth_prompts(args: argparse.Namespace) -> int:
             raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {getattr(args, k)}")
     if args.temperature <= 0 or not 0 < args.top_p <= 1:
         raise EagleSpecError(f"--temperature must be > 0 and --top-p in (0, 1], got {args.temperature}, {args.top_p}")
+    check_decoder(args.decoder)
     exclude = _exclusions(args.exclude)
     model, tok = load_target(args.target, device=args.device, dtype=args.dtype)
     st = synthesize(model, tok, args.out, args.count, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature, top_p=args.top_p, seed=args.seed, exclude=exclude)
+                    temperature=args.temperature, top_p=args.top_p, seed=args.seed, exclude=exclude,
+                    decoder=args.decoder)
     _log(f"eaglespec synth-prompts: {args.out} holds {st['total']} queries ({st['kept']} new; dropped "
          f"{st['unfinished']} unfinished, {st['length']} out of {MIN_CHARS}-{MAX_CHARS} characters, {st['duplicate']} duplicates, "
          f"{st['excluded']} sharing a {NGRAM}-word run with --exclude)")

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 
 from ..errors import EagleSpecError
+from ..sampling import SamplingParams
+from ..target.batched import BatchedDecoder, eos_ids, make_decoder
 from .data import read_conversations, read_resumable
 
 
@@ -68,8 +70,9 @@ def length_batches(convs: list[dict], batch_size: int, seed: int = 0) -> list[li
 
 @torch.no_grad()
 def generate_batch(model, tokenizer, chats: list[list[dict]], max_new_tokens: int, temperature: float,
-                   max_prompt_tokens: int) -> list[str]:
-    """One batched HF generate over chat prompts (left padded); returns the decoded answers."""
+                   max_prompt_tokens: int, decoder: BatchedDecoder | None = None) -> list[str]:
+    """One batched generation over chat prompts (left padded): HF generate, or `decoder` (target/batched.py);
+    returns the decoded answers."""
     dev = next(model.parameters()).device
     prompts = []
     for chat in chats:
@@ -77,6 +80,9 @@ def generate_batch(model, tokenizer, chats: list[list[dict]], max_new_tokens: in
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         prompts.append(ids[-max_prompt_tokens:])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if decoder is not None:  # temperature alone, as HF's kw below (top-k 0, top-p 1)
+        rows = decoder.generate(prompts, max_new_tokens, SamplingParams(temperature=temperature), eos_ids(model), pad)
+        return [tokenizer.decode(row, skip_special_tokens=True).strip() for row in rows]
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     attn = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -93,11 +99,14 @@ def generate_batch(model, tokenizer, chats: list[list[dict]], max_new_tokens: in
 def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_size: int = 16,
                max_new_tokens: int = 512, temperature: float = 0.0, max_turns: int | None = None,
                limit: int | None = None, max_prompt_tokens: int = 1536, progress: bool = True,
-               seed: int | None = None, shard: tuple[int, int] | None = None) -> int:
+               seed: int | None = None, shard: tuple[int, int] | None = None, decoder: str = "hf") -> int:
     """Regenerate every conversation of `data` not yet in `out`; returns how many were written. `seed` seeds the
     sampling (temperature > 0): without it a fresh process starts from torch's fixed default state, so two sampled
-    passes over the same prompts and batches would write the same answers."""
+    passes over the same prompts and batches would write the same answers. `decoder`: "hf" (HF generate), "static"
+    or "auto" (target/batched.py, where the model allows it)."""
     from tqdm import tqdm
+
+    batched = make_decoder(model, decoder)
 
     if seed is not None:
         torch.manual_seed(seed)  # CPU and every CUDA device
@@ -126,7 +135,7 @@ def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_siz
                 if not jobs:
                     break
                 answers = generate_batch(model, tokenizer, [b for _, b in jobs], max_new_tokens, temperature,
-                                         max_prompt_tokens)
+                                         max_prompt_tokens, batched)
                 for (i, before), answer in zip(jobs, answers):
                     idx = len(before)
                     batch[i][idx] = {"role": "assistant", "content": answer}
