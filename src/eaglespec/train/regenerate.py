@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -96,14 +97,34 @@ def generate_batch(model, tokenizer, chats: list[list[dict]], max_new_tokens: in
     return [tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out.cpu()]
 
 
+def _answer_batch(group: list[dict], max_turns: int | None, answer) -> list[list[dict]]:
+    """One batch's conversations regenerated turn by turn (a later user turn sees the regenerated answers before it),
+    each cut after its last regenerated answer; `answer(chats) -> texts` generates one turn for the whole batch."""
+    batch = [[dict(m) for m in c["messages"]] for c in group]
+    kept: list[list[dict]] = [[] for _ in batch]
+    turn = 0
+    while max_turns is None or turn < max_turns:
+        jobs = [(i, before) for i, msgs in enumerate(batch)
+                if (before := _prompts_until_turn(msgs, turn)) is not None]
+        if not jobs:
+            break
+        for (i, before), text in zip(jobs, answer([b for _, b in jobs])):
+            batch[i][len(before)] = {"role": "assistant", "content": text}
+            kept[i] = batch[i][: len(before) + 1]
+        turn += 1
+    return kept
+
+
 def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_size: int = 16,
                max_new_tokens: int = 512, temperature: float = 0.0, max_turns: int | None = None,
                limit: int | None = None, max_prompt_tokens: int = 1536, progress: bool = True,
-               seed: int | None = None, shard: tuple[int, int] | None = None, decoder: str = "hf") -> int:
+               seed: int | None = None, shard: tuple[int, int] | None = None, decoder: str = "hf",
+               time_budget: float | None = None) -> int:
     """Regenerate every conversation of `data` not yet in `out`; returns how many were written. `seed` seeds the
     sampling (temperature > 0): without it a fresh process starts from torch's fixed default state, so two sampled
     passes over the same prompts and batches would write the same answers. `decoder`: "hf" (HF generate), "static"
-    or "auto" (target/batched.py, where the model allows it)."""
+    or "auto" (target/batched.py, where the model allows it). `time_budget` seconds: no batch is started that the
+    slowest one so far would not finish in time (a batch killed by an outer time limit is lost work)."""
     from tqdm import tqdm
 
     batched = make_decoder(model, decoder)
@@ -118,35 +139,28 @@ def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_siz
     done = done_ids(out)
     todo = [c for c in convs if c["id"] not in done]
     out.parent.mkdir(parents=True, exist_ok=True)
-    written = 0
+
+    def answer(chats: list[list[dict]]) -> list[str]:
+        return generate_batch(model, tokenizer, chats, max_new_tokens, temperature, max_prompt_tokens, batched)
+
+    deadline = None if time_budget is None else time.monotonic() + time_budget
+    written, slowest = 0, 0.0
     bar = tqdm(total=len(convs), initial=len(convs) - len(todo), desc="regenerate", disable=not progress,
                file=sys.stderr, dynamic_ncols=True)
     with open(out, "a", encoding="utf-8") as f:
         for group in length_batches(todo, batch_size):
-            batch = [[dict(m) for m in c["messages"]] for c in group]
-            kept: list[list[dict]] = [[] for _ in batch]  # regenerated conversation so far
-            turn = 0
-            while max_turns is None or turn < max_turns:
-                jobs = []
-                for i, msgs in enumerate(batch):
-                    before = _prompts_until_turn(msgs, turn)
-                    if before is not None:
-                        jobs.append((i, before))
-                if not jobs:
-                    break
-                answers = generate_batch(model, tokenizer, [b for _, b in jobs], max_new_tokens, temperature,
-                                         max_prompt_tokens, batched)
-                for (i, before), answer in zip(jobs, answers):
-                    idx = len(before)
-                    batch[i][idx] = {"role": "assistant", "content": answer}
-                    kept[i] = batch[i][: idx + 1]
-                turn += 1
-            for conv, msgs in zip(group, kept):
+            if deadline is not None and time.monotonic() + slowest > deadline:
+                print(f"regenerate: time budget of {time_budget:g} s reached; {len(convs) - bar.n} conversations left "
+                      "(the same command resumes)", file=sys.stderr)
+                break
+            began = time.monotonic()
+            for conv, msgs in zip(group, _answer_batch(group, max_turns, answer)):
                 if msgs:
                     f.write(json.dumps({"id": conv["id"], "messages": msgs}, ensure_ascii=False) + "\n")
                     written += 1
             f.flush()
-            bar.update(len(batch))
+            bar.update(len(group))
+            slowest = max(slowest, time.monotonic() - began)
     bar.close()
     if not convs:
         raise EagleSpecError(f"{data}: nothing to regenerate")
