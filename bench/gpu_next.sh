@@ -119,6 +119,9 @@
 #      the call> bash bench/gpu_x2.sh synth23`: greedy answers only (T=0 is the headline), every length of query.
 #   8. `... OUT=$OUT TAG=s26 RUN_S=420 bash bench/gpu_x2.sh synth23b` (run 12 -> run 15; no VOCAB: one change at a time),
 #      then `... TAG=s26 T1=1 bash bench/gpu_x2.sh synth23c`; ship only if MT-bench T=0 dynamic tau and tok/s rise.
+#   Untried lever for the data (session 25, CPU): MT-bench's writing and STEM prompts accept least (tau 3.23 vs coding
+#   4.66, bench/category_tau.py) and the target's own queries rarely ask for a story, an essay or a role: a second
+#   synth23 file with STARTS="Write,Compose,Draft,Imagine,Describe,Pretend,Discuss" (a new TAG and SEED) steers it.
 #   With data to spare, train in two calls (run2a/run2b's --stop-after-seconds pattern) rather than more epochs: two
 #   epochs on 16k short queries overfit in session 25 (run 14g: T=0 tau 4.443).
 # Session 25's starting point (session 24, bench/RESULTS.md): run 13 (run 12 + 420 s on 22.5k new queries answered at

@@ -194,6 +194,36 @@ def test_sample_queries_with_the_static_decoder(monkeypatch):
     assert synth.sample_queries(model, tok, 2, seed=0, **kw) == [None, None] and len(outs) == 3 and called
 
 
+@pytest.mark.parametrize("decoder", ["hf", "static"])
+def test_starts_begin_the_queries(monkeypatch, decoder):
+    """--starts: each row's prompt is the user prefix plus one start (drawn per row, seeded; starts of other lengths
+    left-padded with a mask), and each finished query is that start followed by the model's continuation."""
+    model, tok = _real_target()
+    starts = ["Write", "Explain why"]
+    prefix = synth.query_prefix(tok)[0]
+    seen = []
+    real = model.generate
+
+    def spy(input_ids, attention_mask, **kw):
+        seen.append((input_ids, attention_mask))
+        return real(input_ids, attention_mask=attention_mask, **kw)
+
+    monkeypatch.setattr(model, "generate", spy)
+    kw = dict(max_new_tokens=40, temperature=1.0, top_p=1.0, decoder=make_decoder(model, decoder), starts=starts)
+    got = synth.sample_queries(model, tok, 24, seed=3, **kw)
+    assert any(q is not None for q in got) and synth.sample_queries(model, tok, 24, seed=3, **kw) == got
+    lead = [q for q in got if q is not None]
+    assert all(q.startswith(("Write", "Explain why")) for q in lead)
+    if decoder == "hf":
+        ids, mask = seen[0]
+        lengths = {len(enc(tok, prefix + s)) for s in starts}
+        assert sorted(set(mask.sum(-1).tolist())) == sorted(lengths) and not bool(mask[:, -1].logical_not().any())
+        for row, m in zip(ids.tolist(), mask.tolist()):
+            assert tok.decode(row[len(row) - sum(m):]) in (prefix + s for s in starts)
+    else:
+        assert not seen  # the static decoder did the sampling
+
+
 # -- 13-word runs ------------------------------------------------------------------------------------
 def test_shared_13_word_runs_are_found_case_and_punctuation_ignored():
     ref = "Explain, in detail: why the " + sentence(20) + " matters!"
@@ -229,9 +259,9 @@ class Script:
     def __init__(self, batches: dict[int, list[str | None]] | None = None, default=None):
         self.batches, self.default, self.calls = batches or {}, default, []
 
-    def __call__(self, model, tokenizer, rows, *, max_new_tokens, temperature, top_p, seed, decoder=None):
+    def __call__(self, model, tokenizer, rows, *, max_new_tokens, temperature, top_p, seed, decoder=None, starts=()):
         self.calls.append(dict(rows=rows, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                               seed=seed))
+                               seed=seed, starts=tuple(starts)))
         b = seed % 1_000_003
         qs = self.batches[b] if b in self.batches else self.default(seed, rows)
         assert len(qs) == rows
@@ -260,7 +290,8 @@ def test_synthesize_writes_records_and_counts_each_filter(tmp_path, monkeypatch)
         [{"role": "user", "content": "How do rainbows form?"}, {"role": "assistant", "content": "-"}],
         [{"role": "user", "content": "y" * 1500}, {"role": "assistant", "content": "-"}]]
     assert [c["seed"] for c in script.calls] == [2 * 1_000_003, 2 * 1_000_003 + 1]
-    assert script.calls[0] | {"seed": 0} == dict(rows=8, max_new_tokens=9, temperature=0.8, top_p=0.95, seed=0)
+    assert script.calls[0] | {"seed": 0} == dict(rows=8, max_new_tokens=9, temperature=0.8, top_p=0.95, seed=0,
+                                                  starts=())
     convs = read_conversations(out)
     assert [c["id"] for c in convs] == [r["id"] for r in recs]
     assert [c["messages"][0]["content"] for c in convs][2:] == ["12345678", "Write a haiku about rain.",
@@ -395,8 +426,9 @@ def test_cli_passes_its_flags_and_excludes_a_file(tmp_path, monkeypatch, capsys)
     out = tmp_path / "q.jsonl"
     assert main(["synth-prompts", "--target", "T", "--out", str(out), "--count", "1", "--batch-size", "3",
                  "--max-new-tokens", "17", "--temperature", "1.5", "--top-p", "0.5", "--seed", "4",
-                 "--exclude", str(tmp_path / "bench.txt")]) == 0
-    assert script.calls == [dict(rows=3, max_new_tokens=17, temperature=1.5, top_p=0.5, seed=4 * 1_000_003)]
+                 "--exclude", str(tmp_path / "bench.txt"), "--starts", "Write, Explain,,"]) == 0
+    assert script.calls == [dict(rows=3, max_new_tokens=17, temperature=1.5, top_p=0.5, seed=4 * 1_000_003,
+                                 starts=("Write", "Explain"))]
     assert [r["messages"][0]["content"] for r in records(out)] == ["A fine new question?"]
     err = capsys.readouterr().err
     assert "holds 1 queries (1 new" in err and "1 sharing a 13-word run with --exclude" in err

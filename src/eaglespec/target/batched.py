@@ -34,6 +34,17 @@ PREFILL_ELEMENTS = 1 << 26  # mask elements (rows x query rows x keys) per prefi
 COMPACT_AT = 0.25  # share of the live rows that have finished before they leave the batch
 
 
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids [B, P] long, valid [B, P] bool), right-aligned (left padding, as HF generate wants)."""
+    width = max(len(t) for t in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    valid = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for i, t in enumerate(prompts):
+        ids[i, width - len(t):] = torch.tensor(list(t), dtype=torch.long)
+        valid[i, width - len(t):] = True
+    return ids, valid
+
+
 class BatchedDecoder:
     """Static-cache batched decoding over a HF Llama-family causal LM's own modules (weights shared, not copied)."""
 
@@ -112,13 +123,8 @@ class BatchedDecoder:
                  stop_ids: Sequence[int], pad_id: int, generator: torch.Generator | None = None) -> list[list[int]]:
         """Each prompt's new tokens, a stop id included where one ended it (as HF generate's rows up to padding)."""
         dev, dtype = self.device, self.lm_head.weight.dtype
-        b, p = len(prompts), max(len(t) for t in prompts)
-        ids = torch.full((b, p), pad_id, dtype=torch.long)
-        valid = torch.zeros(b, p, dtype=torch.bool)
-        for i, t in enumerate(prompts):
-            ids[i, p - len(t):] = torch.tensor(list(t), dtype=torch.long)
-            valid[i, p - len(t):] = True
-        ids, valid = ids.to(dev), valid.to(dev)
+        ids, valid = (t.to(dev) for t in left_pad(prompts, pad_id))
+        b, p = ids.shape
         span = p + max_new_tokens
         cache = [torch.zeros(b, self.kv_heads, span, self.head_dim, dtype=dtype, device=dev)
                  for _ in range(2 * len(self.layers))]

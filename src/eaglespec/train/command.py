@@ -115,6 +115,9 @@ def add_parser(subparsers) -> None:
                         "files, comma-separated; default mtbench,humaneval where installed; '' for none)")
     s.add_argument("--decoder", default="hf",
                    help=DECODER_HELP)
+    s.add_argument("--starts", default="", metavar="LIST",
+                   help="words a query begins with, one drawn per query, comma-separated (e.g. Write,Explain,Imagine; "
+                        "default: none, the model starts the query itself)")
     s.add_argument("--device", default=None)
     s.add_argument("--dtype", default=None)
     s.set_defaults(func=cmd_synth_prompts)
@@ -253,7 +256,7 @@ def cmd_synth_prompts(args: argparse.Namespace) -> int:
     model, tok = load_target(args.target, device=args.device, dtype=args.dtype)
     st = synthesize(model, tok, args.out, args.count, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, top_p=args.top_p, seed=args.seed, exclude=exclude,
-                    decoder=args.decoder)
+                    decoder=args.decoder, starts=[w.strip() for w in args.starts.split(",") if w.strip()])
     _log(f"eaglespec synth-prompts: {args.out} holds {st['total']} queries ({st['kept']} new; dropped "
          f"{st['unfinished']} unfinished, {st['length']} out of {MIN_CHARS}-{MAX_CHARS} characters, {st['duplicate']} duplicates, "
          f"{st['excluded']} sharing a {NGRAM}-word run with --exclude)")

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import EagleSpecError
 from ..sampling import SamplingParams
-from ..target.batched import BatchedDecoder, eos_ids, make_decoder
+from ..target.batched import BatchedDecoder, eos_ids, left_pad, make_decoder
 from .data import read_conversations, read_resumable
 
 
@@ -84,15 +84,11 @@ def generate_batch(model, tokenizer, chats: list[list[dict]], max_new_tokens: in
     if decoder is not None:  # temperature alone, as HF's kw below (top-k 0, top-p 1)
         rows = decoder.generate(prompts, max_new_tokens, SamplingParams(temperature=temperature), eos_ids(model), pad)
         return [tokenizer.decode(row, skip_special_tokens=True).strip() for row in rows]
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attn = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        input_ids[i, width - len(p):] = torch.tensor(p)
-        attn[i, width - len(p):] = 1
+    input_ids, valid = left_pad(prompts, pad)
+    width = input_ids.shape[1]
     kw = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0 \
         else {"do_sample": False}
-    out = model.generate(input_ids.to(dev), attention_mask=attn.to(dev), max_new_tokens=max_new_tokens,
+    out = model.generate(input_ids.to(dev), attention_mask=valid.long().to(dev), max_new_tokens=max_new_tokens,
                          pad_token_id=pad, **kw)
     return [tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out.cpu()]
 

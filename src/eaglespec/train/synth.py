@@ -14,16 +14,17 @@ texts (the benchmark's prompts: no test question leaks into training data).
 from __future__ import annotations
 
 import json
+import random
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
 
 from ..errors import EagleSpecError
 from ..sampling import SamplingParams
-from ..target.batched import BatchedDecoder, make_decoder
+from ..target.batched import BatchedDecoder, left_pad, make_decoder
 from .data import read_resumable
 
 MARKER = "EAGLESPEC_QUERY_7f3c"  # stands in for the user's text when the template is rendered
@@ -100,33 +101,36 @@ def shares_ngram(text: str, index: set[tuple[str, ...]], n: int = NGRAM) -> bool
 
 @torch.no_grad()
 def sample_queries(model, tokenizer, rows: int, *, max_new_tokens: int, temperature: float, top_p: float,
-                   seed: int, decoder: BatchedDecoder | None = None) -> list[str | None]:
+                   seed: int, decoder: BatchedDecoder | None = None, starts: Sequence[str] = ()) -> list[str | None]:
     """`rows` queries sampled from the template's user prefix; None where the model did not end the turn. With
-    `decoder` (target/batched.py) instead of HF generate, unless the turn ends with a text marker (a stop string)."""
+    `starts`, each query begins with one of them (drawn per row, seeded) and the model continues it. With `decoder`
+    (target/batched.py) instead of HF generate, unless the turn ends with a text marker (a stop string)."""
     prefix, end = query_prefix(tokenizer)
     stops, marker = stop_ids(tokenizer, end), text_marker(tokenizer, end)
-    ids = tokenizer(prefix, add_special_tokens=False, return_tensors="pt")["input_ids"]  # [1, P]
+    rng = random.Random(seed)
+    lead = [rng.choice(starts) if starts else "" for _ in range(rows)]
+    encoded = {s: tokenizer(prefix + s, add_special_tokens=False)["input_ids"] for s in set(lead)}
+    prompts = [encoded[s] for s in lead]
     dev = next(model.parameters()).device
     torch.manual_seed(seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops or [0])[0]
     if decoder is not None and not marker:
-        new = decoder.generate([ids[0].tolist()] * rows, max_new_tokens,
-                               SamplingParams(temperature=temperature, top_p=top_p), stops, pad)
+        new = decoder.generate(prompts, max_new_tokens, SamplingParams(temperature=temperature, top_p=top_p), stops, pad)
     else:
+        ids, valid = left_pad(prompts, pad)
         by_text = {"stop_strings": [marker], "tokenizer": tokenizer} if marker else {}
-        out = model.generate(ids.repeat(rows, 1).to(dev), attention_mask=torch.ones(rows, ids.shape[1],
-                             dtype=torch.long, device=dev), do_sample=True, temperature=temperature, top_p=top_p,
-                             top_k=0, max_new_tokens=max_new_tokens, eos_token_id=stops or None, pad_token_id=pad,
-                             **by_text)
+        out = model.generate(ids.to(dev), attention_mask=valid.long().to(dev), do_sample=True,
+                             temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
+                             eos_token_id=stops or None, pad_token_id=pad, **by_text)
         new = out[:, ids.shape[1]:].tolist()  # [rows, <= max_new_tokens]
     queries: list[str | None] = []
-    for row in new:
+    for start, row in zip(lead, new):
         cut = next((i for i, t in enumerate(row) if t in stops), None)
         text = tokenizer.decode(row[:cut], skip_special_tokens=True)
         at = text.find(marker) if marker else -1
         if at >= 0:
             text, cut = text[:at], at
-        queries.append(None if cut is None else text.strip())
+        queries.append(None if cut is None else (start + text).strip())
     return queries
 
 
@@ -148,9 +152,10 @@ def _existing(out: Path, seed: int) -> tuple[list[str], int]:
 
 def synthesize(model, tokenizer, out: str | Path, count: int, *, batch_size: int = 256, max_new_tokens: int = 256,
                temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, exclude: Iterable[str] = (),
-               max_batches: int | None = None, progress: bool = True, decoder: str = "hf") -> dict:
+               max_batches: int | None = None, progress: bool = True, decoder: str = "hf",
+               starts: Sequence[str] = ()) -> dict:
     """Append new queries to `out` until it holds `count`; returns counts of what was kept and dropped. `decoder`
-    as regenerate's ("hf", "static" or "auto")."""
+    as regenerate's ("hf", "static" or "auto"); `starts`: words a query may begin with (sample_queries)."""
     from tqdm import tqdm
 
     batched = make_decoder(model, decoder)
@@ -171,7 +176,7 @@ def synthesize(model, tokenizer, out: str | Path, count: int, *, batch_size: int
                                      f"({stats}); raise --max-new-tokens or --temperature")
             queries = sample_queries(model, tokenizer, batch_size, max_new_tokens=max_new_tokens,
                                      temperature=temperature, top_p=top_p, seed=seed * 1_000_003 + batch,
-                                     decoder=batched)
+                                     decoder=batched, starts=starts)
             kept_before = stats["kept"]
             for j, q in enumerate(queries):
                 if len(have) >= count:
