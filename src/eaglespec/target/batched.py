@@ -155,14 +155,14 @@ class BatchedDecoder:
             mask = keys[:, None, None, :slot + 1]  # [B', 1, 1, slot+1]: every query row of a kv head alike
             logits = self._forward(nxt[:, None], length[:, None], cache, slot, mask)
             length = length + 1
-        result = []
+        stop_set, result = set(stop_ids), []
         for row in out.tolist():
             new = []
             for tok in row:
-                if tok < 0:
+                if tok < 0:  # the row left the batch after its stop id
                     break
                 new.append(tok)
-                if tok in stop_ids:
+                if tok in stop_set:
                     break
             result.append(new)
         return result

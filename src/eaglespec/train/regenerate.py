@@ -17,6 +17,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -93,7 +94,8 @@ def generate_batch(model, tokenizer, chats: list[list[dict]], max_new_tokens: in
     return [tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out.cpu()]
 
 
-def _answer_batch(group: list[dict], max_turns: int | None, answer) -> list[list[dict]]:
+def _answer_batch(group: list[dict], max_turns: int | None,
+                  answer: Callable[[list[list[dict]]], list[str]]) -> list[list[dict]]:
     """One batch's conversations regenerated turn by turn (a later user turn sees the regenerated answers before it),
     each cut after its last regenerated answer; `answer(chats) -> texts` generates one turn for the whole batch."""
     batch = [[dict(m) for m in c["messages"]] for c in group]
