@@ -24,7 +24,7 @@ from .checkpoint.manifest import check_manifest
 from .engine import GenerationResult, SpeculativeEngine
 from .errors import EagleSpecError, env_switch
 from .target.fast import make_target
-from .target.loading import DEFAULT_TARGET, load_target
+from .target.loading import DEFAULT_TARGET, eos_ids, load_target
 from .tree import TreeSpec, static_layout
 
 REPO_MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -321,10 +321,7 @@ class EagleSpec:
         return [int(t) for t in prompt]
 
     def eos_ids(self) -> list[int]:
-        eos = self.model.generation_config.eos_token_id
-        if eos is None:
-            eos = self.tokenizer.eos_token_id
-        return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        return eos_ids(self.model, self.tokenizer)
 
     # -- generation -------------------------------------------------------------------------------
     @property

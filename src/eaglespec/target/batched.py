@@ -185,11 +185,3 @@ def make_decoder(model: nn.Module, choice: str) -> BatchedDecoder | None:
             raise EagleSpecError(f"--decoder static: {reason}")
         return None
     return BatchedDecoder(model)
-
-
-def eos_ids(model: nn.Module) -> list[int]:
-    """The stop ids HF generate uses by default: the generation config's eos_token_id (an id or a list)."""
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    return [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]

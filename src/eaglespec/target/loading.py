@@ -21,6 +21,15 @@ DEFAULT_TARGET = "SmolLM2-135M-Instruct"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def eos_ids(model, tokenizer=None) -> list[int]:
+    """The ids that end a generation: the generation config's eos_token_id (an id or a list), as HF generate uses
+    it; without one, the tokenizer's EOS where a tokenizer is given."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    return [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
 def cache_dir() -> Path:
     root = os.environ.get("EAGLESPEC_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "eaglespec")

@@ -24,7 +24,8 @@ import torch
 
 from ..errors import EagleSpecError
 from ..sampling import SamplingParams
-from ..target.batched import BatchedDecoder, eos_ids, left_pad, make_decoder
+from ..target.batched import BatchedDecoder, left_pad, make_decoder
+from ..target.loading import eos_ids
 from .data import read_conversations, read_resumable
 
 
