@@ -122,6 +122,8 @@
 #   Untried lever for the data (session 25, CPU): MT-bench's writing and STEM prompts accept least (tau 3.23 vs coding
 #   4.66, bench/category_tau.py) and the target's own queries rarely ask for a story, an essay or a role: a second
 #   synth23 file with STARTS="Write,Compose,Draft,Imagine,Describe,Pretend,Discuss" (a new TAG and SEED) steers it.
+#   Also untried: every continuation (runs 11-14) re-warmed to lr 3e-4 on ~30k new conversations, which may overwrite
+#   what the earlier data taught; LR=1e-4 in synth23b is the cheap test of that.
 #   With data to spare, train in two calls (run2a/run2b's --stop-after-seconds pattern) rather than more epochs: two
 #   epochs on 16k short queries overfit in session 25 (run 14g: T=0 tau 4.443).
 # Session 25's starting point (session 24, bench/RESULTS.md): run 13 (run 12 + 420 s on 22.5k new queries answered at
