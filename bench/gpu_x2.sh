@@ -834,7 +834,7 @@ PY
     }
     q=$W/synth_$tag.jsonl; a=$W/regen_synth_$tag.jsonl  # the names stash7 gives $OUT's files (session 23 ran untagged names)
     halving "${SYNTH_S:-130}" "${SYNTH_BS:-4096}" python3 -m eaglespec.cli synth-prompts --out "$q" --count "${SYNTH_N:-24000}" \
-      --seed "$seed" --max-new-tokens 192 --device cuda --dtype bfloat16 --decoder "${DECODER:-hf}" --starts "${STARTS:-}"
+      --seed "$seed" --max-new-tokens 192 --device cuda --dtype bfloat16 --starts "${STARTS:-}" --decoder "${SYNTH_DECODER:-${DECODER:-hf}}"
     wc -l "$q"
     temps=(${ANSWER_TEMP:-0})  # several, space-separated (e.g. "0 0.7"): one answer file each, REGEN_S s each
     for t in "${temps[@]}"; do

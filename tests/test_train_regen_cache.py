@@ -9,7 +9,7 @@ import torch
 
 from eaglespec.checkpoint.manifest import build_manifest
 from eaglespec.errors import EagleSpecError
-from eaglespec.train.data import pack, read_resumable
+from eaglespec.train.data import pack, read_conversations, read_resumable, tokenize_conversation
 from eaglespec.train.features import TargetFeatures, open_feature_cache, write_feature_cache
 from eaglespec.train.regenerate import done_ids, length_batches, parse_shard, regenerate
 from train_helpers import greedy_samples, sharp_target
@@ -57,6 +57,12 @@ def test_regenerate_batched_and_resumable(tmp_path):
                          max_new_tokens=6, do_sample=False, pad_token_id=0)[0, len(prompt):]
     first = next(r for r in recs if r["id"] == "c0")
     assert first["messages"][1]["content"] == tok.decode(ref).strip()
+    gen = ref.tolist()[: ref.tolist().index(2)] if 2 in ref.tolist() else ref.tolist()  # up to the stop id (eos 2)
+    assert first["messages"][1]["token_ids"] == gen
+    # training reads the generated ids back: the answer's tokens are the target's, stop id excluded
+    conv = next(c for c in read_conversations(out) if c["id"] == "c0")
+    sample = tokenize_conversation(tok, conv["messages"][:2])
+    assert sample.ids[sample.loss_mask].tolist()[: len(gen)] == gen
 
 
 def test_static_decoder_writes_hf_generates_greedy_answers(tmp_path):
@@ -91,7 +97,7 @@ def test_time_budget_starts_no_batch_the_slowest_would_not_finish(tmp_path, monk
 
     def answer(model, tokenizer, chats, *args):
         now[0] += 10.0
-        return ["a"] * len(chats)
+        return [("a", [65])] * len(chats)
 
     monkeypatch.setattr(regen, "generate_batch", answer)
     data = tmp_path / "in.jsonl"

@@ -70,6 +70,62 @@ def test_loss_mask_covers_assistant_only():
     assert short.ids.numel() == 10 and short.loss_mask.sum() == 1
 
 
+class MergingTokenizer(ToyTokenizer):
+    """ToyTokenizer whose text encoding merges "XY" into one token (id 1000), as BPE merges what a model may have
+    generated as two tokens; decoding maps ids back to text."""
+
+    def __call__(self, text, add_special_tokens=False):
+        ids, i = [], 0
+        while i < len(text):
+            if text.startswith("XY", i):
+                ids.append(1000)
+                i += 2
+            else:
+                ids.append(ord(text[i]))
+                i += 1
+        return {"input_ids": ids}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join("XY" if i == 1000 else chr(i) for i in ids)
+
+
+def test_generated_token_ids_replace_the_text_tokens_of_their_turn():
+    """An assistant turn with 'token_ids' trains on the ids the target generated (X, Y), not its text tokenized
+    again (XY); the end-of-turn marker stays, and a later turn's span moves by the length change."""
+    tok = MergingTokenizer()
+    x, y = ord("X"), ord("Y")
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "aXY", "token_ids": [ord("a"), x, y]},
+            {"role": "user", "content": "XY"}, {"role": "assistant", "content": "XYb", "token_ids": [x, y, ord("b")]}]
+    s = tokenize_conversation(tok, msgs)
+    ids = s.ids.tolist()
+    assert tok.decode(ids) == "<u>q|<a>aXY|<u>XY|<a>XYb|"
+    assert ids.count(1000) == 1  # the user's "XY" keeps its text tokens
+    masked = [i for i, m in zip(ids, s.loss_mask.tolist()) if m]
+    assert masked == [ord("a"), x, y, ord("|"), x, y, ord("b"), ord("|")]
+    plain = tokenize_conversation(tok, [{k: v for k, v in m.items() if k != "token_ids"} for m in msgs])
+    assert [i for i, m in zip(plain.ids.tolist(), plain.loss_mask.tolist()) if m] == \
+        [ord("a"), 1000, ord("|"), 1000, ord("b"), ord("|")]
+
+
+def test_token_ids_that_do_not_spell_the_content_are_ignored():
+    """An answer edited after regeneration (its ids decode to other text) trains on its text."""
+    tok = MergingTokenizer()
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "XYz", "token_ids": [ord("X")]}]
+    s = tokenize_conversation(tok, msgs)
+    assert [i for i, m in zip(s.ids.tolist(), s.loss_mask.tolist()) if m] == [1000, ord("z"), ord("|")]
+
+
+@pytest.mark.parametrize("turn", [{"role": "user", "content": "q", "token_ids": [1]},
+                                  {"role": "assistant", "content": "a", "token_ids": "12"},
+                                  {"role": "assistant", "content": "a", "token_ids": [1, 2.5]}])
+def test_bad_token_ids_are_one_clear_error(tmp_path, turn):
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}, turn,
+                                          {"role": "assistant", "content": "a"}]}) + "\n")
+    with pytest.raises(EagleSpecError, match="record 0: turn 1: 'token_ids' must be a list of integers"):
+        read_conversations(p)
+
+
 def test_smollm2_template_mask_if_available():
     import importlib.util
     from pathlib import Path
@@ -84,6 +140,15 @@ def test_smollm2_template_mask_if_available():
     tok = AutoTokenizer.from_pretrained(str(Path(path)))
     s = tokenize_conversation(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}])
     assert tok.decode(s.ids[s.loss_mask]) == "hello there<|im_end|>\n"
+    # SmolLM2 may generate "\n\n" as one token before "1"; its text tokenizes back as "\n", "\n", "1"
+    content = "Steps:\n\n1. Go"
+    text_ids = tok(content, add_special_tokens=False)["input_ids"]
+    nl2 = tok.convert_tokens_to_ids("\u010a\u010a")
+    gen = [*text_ids[:2], nl2, *text_ids[4:]]
+    assert tok.decode(gen) == content and gen != text_ids
+    s = tokenize_conversation(tok, [{"role": "user", "content": "hi"},
+                                    {"role": "assistant", "content": content, "token_ids": gen}])
+    assert s.ids[s.loss_mask].tolist() == gen + tok("<|im_end|>\n", add_special_tokens=False)["input_ids"]
 
 
 def test_pack_positions():

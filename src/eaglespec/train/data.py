@@ -124,8 +124,9 @@ def read_resumable(path: Path, check: Callable[[Any], Any], what: str) -> list[A
     return kept
 
 
-def normalize_messages(record: Any, where: str) -> list[dict[str, str]]:
-    """A ShareGPT or OpenAI record -> [{role, content}] with roles system|user|assistant."""
+def normalize_messages(record: Any, where: str) -> list[dict[str, Any]]:
+    """A ShareGPT or OpenAI record -> [{role, content}] with roles system|user|assistant; an assistant turn keeps
+    its 'token_ids' (the ids the target generated, written by `regenerate`) where the record has them."""
     if not isinstance(record, dict):
         raise EagleSpecError(f"{where}: expected an object with 'conversations' or 'messages'")
     turns = record.get("messages", record.get("conversations"))
@@ -140,7 +141,13 @@ def normalize_messages(record: Any, where: str) -> list[dict[str, str]]:
         if role not in ROLES or not isinstance(content, str):
             raise EagleSpecError(f"{where}: turn {j} needs a known 'from'/'role' and a string 'value'/'content', "
                                  f"got role {role!r}")
-        out.append({"role": ROLES[role], "content": content})
+        msg = {"role": ROLES[role], "content": content}
+        ids = turn.get("token_ids")
+        if ids is not None:
+            if ROLES[role] != "assistant" or not isinstance(ids, list) or not all(type(i) is int for i in ids):
+                raise EagleSpecError(f"{where}: turn {j}: 'token_ids' must be a list of integers on an assistant turn")
+            msg["token_ids"] = ids
+        out.append(msg)
     return out
 
 
@@ -172,8 +179,13 @@ def _check_template(tokenizer) -> None:
         raise EagleSpecError("the tokenizer has no chat template: cannot locate the assistant turns")
 
 
+def chat_view(messages: Sequence[dict]) -> list[dict[str, str]]:
+    """The messages as a chat template takes them: role and content only."""
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
 def _render_text(tokenizer, messages: Sequence[dict], generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+    return tokenizer.apply_chat_template(chat_view(messages), tokenize=False, add_generation_prompt=generation_prompt)
 
 
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -194,9 +206,9 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-def _conversation_texts(tokenizer, messages: Sequence[dict]) -> tuple[list[str], list[tuple[int, int]]]:
+def _conversation_texts(tokenizer, messages: Sequence[dict]) -> tuple[list[str], list[tuple[int, int, int]]]:
     """The renderings one conversation needs: texts[0] is the whole conversation; for each assistant turn
-    k > 0 the indices into texts of render(messages[:k], generation prompt) and render(messages[:k+1]).
+    k > 0, k and the indices into texts of render(messages[:k], generation prompt) and render(messages[:k+1]).
 
     Equal texts are kept once (the last turn's closing rendering is the whole conversation).
     """
@@ -216,7 +228,7 @@ def _conversation_texts(tokenizer, messages: Sequence[dict]) -> tuple[list[str],
             continue  # an opening assistant turn has no prompt to answer: context only
         a = index(_render_text(tokenizer, messages[:k], True))
         b = 0 if k + 1 == len(messages) else index(_render_text(tokenizer, messages[: k + 1], False))
-        turns.append((a, b))
+        turns.append((k, a, b))
     return texts, turns
 
 
@@ -228,27 +240,58 @@ def _encode_conversations(tokenizer, conversations: Sequence[Sequence[dict]]) ->
 
     Assistant turn k spans [len(render(messages[:k], generation prompt)), len(render(messages[:k+1])))
     in tokens of the full rendering (common-prefix lengths, so templates that rewrite earlier turns
-    still give a conservative span).
+    still give a conservative span). A turn with 'token_ids' has its content's tokens replaced by them
+    (_splice_answer): the sequence the target generated, not its text tokenized again.
     """
     _check_template(tokenizer)
     texts: list[str] = []
     plans = []
     for messages in conversations:
         t, turns = _conversation_texts(tokenizer, messages)
-        plans.append((len(texts), turns))
+        plans.append((messages, len(texts), turns))
         texts += t
     ids = _encode(tokenizer, texts)
     out = []
-    for base, turns in plans:
+    for messages, base, turns in plans:
         full = ids[base]
         spans = []
-        for a, b in turns:
+        for k, a, b in turns:
             start = _common_prefix(ids[base + a], full)
             end = len(full) if b == 0 else _common_prefix(ids[base + b], full)
             if end > start:
-                spans.append((start, end))
-        out.append((full, spans))
+                spans.append((k, start, end))
+        out.append(_splice_answers(tokenizer, messages, full, spans))
     return out
+
+
+def _content_end(tokenizer, span: list[int], content: str) -> int | None:
+    """j such that span[:j] are the turn's content tokens (they decode to `content`; the rest is the template's
+    end of turn, a few tokens), or None."""
+    for j in range(len(span), max(-1, len(span) - 9), -1):
+        if tokenizer.decode(span[:j]) == content:
+            return j
+    return None
+
+
+def _splice_answers(tokenizer, messages: Sequence[dict], full: list[int],
+                    spans: list[tuple[int, int, int]]) -> Encoded:
+    """`full` with each assistant turn's content tokens replaced by its 'token_ids' where it has them and they
+    decode to its content (else the text's tokens stay: an edited answer, a template that wraps the content);
+    the spans shifted to match. Text tokenized again can differ from what the target generated (SmolLM2's
+    "\n\n" + "1" comes back as "\n", "\n", "1"), and the drafter should learn the sequences it will meet."""
+    out, kept, shift = full, [], 0
+    for k, start, end in spans:
+        start, end = start + shift, end + shift
+        gen = messages[k].get("token_ids")
+        content = messages[k]["content"]
+        if gen is not None and tokenizer.decode(gen, skip_special_tokens=True).strip() == content:
+            j = _content_end(tokenizer, out[start:end], content)
+            if j is not None:
+                out = out[:start] + list(gen) + out[start + j:]
+                end += len(gen) - j
+                shift += len(gen) - j
+        kept.append((start, end))
+    return out, kept
 
 
 def _to_sample(full: list[int], spans: list[tuple[int, int]], max_length: int | None) -> Sample:

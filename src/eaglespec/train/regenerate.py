@@ -3,7 +3,9 @@
 Training on the target's own outputs raises acceptance (EAGLE-1 ablation 3.62 -> 3.75 tau; EAGLE-3
 trains on regenerated data). Conversations are regenerated turn by turn (later user turns see the
 regenerated earlier answers), batched across conversations with left padding. The output is JSONL
-({"id", "messages"} in OpenAI form), appended one conversation at a time: an interrupted run is
+({"id", "messages"} in OpenAI form; each regenerated assistant turn also carries "token_ids", the ids the target
+generated up to its stop id, which training uses instead of the text tokenized again), appended one conversation
+at a time: an interrupted run is
 resumed by running the same command again (ids already written are skipped). `shard=(i, n)` takes every n-th
 conversation of the length-sorted file from the i-th on, so that n processes (one per GPU, each with its own output)
 split one file into parts of alike lengths; a resumed shard takes the same part. Each batch holds conversations of
@@ -26,7 +28,9 @@ from ..errors import EagleSpecError
 from ..sampling import SamplingParams
 from ..target.batched import BatchedDecoder, left_pad, make_decoder
 from ..target.loading import eos_ids
-from .data import read_conversations, read_resumable
+from .data import chat_view, read_conversations, read_resumable
+
+Answer = tuple[str, list[int]]  # an answer's text (decoded, stripped) and the ids generated, stop id excluded
 
 
 def done_ids(out_path: Path) -> set[str]:
@@ -78,32 +82,47 @@ def length_batches(convs: list[dict], batch_size: int, seed: int = 0) -> list[li
 
 @torch.no_grad()
 def generate_batch(model, tokenizer, chats: list[list[dict]], max_new_tokens: int, temperature: float,
-                   max_prompt_tokens: int, decoder: BatchedDecoder | None = None) -> list[str]:
+                   max_prompt_tokens: int, decoder: BatchedDecoder | None = None) -> list[Answer]:
     """One batched generation over chat prompts (left padded): HF generate, or `decoder` (target/batched.py);
-    returns the decoded answers."""
+    returns each answer's text and generated ids."""
     dev = next(model.parameters()).device
     prompts = []
     for chat in chats:
-        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(chat_view(chat), tokenize=False, add_generation_prompt=True)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         prompts.append(ids[-max_prompt_tokens:])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stops = eos_ids(model)
     if decoder is not None:  # temperature alone, as HF's kw below (top-k 0, top-p 1)
-        rows = decoder.generate(prompts, max_new_tokens, SamplingParams(temperature=temperature), eos_ids(model), pad)
-        return [tokenizer.decode(row, skip_special_tokens=True).strip() for row in rows]
-    input_ids, valid = left_pad(prompts, pad)
-    width = input_ids.shape[1]
-    kw = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0 \
-        else {"do_sample": False}
-    out = model.generate(input_ids.to(dev), attention_mask=valid.long().to(dev), max_new_tokens=max_new_tokens,
-                         pad_token_id=pad, **kw)
-    return [tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out.cpu()]
+        rows = decoder.generate(prompts, max_new_tokens, SamplingParams(temperature=temperature), stops, pad)
+    else:
+        input_ids, valid = left_pad(prompts, pad)
+        width = input_ids.shape[1]
+        kw = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0 \
+            else {"do_sample": False}
+        out = model.generate(input_ids.to(dev), attention_mask=valid.long().to(dev), max_new_tokens=max_new_tokens,
+                             pad_token_id=pad, **kw)
+        rows = out[:, width:].cpu().tolist()
+    answers = []
+    for row in rows:
+        ids = until_stop(row, set(stops))
+        answers.append((tokenizer.decode(ids, skip_special_tokens=True).strip(), ids))
+    return answers
+
+
+def until_stop(ids: list[int], stops: set[int]) -> list[int]:
+    """The ids before the first stop id (a finished row's padding comes after it)."""
+    for i, t in enumerate(ids):
+        if t in stops:
+            return ids[:i]
+    return ids
 
 
 def _answer_batch(group: list[dict], max_turns: int | None,
-                  answer: Callable[[list[list[dict]]], list[str]]) -> list[list[dict]]:
+                  answer: Callable[[list[list[dict]]], list[Answer]]) -> list[list[dict]]:
     """One batch's conversations regenerated turn by turn (a later user turn sees the regenerated answers before it),
-    each cut after its last regenerated answer; `answer(chats) -> texts` generates one turn for the whole batch."""
+    each cut after its last regenerated answer; `answer(chats) -> [(text, ids)]` generates one turn for the whole
+    batch."""
     batch = [[dict(m) for m in c["messages"]] for c in group]
     kept: list[list[dict]] = [[] for _ in batch]
     turn = 0
@@ -112,8 +131,8 @@ def _answer_batch(group: list[dict], max_turns: int | None,
                 if (before := _prompts_until_turn(msgs, turn)) is not None]
         if not jobs:
             break
-        for (i, before), text in zip(jobs, answer([b for _, b in jobs])):
-            batch[i][len(before)] = {"role": "assistant", "content": text}
+        for (i, before), (text, ids) in zip(jobs, answer([b for _, b in jobs])):
+            batch[i][len(before)] = {"role": "assistant", "content": text, "token_ids": ids}
             kept[i] = batch[i][: len(before) + 1]
         turn += 1
     return kept
@@ -144,7 +163,7 @@ def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_siz
     todo = [c for c in convs if c["id"] not in done]
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    def answer(chats: list[list[dict]]) -> list[str]:
+    def answer(chats: list[list[dict]]) -> list[Answer]:
         return generate_batch(model, tokenizer, chats, max_new_tokens, temperature, max_prompt_tokens, batched)
 
     deadline = None if time_budget is None else time.monotonic() + time_budget
