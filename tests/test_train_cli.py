@@ -12,7 +12,7 @@ def test_train_flags_parse():
                                       "--resume"])
     assert (args.method, args.steps, args.ttt_steps, args.draft_vocab, args.resume) == ("hass", 5, 4, 100, True)
     r = build_parser().parse_args(["regenerate", "--target", "T", "--data", "a", "--out", "b", "--seed", "3"])
-    assert r.func.__name__ == "cmd_regenerate" and r.seed == 3 and r.decoder == "hf"
+    assert r.func.__name__ == "cmd_regenerate" and r.seed == 3 and r.decoder == "auto"
 
 
 def test_regenerate_bad_flags_are_one_line_before_loading(tmp_path, capsys):

@@ -141,7 +141,7 @@ def _answer_batch(group: list[dict], max_turns: int | None,
 def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_size: int = 16,
                max_new_tokens: int = 512, temperature: float = 0.0, max_turns: int | None = None,
                limit: int | None = None, max_prompt_tokens: int = 1536, progress: bool = True,
-               seed: int | None = None, shard: tuple[int, int] | None = None, decoder: str = "hf",
+               seed: int | None = None, shard: tuple[int, int] | None = None, decoder: str = "auto",
                time_budget: float | None = None) -> int:
     """Regenerate every conversation of `data` not yet in `out`; returns how many were written. `seed` seeds the
     sampling (temperature > 0): without it a fresh process starts from torch's fixed default state, so two sampled
