@@ -103,6 +103,26 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 28's starting point (session 27, bench/RESULTS.md): run 16 shipped (run 15 + 480 s on greedy answers to
+# 37,807 queries of seeds 5/6 that carry token_ids): MT-bench T=0 dynamic tau 4.50 -> 4.62 (2.54x -> 2.63x), paired
+# fp32 4.34 -> 4.49, HumanEval 5.62 (3.00x), T=1 static 2.47 (1.44x). Two continuations on fresh self-written greedy
+# data have each added ~3% paired tau; the lever is not spent. Session 27 lost its first lease by taking >30 s to
+# write the next call: write every command below out before the first call, then fire them back to back.
+# On one H200 (~1,700 s):
+#   1-4. the stash (part00..03 + install.sh, `bash .gpu/install.sh stash`).
+#   5. carry [part04, WHEEL_NAME, .gpu/whl, install.sh]: `bash .gpu/install.sh >/dev/null && export
+#      PYTHONPATH=$HOME/site:$PWD/src EAGLESPEC_COMMIT=<hash>; OUT=$OUT TAG=s28 SEED=7 ANSWER_TEMP=0 SYNTH_N=24000
+#      SYNTH_S=150 REGEN_S=210 bash bench/gpu_x2.sh synth23` (~235 s), then TAG=s28w SEED=8 STARTS="Write,Compose,Draft,
+#      Imagine,Describe,Pretend,Discuss,Explain" SYNTH_N=14000 SYNTH_S=100 REGEN_S=130 (~205 s). The answer files come
+#      back in $OUT (11 and 7 MB gzipped): if the lease ends, carry them in .gpu/<dir>/*.gz with `CARRY=.gpu/<dir>
+#      bash bench/gpu_x2.sh stash7` (one call each; the tree is ~46 MB of the 64 MiB a call carries).
+#   6. `... OUT=$OUT TAG=s28 RUN_S=480 bash bench/gpu_x2.sh synth23b` (~525 s; run 17 from the shipped run 16).
+#   7. `... OUT=$OUT TAG=s28 FP32=1 T1=1 bash bench/gpu_x2.sh synth23c` (~300 s; session 27's bf16 part took 138 s,
+#      T=1 + fp32 161 s). Ship run 17 if its fp32 MT-bench tau beats run 16's and its bf16 ms per round is no higher.
+#   Then, with what is left: a T=0 sweep of deeper trees with the better drafter (acceptance is higher than when
+#   7/10/60 was chosen): `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:8/10/70,dynamic:8/12/80`.
+#   Untried, for a control: run 15 + session 27's data with the token_ids stripped (did the ids or the continuation
+#   do it?); LR=1e-4 for a continuation.
 # Session 27's starting point (session 26, bench/RESULTS.md): `--decoder static` answers 2.1x faster than HF generate
 # (regenerate's default is auto now; synth-prompts keeps hf), and run 15 (run 12 + 480 s on greedy answers to 38k new
 # queries) accepted 3-4% more than run 12 on identical fp32 texts but less in the bf16 MT-bench A/B, where each drafter
