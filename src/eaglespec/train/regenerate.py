@@ -103,9 +103,9 @@ def generate_batch(model, tokenizer, chats: list[list[dict]], max_new_tokens: in
         out = model.generate(input_ids.to(dev), attention_mask=valid.long().to(dev), max_new_tokens=max_new_tokens,
                              pad_token_id=pad, **kw)
         rows = out[:, width:].cpu().tolist()
-    answers = []
+    answers, stop_set = [], set(stops)
     for row in rows:
-        ids = until_stop(row, set(stops))
+        ids = until_stop(row, stop_set)
         answers.append((tokenizer.decode(ids, skip_special_tokens=True).strip(), ids))
     return answers
 
