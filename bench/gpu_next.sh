@@ -107,7 +107,9 @@
 # 37,807 queries of seeds 5/6 that carry token_ids): MT-bench T=0 dynamic tau 4.50 -> 4.62 (2.54x -> 2.63x), paired
 # fp32 4.34 -> 4.49, HumanEval 5.62 (3.00x), T=1 static 2.47 (1.44x). Two continuations on fresh self-written greedy
 # data have each added ~3% paired tau; the lever is not spent. Session 27 lost its first lease by taking >30 s to
-# write the next call: write every command below out before the first call, then fire them back to back.
+# write the next call: write every command below out before the first call, then send them all in one message (the
+# device runs them one after another with no gap: session 27's second lease ran 8 calls that way). Steps 5's two
+# synth23 calls also fit one call (~440 s of 600) chained with `;`.
 # On one H200 (~1,700 s):
 #   1-4. the stash (part00..03 + install.sh, `bash .gpu/install.sh stash`).
 #   5. carry [part04, WHEEL_NAME, .gpu/whl, install.sh]: `bash .gpu/install.sh >/dev/null && export
