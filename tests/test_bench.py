@@ -258,3 +258,43 @@ def test_the_heap_is_settled_before_each_timed_loop(monkeypatch):
     monkeypatch.setenv(api.GC_FREEZE_ENV, "yes")
     with pytest.raises(EagleSpecError, match=api.GC_FREEZE_ENV):
         real()
+
+
+def test_same_text_as_fast_plain_counts_identical_sequences_and_is_reported():
+    """Greedy methods are compared with fast-plain's texts (without HF generate in the run): a drafter whose text
+    parts from plain decoding on one prompt counts 1 of 2, and the Markdown says so."""
+    from eaglespec.bench import same_text
+
+    base = Run("fast-plain", token_ids=[[5, 6, 7], [8, 9]])
+    assert same_text(base, Run("a", token_ids=[[5, 6, 7], [8, 9]])) == {"sequences": 2, "identical": 2}
+    assert same_text(base, Run("b", token_ids=[[5, 6, 4], [8, 9]])) == {"sequences": 2, "identical": 1}
+    assert same_text(base, Run("c", token_ids=[[5, 6]])) == {"sequences": 1, "identical": 0}  # a prefix differs
+    b = Run("b", token_ids=[[5, 6, 4], [8, 9]], seconds=[1.0, 1.0])
+    summaries = {"fast-plain": summarize_run(Run("fast-plain", token_ids=base.token_ids, seconds=[1.0, 1.0])),
+                 "b": {**summarize_run(b), "same_text_as_fast_plain": same_text(base, b)}}
+    report = {"environment": {"date": "d", "device": "cpu", "torch": "t", "transformers": "x", "commit": "c"},
+              "config": {"target": "tiny", "dataset": "mtbench", "prompts": 2, "max_new_tokens": 3,
+                         "dtype": "float32", "temperature": 0.0, "draft": "tiny", "k": 3, "depth": 8, "top_k": 10,
+                         "budget": 60},
+              "methods": summaries}
+    assert "Sequences identical to fast-plain's (an A/B of drafters is paired where they all are): b 1/2." \
+        in markdown(report)
+
+
+def test_run_methods_marks_each_greedy_method_against_fast_plain():
+    """run_methods adds same_text_as_fast_plain to every greedy method but HF generate and fast-plain itself; not
+    with a temperature (sampled texts differ by design)."""
+    import types
+
+    from eaglespec.bench import run_methods
+
+    model = tiny_target("llama", seed=4)
+    es = types.SimpleNamespace(model=model, tokenizer=_Tok(), drafter=tiny_drafter(model, seed=2),
+                               eos_ids=lambda: [2])
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 90, (n,), generator=gen).tolist() for n in (5, 7)]
+    summaries, _ = run_methods(es, prompts, ["fast-plain", "eagle3-chain"], _args(max_new_tokens=6))
+    assert summaries["eagle3-chain"]["same_text_as_fast_plain"] == {"sequences": 2, "identical": 2}
+    assert "same_text_as_fast_plain" not in summaries["fast-plain"]
+    sampled, _ = run_methods(es, prompts, ["fast-plain", "eagle3-chain"], _args(max_new_tokens=6, temperature=1.0))
+    assert "same_text_as_fast_plain" not in sampled["eagle3-chain"]

@@ -10,7 +10,8 @@ Methods (--methods, comma separated):
 Per method: tok/s (all tokens / all seconds, and the median per prompt), tau, speedup ratios vs
 HF generate and vs fast plain decoding, the time split per round (draft / verify / accept+commit /
 other) and, at T=0, greedy agreement with HF generate: the share of identical sequences and, at
-each first divergence, the position and the reference's top-2 logit gap (a bf16 near-tie is < 0.1).
+each first divergence, the position and the reference's top-2 logit gap (a bf16 near-tie is < 0.1), and how many
+sequences equal fast-plain's (two drafters' tau are compared on the same texts only where all do).
 --check-fp32 N repeats the agreement check in fp32 with TF32 off on the first N prompts.
 Timed regions are bracketed by torch.cuda.synchronize(); every method is warmed up first: --warmup prompts for 48
 tokens (graph captures), then (--warm-prompts, default on) every other prompt for 2 tokens, so one-time per-shape
@@ -338,6 +339,13 @@ def agreement(ref: Run, run: Run, dtype: torch.dtype = torch.bfloat16) -> dict:
             "divergences": divs, "near_ties": near, "non_near_ties": len(divs) - near, "within_one_ulp": ulp1}
 
 
+def same_text(base: Run, run: Run) -> dict:
+    """How many of the prompts both ran `run` emitted exactly `base`'s tokens for: at T=0 against fast-plain, whether
+    an A/B of two drafters compared the same texts (in fp32 they should; in bf16 near-ties part them)."""
+    n = min(len(base.token_ids), len(run.token_ids))
+    return {"sequences": n, "identical": sum(a == b for a, b in zip(base.token_ids[:n], run.token_ids[:n]))}
+
+
 def summarize_run(run: Run) -> dict:
     toks = [len(t) for t in run.token_ids]
     out: dict[str, Any] = {"method": run.method}
@@ -450,6 +458,11 @@ def markdown(report: dict) -> str:
         lines.append(f"| {name} | {s.get('backend', 'hf generate')} | {s['tokens_per_second']:.1f} | "
                      f"{s['median_tokens_per_second']:.1f} | {s.get('tau', '')} | {s.get('speedup_vs_hf', '')} | "
                      f"{s.get('speedup_vs_fast-plain', '')} | {split} | {ident} | {divs} |")
+    same = [f"{name} {s['same_text_as_fast_plain']['identical']}/{s['same_text_as_fast_plain']['sequences']}"
+            for name, s in report["methods"].items() if "same_text_as_fast_plain" in s]
+    if same:
+        lines.append("\nSequences identical to fast-plain's (an A/B of drafters is paired where they all are): "
+                     + ", ".join(same) + ".")
     fp = report.get("fp32_check")
     if fp:
         parts = [f"{m} {a['identical']}/{a['sequences']}" for m, a in fp["agreement"].items()]
@@ -578,6 +591,10 @@ def run_methods(es, prompts: list[list[int]], methods: list[str], args, extra=No
         for m, r in runs.items():
             if m != "hf" and not r.skipped:
                 summaries[m]["agreement"] = agreement(runs["hf"], r, es.model.dtype)
+    if "fast-plain" in runs and not args.temperature:
+        for m, r in runs.items():
+            if m not in ("hf", "fast-plain") and not r.skipped:
+                summaries[m]["same_text_as_fast_plain"] = same_text(runs["fast-plain"], r)
     return summaries, runs
 
 
