@@ -124,7 +124,10 @@
 #   Then, with what is left: a T=0 sweep of deeper trees with the better drafter (acceptance is higher than when
 #   7/10/60 was chosen): `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:8/10/70,dynamic:8/12/80`.
 #   Untried, for a control: run 15 + session 27's data with the token_ids stripped (did the ids or the continuation
-#   do it?); LR=1e-4 for a continuation.
+#   do it?); LR=1e-4 for a continuation. Worth a second look under the paired rule: runs 13 and 14 (T=0.7 answers)
+#   raised T=1 tau 3-4% and were refused for bf16 MT-bench T=0 drops of 0.4-1.7%, the unpaired comparison that
+#   ranked run 15 2.4% below run 12 while its paired fp32 tau was 3% above: sampled answers beside greedy ones may
+#   help T=1 (target 3.5, now 2.67) at no T=0 cost. `bench` now prints how many sequences equal fast-plain's.
 # Session 27's starting point (session 26, bench/RESULTS.md): `--decoder static` answers 2.1x faster than HF generate
 # (regenerate's default is auto now; synth-prompts keeps hf), and run 15 (run 12 + 480 s on greedy answers to 38k new
 # queries) accepted 3-4% more than run 12 on identical fp32 texts but less in the bf16 MT-bench A/B, where each drafter
