@@ -907,7 +907,7 @@ PY
       --dataset mtbench --limit 80 --dtype float32 --methods fast-plain,eagle3-dynamic,extra-dynamic"
     [ -n "${T1:-}" ] && timeout 150 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_mtbench80_t1 --dataset mtbench \
       --limit 80 --temperature 1 --methods fast-plain,eagle3-static,extra-static,eagle3-dynamic,extra-dynamic"
-    for f in "$R"/*.log; do echo "== $f"; grep -v 'Loading weights' "$f" | grep '|\|Error\|error' | tail -9; done
+    for f in "$R"/*.log; do echo "== $f"; grep -v 'Loading weights' "$f" | grep '|\|Error\|error\|^Sequences identical' | tail -10; done
     tar czf "$OUT/synth_$tag.tgz" -C "$R" .
     ;;
 esac
