@@ -105,29 +105,32 @@
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
 # Session 28's starting point (session 27, bench/RESULTS.md): run 16 shipped (run 15 + 480 s on greedy answers to
 # 37,807 queries of seeds 5/6 that carry token_ids): MT-bench T=0 dynamic tau 4.50 -> 4.62 (2.54x -> 2.63x), paired
-# fp32 4.34 -> 4.49, HumanEval 5.62 (3.00x), T=1 static 2.47 (1.44x). Two continuations on fresh self-written greedy
-# data have each added ~3% paired tau; the lever is not spent. Session 27 lost its first lease by taking >30 s to
-# write the next call: write every command below out before the first call, then send them all in one message (the
-# device runs them one after another with no gap: session 27's second lease ran 8 calls that way). Steps 5's two
-# synth23 calls also fit one call (~440 s of 600) chained with `;`.
-# On one H200 (~1,700 s):
+# fp32 4.34 -> 4.49, HumanEval 5.62 (3.00x), T=1 static 2.47 (1.44x). But on CPU (paired fp32) run 16 is only
+# +0.3-0.6% over run 15: the fresh-greedy-data lever is flattening (+3.7%, +3%, +0.5% for runs 12, 15, 16).
+# Session 27 lost its first lease by taking >30 s to write the next call: write every command below out before the
+# first call, then send them all in one message (the device runs them one after another with no gap: session 27's
+# second lease ran 8 calls that way).
+# The next test is T=1 (target 3.5, now 2.67): answers sampled at T=0.7 beside greedy ones, judged by the paired rule.
+# Runs 13 and 14 (T=0.7 answers) raised T=1 tau 3-4% and were refused for bf16 MT-bench T=0 drops of 0.4-1.7%, the
+# unpaired comparison that ranked run 15 2.4% below run 12 while its paired fp32 tau was 3% above.
+# On one H200 (~1,700 s), if this workspace's .gpu/ survived (else synthesize new queries as session 27 did):
 #   1-4. the stash (part00..03 + install.sh, `bash .gpu/install.sh stash`).
-#   5. carry [part04, WHEEL_NAME, .gpu/whl, install.sh]: `bash .gpu/install.sh >/dev/null && export
-#      PYTHONPATH=$HOME/site:$PWD/src EAGLESPEC_COMMIT=<hash>; OUT=$OUT TAG=s28 SEED=7 ANSWER_TEMP=0 SYNTH_N=24000
-#      SYNTH_S=150 REGEN_S=210 bash bench/gpu_x2.sh synth23` (~235 s), then TAG=s28w SEED=8 STARTS="Write,Compose,Draft,
-#      Imagine,Describe,Pretend,Discuss,Explain" SYNTH_N=14000 SYNTH_S=100 REGEN_S=130 (~205 s). The answer files come
-#      back in $OUT (11 and 7 MB gzipped): if the lease ends, carry them in .gpu/<dir>/*.gz with `CARRY=.gpu/<dir>
-#      bash bench/gpu_x2.sh stash7` (one call each; the tree is ~46 MB of the 64 MiB a call carries).
-#   6. `... OUT=$OUT TAG=s28 RUN_S=480 bash bench/gpu_x2.sh synth23b` (~525 s; run 17 from the shipped run 16).
-#   7. `... OUT=$OUT TAG=s28 FP32=1 T1=1 bash bench/gpu_x2.sh synth23c` (~300 s; session 27's bf16 part took 138 s,
-#      T=1 + fp32 161 s). Ship run 17 if its fp32 MT-bench tau beats run 16's and its bf16 ms per round is no higher.
-#   Then, with what is left: a T=0 sweep of deeper trees with the better drafter (acceptance is higher than when
-#   7/10/60 was chosen): `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:8/10/70,dynamic:8/12/80`.
-#   Untried, for a control: run 15 + session 27's data with the token_ids stripped (did the ids or the continuation
-#   do it?); LR=1e-4 for a continuation. Worth a second look under the paired rule: runs 13 and 14 (T=0.7 answers)
-#   raised T=1 tau 3-4% and were refused for bf16 MT-bench T=0 drops of 0.4-1.7%, the unpaired comparison that
-#   ranked run 15 2.4% below run 12 while its paired fp32 tau was 3% above: sampled answers beside greedy ones may
-#   help T=1 (target 3.5, now 2.67) at no T=0 cost. `bench` now prints how many sequences equal fast-plain's.
+#   5. carry [part04, WHEEL_NAME, .gpu/whl, install.sh, .gpu/s27q (session 27's 37,807 queries, 2.8 MB)]:
+#      `bash .gpu/install.sh >/dev/null && export PYTHONPATH=$HOME/site:$PWD/src EAGLESPEC_COMMIT=<hash>;
+#      CARRY=.gpu/s27q bash bench/gpu_x2.sh stash7; OUT=$OUT TAG=s27 SEED=7 ANSWER_TEMP=0.7 SYNTH_N=24000 SYNTH_S=60
+#      REGEN_S=150 bash bench/gpu_x2.sh synth23; OUT=$OUT TAG=s27w SEED=8 ANSWER_TEMP=0.7 SYNTH_N=13807 SYNTH_S=60
+#      REGEN_S=100 bash bench/gpu_x2.sh synth23` (~300 s: the query files are complete, so synth-prompts only loads;
+#      the answers go to regen_synth_s27{,w}_t0.7.jsonl, beside the greedy files of steps 6-7).
+#   6-7. `CARRY=.gpu/s27a bash bench/gpu_x2.sh stash7`, then `CARRY=.gpu/s27b ...` (session 27's greedy answers,
+#      11 and 7 MB): the same queries answered both ways (the held-out split is by prompt).
+#   8. `... OUT=$OUT TAG=s28 RUN_S=480 bash bench/gpu_x2.sh synth23b` (~525 s; run 17 from the shipped run 16).
+#   9. `... OUT=$OUT TAG=s28 FP32=1 T1=1 bash bench/gpu_x2.sh synth23c` (~300 s). Ship run 17 if its fp32 MT-bench
+#      tau is not lower than run 16's, its bf16 ms per round no higher, and T=1 tau higher; bench now prints how many
+#      sequences equal fast-plain's, so the fp32 pairing shows itself.
+#   Untried: a control for the ids (run 15 + session 27's data with the token_ids stripped); LR=1e-4 for a
+#   continuation; one longer run on all the data kept (.gpu/s26 + s27: ~76k conversations) instead of continuations.
+#   A deeper tree sweep with the better drafter if time is left: `bench/tree_sweep.py --limit 40 --configs
+#   dynamic:7/10/60,dynamic:8/10/60,dynamic:8/10/70`.
 # Session 27's starting point (session 26, bench/RESULTS.md): `--decoder static` answers 2.1x faster than HF generate
 # (regenerate's default is auto now; synth-prompts keeps hf), and run 15 (run 12 + 480 s on greedy answers to 38k new
 # queries) accepted 3-4% more than run 12 on identical fp32 texts but less in the bf16 MT-bench A/B, where each drafter

@@ -840,8 +840,8 @@ PY
       --seed "$seed" --max-new-tokens 192 --device cuda --dtype bfloat16 --starts "${STARTS:-}" --decoder "${SYNTH_DECODER:-hf}"
     wc -l "$q"
     temps=(${ANSWER_TEMP:-0})  # several, space-separated (e.g. "0 0.7"): one answer file each, REGEN_S s each
-    for t in "${temps[@]}"; do
-      [ ${#temps[@]} -gt 1 ] && a=$W/regen_synth_${tag}_t$t.jsonl
+    for t in "${temps[@]}"; do  # greedy answers in regen_synth_TAG.jsonl, sampled ones in regen_synth_TAG_tT.jsonl
+      a=$W/regen_synth_$tag.jsonl; [ "$t" = 0 ] || a=$W/regen_synth_${tag}_t$t.jsonl
       halving "${REGEN_S:-330}" "${REGEN_BS:-4096}" python3 -m eaglespec.cli regenerate --data "$q" --out "$a" \
         --time-budget $((${REGEN_S:-330} - 20)) --max-new-tokens 256 --max-turns 1 --temperature "$t" --seed "$seed" --device cuda --dtype bfloat16 \
         --decoder "${DECODER:-auto}"
