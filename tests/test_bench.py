@@ -261,17 +261,15 @@ def test_the_heap_is_settled_before_each_timed_loop(monkeypatch):
 
 
 def test_same_text_as_fast_plain_counts_identical_sequences_and_is_reported():
-    """Greedy methods are compared with fast-plain's texts (without HF generate in the run): a drafter whose text
-    parts from plain decoding on one prompt counts 1 of 2, and the Markdown says so."""
-    from eaglespec.bench import same_text
-
-    base = Run("fast-plain", token_ids=[[5, 6, 7], [8, 9]])
-    assert same_text(base, Run("a", token_ids=[[5, 6, 7], [8, 9]])) == {"sequences": 2, "identical": 2}
-    assert same_text(base, Run("b", token_ids=[[5, 6, 4], [8, 9]])) == {"sequences": 2, "identical": 1}
-    assert same_text(base, Run("c", token_ids=[[5, 6]])) == {"sequences": 1, "identical": 0}  # a prefix differs
+    """Greedy methods are compared with fast-plain's texts (a reference without logits): a drafter whose text parts
+    from plain decoding on one prompt counts 1 of 2, and the Markdown says so."""
+    base = Run("fast-plain", token_ids=[[5, 6, 7], [8, 9]], seconds=[1.0, 1.0])
     b = Run("b", token_ids=[[5, 6, 4], [8, 9]], seconds=[1.0, 1.0])
-    summaries = {"fast-plain": summarize_run(Run("fast-plain", token_ids=base.token_ids, seconds=[1.0, 1.0])),
-                 "b": {**summarize_run(b), "same_text_as_fast_plain": same_text(base, b)}}
+    ag = agreement(base, b)
+    assert (ag["sequences"], ag["identical"]) == (2, 1) and ag["divergences"][0]["ref_top2_gap"] is None
+    assert agreement(base, Run("c", token_ids=[[5, 6]]))["identical"] == 0  # a prefix is not the same text
+    summaries = {"fast-plain": summarize_run(base),
+                 "b": {**summarize_run(b), "same_text_as_fast_plain": {"sequences": 2, "identical": 1}}}
     report = {"environment": {"date": "d", "device": "cpu", "torch": "t", "transformers": "x", "commit": "c"},
               "config": {"target": "tiny", "dataset": "mtbench", "prompts": 2, "max_new_tokens": 3,
                          "dtype": "float32", "temperature": 0.0, "draft": "tiny", "k": 3, "depth": 8, "top_k": 10,

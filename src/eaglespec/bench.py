@@ -316,8 +316,9 @@ def _ulp(x: float, dtype: torch.dtype) -> float:
 
 
 def agreement(ref: Run, run: Run, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Share of sequences identical to HF generate; each first divergence with the reference's top-2
-    logit gap there (absolute, and in units of the logit dtype's spacing at the top logit)."""
+    """Share of sequences identical to the reference's (HF generate; fast-plain for same_text_as_fast_plain); each
+    first divergence with the reference's top-2 logit gap there where it recorded logits (absolute, and in units of
+    the logit dtype's spacing at the top logit)."""
     same, divs = 0, []
     for i, (a, b) in enumerate(zip(ref.token_ids, run.token_ids)):
         if a == b:
@@ -337,13 +338,6 @@ def agreement(ref: Run, run: Run, dtype: torch.dtype = torch.bfloat16) -> dict:
     ulp1 = sum(1 for d in divs if d["gap_in_ulps"] is not None and d["gap_in_ulps"] <= 1.0)
     return {"sequences": n, "identical": same, "identical_rate": round(same / n, 4) if n else 0.0,
             "divergences": divs, "near_ties": near, "non_near_ties": len(divs) - near, "within_one_ulp": ulp1}
-
-
-def same_text(base: Run, run: Run) -> dict:
-    """How many of the prompts both ran `run` emitted exactly `base`'s tokens for: at T=0 against fast-plain, whether
-    an A/B of two drafters compared the same texts (in fp32 they should; in bf16 near-ties part them)."""
-    n = min(len(base.token_ids), len(run.token_ids))
-    return {"sequences": n, "identical": sum(a == b for a, b in zip(base.token_ids[:n], run.token_ids[:n]))}
 
 
 def summarize_run(run: Run) -> dict:
@@ -591,10 +585,11 @@ def run_methods(es, prompts: list[list[int]], methods: list[str], args, extra=No
         for m, r in runs.items():
             if m != "hf" and not r.skipped:
                 summaries[m]["agreement"] = agreement(runs["hf"], r, es.model.dtype)
-    if "fast-plain" in runs and not args.temperature:
-        for m, r in runs.items():
+    if "fast-plain" in runs and not args.temperature:  # did an A/B of drafters compare the same texts? (fp32: it
+        for m, r in runs.items():                       # should; bf16: near-ties part them)
             if m not in ("hf", "fast-plain") and not r.skipped:
-                summaries[m]["same_text_as_fast_plain"] = same_text(runs["fast-plain"], r)
+                ag = agreement(runs["fast-plain"], r)
+                summaries[m]["same_text_as_fast_plain"] = {k: ag[k] for k in ("sequences", "identical")}
     return summaries, runs
 
 
