@@ -103,6 +103,30 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 29's starting point (session 28, bench/RESULTS.md): run 17 (run 16 + 450 s on session 27's greedy answers plus
+# 32,192 T=0.7 answers to the same queries) was NOT shipped: paired fp32 MT-bench tau +1.6% and T=1 dynamic tau +4.0%,
+# but in bf16 it was 1-2% slower on MT-bench T=0 in both process orders (its rounds cost 1.4-2.9% more; 0.75% more
+# even on the identical fp32 text, cause unknown) and the sampled default (static 5/10/25) gained 0.4%. Run 17 and
+# the T=0.7 answers live in this workspace only (.gpu/s28: draft.tgz.partaa/ab; .gpu/s28a, .gpu/s28b: 13 + 8 MB).
+# T=1 on CPU (bench/t1_acceptance.py --draft): beta = sum min(p, q) ~0.49 at depth 1, ~0.70 with six drawn children;
+# ~10% of p's T=1 mass lies outside the 12,000-id draft vocabulary. A T=1 sweep (MT-bench 40, one seed) put a
+# depth-4 static tree 4.1% ahead of the default depth 5 (1.50x vs 1.44x plain).
+# On one H200 (~1,700 s; all calls written out first and sent in ONE message: session 28's ten ran back to back):
+#   1-5. the stash as session 28 (part00..03 with install.sh stash; part04 + WHEEL_NAME + .gpu/whl + install.sh,
+#      `bash .gpu/install.sh`).
+#   6. the T=1 shape, confirmed or refused (~150 s): `export PYTHONPATH=$HOME/site:$PWD/src EAGLESPEC_COMMIT=<hash>;
+#      for s in 0 1; do python3 bench/tree_sweep.py --limit 80 --temperature 1 --seed $s --configs
+#      static:5/10/25,static:4/10/25,static:3/10/25 --json $OUT/h200_tree_sweep_t1_seed${s}_<hash>.json; done`.
+#      Set tree_defaults.static's depth to 4 in the shipped manifest only if it wins with both seeds.
+#   7. why run 17's rounds cost more (~120 s): carry .gpu/s28/draft.tgz.partaa in one call and partab in the next
+#      (cp each into $HOME/d; `cat $HOME/d/draft.tgz.parta? | tar xzf - -C $HOME/r17`, as session 28's swap call did),
+#      then `python3 bench/round_timeline.py --tree dynamic --depth 7 --top-k 10 --budget 60 --no-sync-before-verify
+#      --draft D --json $OUT/rt_D.json` for D = the shipped drafter and $HOME/r17/smollm2-135m-instruct-eagle3: the
+#      kernels by kind show whether the top-k selections (data-dependent radix passes) or something else differ.
+#   8. the rest: run 18 = run 17 grown to 13,000 draft ids (`VOCAB=13000`, the most one 15 MB bf16 shard holds; T=1
+#      loses ~10% of p's mass to the vocabulary) on the same data (stash7 with .gpu/s27a, s27b, s28a, s28b), then
+#      synth23c FP32=1 and ONLY_T1=1 against run 16 under the same rule as session 28 (fp32 tau not lower, bf16 tok/s
+#      not lower in a swapped-order rerun, T=1 higher).
 # Session 28's starting point (session 27, bench/RESULTS.md): run 16 shipped (run 15 + 480 s on greedy answers to
 # 37,807 queries of seeds 5/6 that carry token_ids): MT-bench T=0 dynamic tau 4.50 -> 4.62 (2.54x -> 2.63x), paired
 # fp32 4.34 -> 4.49, HumanEval 5.62 (3.00x), T=1 static 2.47 (1.44x). But on CPU (paired fp32) run 16 is only

@@ -1,7 +1,7 @@
 """Is the engine's acceptance at T=1 what the drafter's distribution allows? (issue: tau >= 3.5 at T=1)
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/t1_acceptance.py [--limit 6] [--k 4] [--max-new-tokens 96]
-        [--seed 0] [--no-dynamic] [--json OUT]
+        [--seed 0] [--no-dynamic] [--draft DIR] [--json OUT]
 
 The shipped pair (EagleSpec.from_pretrained's defaults) in fp32 on CPU, on the first --limit MT-bench first turns:
 
@@ -217,12 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=1, help="T=1 runs per prompt (seeds seed .. seed+N-1)")
     ap.add_argument("--no-dynamic", action="store_true", help="skip the dynamic-tree (point-mass) run")
     ap.add_argument("--dynamic", default="5,6,24", help="dynamic tree depth,top_k,budget")
+    ap.add_argument("--draft", default=None, help="a drafter directory (default: the shipped one)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     k = args.k
-    es = EagleSpec.from_pretrained(device="cpu", dtype="float32", spec=TreeSpec("chain", depth=k))
+    es = EagleSpec.from_pretrained(draft=args.draft, device="cpu", dtype="float32", spec=TreeSpec("chain", depth=k))
     log(f"{es.draft_note}; target backend {es.target.name}")
     prompts = [es.encode(p) for p in load_prompts("mtbench", args.limit)]
     eos = es.eos_ids()
