@@ -117,7 +117,8 @@
 #   6. the T=1 shape, confirmed or refused (~150 s): `export PYTHONPATH=$HOME/site:$PWD/src EAGLESPEC_COMMIT=<hash>;
 #      for s in 0 1; do python3 bench/tree_sweep.py --limit 80 --temperature 1 --seed $s --configs
 #      static:5/10/25,static:4/10/25,static:3/10/25 --json $OUT/h200_tree_sweep_t1_seed${s}_<hash>.json; done`.
-#      Set tree_defaults.static's depth to 4 in the shipped manifest only if it wins with both seeds.
+#      The shipped manifest already cuts the sampled static tree to depth 4 (tree_defaults.sampled.static, session 28):
+#      put 5 back if 4/10/25 does not win with both seeds.
 #   7. why run 17's rounds cost more (~120 s): carry .gpu/s28/draft.tgz.partaa in one call and partab in the next
 #      (cp each into $HOME/d; `cat $HOME/d/draft.tgz.parta? | tar xzf - -C $HOME/r17`, as session 28's swap call did),
 #      then `python3 bench/round_timeline.py --tree dynamic --depth 7 --top-k 10 --budget 60 --no-sync-before-verify
