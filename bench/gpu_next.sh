@@ -125,7 +125,8 @@
 #      --draft D --json $OUT/rt_D.json` for D = the shipped drafter and $HOME/r17/smollm2-135m-instruct-eagle3: the
 #      kernels by kind show whether the top-k selections (data-dependent radix passes) or something else differ.
 #   8. the rest: run 18 = run 17 grown to 13,000 draft ids (`VOCAB=13000`, the most one 15 MB bf16 shard holds; T=1
-#      loses ~10% of p's mass to the vocabulary) on the same data (stash7 with .gpu/s27a, s27b, s28a, s28b), then
+#      loses 9.2% of p's mass to 12,000 ids and 8.4% to 13,000: a small step, so weigh it against 16-20k ids, which
+#      need the head split across shards) on the same data (stash7 with .gpu/s27a, s27b, s28a, s28b), then
 #      synth23c FP32=1 and ONLY_T1=1 against run 16 under the same rule as session 28 (fp32 tau not lower, bf16 tok/s
 #      not lower in a swapped-order rerun, T=1 higher).
 # Session 28's starting point (session 27, bench/RESULTS.md): run 16 shipped (run 15 + 480 s on greedy answers to
