@@ -45,10 +45,9 @@ def outside_share(answers: list[list[int]], in_vocab: torch.Tensor) -> float:
     return float((~in_vocab[ids]).float().mean()) if ids.numel() else 0.0
 
 
-def grown_shares(answers: list[list[int]], draft_ids: torch.Tensor, counts: torch.Tensor,
-                 sizes: list[int]) -> dict[int, float]:
-    """{N: outside_share for the draft vocabulary grown to N ids by `counts`}."""
-    return {n: outside_share(answers, id_mask(grown_draft_ids(draft_ids, counts, n), counts.numel())) for n in sizes}
+def grown_masks(draft_ids: torch.Tensor, counts: torch.Tensor, sizes: list[int]) -> dict[int, torch.Tensor]:
+    """{N: [V] bool, the draft vocabulary grown to N ids by `counts`}."""
+    return {n: id_mask(grown_draft_ids(draft_ids, counts, n), counts.numel()) for n in sizes}
 
 
 def outside_mass(probs: torch.Tensor, in_vocab: torch.Tensor) -> float:
@@ -106,12 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         samples = tokenize_all(es.tokenizer, read_conversations(args.counts), 4096)
         counts = token_counts(((s.ids, s.loss_mask) for s in samples), vocab)
         sizes = [int(n) for n in args.sizes.split(",") if n]
-        report["grown_outside_share"] = {n: round(v, 4) for n, v in
-                                         grown_shares(answers, draft_ids, counts, sizes).items()}
+        masks = grown_masks(draft_ids, counts, sizes)
+        report["grown_outside_share"] = {n: round(outside_share(answers, m), 4) for n, m in masks.items()}
         if probs_all is not None:
-            report["grown_outside_mass"] = {
-                n: round(outside_mass(probs_all, id_mask(grown_draft_ids(draft_ids, counts, n), vocab)), 4)
-                for n in sizes}
+            report["grown_outside_mass"] = {n: round(outside_mass(probs_all, m), 4) for n, m in masks.items()}
     text = json.dumps(report, indent=1)
     print(text)
     if args.json:
