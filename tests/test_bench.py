@@ -296,3 +296,23 @@ def test_run_methods_marks_each_greedy_method_against_fast_plain():
     assert "same_text_as_fast_plain" not in summaries["fast-plain"]
     sampled, _ = run_methods(es, prompts, ["fast-plain", "eagle3-chain"], _args(max_new_tokens=6, temperature=1.0))
     assert "same_text_as_fast_plain" not in sampled["eagle3-chain"]
+
+
+def test_skip_leaves_out_the_first_prompts(tmp_path):
+    """--skip N: the prompts after the first N (the two halves of a split run are disjoint and cover the set);
+    a skip past the end is a one-line error; the report names the skip."""
+    f = tmp_path / "p.txt"
+    f.write_text("a\nb\nc\nd\ne\n")
+    first, rest = load_prompts(str(f), 2), load_prompts(str(f), None, skip=2)
+    assert first == ["a", "b"] and rest == ["c", "d", "e"]
+    assert load_prompts(str(f), 2, skip=1) == ["b", "c"]
+    with pytest.raises(EagleSpecError, match=r"--skip 5: --dataset .* has only 5 prompts"):
+        load_prompts(str(f), skip=5)
+    report = {"environment": {"date": "d", "device": "cpu", "torch": "t", "transformers": "x", "commit": "c"},
+              "config": {"target": "t", "dataset": "mtbench", "skip": 40, "prompts": 40, "max_new_tokens": 10,
+                         "dtype": "float32", "temperature": 0.0, "draft": "d", "k": 5, "depth": 8, "top_k": 10,
+                         "budget": 60},
+              "methods": {}}
+    assert "(40 prompts after the first 40, chat template)" in markdown(report)
+    report["config"]["skip"] = 0
+    assert "(40 prompts, chat template)" in markdown(report)

