@@ -313,6 +313,6 @@ def test_skip_leaves_out_the_first_prompts(tmp_path):
                          "dtype": "float32", "temperature": 0.0, "draft": "d", "k": 5, "depth": 8, "top_k": 10,
                          "budget": 60},
               "methods": {}}
-    assert "(40 prompts after the first 40, chat template)" in markdown(report)
+    assert "(40 prompts after the first 40, chat template), max 10 new tokens" in markdown(report)
     report["config"]["skip"] = 0
     assert "(40 prompts, chat template)" in markdown(report)

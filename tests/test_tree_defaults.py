@@ -66,11 +66,11 @@ def test_shipped_drafter_recommends_measured_shapes():
     drafter = _drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json"))
     on_gpu, sampled_on_gpu = resolve_trees({}, drafter, device="cuda")
     assert (on_gpu.kind, sampled_on_gpu.kind, sampled_on_gpu.budget) == ("dynamic", "static", 25)  # session 15
-    # session 28: with a temperature the static tree is cut to depth 4 (sampled.static, merged knob by knob: top-k
+    # session 28: with a temperature the static tree is cut to depth 3 (session 29; depth 4 in session 28) (sampled.static, merged knob by knob: top-k
     # and budget stay the base's); a greedy static request keeps depth 5
-    assert (sampled_on_gpu.depth, sampled_on_gpu.top_k) == (4, 10)
+    assert (sampled_on_gpu.depth, sampled_on_gpu.top_k) == (3, 10)
     greedy_static, sampled_static = resolve_trees({"tree": "static"}, drafter, device="cuda")
-    assert (greedy_static.depth, sampled_static.depth, sampled_static.budget) == (5, 4, 25)
+    assert (greedy_static.depth, sampled_static.depth, sampled_static.budget) == (5, 3, 25)
     assert resolve_trees({"tree": "chain"}, drafter, device="cuda") == (tree_spec("chain", 5), tree_spec("chain", 3))
     # session 14: 7/20/120 lost to 7/10/60 for greedy requests too (A B A B in one process), so no greedy override
     assert resolve_trees({"tree": "dynamic"}, drafter, device="cuda") == (tree_spec("dynamic", None, 10, 7, 60), None)

@@ -416,7 +416,7 @@ def markdown(report: dict) -> str:
     lines = [f"\n## bench {env['date']}: {cfg['target']} on {env['device']}\n",
              f"torch {env['torch']}, transformers {env['transformers']}, commit {env['commit']}; "
              f"dataset {cfg['dataset']} ({cfg['prompts']} prompts"
-             + (f" after the first {cfg['skip']}" if cfg.get("skip") else "") + ", chat template), max {cfg['max_new_tokens']} new "
+             + (f" after the first {cfg['skip']}" if cfg.get("skip") else "") + f", chat template), max {cfg['max_new_tokens']} new "
              f"tokens, batch 1, {cfg['dtype']}, T={cfg['temperature']}"
              + (f" (drafter at T={cfg['draft_temperature']})" if cfg.get("draft_temperature") is not None else "")
              + f"; drafter: {cfg['draft']}; "
