@@ -1,7 +1,7 @@
 """Is the engine's acceptance at T=1 what the drafter's distribution allows? (issue: tau >= 3.5 at T=1)
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/t1_acceptance.py [--limit 6] [--k 4] [--max-new-tokens 96]
-        [--seed 0] [--no-dynamic] [--draft DIR] [--json OUT]
+        [--seed 0] [--no-dynamic] [--draft DIR] [--siblings 6] [--json OUT]
 
 The shipped pair (EagleSpec.from_pretrained's defaults) in fp32 on CPU, on the first --limit MT-bench first turns:
 
@@ -49,7 +49,7 @@ from eaglespec.verify import tree_rejection_sample
 
 TOPN = 6  # point-mass siblings (the shipped dynamic tree's top-k)
 DRAFT_TEMPS = (0.7, 0.85, 1.0, 1.2, 1.5)
-RRS_SIBLINGS = (1, 6)  # depth-1 Monte Carlo of sampled siblings (without replacement) with the real q
+SIBLINGS = 6  # depth-1 Monte Carlo of up to this many sampled siblings (without replacement) with the real q
 RRS_SAMPLES = 32
 RRS_CHUNK = 16  # rows per batch (RRS_CHUNK * RRS_SAMPLES vectors of Vd + 1 floats)
 
@@ -59,15 +59,20 @@ def log(msg: str) -> None:
 
 
 @torch.no_grad()
-def teacher_forced(es: EagleSpec, ids: torch.Tensor, k: int, start: int, gen: torch.Generator
-                   ) -> dict[str, torch.Tensor]:
+def rrs_names(siblings: int) -> list[str]:
+    """rrs{j}_mc for j = 1..siblings: P(a depth-1 draft is accepted) with j sampled siblings."""
+    return [f"rrs{j}_mc" for j in range(1, siblings + 1)]
+
+
+def teacher_forced(es: EagleSpec, ids: torch.Tensor, k: int, start: int, gen: torch.Generator,
+                   siblings: int = SIBLINGS) -> dict[str, torch.Tensor]:
     """Per (depth d = 1..k, catch-up row t) statistics of the drafter's q_d vs the target's p at row t + d.
 
     Row t of the catch-up pairs f_t with x_{t+1} and predicts x_{t+2} (q_1); the depth-j chain row of anchor t
     is fed x_{t+1+j} at position t + j (Proposer._chain / TreeRows) and predicts x_{t+2+j} (q_{j+1}).
     Returns tensors [k, n-1] (NaN where the text ends) and q [k, n-1, Vd] is NOT kept (memory): only the
     per-row numbers, plus `q1` [n-1, Vd] for the direct check against the engine's recorded q. Depth 1 also gets
-    rrs{n}_mc (rrs_depth1) on the answer rows (catch-up rows >= start).
+    rrs{j}_mc for j = 1..siblings (rrs_depth1) on the answer rows (catch-up rows >= start).
     """
     target, drafter = es.target, es.drafter
     n = ids.numel()
@@ -82,7 +87,7 @@ def teacher_forced(es: EagleSpec, ids: torch.Tensor, k: int, start: int, gen: to
     state = drafter.project(out.features[:L])
     logits, states = drafter(state, ids[1:n], torch.arange(L), cache)  # causal: = the engine's catch-up
     names = ["beta", "pm_top1", f"pm_top{TOPN}", "agree0", "H_p", "H_q", "p_outside", "p_top1"]
-    names += [f"beta_T{t:g}" for t in DRAFT_TEMPS] + [f"rrs{n}_mc" for n in RRS_SIBLINGS]
+    names += [f"beta_T{t:g}" for t in DRAFT_TEMPS] + rrs_names(siblings)
     res = {name: torch.full((k, L), float("nan")) for name in names}
     offsets: list[int] = []  # cache offset of each depth's tree block
     col = torch.arange(L)
@@ -105,8 +110,9 @@ def teacher_forced(es: EagleSpec, ids: torch.Tensor, k: int, start: int, gen: to
         q = process_logits(lq, SamplingParams(temperature=1.0))
         if d == 1:
             q1 = q
-            for nsib in RRS_SIBLINGS:  # answer rows only (catch-up rows >= start)
-                res[f"rrs{nsib}_mc"][0, start:m] = rrs_depth1(pd[start:], q[start:], nsib, gen)
+            curve = rrs_depth1(pd[start:], q[start:], siblings, gen)  # answer rows only (catch-up rows >= start)
+            for j, name in enumerate(rrs_names(siblings)):
+                res[name][0, start:m] = curve[:, j]
         res["beta"][d - 1, :m] = torch.minimum(pd, q).sum(-1)
         top = q.topk(TOPN, dim=-1).indices
         res["pm_top1"][d - 1, :m] = pd.gather(1, top[:, :1])[:, 0]
@@ -126,11 +132,14 @@ def teacher_forced(es: EagleSpec, ids: torch.Tensor, k: int, start: int, gen: to
 
 @torch.no_grad()
 def rrs_depth1(pd: torch.Tensor, q: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
-    """Monte-Carlo P(a depth-1 draft is accepted) when the root gets n children drawn from q WITHOUT
+    """Monte-Carlo P(a depth-1 draft is accepted) when the root gets j = 1..n children drawn from q WITHOUT
     replacement and verified by recursive rejection sampling with the real q (verify.tree_rejection_sample,
-    the engine's sampled static-tree scheme). pd [m, Vd] = p on the draft vocab, q [m, Vd]. Returns [m].
-    The vocabulary is compressed to Vd + 1 entries: the last holds p's mass outside the draft vocab (q = 0)."""
-    out = torch.empty(pd.shape[0])
+    the engine's sampled static-tree scheme). pd [m, Vd] = p on the draft vocab, q [m, Vd]. Returns [m, n]:
+    column j-1 is the rate with j siblings. One run with n siblings gives every j: the j-th draw is tested only
+    after the first j-1 are rejected and never depends on later draws, so "accepted with j siblings" is "the
+    accepted child is among the first j". The vocabulary is compressed to Vd + 1 entries: the last holds p's
+    mass outside the draft vocab (q = 0)."""
+    out = torch.empty(pd.shape[0], n)
     parents = torch.tensor([-1] + [0] * n)
     depths = torch.tensor([0] + [1] * n)
     for i in range(0, pd.shape[0], RRS_CHUNK):
@@ -142,9 +151,11 @@ def rrs_depth1(pd: torch.Tensor, q: torch.Tensor, n: int, gen: torch.Generator) 
         draws = sample_without_replacement(qc, nn, gen)  # [B, nn] in draw order (as Proposer.sample_children)
         tokens = torch.cat([torch.zeros(pc.shape[0], 1, dtype=torch.long), draws], 1)
         b = pc.shape[0]
-        _, acc, _ = tree_rejection_sample(tokens, parents[:nn + 1].expand(b, -1), depths[:nn + 1],
-                                          pc[:, None].expand(b, nn + 1, vc), qc[:, None].expand(b, nn + 1, vc), gen)
-        out[i:i + m] = (acc >= 1).float().reshape(m, RRS_SAMPLES).mean(-1)
+        path, _, _ = tree_rejection_sample(tokens, parents[:nn + 1].expand(b, -1), depths[:nn + 1],
+                                           pc[:, None].expand(b, nn + 1, vc), qc[:, None].expand(b, nn + 1, vc), gen)
+        child = path[:, 1]  # [B]: the accepted depth-1 node = its draw index 1..nn, -1 if none
+        within = (child[:, None] >= 1) & (child[:, None] <= torch.arange(1, n + 1))  # [B, n]; j > nn: as nn
+        out[i:i + m] = within.float().reshape(m, RRS_SAMPLES, n).mean(1)
     return out
 
 
@@ -162,7 +173,7 @@ def mean(xs) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def chain_report(rows: list[tuple[int, dict, int]], k: int, predictor: str) -> dict:
+def chain_report(rows: list[tuple[int, dict, int]], k: int, predictor: str, siblings: int = SIBLINGS) -> dict:
     """rows: (accepted, tf stats at the round's anchor {name: [k]}, drafted). Measured vs predicted by depth:
     `predictor` = "beta" (T=1, speculative sampling) or "agree0" (T=0, greedy: exact)."""
     out = {"rounds": len(rows), "predictor": predictor, "by_depth": []}
@@ -177,7 +188,7 @@ def chain_report(rows: list[tuple[int, dict, int]], k: int, predictor: str) -> d
                "se": round(math.sqrt(var) / len(reach), 4) if reach else None,
                "z": round((hit - sum(pred)) / math.sqrt(var), 2) if var > 0 else None}
         for name in ("beta", "pm_top1", f"pm_top{TOPN}", "agree0", "H_p", "p_outside", "beta_T0.85", "beta_T1.2",
-                     *(f"rrs{n}_mc" for n in RRS_SIBLINGS)):
+                     *rrs_names(siblings)):
             row[name] = round(mean(st[name][d - 1] for _, st in reach), 4)
         out["by_depth"].append(row)
     return out
@@ -215,11 +226,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=1, help="T=1 runs per prompt (seeds seed .. seed+N-1)")
+    ap.add_argument("--siblings", type=int, default=SIBLINGS,
+                    help="depth-1 Monte Carlo: the acceptance with 1..N sampled siblings (rrs1_mc .. rrsN_mc; "
+                         "bench/fit_sampled_tree.py fits a sampled static tree to this curve)")
     ap.add_argument("--no-dynamic", action="store_true", help="skip the dynamic-tree (point-mass) run")
     ap.add_argument("--dynamic", default="5,6,24", help="dynamic tree depth,top_k,budget")
     ap.add_argument("--draft", default=None, help="a drafter directory (default: the shipped one)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.siblings < 1:
+        ap.error(f"--siblings must be >= 1, got {args.siblings}")
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     k = args.k
@@ -248,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, sampling in [("chain_t1", t1) for t1 in t1s] + [("chain_t0", None)]:
             res = chain.generate(prompt, args.max_new_tokens, eos, sampling=sampling)
             ids = torch.tensor(prompt + res.token_ids)
-            tf = teacher_forced(es, ids, k, P - 1, mc_gen)
+            tf = teacher_forced(es, ids, k, P - 1, mc_gen, args.siblings)
             tf["start"] = P - 1
             for r, t in zip(res.rounds, anchors(P, res)):
                 st = {nm: tf[nm][:, t].tolist() for nm in tf if nm not in ("q1", "p_all", "start")}
@@ -303,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                                             "backend": es.target.name},
                     "tau": {n: round(e / r, 4) for n, (e, r) in tau.items() if r}}
     for name in ("chain_t1", "chain_t0"):
-        report[name] = chain_report(runs[name], k, "beta" if name == "chain_t1" else "agree0")
+        report[name] = chain_report(runs[name], k, "beta" if name == "chain_t1" else "agree0", args.siblings)
         report[name]["all_positions"] = summarize_positions(tf_runs[name], k)
         b = report[name]["by_depth"]
         a = b[0]["predicted"]
