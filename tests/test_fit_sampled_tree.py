@@ -1,0 +1,44 @@
+"""bench/fit_sampled_tree.py: a sampled static tree fitted to the sibling-acceptance curve."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import bench_module
+
+
+def _curve_file(tmp_path, curve):
+    row = {f"rrs{j + 1}_mc": a for j, a in enumerate(curve)}
+    path = tmp_path / "t1.json"
+    path.write_text(json.dumps({"chain_t1": {"by_depth": [row]}}))
+    return str(path)
+
+
+def test_sibling_table_takes_the_curve_steps():
+    """P(the r-th draw accepted) = a(r+1) - a(r): a cumulative curve used as is (the classic slip) would give
+    the second draw 0.7, more than the first; Monte-Carlo dips are clipped to a non-decreasing curve."""
+    fit = bench_module("fit_sampled_tree")
+    assert fit.sibling_table([0.5, 0.7, 0.8], 2, 4) == [[0.5, pytest.approx(0.2), pytest.approx(0.1), 0.0]] * 2
+    assert fit.sibling_table([0.5, 0.49, 0.6], 1, 3) == [[0.5, 0.0, pytest.approx(0.1)]]
+
+
+def test_fit_writes_a_tree_tree_sweep_drafts(tmp_path):
+    fit, sweep = bench_module("fit_sampled_tree"), bench_module("tree_sweep")
+    out_path = tmp_path / "fit.json"
+    out = fit.main(["--curve", _curve_file(tmp_path, [0.5, 0.7, 0.8]), "--depth", "2", "--budget", "3",
+                    "--json", str(out_path)])
+    # values: (0) 0.5, (0,0) 0.25, (1) 0.2, (0,1) 0.1, (2) 0.1 ...: the best three, parents first
+    assert out["tree"] == [[0], [0, 0], [1]]
+    assert out["expected_tau"] == pytest.approx(1.95)
+    assert sweep.fitted_choices(str(out_path), None) == ((0,), (0, 0), (1,))
+    assert out["eagle1"]["3"]["nodes"] == 20
+
+
+def test_bad_curve_file_is_a_one_line_error(tmp_path):
+    fit = bench_module("fit_sampled_tree")
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    with pytest.raises(SystemExit, match=r"not a bench/t1_acceptance\.py --json"):
+        fit.read_curve(str(bad))
