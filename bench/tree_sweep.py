@@ -55,8 +55,9 @@ def parse_config(text: str) -> tuple[str, dict]:
 def static_config(kw: dict, fitted: tuple[tuple[int, ...], ...] | None) -> TreeSpec:
     """A static config's tree: the fitted tree's best `budget` nodes (static:fit/BUDGET), else EAGLE-1's tree cut to
     depth and budget (static:DEPTH/TOPK/BUDGET)."""
-    if kw.get("fit"):
-        return TreeSpec("static", depth=max(map(len, fitted)), top_k=10, budget=kw["budget"], choices=fitted)
+    if kw.get("fit"):  # a fitted tree lists its paths by value, parents first: its best `budget` are the first ones
+        return TreeSpec("static", depth=max(map(len, fitted[: kw["budget"]])), top_k=10, budget=kw["budget"],
+                        choices=fitted)
     return TreeSpec("static", depth=kw["depth"], top_k=kw["top_k"], budget=kw["budget"])
 
 

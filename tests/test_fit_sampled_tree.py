@@ -42,3 +42,13 @@ def test_bad_curve_file_is_a_one_line_error(tmp_path):
     bad.write_text("{}")
     with pytest.raises(SystemExit, match=r"not a bench/t1_acceptance\.py --json"):
         fit.read_curve(str(bad))
+
+
+def test_a_fitted_trees_budget_cut_sets_the_depth():
+    """static:fit/BUDGET drafts the fitted tree's first BUDGET paths, and only as deep as they reach (a depth taken
+    from the whole list would run drafter steps no kept node needs)."""
+    sweep = bench_module("tree_sweep")
+    fitted = ((0,), (1,), (0, 0), (2,), (0, 0, 0))
+    spec = sweep.static_config({"fit": True, "budget": 4}, fitted)
+    assert (spec.depth, spec.static_choices()) == (2, ((0,), (1,), (0, 0), (2,)))
+    assert sweep.static_config({"fit": True, "budget": 5}, fitted).depth == 3
