@@ -103,6 +103,25 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 30's starting point (session 29, bench/RESULTS.md): the sampled static tree is EAGLE-1's cut to depth 3
+# (20 nodes; T=1 MT-bench 80 1.58-1.61x plain over two seeds, HumanEval 1.70x; depth 4 1.48-1.50x, depth 5 1.43-1.44x);
+# fp32 output identical to HF generate on all 80 MT-bench prompts for every method (320/320); T=0 shapes: 7/10/60 stays;
+# run 17's round kernels cost what run 16's do (the top-k guess refuted). On CPU: the T=1 sibling curve (a(1..12) =
+# 0.49 ... 0.76) and sampled trees fitted to it: a 40-node depth-3 tree with 10 drawn children at the root is expected
+# to accept ~9% more than the default (bench/results/cpu_sampled_tree_fit_d{3,4}_b40_dbd2d0e.json).
+# On one H200 (~1,700 s; every call written out first and sent in ONE message, as session 29's 13 calls were):
+#   1-5. the stash as sessions 28-29 (part00..03 with `bash .gpu/install.sh stash`; part04 + WHEEL_NAME + .gpu/whl +
+#      install.sh: `bash .gpu/install.sh`).
+#   6-7. the fitted sampled trees, two seeds (~200 s each): `export PYTHONPATH=$HOME/site:$PWD/src EAGLESPEC_COMMIT=<hash>;
+#      for d in 3 4; do python3 bench/tree_sweep.py --limit 80 --temperature 1 --seed $s --fit-json
+#      bench/results/cpu_sampled_tree_fit_d${d}_b40_dbd2d0e.json --configs static:3/10/25,static:fit/20,static:fit/30,
+#      static:fit/40 --json $OUT/h200_tree_sweep_t1_fit_d${d}_seed${s}_<hash>.json; done` for s = 0, then 1. If a
+#      fitted tree wins both seeds, store it in the manifest (tree_defaults.sampled.static = {"choices": [...], "depth":
+#      D, "budget": B}; check that the greedy static tree stays EAGLE-1's) and confirm on HumanEval 164 at T=1.
+#   8. the sampled depth at T=0.7 (~150 s; estimated on CPU only: depth 3 ~3% ahead of 4): `bench/tree_sweep.py
+#      --limit 80 --temperature 0.7 --configs static:3/10/25,static:4/10/25,static:5/10/25` (and the winner of 6-7).
+#   9. `eaglespec bench --temperature 1` and `--hf-limit 20` (T=0) with the new default, as session 29 (~250 s).
+#   Still open: run 17's 1.4-2.9% higher ms per round on MT-bench 80 (not its kernels); run 18 (13,000 draft ids).
 # Session 29's starting point (session 28, bench/RESULTS.md): run 17 (run 16 + 450 s on session 27's greedy answers plus
 # 32,192 T=0.7 answers to the same queries) was NOT shipped: paired fp32 MT-bench tau +1.6% and T=1 dynamic tau +4.0%,
 # but in bf16 it was 1-2% slower on MT-bench T=0 in both process orders (its rounds cost 1.4-2.9% more; 0.75% more
