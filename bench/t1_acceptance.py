@@ -58,12 +58,12 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-@torch.no_grad()
 def rrs_names(siblings: int) -> list[str]:
     """rrs{j}_mc for j = 1..siblings: P(a depth-1 draft is accepted) with j sampled siblings."""
     return [f"rrs{j}_mc" for j in range(1, siblings + 1)]
 
 
+@torch.no_grad()
 def teacher_forced(es: EagleSpec, ids: torch.Tensor, k: int, start: int, gen: torch.Generator,
                    siblings: int = SIBLINGS) -> dict[str, torch.Tensor]:
     """Per (depth d = 1..k, catch-up row t) statistics of the drafter's q_d vs the target's p at row t + d.
