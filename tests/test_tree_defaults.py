@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from eaglespec.api import DEFAULT_DRAFT, GENERIC_TREES, tree_defaults, tree_label, tree_spec
+from eaglespec.api import DEFAULT_DRAFT, GENERIC_TREES, resolve_trees, tree_defaults, tree_label, tree_spec
 from eaglespec.bench import resolve_tree_args
 from eaglespec.errors import EagleSpecError
 
@@ -61,8 +61,6 @@ def test_shipped_drafter_recommends_measured_shapes():
     assert found["chain"] == {"k": 5}
     assert found["dynamic"] == {"depth": 7, "top_k": 10, "budget": 60}  # session 8 sweep under round graphs
     assert found["static"] == {"depth": 5, "top_k": 10, "budget": 25}
-    from eaglespec.api import resolve_trees
-
     drafter = _drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json"))
     on_gpu, sampled_on_gpu = resolve_trees({}, drafter, device="cuda")
     assert (on_gpu.kind, sampled_on_gpu.kind, sampled_on_gpu.budget) == ("dynamic", "static", 25)  # session 15
@@ -254,3 +252,21 @@ def test_sampled_requests_draft_with_the_sampled_tree():
     gc.collect()
     assert es.engine.spec is chain
     assert es.tree_for(0.8) is static and es.tree_for(None) is chain and es.tree_for(0.0) is chain
+
+
+def test_sampled_policy_can_hold_a_fitted_static_tree():
+    """tree_defaults.sampled.static.choices (bench/fit_sampled_tree.py's tree): requests with a temperature draft it,
+    cut to the policy's depth and budget; greedy static requests keep EAGLE-1's tree; a malformed one names its
+    field."""
+    fitted = [[0], [1], [0, 0], [2], [0, 0, 0]]
+    drafter = _drafter({"tree_defaults": {"static": {"depth": 5, "top_k": 10, "budget": 25}, "cuda": "dynamic",
+                                          "sampled": {"kind": "static",
+                                                      "static": {"choices": fitted, "depth": 2, "budget": 4}}}})
+    greedy, sampled = resolve_trees({"tree": "static"}, drafter, device="cuda")
+    assert greedy.choices is None and len(greedy.static_choices()) == 25
+    assert sampled.static_choices() == ((0,), (1,), (0, 0), (2,))
+    _, default_sampled = resolve_trees({}, drafter, device="cuda")
+    assert default_sampled.kind == "static" and default_sampled.static_choices() == sampled.static_choices()
+    bad = _drafter({"tree_defaults": {"sampled": {"kind": "static", "static": {"choices": [[1, 0]]}}}})
+    with pytest.raises(EagleSpecError, match=r"field tree_defaults\.sampled\.static\.choices is not a static tree"):
+        tree_defaults(bad, sampled=True)

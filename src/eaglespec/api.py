@@ -122,7 +122,7 @@ def _shapes(found: dict, where: str, field: str) -> dict[str, dict[str, Any]]:
             raise EagleSpecError(f"{where}: eaglespec_manifest.json field {field}.{kind} must be an object")
         knobs = dict(knobs)
         if kind == "static" and "choices" in knobs:
-            knobs["choices"] = _manifest_choices(knobs["choices"], where)
+            knobs["choices"] = _manifest_choices(knobs["choices"], where, f"{field}.static.choices")
         for key, value in knobs.items():
             if key == "choices" and kind == "static":
                 continue
@@ -133,9 +133,11 @@ def _shapes(found: dict, where: str, field: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _manifest_choices(value: Any, where: str) -> tuple[tuple[int, ...], ...]:
-    """tree_defaults.static.choices -> paths, validated as a static tree (a one-line error naming the field)."""
-    field = f"{where}: eaglespec_manifest.json field tree_defaults.static.choices"
+def _manifest_choices(value: Any, where: str, name: str = "tree_defaults.static.choices"
+                      ) -> tuple[tuple[int, ...], ...]:
+    """A static tree's `choices` (tree_defaults.static.choices, or a policy's, e.g. tree_defaults.sampled.static.
+    choices: `name`) -> paths, validated as a static tree (a one-line error naming the field)."""
+    field = f"{where}: eaglespec_manifest.json field {name}"
     if not isinstance(value, list) or not value or not all(isinstance(p, list) for p in value):
         raise EagleSpecError(f"{field} must be a non-empty list of rank paths like [[0], [1], [0, 0]]")
     try:
