@@ -125,7 +125,7 @@ def main() -> None:
     args = ap.parse_args()
     configs = [(c, *parse_config(c)) for c in args.configs.split(",") if c.strip()]
     es = _load(args, args.dtype)
-    prompts = [es.encode(t) for t in load_prompts(args.dataset, args.skip + args.limit)[args.skip:]]
+    prompts = [es.encode(t) for t in load_prompts(args.dataset, args.limit, skip=args.skip)]
     budget = max([kw.get("budget", 0) for _, _, kw in configs] + [64])
     args.max_len = args.max_len or max(len(p) for p in prompts) + args.max_new_tokens + 2 * budget
     args.k, args.depth, args.top_k, args.budget = 5, 8, 10, 60  # Bench.engine reads these; each config sets its own
