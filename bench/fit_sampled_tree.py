@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from itertools import accumulate
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -45,7 +46,7 @@ def read_curve(path: str) -> list[float]:
 def sibling_table(curve: list[float], depth: int, width: int) -> list[list[float]]:
     """[depth][width]: P(the r-th draw is the accepted child | parent accepted) = a(r + 1) - a(r), a(0) = 0; the
     curve's steps are clipped at 0 (Monte-Carlo noise) and draws past the curve get 0."""
-    a = [0.0] + [max(curve[: j + 1]) for j in range(len(curve))]  # non-decreasing
+    a = [0.0, *accumulate(curve, max)]  # non-decreasing
     row = [max(a[r + 1] - a[r], 0.0) if r + 1 < len(a) else 0.0 for r in range(width)]
     return [row] * depth
 
