@@ -77,6 +77,7 @@ import eaglespec.engine as engine_mod
 from eaglespec.api import resolve_trees, tree_label
 from eaglespec.bench import Bench, _load, _Synced, environment, load_prompts
 from eaglespec.cli import add_model_args, add_tree_args
+from eaglespec.tree import TreeSpec
 
 PHASES = ("draft", "sync_wait", "verify", "accept", "commit")
 ROUND = "rt:round"
@@ -330,6 +331,18 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def fitted_spec(path: str, budget: int | None) -> TreeSpec:
+    """The static TreeSpec of a fitted tree's first `budget` paths (all of them without a budget)."""
+    try:
+        tree = tuple(tuple(int(i) for i in p) for p in json.loads(Path(path).read_text())["tree"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--fit-json {path}: no fitted tree there ({type(e).__name__}: {e})") from None
+    tree = tree[:budget] if budget else tree
+    if not tree:
+        raise SystemExit(f"--fit-json {path}: the tree is empty")
+    return TreeSpec("static", depth=max(map(len, tree)), top_k=10, budget=len(tree), choices=tree)
+
+
 # -- main -----------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -346,6 +359,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-len", type=int, default=None)
     ap.add_argument("--json", default=None, metavar="OUT")
     ap.add_argument("--trace", default=None, metavar="OUT.json", help="also export the Chrome trace")
+    ap.add_argument("--fit-json", default=None, metavar="FIT",
+                    help="time a fitted static tree: the first --budget paths of FIT's \"tree\" (the --json of "
+                         "bench/fit_static_tree.py or bench/fit_sampled_tree.py)")
     args = ap.parse_args(argv)
 
     es = _load(args, args.dtype)
@@ -355,6 +371,8 @@ def main(argv: list[str] | None = None) -> dict:
     spec, sampled = resolve_trees(knobs, es.drafter, device=device)
     if args.temperature and sampled is not None:
         spec = sampled
+    if args.fit_json:
+        spec = fitted_spec(args.fit_json, args.budget)
     if spec.kind == "chain":
         args.k = spec.depth
     else:
@@ -362,6 +380,7 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = [es.encode(t) for t in load_prompts("mtbench", args.prompts)]
     args.max_len = args.max_len or max(len(p) for p in prompts) + args.max_new_tokens + 2 * max(spec.budget, 64)
     bench = Bench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args)
+    bench.static_override = spec if args.fit_json else None
     engine, reason = bench.engine(f"eagle3-{spec.kind}")
     if engine is None:
         raise SystemExit(f"round_timeline: no engine: {reason}")

@@ -101,3 +101,18 @@ def test_kernel_kinds_and_their_means_per_round():
         {"kind": "gemm", "per_round": 4.0, "us_per_round": 10.0},
         {"kind": "norm", "per_round": 1.0, "us_per_round": 2.0},
         {"kind": "topk", "per_round": 1.0, "us_per_round": 4.0}]
+
+
+def test_fitted_spec_takes_the_first_budget_paths(tmp_path):
+    rt = _module()
+    fit = tmp_path / "fit.json"
+    fit.write_text(json.dumps({"tree": [[0], [1], [0, 0], [2], [0, 0, 0], [1, 0]]}))
+    spec = rt.fitted_spec(str(fit), 4)
+    assert spec.kind == "static" and spec.choices == ((0,), (1,), (0, 0), (2,))
+    assert spec.depth == 2 and spec.budget == 4 and spec.static_choices() == spec.choices
+    assert rt.fitted_spec(str(fit), None).depth == 3  # no budget: the whole tree
+    with pytest.raises(SystemExit, match=r"fit\.json.*no fitted tree"):
+        rt.fitted_spec(str(tmp_path / "missing" / "fit.json"), 4)
+    fit.write_text(json.dumps({"curve": [0.5]}))
+    with pytest.raises(SystemExit, match=r"no fitted tree.*KeyError"):
+        rt.fitted_spec(str(fit), 4)
