@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = [es.encode(t) for t in load_prompts("mtbench", args.prompts)]
     args.max_len = args.max_len or max(len(p) for p in prompts) + args.max_new_tokens + 2 * max(spec.budget, 64)
     bench = Bench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args)
-    bench.static_override = spec if args.fit_json else None
+    bench.static_override = spec if spec.kind == "static" else None  # Bench's own pick ignores --depth/--budget
     engine, reason = bench.engine(f"eagle3-{spec.kind}")
     if engine is None:
         raise SystemExit(f"round_timeline: no engine: {reason}")

