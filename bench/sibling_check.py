@@ -15,6 +15,11 @@ best, and the worst over every node) against the torch path. --sweep also times 
 sibling_tests' chunk (elements of a row per program) x num_warps.
 
     PYTHONPATH=src python bench/sibling_check.py [--rows 61] [--vocab 49152] [--top-k 10] [--sweep] [--json OUT]
+        [--fit-json FIT [--budget B]]
+
+Both kernel variants are timed: each rank launch rebuilding its parents' states (the default) and the states
+carried from one launch to the next ($EAGLESPEC_SAMPLED_CARRY=1). --fit-json times a fitted static tree's layout
+(e.g. session 30's 60-node depth-3 tree, 12 children at the root) instead of the dynamic-like one.
 
 CPU smoke test (Triton's interpreter, set by the script; eager timing of one call, not meaningful):
 
@@ -57,12 +62,27 @@ def dynamic_parents(rows: int, top_k: int, depth: int, gen: torch.Generator) -> 
     return parents
 
 
-def inputs(rows: int, vocab: int, top_k: int, depth: int, draft_vocab: int, dev: str, seed: int = 0) -> dict:
-    """tokens [T], kids / live [T, K], p / q [T, V] fp32, best [1] on `dev`."""
+def static_parents(path: str, budget: int | None) -> list[int]:
+    """The parents of a fitted static tree's first `budget` paths (round_timeline.fitted_spec), laid out as the
+    engine lays them out (tree.static_layout); -1 at the root."""
+    from round_timeline import fitted_spec  # bench/ is the script's own directory: on sys.path
+
+    from eaglespec.tree import static_layout
+
+    return list(static_layout(fitted_spec(path, budget).static_choices()).parents)
+
+
+def inputs(rows: int, vocab: int, top_k: int, depth: int, draft_vocab: int, dev: str, seed: int = 0,
+           parents: list[int] | None = None) -> dict:
+    """tokens [T], kids / live [T, K], p / q [T, V] fp32, best [1] on `dev`; the tree: `parents` when given
+    (rows and top_k then follow from it), else dynamic_parents."""
     from eaglespec.verify import sibling_table_of
 
     gen = torch.Generator().manual_seed(seed)
-    parents = dynamic_parents(rows, top_k, depth, gen)
+    if parents is None:
+        parents = dynamic_parents(rows, top_k, depth, gen)
+    else:
+        rows, top_k = len(parents), max(parents.count(j) for j in range(len(parents)))
     kids = sibling_table_of(torch.tensor(parents), top_k)
     p = torch.softmax(torch.randn(rows, vocab, generator=gen) * 3, -1)
     sub = torch.randperm(vocab, generator=gen)[:draft_vocab]
@@ -96,14 +116,14 @@ def kernel_path(x: dict, **cfg):
     return call
 
 
-def errors(x: dict) -> dict:
+def errors(x: dict, **cfg) -> dict:
     """Max abs differences of the kernels against the torch path: r_at / q_at on live nodes, the final row at best
     and at every node (each node's row normalised as the torch path's is)."""
     from eaglespec import sampled_kernels as SK
     from eaglespec.verify import sibling_tests
 
     r_ref, q_ref, res = sibling_tests(x["tokens"], x["kids"], x["p"], x["q"], x["live"])
-    r_at, q_at, state = SK.sibling_tests(x["tokens"], x["kids"], x["p"], x["q"], x["live"])
+    r_at, q_at, state = SK.sibling_tests(x["tokens"], x["kids"], x["p"], x["q"], x["live"], **cfg)
     on = x["kids"][x["live"]]
     rows = [SK.final_residual(x["p"], x["q"], state, torch.tensor([b], device=x["p"].device))[0]
             for b in range(res.shape[0])]
@@ -138,6 +158,10 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=20, help="graph replays (the median is reported)")
     ap.add_argument("--sweep", action="store_true", help="also time sibling_tests' chunk x num_warps: "
                     + ", ".join(f"{k} {v}" for k, v in SWEEP.items()))
+    ap.add_argument("--fit-json", default=None, metavar="FIT",
+                    help="the tree: a fitted static tree's first --budget paths (bench/fit_sampled_tree.py --json) "
+                         "instead of a dynamic-like one (--rows, --top-k and --depth then follow from it)")
+    ap.add_argument("--budget", type=int, default=None, help="with --fit-json: its first BUDGET paths (default all)")
     ap.add_argument("--json", default=None, help="write the results here")
     a = ap.parse_args()
     cuda = a.device == "cuda"
@@ -151,7 +175,11 @@ def main() -> None:
 
     if not SK.fits(a.vocab, a.top_k):
         ap.error(f"sampled_kernels do not take --vocab {a.vocab} --top-k {a.top_k} (at most {SK.MAX_K} ranks)")
-    x = inputs(a.rows, a.vocab, a.top_k, a.depth, min(a.draft_vocab, max(a.vocab // 4, 2 * a.top_k)), a.device)
+    parents = static_parents(a.fit_json, a.budget) if a.fit_json else None
+    if parents is not None:
+        a.rows, a.top_k = len(parents), max(parents.count(j) for j in range(len(parents)))
+    x = inputs(a.rows, a.vocab, a.top_k, a.depth, min(a.draft_vocab, max(a.vocab // 4, 2 * a.top_k)), a.device,
+               parents=parents)
     kids = x["kids"].cpu()
     live = int((kids > 0).sum())
     report: dict = {"device": torch.cuda.get_device_name() if cuda else "cpu (TRITON_INTERPRET=1)",
@@ -159,9 +187,12 @@ def main() -> None:
                     "top_k": a.top_k, "depth": a.depth, "live_children": live,
                     "parents_with_children": int((kids > 0).any(1).sum()), "root_children": int((kids[0] > 0).sum()),
                     "timing": f"graph of {a.reps} calls, median of {a.replays} replays" if cuda else "one eager call"}
+    report["tree"] = f"{a.fit_json}, first {a.budget or 'all'} paths" if a.fit_json else "dynamic-like"
     report["us"] = {"torch": per_call_us(torch_path(x), cuda, a.reps, a.replays),
-                    "kernels": per_call_us(kernel_path(x), cuda, a.reps, a.replays)}
-    report["max_abs_diff"] = errors(x)
+                    "kernels": per_call_us(kernel_path(x, carry=False), cuda, a.reps, a.replays),
+                    "kernels_carry": per_call_us(kernel_path(x, carry=True), cuda, a.reps, a.replays)}
+    report["max_abs_diff"] = errors(x, carry=False)
+    report["max_abs_diff_carry"] = errors(x, carry=True)
     if a.sweep:
         report["sweep"] = []
         for chunk, warps in itertools.product(*SWEEP.values()):
@@ -178,6 +209,9 @@ def main() -> None:
     print(f"| torch (verify.sibling_tests + index_select) | {report['us']['torch']} | reference |")
     print(f"| kernels (sibling_tests + final_residual) | {report['us']['kernels']} | {d['r_at']:.2g} / {d['q_at']:.2g}"
           f" / {d['final_at_best']:.2g} / {d['final_every_node']:.2g} |")
+    d = report["max_abs_diff_carry"]
+    print(f"| kernels, states carried between rank launches | {report['us']['kernels_carry']} | {d['r_at']:.2g} / "
+          f"{d['q_at']:.2g} / {d['final_at_best']:.2g} / {d['final_every_node']:.2g} |")
     for row in report.get("sweep", []):
         print(f"| kernels, chunk {row['chunk']}, {row['num_warps']} warps | {row['us']} | |")
     if a.json:

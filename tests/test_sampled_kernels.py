@@ -25,6 +25,14 @@ from test_sampling_engine import PROMPT, sharp_target  # noqa: F401 (fixture)
 from test_sampling_static import SPEC as STATIC
 
 
+@pytest.fixture(autouse=True, params=["0", "1"], ids=["recompute", "carry"])
+def carry(request, monkeypatch) -> bool:
+    """Every test twice: each rank launch rebuilding its parents' states (_state), and carrying them from the launch
+    before ($EAGLESPEC_SAMPLED_CARRY=1: _carried)."""
+    monkeypatch.setenv(SK.CARRY_ENV, request.param)
+    return request.param == "1"
+
+
 def recursion(tokens, kids, p, q, live, remove: bool = True, late: bool = False):
     """verify.sibling_tests' recursion in float64, one parent at a time: (r_at [T], q_at [T], final [T, V]).
     Deliberate bugs for the negative control: remove=False leaves a rejected sibling's token in q; late=True tests
@@ -133,11 +141,15 @@ def test_matches_verify_sibling_tests(seed, v, k, t, chunk):
 def test_chunking_does_not_change_the_result(seed, k, monkeypatch):
     """V = 300 in one chunk (512 wide), in 19 chunks of 16 (the last of 12: S does not divide V) added 16 partial
     sums at a time (_SUMS = 16: two steps over S), and in 5 of 64: the same values up to the summation order. The
-    partial-sum buffers come from torch.empty filled with NaN here: an entry read without being written would
-    show. (The values themselves: test_matches_verify_sibling_tests, chunks of every size.)"""
+    partial-sum buffers (and the carried states) come from torch.empty filled with NaN here: an entry read without
+    being written would show. (The values themselves: test_matches_verify_sibling_tests, chunks of every size.)"""
     tokens, kids, p, q, live = random_case(seed, 300, k, 14)
     real_empty = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: real_empty(*a, **kw).fill_(float("nan")))
+    def poisoned(*a, **kw):  # NaN, or in the carried removed tokens a wrong token id
+        x = real_empty(*a, **kw)
+        return x.fill_(float("nan") if x.is_floating_point() else 299)
+
+    monkeypatch.setattr(torch, "empty", poisoned)
     nodes = [*live.any(1).nonzero()[:4, 0].tolist(), 13]  # parents with live children, and a leaf
     runs = {}
     for chunk, sums in ((None, SK._SUMS), (16, 16), (64, SK._SUMS)):
@@ -145,6 +157,7 @@ def test_chunking_does_not_change_the_result(seed, k, monkeypatch):
         r_at, q_at, state = SK.sibling_tests(tokens, kids, p, q, live, chunk=chunk)
         s = -(-300 // (chunk or 512))
         assert state.left.shape == (k + 1, 14, s) and state.mass.shape == (k, 14, s)
+        assert (state.states is not None) == SK.carry_wanted()  # carried: NaN where launch R - 1 did not store
         finals = torch.cat([SK.final_residual(p, q, state, torch.tensor([b])) for b in nodes])
         assert torch.isfinite(finals).all()
         runs[chunk] = r_at, q_at, finals
@@ -262,3 +275,20 @@ def test_round_graph_emits_the_same_tokens(sharp_target, spec, monkeypatch):  # 
     accepted = [[x.accepted for x in r.rounds] for r in runs[True]]
     assert accepted == [[x.accepted for x in r.rounds] for r in runs[False]]
     assert sum(map(sum, accepted)) > 0  # drafts accepted (and rejected: 12 tokens in more than 1 round each)
+
+
+def test_the_carried_state_is_what_the_final_residual_reads(carry):
+    """With carry on, final_residual starts from the state the last rank launch stored: corrupting the root's stored
+    scale changes its final row (so the carry path, not a recompute, is what the tests above checked)."""
+    tokens, kids, p, q, live = random_case(9, 300, 10, 16)
+    _, _, state = SK.sibling_tests(tokens, kids, p, q, live)
+    if not carry:
+        assert state.states is None and state.removed is None
+        return
+    k = kids.shape[1]
+    assert state.states.shape == (k, 16, 3 + 16) and state.removed.shape == (k, 16, 16)
+    root = torch.tensor([0])
+    before = SK.final_residual(p, q, state, root)
+    state.states[k - 1, 0, 1] += 0.5  # beta after the root's ranks < K - 1
+    after = SK.final_residual(p, q, state, root)
+    assert (before - after).abs().max() > 1e-3

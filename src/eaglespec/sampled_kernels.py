@@ -49,6 +49,15 @@ at T=1 +41% end to end, static +15-18%, the chain of 3 +2%):
     final_residual(p, q, Residuals, best [1]) -> [1, V]: the normalised residual of node best, the same row (and
         scale) as verify.sibling_tests' third output at best, up to fp32 rounding (p itself without live child).
 
+Carried states ($EAGLESPEC_SAMPLED_CARRY=1, session 30; off until a GPU times it): _state() is a serial loop over the
+ranks before R, so launch R costs O(R) register work in every live program (on the H200 a fitted tree with 12
+children at the root paid 13.2 us per rank launch against 7.9 us with EAGLE-1's 4; bench/RESULTS.md, session 30).
+With CARRY, program (t, 0) of launch R also stores parent t's state after its ranks < R (a, beta, S_R, the removed
+tokens and their values: Residuals.states / .removed, [K, T, ...]) for every parent with a live child, and
+_carried() rebuilds the state of launch R from launch R - 1's store with ONE step of the recursion (_step, which
+_state()'s loop runs too); final_residual does the same from the last launch's store. The same values up to the
+order of float sums (tests/test_sampled_kernels.py runs every test both ways).
+
 Values: the same recursion in fp32, another summation order, and each entry computed from p and q in one step
 instead of K rounded steps: equal within ~1e-6 relative where no cancellation hits (tests/test_sampled_kernels.py),
 and (up to rounding) independent of CHUNK. A mass within rounding of the 1e-12 threshold could be decided the other
@@ -84,6 +93,7 @@ from .errors import env_switch
 from .target import kernels as K
 
 SAMPLED_KERNELS_ENV = "EAGLESPEC_SAMPLED_KERNELS"  # "0": not these (unset, "" or "1": with the tree kernels)
+CARRY_ENV = "EAGLESPEC_SAMPLED_CARRY"  # "1": carry each parent's state from one rank launch to the next (unset: off)
 MAX_K = 32  # the most children per node (one launch per rank)
 MAX_VOCAB = 1 << 24  # the widest row (offsets are int64; this bounds S, the chunks per row)
 _CHUNK = 2048  # sibling_tests: elements of a row per program (S = cdiv(V, CHUNK) programs per row and rank)
@@ -103,6 +113,10 @@ class Residuals(NamedTuple):
     #                     before rank j (pS[0]: all of it; pS[j + 1]: written by rank j's launch where live)
     mass: torch.Tensor  # pM [K, T, S] fp32: [j, t, c] sum over chunk c of row t, off the tokens removed before
     #                     rank j, of max(0, p - beta' q) with rank j's beta' (written by rank j's launch where live)
+    states: torch.Tensor | None = None  # carry only: [K, T, 3 + KP] fp32, [R, t] = parent t's (a, beta, S_R,
+    #                     removed tokens' values [KP]) after its ranks < R (written by rank R's launch, program c = 0,
+    #                     where t has a live child)
+    removed: torch.Tensor | None = None  # carry only: [K, T, KP] long, [R, t] = those removed tokens (-1 padded)
 
 
 def wanted(device: torch.device | str) -> bool:
@@ -110,6 +124,12 @@ def wanted(device: torch.device | str) -> bool:
     if env_switch(SAMPLED_KERNELS_ENV, "with the tree kernels") is False:
         return False
     return tree_kernels.wanted(device)
+
+
+def carry_wanted() -> bool:
+    """Whether sibling_tests carries the parents' states between its rank launches ($EAGLESPEC_SAMPLED_CARRY=1):
+    one recursion step per launch instead of R (_carried vs _state); off until a GPU times it."""
+    return env_switch(CARRY_ENV, "off: every rank launch rebuilds the state") is True
 
 
 def fits(vocab: int, k: int) -> bool:
@@ -158,20 +178,61 @@ def _state(t, upto, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, T, 
         x = tl.reduce(tl.where(sel, xs, 0), 0, tl.standard._sum_combine)
         px = tl.reduce(tl.where(sel, pxs, 0.0), 0, tl.standard._sum_combine)
         qx = tl.reduce(tl.where(sel, qxs, 0.0), 0, tl.standard._sum_combine)
-        hit = tl.reduce((rem == x).to(tl.int32), 0, tl.standard._elementwise_max) > 0  # x already removed
-        beta2 = beta + 1.0 / (a * tl.maximum(left, 1e-30))  # verify._normalised's clamp
-        mass = a * tl.reduce(tl.where(sel, masses, 0.0), 0, tl.standard._sum_combine)  # M off the removed tokens
-        mass += tl.reduce(val, 0, tl.standard._sum_combine)  # and on them
-        ok = on & (mass > 1e-12)  # rejected: r <- norm(max(0, r - q_j)), x leaves q
-        norm = tl.maximum(mass, 1e-30)
-        a = tl.where(ok, a / norm, a)
-        beta = tl.where(ok, beta2, beta)
-        val = tl.where(ok, val / norm, val)
-        left = tl.where(on, tl.reduce(tl.where(sel, lefts, 0.0), 0, tl.standard._sum_combine), left)
-        add = (slot == n) & (hit == 0) & on
-        rem = tl.where(add, x, rem)
-        val = tl.where(add, a * tl.maximum(px - beta * qx, 0.0), val)
-        n = n + tl.where(on & (hit == 0), 1, 0)
+        mass_j = tl.reduce(tl.where(sel, masses, 0.0), 0, tl.standard._sum_combine)
+        left_j = tl.reduce(tl.where(sel, lefts, 0.0), 0, tl.standard._sum_combine)
+        a, beta, left, n, rem, val = _step(a, beta, left, n, rem, val, slot, on, x, px, qx, mass_j, left_j)
+    return a, beta, left, rem, val
+
+
+def _step(a, beta, left, n, rem, val, slot, on, x, px, qx, mass_j, left_j):
+    """One rank j of the recursion (the module docstring): the state after ranks < j (a, beta, S_j = left, n removed
+    tokens rem / their values val) -> after ranks <= j, given whether rank j is live (on), its token x, p(x), q(x),
+    and its row sums mass_j (pM[j, t] summed) and left_j (pS[j + 1, t] summed). Not live: unchanged."""
+    hit = tl.reduce((rem == x).to(tl.int32), 0, tl.standard._elementwise_max) > 0  # x already removed
+    beta2 = beta + 1.0 / (a * tl.maximum(left, 1e-30))  # verify._normalised's clamp
+    mass = a * mass_j + tl.reduce(val, 0, tl.standard._sum_combine)  # M off the removed tokens, and on them
+    ok = on & (mass > 1e-12)  # rejected: r <- norm(max(0, r - q_j)), x leaves q
+    norm = tl.maximum(mass, 1e-30)
+    a = tl.where(ok, a / norm, a)
+    beta = tl.where(ok, beta2, beta)
+    val = tl.where(ok, val / norm, val)
+    left = tl.where(on, left_j, left)
+    add = (slot == n) & (hit == 0) & on
+    rem = tl.where(add, x, rem)
+    val = tl.where(add, a * tl.maximum(px - beta * qx, 0.0), val)
+    n = n + tl.where(on & (hit == 0), 1, 0)
+    return a, beta, left, n, rem, val
+
+
+def _carried(t, R, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, st_ptr, rm_ptr, T, S, K: tl.constexpr,
+             KP: tl.constexpr, SB: tl.constexpr):
+    """_state(t, R, ...) from the state after ranks < R - 1 that launch R - 1 stored (st / rm [R - 1, t]) and rank
+    R - 1's row sums: one step of the recursion instead of R. R = 0, or no live child: the start (a = 1, beta = 0,
+    S_0 = q's mass, nothing removed). Same values as _state up to the order of two float sums."""
+    slot = tl.arange(0, KP)
+    lv = tl.load(live_ptr + t * K + slot, mask=slot < K, other=0) != 0  # [KP]
+    any_live = tl.reduce(lv.to(tl.int32), 0, tl.standard._elementwise_max) > 0
+    r = t * 0 + R  # R as a tensor (a Python int under the interpreter; a constexpr K from _final_kernel)
+    back = any_live & (r > 0)  # a stored state to start from
+    j = tl.maximum(r - 1, 0)
+    row = (j * T + t) * (3 + KP)
+    a = tl.load(st_ptr + row, mask=back, other=1.0)
+    beta = tl.load(st_ptr + row + 1, mask=back, other=0.0)
+    start = tl.reduce(_partials(ps_ptr + t * S, T * S, S, (slot == 0) & any_live & (r == 0), KP, SB), 0,
+                      tl.standard._sum_combine)  # S_0 (pS[0] is written where any_live)
+    left = tl.where(back, tl.load(st_ptr + row + 2, mask=back, other=0.0), start)
+    backs = (tl.zeros([KP], tl.int32) + back.to(tl.int32)) > 0  # [KP] (a 0-d mask broadcast trips the interpreter)
+    val = tl.load(st_ptr + row + 3 + slot, mask=backs, other=0.0)  # [KP]
+    rem = tl.load(rm_ptr + (j * T + t) * KP + slot, mask=backs, other=-1)  # [KP]
+    n = tl.reduce((rem >= 0).to(tl.int32), 0, tl.standard._sum_combine)
+    on = back & (tl.load(live_ptr + t * K + j) != 0)  # rank R - 1, live: the one step
+    x = tl.load(tok_ptr + tl.load(kids_ptr + t * K + j))
+    px = tl.load(prow + x, mask=on, other=0.0).to(tl.float32)
+    qx = tl.load(qrow + x, mask=on, other=0.0).to(tl.float32)
+    use = (slot == j) & on
+    mass_j = tl.reduce(_partials(pm_ptr + t * S, T * S, S, use, KP, SB), 0, tl.standard._sum_combine)
+    left_j = tl.reduce(_partials(ps_ptr + (T + t) * S, T * S, S, use, KP, SB), 0, tl.standard._sum_combine)
+    a, beta, left, n, rem, val = _step(a, beta, left, n, rem, val, slot, on, x, px, qx, mass_j, left_j)
     return a, beta, left, rem, val
 
 
@@ -190,58 +251,82 @@ def _left_kernel(live_ptr, q_ptr, ps_ptr, V, S, q_stride, K: tl.constexpr, KP: t
         tl.store(ps_ptr + t * S + c, tl.reduce(qv, 0, tl.standard._sum_combine))
 
 
-def _rank_kernel(R, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, rq_ptr, ps_ptr, pm_ptr, V, T, S, p_stride,
-                 q_stride, K: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr, SB: tl.constexpr,
-                 USE_GDC: tl.constexpr = False):
+def _rank_kernel(R, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, rq_ptr, ps_ptr, pm_ptr, st_ptr, rm_ptr, V, T, S,
+                 p_stride, q_stride, K: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr, SB: tl.constexpr,
+                 CARRY: tl.constexpr = False, USE_GDC: tl.constexpr = False):
     """Program (t, c), where parent t's child of rank R is live: pM[R, t, c] and pS[R + 1, t, c] (the module
-    docstring); program c = 0 also writes that child's r_at (rq[0]) and q_at (rq[1])."""
+    docstring); program c = 0 also writes that child's r_at (rq[0]) and q_at (rq[1]). CARRY: the state comes from
+    _carried (not _state), and program c = 0 of every parent with a live child stores it for launch R + 1."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    if tl.load(live_ptr + t * K + R) != 0:
+    slot = tl.arange(0, KP)
+    live_r = tl.load(live_ptr + t * K + R) != 0
+    hold = live_r & (c < 0)  # CARRY: this program stores t's state (False otherwise)
+    if CARRY:
+        lv = tl.load(live_ptr + t * K + slot, mask=slot < K, other=0)
+        hold = (c == 0) & (tl.reduce(lv.to(tl.int32), 0, tl.standard._elementwise_max) > 0)
+    if live_r | hold:
         prow = p_ptr + t * p_stride
         qrow = q_ptr + t * q_stride
-        a, beta, left, rem, val = _state(t, R, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, T, S,
-                                         K, KP, SB)
-        kid = tl.load(kids_ptr + t * K + R)
-        x = tl.load(tok_ptr + kid)
-        s = tl.maximum(left, 1e-30)
-        beta2 = beta + 1.0 / (a * s)
-        v = c.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
-        inside = v < V
-        pv = tl.load(prow + v, mask=inside, other=0.0).to(tl.float32)
-        qv = tl.load(qrow + v, mask=inside, other=0.0).to(tl.float32)
-        keep = inside
-        slot = tl.arange(0, KP)
-        for j in range(0, R):  # off the removed tokens (at most R; -1 pads)
-            keep = keep & (v != tl.reduce(tl.where(slot == j, rem, -1), 0, tl.standard._elementwise_max))
-        m = tl.reduce(tl.where(keep, tl.maximum(pv - beta2 * qv, 0.0), 0.0), 0, tl.standard._sum_combine)
-        sq = tl.reduce(tl.where(keep & (v != x), qv, 0.0), 0, tl.standard._sum_combine)
-        tl.store(pm_ptr + (R * T + t) * S + c, m)
-        tl.store(ps_ptr + ((R + 1) * T + t) * S + c, sq)
-        if c == 0:
-            px = tl.load(prow + x).to(tl.float32)
-            qx = tl.load(qrow + x).to(tl.float32)
-            same = rem == x  # [KP]: x already removed (a token twice among live siblings: never drawn so)
-            hit = tl.reduce(same.to(tl.int32), 0, tl.standard._elementwise_max) > 0
-            c_x = tl.reduce(tl.where(same, val, 0.0), 0, tl.standard._sum_combine)
-            r_x = tl.where(hit, c_x, a * tl.maximum(px - beta * qx, 0.0))
-            q_x = tl.where(hit, 0.0, qx / s)
-            tl.store(rq_ptr + kid, r_x, mask=kid > 0)  # (a live child is no root: kid > 0)
-            tl.store(rq_ptr + T + kid, q_x, mask=kid > 0)
+        if CARRY:
+            a, beta, left, rem, val = _carried(t, R, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr,
+                                               st_ptr, rm_ptr, T, S, K, KP, SB)
+        else:
+            a, beta, left, rem, val = _state(t, R, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, T, S,
+                                             K, KP, SB)
+        if hold:
+            row = (R * T + t) * (3 + KP)
+            tl.store(st_ptr + row, a)
+            tl.store(st_ptr + row + 1, beta)
+            tl.store(st_ptr + row + 2, left)
+            tl.store(st_ptr + row + 3 + slot, val)
+            tl.store(rm_ptr + (R * T + t) * KP + slot, rem)
+        if live_r:
+            kid = tl.load(kids_ptr + t * K + R)
+            x = tl.load(tok_ptr + kid)
+            s = tl.maximum(left, 1e-30)
+            beta2 = beta + 1.0 / (a * s)
+            v = c.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+            inside = v < V
+            pv = tl.load(prow + v, mask=inside, other=0.0).to(tl.float32)
+            qv = tl.load(qrow + v, mask=inside, other=0.0).to(tl.float32)
+            keep = inside
+            for j in range(0, R):  # off the removed tokens (at most R; -1 pads)
+                keep = keep & (v != tl.reduce(tl.where(slot == j, rem, -1), 0, tl.standard._elementwise_max))
+            m = tl.reduce(tl.where(keep, tl.maximum(pv - beta2 * qv, 0.0), 0.0), 0, tl.standard._sum_combine)
+            sq = tl.reduce(tl.where(keep & (v != x), qv, 0.0), 0, tl.standard._sum_combine)
+            tl.store(pm_ptr + (R * T + t) * S + c, m)
+            tl.store(ps_ptr + ((R + 1) * T + t) * S + c, sq)
+            if c == 0:
+                px = tl.load(prow + x).to(tl.float32)
+                qx = tl.load(qrow + x).to(tl.float32)
+                same = rem == x  # [KP]: x already removed (a token twice among live siblings: never drawn so)
+                hit = tl.reduce(same.to(tl.int32), 0, tl.standard._elementwise_max) > 0
+                c_x = tl.reduce(tl.where(same, val, 0.0), 0, tl.standard._sum_combine)
+                r_x = tl.where(hit, c_x, a * tl.maximum(px - beta * qx, 0.0))
+                q_x = tl.where(hit, 0.0, qx / s)
+                tl.store(rq_ptr + kid, r_x, mask=kid > 0)  # (a live child is no root: kid > 0)
+                tl.store(rq_ptr + T + kid, q_x, mask=kid > 0)
 
 
-def _final_kernel(best_ptr, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, ps_ptr, pm_ptr, out_ptr, V, T, S, p_stride,
-                  q_stride, K: tl.constexpr, KP: tl.constexpr, SB: tl.constexpr, BLOCK: tl.constexpr,
-                  USE_GDC: tl.constexpr = False):
-    """Program j: out[j*BLOCK : (j+1)*BLOCK] = node best's final residual (_state() over all K ranks)."""
+def _final_kernel(best_ptr, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, ps_ptr, pm_ptr, st_ptr, rm_ptr, out_ptr, V, T,
+                  S, p_stride, q_stride, K: tl.constexpr, KP: tl.constexpr, SB: tl.constexpr, BLOCK: tl.constexpr,
+                  CARRY: tl.constexpr = False, USE_GDC: tl.constexpr = False):
+    """Program j: out[j*BLOCK : (j+1)*BLOCK] = node best's final residual (the state after all K ranks: _state(),
+    or with CARRY one step from what the last rank launch stored)."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     b = tl.load(best_ptr).to(tl.int64)
     prow = p_ptr + b * p_stride
     qrow = q_ptr + b * q_stride
-    a, beta, _, rem, val = _state(b, K, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, T, S, K, KP, SB)
+    if CARRY:
+        a, beta, _, rem, val = _carried(b, K, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, st_ptr,
+                                        rm_ptr, T, S, K, KP, SB)
+    else:
+        a, beta, _, rem, val = _state(b, K, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, T, S, K, KP,
+                                      SB)
     v = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = v < V
     pv = tl.load(prow + v, mask=inside, other=0.0).to(tl.float32)
@@ -252,7 +337,7 @@ def _final_kernel(best_ptr, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, ps_ptr, p
     tl.store(out_ptr + v, tl.where(hit, c, a * tl.maximum(pv - beta * qv, 0.0)), mask=inside)
 
 
-_JITTED = ("_partials", "_state", "_left_kernel", "_rank_kernel", "_final_kernel")
+_JITTED = ("_partials", "_state", "_step", "_carried", "_left_kernel", "_rank_kernel", "_final_kernel")
 
 
 @functools.cache
@@ -281,12 +366,13 @@ def _sums(s: int, kp: int) -> int:
 
 # -- the launchers -----------------------------------------------------------------------------------------
 def sibling_tests(tokens: torch.Tensor, kids: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                  live: torch.Tensor, chunk: int | None = None, num_warps: int = _WARPS
+                  live: torch.Tensor, chunk: int | None = None, num_warps: int = _WARPS, carry: bool | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, Residuals]:
     """verify.sibling_tests in K + 1 launches: tokens [T] long, kids [T, K] long (sibling_table), target_probs /
     draft_probs [T, V] (any float dtype, rows contiguous; read only), live [T, K] bool (a live child has kid > 0)
     -> (r_at [T] fp32, q_at [T] fp32: 0 at non-live nodes and node 0, the Residuals final_residual reads).
-    chunk: elements of a row per program (a power of 2, at most the row's; default _CHUNK)."""
+    chunk: elements of a row per program (a power of 2, at most the row's; default _CHUNK). carry: each launch
+    stores the parents' states for the next (default: carry_wanted())."""
     _load()
     t, k = kids.shape
     v = target_probs.shape[1]
@@ -299,16 +385,20 @@ def sibling_tests(tokens: torch.Tensor, kids: torch.Tensor, target_probs: torch.
     ck = min(K._pow2(chunk or _CHUNK), max(16, K._pow2(v)))
     s = triton.cdiv(v, ck)
     rq = torch.zeros(2, t, dtype=torch.float32, device=dev)  # [r_at; q_at]
+    carry = carry_wanted() if carry is None else carry
     state = Residuals(tokens.contiguous(), kids.contiguous(), live.contiguous().view(torch.uint8),
                       torch.empty(k + 1, t, s, dtype=torch.float32, device=dev),
-                      torch.empty(k, t, s, dtype=torch.float32, device=dev))
+                      torch.empty(k, t, s, dtype=torch.float32, device=dev),
+                      torch.empty(k, t, 3 + kp, dtype=torch.float32, device=dev) if carry else None,
+                      torch.empty(k, t, kp, dtype=torch.long, device=dev) if carry else None)
+    st, rm = (state.states, state.removed) if carry else (state.left, state.tokens)  # (unread without CARRY)
     g = K.pdl(p)
     _left_kernel[(t, s)](state.live, q, state.left, v, s, q.stride(0), K=k, KP=kp, CHUNK=ck, num_warps=num_warps,
                          **K.pdl_kwargs(g))
     for i in range(k):
-        _rank_kernel[(t, s)](i, state.tokens, state.kids, state.live, p, q, rq, state.left, state.mass, v, t, s,
-                             p.stride(0), q.stride(0), K=k, KP=kp, CHUNK=ck, SB=_sums(s, kp), num_warps=num_warps,
-                             **K.pdl_kwargs(g))
+        _rank_kernel[(t, s)](i, state.tokens, state.kids, state.live, p, q, rq, state.left, state.mass, st, rm, v, t,
+                             s, p.stride(0), q.stride(0), K=k, KP=kp, CHUNK=ck, SB=_sums(s, kp), CARRY=carry,
+                             num_warps=num_warps, **K.pdl_kwargs(g))
     return rq[0], rq[1], state
 
 
@@ -324,7 +414,9 @@ def final_residual(target_probs: torch.Tensor, draft_probs: torch.Tensor, state:
     out = torch.empty(1, v, dtype=torch.float32, device=p.device)
     blk = min(block, max(16, K._pow2(v)))
     g = K.pdl(p)
+    carry = state.states is not None
+    st, rm = (state.states, state.removed) if carry else (state.left, state.tokens)  # (unread without CARRY)
     _final_kernel[(triton.cdiv(v, blk),)](best, state.tokens, state.kids, state.live, p, q, state.left, state.mass,
-                                          out, v, t, s, p.stride(0), q.stride(0), K=k, KP=kp,
-                                          SB=_sums(s, kp), BLOCK=blk, num_warps=4, **K.pdl_kwargs(g))
+                                          st, rm, out, v, t, s, p.stride(0), q.stride(0), K=k, KP=kp,
+                                          SB=_sums(s, kp), BLOCK=blk, CARRY=carry, num_warps=4, **K.pdl_kwargs(g))
     return out
