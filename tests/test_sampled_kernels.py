@@ -19,6 +19,7 @@ pytest.importorskip("triton")
 
 from eaglespec import sampled_kernels as SK
 from eaglespec.sampling import SamplingConfig, SamplingParams
+from eaglespec.tree import TreeSpec
 from eaglespec.verify import sibling_table_of, sibling_tests
 from test_round_graph_sampled import DYNAMIC, graphed
 from test_sampling_engine import PROMPT, sharp_target  # noqa: F401 (fixture)
@@ -252,7 +253,11 @@ def test_fits_and_the_switch(monkeypatch):
     assert not SK.wanted("cpu")
 
 
-@pytest.mark.parametrize("spec", [DYNAMIC, STATIC], ids=["dynamic", "static"])
+WIDE = TreeSpec("static", depth=2, budget=16,  # a fitted-like tree: 12 drawn at the root (session 30's shape)
+                choices=[(r,) for r in range(12)] + [(0, 0), (0, 1), (1, 0), (2, 0)])
+
+
+@pytest.mark.parametrize("spec", [DYNAMIC, STATIC, WIDE], ids=["dynamic", "static", "wide"])
 def test_round_graph_emits_the_same_tokens(sharp_target, spec, monkeypatch):  # noqa: F811
     """A sampled round graph (eager on CPU) with the kernels and with verify.sibling_tests: the same tokens for the
     same seeds (the same coins and race noise; the tests' values agree to ~1e-7, no coin lands in between here)."""
