@@ -123,9 +123,6 @@
 #      static:3/10/25,static:fit/40,static:fit/60 --json $OUT/h200_tree_sweep_t1_carry${c}_<hash>.json; done`
 #      (~250 s), and seed 1. Carry on by default if it is not slower; a fitted tree as the sampled default only if it
 #      beats 3/10/25 with both seeds (tree_defaults.sampled.static = {"choices": ..., "depth": 3, "budget": B}).
-#   2b. the same A/B for EAGLESPEC_RANK_MERGE (the top-k merges by rank): `for m in 0 1; do EAGLESPEC_RANK_MERGE=$m
-#      python3 bench/tree_sweep.py --limit 80 --configs dynamic:7/10/60,static:5/10/25 ...; done` at T=0 (~150 s) and
-#      the T=1 sweep above with it; on by default if not slower (session 29's T=0 round: 7 merges of 11.7 us each).
 #   3. `bench/round_timeline.py --temperature 1 --fit-json ... --budget 60` with the carry on: what is left of the
 #      +0.18 ms (the children draws: _race_chunk/_race_merge +40 us, grow with the root's 12 draws).
 #   Still open: run 17's round cost on its own text; run 18 (13,000 draft ids); T=0 round cost (1.42 ms at tau 4.62).

@@ -29,21 +29,6 @@ from test_kernels import count_calls
 from conftest import reference_greedy, tiny_drafter, tiny_target
 
 
-def pytest_generate_tests(metafunc):
-    """The tests of children / race_children (and what drafts through them) run with both merges: K max passes and
-    by rank ($EAGLESPEC_RANK_MERGE=1)."""
-    name = metafunc.function.__name__
-    if "children" in name or "race" in name or "drafting" in name:
-        metafunc.fixturenames.append("merge")
-        metafunc.parametrize("merge", ["0", "1"], ids=["passes", "rank"], indirect=True)
-
-
-@pytest.fixture
-def merge(request, monkeypatch):
-    monkeypatch.setenv(TK.RANK_MERGE_ENV, request.param)
-    return request.param
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk,vocab", [(1024, 300), (64, 300), (64, 130)], ids=["one-chunk", "chunks", "short-chunk"])
 def test_children_is_softmax_topk_and_log_value(dtype, chunk, vocab, monkeypatch):
@@ -720,21 +705,3 @@ def test_untimed_kernels_switched_off_alone(monkeypatch):
     assert engine.generate(prompt, 16).token_ids == reference_greedy(model, prompt, 16)
     assert calls["children"] > 0 and calls["rank_top"] > 0 and calls["expand_rows"] > 0
     assert calls["select_tree"] == calls["accept_path"] == 0
-
-
-def test_rank_merge_places_every_key_as_the_passes_do(monkeypatch):
-    """The merge by rank writes the same bits as K max passes: ties in value go to the lower id in both (the keys
-    pack the id), a short last chunk pads with int64 min, and K up to the limit (32)."""
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(3, 130, generator=g).round(decimals=1)  # many exact ties in value
-    noise = torch.rand(3, 130, generator=g) + 0.05
-    q = torch.softmax(x, -1)
-    monkeypatch.setattr(TK, "_CHUNK", 64)  # chunks of 64, 64 and 2: the last pads its keys
-    for k in (1, 7, 10, 32):
-        runs = {}
-        for mode in ("0", "1"):
-            monkeypatch.setenv(TK.RANK_MERGE_ENV, mode)
-            runs[mode] = (*TK.children(x, k, CONF_FLOOR), *TK.race_children(q, noise, k, CONF_FLOOR))
-        for a, b in zip(runs["0"], runs["1"]):
-            assert torch.equal(a, b), k
-        assert runs["1"][1][:, :k].unique(dim=1).shape[1] == k  # no id twice

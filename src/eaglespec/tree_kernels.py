@@ -85,7 +85,6 @@ from .target import kernels as K
 TREE_KERNELS_ENV = "EAGLESPEC_TREE_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
 UNTIMED_ENV = "EAGLESPEC_TREE_KERNELS_UNTIMED"  # "0": not select_tree / accept_path (unset or "1": with the others)
 WALK_ENV = "EAGLESPEC_SAMPLED_WALK_KERNEL"  # "0": not sampled_accept_path (unset or "1": with the others)
-RANK_MERGE_ENV = "EAGLESPEC_RANK_MERGE"  # "1": the merges place each key by its rank (unset: K max passes; untimed)
 MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge reads vocab / 1024 * k keys per row)
 MAX_K = 32  # children(): the most children per row (the kernels unroll a loop per child)
 MAX_ROWS = 512  # accept_path(): the most tree rows (one program holds a [rows, rows] tile)
@@ -268,14 +267,6 @@ def _key_id(key):
     return 0x7FFFFFFF - (key & 0x7FFFFFFF)
 
 
-def _rank_of(key, BLOCK: tl.constexpr):
-    """[BLOCK] int64 keys -> [BLOCK] int32: each key's place in descending order (equal keys, i.e. padding: the lower
-    index first), in one [BLOCK, BLOCK] comparison and one reduction instead of a max pass per place."""
-    i = tl.arange(0, BLOCK)
-    ahead = (key[None, :] > key[:, None]) | ((key[None, :] == key[:, None]) & (i[None, :] < i[:, None]))
-    return tl.reduce(ahead.to(tl.int32), 1, _add)
-
-
 def _store_top_keys(key, out_ptr, K: tl.constexpr):
     """The K largest of the keys [B] (int64 min: padding), descending -> out[0:K]."""
     empty = -9223372036854775807 - 1
@@ -306,10 +297,10 @@ def _chunk_top_kernel(x_ptr, key_ptr, stat_ptr, x_row_stride, V, S, K: tl.conste
 
 def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, S, floor,
                       K: tl.constexpr, KB: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr, BASE: tl.constexpr,
-                      PARENTS: tl.constexpr, RANK: tl.constexpr = False, USE_GDC: tl.constexpr = False):
+                      PARENTS: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Program row: the softmax statistics of its S chunks combined, then the K largest of its S*K chunk keys ->
     conf = exp(x - max) / sum, the id, log(max(conf, floor)) (BASE: plus base[row]); PARENTS 1: par[row, :] = -1,
-    2: par[row, :] = parent[row] (0: nothing); KB = K rounded up to a power of 2. RANK: by _rank_of, not K passes."""
+    2: par[row, :] = parent[row] (0: nothing); KB = K rounded up to a power of 2."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
@@ -330,23 +321,14 @@ def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, 
     i = tl.arange(0, BLOCK)
     empty = -9223372036854775807 - 1
     key = tl.load(key_ptr + row * S * K + i, mask=i < S * K, other=empty)
-    if RANK:  # every key to its place at once (the same values as the passes below)
-        at = _rank_of(key, BLOCK)
-        top = at < K
-        conf = tl.exp(_key_value(key) - m) / total
-        tl.store(conf_ptr + row * K + at, conf, mask=top)
-        tl.store(tok_ptr + row * K + at, _key_id(key), mask=top)
+    for j in tl.static_range(K):
+        best = tl.reduce(key, 0, _max)
+        key = tl.where(key == best, empty, key)
+        conf = tl.exp(_key_value(best) - m) / total
+        tl.store(conf_ptr + row * K + j, conf)
+        tl.store(tok_ptr + row * K + j, _key_id(best))
         logc = tl.log(tl.maximum(conf, floor))
-        tl.store(logc_ptr + row * K + at, base + logc if BASE else logc, mask=top)
-    else:
-        for j in tl.static_range(K):
-            best = tl.reduce(key, 0, _max)
-            key = tl.where(key == best, empty, key)
-            conf = tl.exp(_key_value(best) - m) / total
-            tl.store(conf_ptr + row * K + j, conf)
-            tl.store(tok_ptr + row * K + j, _key_id(best))
-            logc = tl.log(tl.maximum(conf, floor))
-            tl.store(logc_ptr + row * K + j, base + logc if BASE else logc)
+        tl.store(logc_ptr + row * K + j, base + logc if BASE else logc)
 
 
 def _race_chunk_kernel(q_ptr, e_ptr, vkey_ptr, rkey_ptr, q_row_stride, e_row_stride, V, S, K: tl.constexpr,
@@ -367,10 +349,9 @@ def _race_chunk_kernel(q_ptr, e_ptr, vkey_ptr, rkey_ptr, q_row_stride, e_row_str
 
 
 def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, S, floor, K: tl.constexpr,
-                       BLOCK: tl.constexpr, BASE: tl.constexpr, RANK: tl.constexpr = False,
-                       USE_GDC: tl.constexpr = False):
+                       BLOCK: tl.constexpr, BASE: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Program row: the K largest of its S*K chunk keys of each kind -> conf = the value, log(max(conf, floor))
-    (BASE: plus base[row]); tok = the race's ids, in order. RANK: by _rank_of, not K passes."""
+    (BASE: plus base[row]); tok = the race's ids, in order."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
@@ -379,25 +360,16 @@ def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr
     empty = -9223372036854775807 - 1
     vkey = tl.load(vkey_ptr + row * S * K + i, mask=i < S * K, other=empty)
     rkey = tl.load(rkey_ptr + row * S * K + i, mask=i < S * K, other=empty)
-    if RANK:  # every key to its place at once (the same values as the passes below)
-        at = _rank_of(vkey, BLOCK)
-        conf = _key_value(vkey)
-        tl.store(conf_ptr + row * K + at, conf, mask=at < K)
+    for j in tl.static_range(K):
+        best = tl.reduce(vkey, 0, _max)
+        vkey = tl.where(vkey == best, empty, vkey)
+        conf = _key_value(best)
+        tl.store(conf_ptr + row * K + j, conf)
         logc = tl.log(tl.maximum(conf, floor))
-        tl.store(logc_ptr + row * K + at, base + logc if BASE else logc, mask=at < K)
-        at = _rank_of(rkey, BLOCK)
-        tl.store(tok_ptr + row * K + at, _key_id(rkey), mask=at < K)
-    else:
-        for j in tl.static_range(K):
-            best = tl.reduce(vkey, 0, _max)
-            vkey = tl.where(vkey == best, empty, vkey)
-            conf = _key_value(best)
-            tl.store(conf_ptr + row * K + j, conf)
-            logc = tl.log(tl.maximum(conf, floor))
-            tl.store(logc_ptr + row * K + j, base + logc if BASE else logc)
-            best = tl.reduce(rkey, 0, _max)
-            rkey = tl.where(rkey == best, empty, rkey)
-            tl.store(tok_ptr + row * K + j, _key_id(best))
+        tl.store(logc_ptr + row * K + j, base + logc if BASE else logc)
+        best = tl.reduce(rkey, 0, _max)
+        rkey = tl.where(rkey == best, empty, rkey)
+        tl.store(tok_ptr + row * K + j, _key_id(best))
 
 
 def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, ids_ptr, M, K, offset, DESC: tl.constexpr, IDS: tl.constexpr,
@@ -590,7 +562,7 @@ def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_
                 TB)
 
 
-_JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_rank_of", "_store_top_keys", "_chunk_top_kernel",
+_JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_chunk_top_kernel",
            "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel", "_rank_top_kernel", "_expand_rows_kernel",
            "_select_tree_kernel", "_store_path", "_accept_path_kernel", "_sampled_accept_path_kernel",
            "_ancestry_kernel")
@@ -652,7 +624,7 @@ def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | No
     _merge_top_kernel[(n,)](keys, stats, conf, tok, logc, _base(base, n, logc), par,
                             parent if parent is not None else par, splits, floor, K=k, KB=K._pow2(k),
                             SP=K._pow2(splits), BLOCK=K._pow2(splits * k), BASE=base is not None, PARENTS=parents,
-                            RANK=rank_merge(), num_warps=4, **K.pdl_kwargs(g))
+                            num_warps=4, **K.pdl_kwargs(g))
     return conf, tok, logc
 
 
@@ -679,15 +651,8 @@ def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float, ba
     _race_chunk_kernel[(n, splits)](q, noise, vkeys, rkeys, q.stride(0), noise.stride(0), v, splits, K=k, CHUNK=chunk,
                                     num_warps=4, **K.pdl_kwargs(g))
     _race_merge_kernel[(n,)](vkeys, rkeys, conf, tok, logc, _base(base, n, logc), splits, floor, K=k,
-                             BLOCK=K._pow2(splits * k), BASE=base is not None, RANK=rank_merge(), num_warps=4,
-                             **K.pdl_kwargs(g))
+                             BLOCK=K._pow2(splits * k), BASE=base is not None, num_warps=4, **K.pdl_kwargs(g))
     return conf, tok, logc
-
-
-def rank_merge() -> bool:
-    """Whether children / race_children merge by rank ($EAGLESPEC_RANK_MERGE=1: _rank_of, one comparison and one
-    reduction per row) instead of K serial max passes; off until a GPU times it (session 30)."""
-    return env_switch(RANK_MERGE_ENV, "off: K max passes") is True
 
 
 def _base(base: torch.Tensor | None, n: int, like: torch.Tensor) -> torch.Tensor:
