@@ -123,6 +123,7 @@
 #      static:3/10/25,static:fit/40,static:fit/60 --json $OUT/h200_tree_sweep_t1_carry${c}_<hash>.json; done`
 #      (~250 s), and seed 1. Carry on by default if it is not slower; a fitted tree as the sampled default only if it
 #      beats 3/10/25 with both seeds (tree_defaults.sampled.static = {"choices": ..., "depth": 3, "budget": B}).
+#   (Before any new kernel goes to a GPU: `python3 bench/aot_check.py` compiles for sm_90 on the CPU machine.)
 #   3. `bench/round_timeline.py --temperature 1 --fit-json ... --budget 60` with the carry on: what is left of the
 #      +0.18 ms (the children draws: _race_chunk/_race_merge +40 us, grow with the root's 12 draws).
 #   Still open: run 17's round cost on its own text; run 18 (13,000 draft ids); T=0 round cost (1.42 ms at tau 4.62).

@@ -1,0 +1,81 @@
+"""Compile the sampled round's sibling-test kernels (sampled_kernels.py) for an H100/H200 (sm_90) on a machine with no
+GPU: Triton's real compiler front end, its LLVM and ptxas, down to a cubin. The tests run these kernels under Triton's
+interpreter, which takes code the compiler refuses; this catches that before a GPU lease does. It also prints what
+each variant executes per program: PTX instructions, barriers (bar.sync) and warp shuffles (straight-line code; the
+recursion over the ranks before R in _state is a runtime loop, so its counts are per iteration).
+
+    PYTHONPATH=src python bench/aot_check.py [--arch 90] [--json OUT]
+
+Session 30 used it to drop a merge "by rank" for tree_kernels' top-k merges: at the block sizes the drafter uses
+(128-256 keys) it compiled to more barriers than the K max passes it was to replace (35 vs 19 at 128 keys, 139 vs
+47 at 256), so it was not worth a GPU lease.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+P, L, U8 = "*fp32", "*i64", "*u8"
+RANK_SIG = dict(R="i32", tok_ptr=L, kids_ptr=L, live_ptr=U8, p_ptr=P, q_ptr=P, rq_ptr=P, ps_ptr=P, pm_ptr=P, st_ptr=P,
+                rm_ptr=L, V="i32", T="i32", S="i32", p_stride="i32", q_stride="i32")
+FINAL_SIG = dict(best_ptr=L, tok_ptr=L, kids_ptr=L, live_ptr=U8, p_ptr=P, q_ptr=P, ps_ptr=P, pm_ptr=P, st_ptr=P,
+                 rm_ptr=L, out_ptr=P, V="i32", T="i32", S="i32", p_stride="i32", q_stride="i32")
+LEFT_SIG = dict(live_ptr=U8, q_ptr=P, ps_ptr=P, V="i32", S="i32", q_stride="i32")
+
+
+def compile_stats(fn, sig: dict, consts: dict, arch: int) -> dict:
+    """fn (a triton.jit function) compiled for cuda:arch with these argument types and constexprs -> counts."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = fn.arg_names
+    full = {n: sig[n] for n in names if n in sig} | dict.fromkeys(consts, "constexpr")
+    missing = [n for n in names if n not in full]
+    if missing:
+        raise SystemExit(f"aot_check: {fn.__name__}: no type for {missing}")
+    src = ASTSource(fn=fn, signature=full, constexprs={(names.index(k),): v for k, v in consts.items()})
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32))
+    ptx = kernel.asm["ptx"]
+    body = [ln for ln in ptx.splitlines() if ln.strip() and not ln.strip().startswith(("//", ".", "$", "{", "}"))]
+    return {"ptx_instructions": len(body), "bar_sync": ptx.count("bar.sync"), "shfl": ptx.count("shfl.sync"),
+            "cubin_bytes": len(kernel.asm.get("cubin", b""))}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability x 10 (90: H100/H200)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("aot_check: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
+    from eaglespec import sampled_kernels as SK
+
+    SK._load()
+    rows = []
+    for k, kp in ((4, 4), (12, 16)):
+        shape = dict(K=k, KP=kp, SB=32, USE_GDC=False)
+        rows.append({"kernel": "_left_kernel", "K": k, **compile_stats(
+            SK._left_kernel, LEFT_SIG, dict(K=k, KP=kp, CHUNK=2048, USE_GDC=False), args.arch)})
+        for carry in (False, True):
+            for name, sig, extra in (("_rank_kernel", RANK_SIG, {"CHUNK": 2048}),
+                                     ("_final_kernel", FINAL_SIG, {"BLOCK": 1024})):
+                stats = compile_stats(getattr(SK, name), sig, shape | extra | {"CARRY": carry}, args.arch)
+                rows.append({"kernel": name, "K": k, "carry": carry, **stats})
+    print(f"| kernel (sm_{args.arch}) | K | carry | PTX instructions | bar.sync | shfl | cubin bytes |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['kernel']} | {r['K']} | {r.get('carry', '')} | {r['ptx_instructions']} | {r['bar_sync']} | "
+              f"{r['shfl']} | {r['cubin_bytes']} |")
+    report = {"arch": args.arch, "rows": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
