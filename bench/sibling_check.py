@@ -75,14 +75,12 @@ def static_parents(path: str, budget: int | None) -> list[int]:
 def inputs(rows: int, vocab: int, top_k: int, depth: int, draft_vocab: int, dev: str, seed: int = 0,
            parents: list[int] | None = None) -> dict:
     """tokens [T], kids / live [T, K], p / q [T, V] fp32, best [1] on `dev`; the tree: `parents` when given
-    (rows and top_k then follow from it), else dynamic_parents."""
+    (rows and top_k must match it: main sets them from it), else dynamic_parents."""
     from eaglespec.verify import sibling_table_of
 
     gen = torch.Generator().manual_seed(seed)
     if parents is None:
         parents = dynamic_parents(rows, top_k, depth, gen)
-    else:
-        rows, top_k = len(parents), max(parents.count(j) for j in range(len(parents)))
     kids = sibling_table_of(torch.tensor(parents), top_k)
     p = torch.softmax(torch.randn(rows, vocab, generator=gen) * 3, -1)
     sub = torch.randperm(vocab, generator=gen)[:draft_vocab]
@@ -173,11 +171,11 @@ def main() -> None:
 
     from eaglespec import sampled_kernels as SK
 
+    parents = static_parents(a.fit_json, a.budget) if a.fit_json else None
+    if parents is not None:  # the fitted tree's rows and widest node (checked by fits below)
+        a.rows, a.top_k = len(parents), max(parents.count(j) for j in range(len(parents)))
     if not SK.fits(a.vocab, a.top_k):
         ap.error(f"sampled_kernels do not take --vocab {a.vocab} --top-k {a.top_k} (at most {SK.MAX_K} ranks)")
-    parents = static_parents(a.fit_json, a.budget) if a.fit_json else None
-    if parents is not None:
-        a.rows, a.top_k = len(parents), max(parents.count(j) for j in range(len(parents)))
     x = inputs(a.rows, a.vocab, a.top_k, a.depth, min(a.draft_vocab, max(a.vocab // 4, 2 * a.top_k)), a.device,
                parents=parents)
     kids = x["kids"].cpu()
