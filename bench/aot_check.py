@@ -1,8 +1,8 @@
 """Compile the sampled round's sibling-test kernels (sampled_kernels.py) for an H100/H200 (sm_90) on a machine with no
 GPU: Triton's real compiler front end, its LLVM and ptxas, down to a cubin. The tests run these kernels under Triton's
 interpreter, which takes code the compiler refuses; this catches that before a GPU lease does. It also prints what
-each variant executes per program: PTX instructions, barriers (bar.sync) and warp shuffles (straight-line code; the
-recursion over the ranks before R in _state is a runtime loop, so its counts are per iteration).
+kernel executes per program: PTX instructions, barriers (bar.sync) and warp shuffles (straight-line code; a runtime
+loop counts once).
 
     PYTHONPATH=src python bench/aot_check.py [--arch 90] [--json OUT]
 
@@ -60,16 +60,14 @@ def main(argv: list[str] | None = None) -> dict:
         shape = dict(K=k, KP=kp, SB=32, USE_GDC=False)
         rows.append({"kernel": "_left_kernel", "K": k, **compile_stats(
             SK._left_kernel, LEFT_SIG, dict(K=k, KP=kp, CHUNK=2048, USE_GDC=False), args.arch)})
-        for carry in (False, True):
-            for name, sig, extra in (("_rank_kernel", RANK_SIG, {"CHUNK": 2048}),
-                                     ("_final_kernel", FINAL_SIG, {"BLOCK": 1024})):
-                stats = compile_stats(getattr(SK, name), sig, shape | extra | {"CARRY": carry}, args.arch)
-                rows.append({"kernel": name, "K": k, "carry": carry, **stats})
-    print(f"| kernel (sm_{args.arch}) | K | carry | PTX instructions | bar.sync | shfl | cubin bytes |")
-    print("|---|---|---|---|---|---|---|")
+        for name, sig, extra in (("_rank_kernel", RANK_SIG, {"CHUNK": 2048}),
+                                 ("_final_kernel", FINAL_SIG, {"BLOCK": 1024})):
+            rows.append({"kernel": name, "K": k, **compile_stats(getattr(SK, name), sig, shape | extra, args.arch)})
+    print(f"| kernel (sm_{args.arch}) | K | PTX instructions | bar.sync | shfl | cubin bytes |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['kernel']} | {r['K']} | {r.get('carry', '')} | {r['ptx_instructions']} | {r['bar_sync']} | "
-              f"{r['shfl']} | {r['cubin_bytes']} |")
+        print(f"| {r['kernel']} | {r['K']} | {r['ptx_instructions']} | {r['bar_sync']} | {r['shfl']} | "
+              f"{r['cubin_bytes']} |")
     report = {"arch": args.arch, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:

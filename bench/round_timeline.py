@@ -74,9 +74,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import itertools
 
 import eaglespec.engine as engine_mod
+from eaglespec import tree_fit
 from eaglespec.api import resolve_trees, tree_label
 from eaglespec.bench import Bench, _load, _Synced, environment, load_prompts
 from eaglespec.cli import add_model_args, add_tree_args
+from eaglespec.errors import EagleSpecError
 from eaglespec.tree import TreeSpec
 
 PHASES = ("draft", "sync_wait", "verify", "accept", "commit")
@@ -332,15 +334,11 @@ def markdown(report: dict) -> str:
 
 
 def fitted_spec(path: str, budget: int | None) -> TreeSpec:
-    """The static TreeSpec of a fitted tree's first `budget` paths (all of them without a budget)."""
+    """The static TreeSpec of a fitted tree file's first `budget` paths (all of them without a budget)."""
     try:
-        tree = tuple(tuple(int(i) for i in p) for p in json.loads(Path(path).read_text())["tree"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SystemExit(f"--fit-json {path}: no fitted tree there ({type(e).__name__}: {e})") from None
-    tree = tree[:budget] if budget else tree
-    if not tree:
-        raise SystemExit(f"--fit-json {path}: the tree is empty")
-    return TreeSpec("static", depth=max(map(len, tree)), top_k=10, budget=len(tree), choices=tree)
+        return tree_fit.fitted_spec(tree_fit.load_fitted(path), budget)
+    except EagleSpecError as e:
+        raise SystemExit(f"--fit-json {e}") from None
 
 
 # -- main -----------------------------------------------------------------------------------------

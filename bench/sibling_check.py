@@ -17,9 +17,9 @@ sibling_tests' chunk (elements of a row per program) x num_warps.
     PYTHONPATH=src python bench/sibling_check.py [--rows 61] [--vocab 49152] [--top-k 10] [--sweep] [--json OUT]
         [--fit-json FIT [--budget B]]
 
-Both kernel variants are timed: each rank launch rebuilding its parents' states (the default) and the states
-carried from one launch to the next ($EAGLESPEC_SAMPLED_CARRY=1). --fit-json times a fitted static tree's layout
-(e.g. session 30's 60-node depth-3 tree, 12 children at the root) instead of the dynamic-like one.
+--fit-json times a fitted static tree's layout (e.g. session 30's 60-node depth-3 tree, 12 children at the root)
+instead of the dynamic-like one. (Sessions 30-31 also timed each rank launch rebuilding its parents' states against
+carrying them from the launch before; the carried states won and are the only path since: bench/RESULTS.md.)
 
 CPU smoke test (Triton's interpreter, set by the script; eager timing of one call, not meaningful):
 
@@ -187,10 +187,8 @@ def main() -> None:
                     "timing": f"graph of {a.reps} calls, median of {a.replays} replays" if cuda else "one eager call"}
     report["tree"] = f"{a.fit_json}, first {a.budget or 'all'} paths" if a.fit_json else "dynamic-like"
     report["us"] = {"torch": per_call_us(torch_path(x), cuda, a.reps, a.replays),
-                    "kernels": per_call_us(kernel_path(x, carry=False), cuda, a.reps, a.replays),
-                    "kernels_carry": per_call_us(kernel_path(x, carry=True), cuda, a.reps, a.replays)}
-    report["max_abs_diff"] = errors(x, carry=False)
-    report["max_abs_diff_carry"] = errors(x, carry=True)
+                    "kernels": per_call_us(kernel_path(x), cuda, a.reps, a.replays)}
+    report["max_abs_diff"] = errors(x)
     if a.sweep:
         report["sweep"] = []
         for chunk, warps in itertools.product(*SWEEP.values()):
@@ -207,9 +205,6 @@ def main() -> None:
     print(f"| torch (verify.sibling_tests + index_select) | {report['us']['torch']} | reference |")
     print(f"| kernels (sibling_tests + final_residual) | {report['us']['kernels']} | {d['r_at']:.2g} / {d['q_at']:.2g}"
           f" / {d['final_at_best']:.2g} / {d['final_every_node']:.2g} |")
-    d = report["max_abs_diff_carry"]
-    print(f"| kernels, states carried between rank launches | {report['us']['kernels_carry']} | {d['r_at']:.2g} / "
-          f"{d['q_at']:.2g} / {d['final_at_best']:.2g} / {d['final_every_node']:.2g} |")
     for row in report.get("sweep", []):
         print(f"| kernels, chunk {row['chunk']}, {row['num_warps']} warps | {row['us']} | |")
     if a.json:

@@ -26,9 +26,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from eaglespec import tree_fit
 from eaglespec.api import tree_defaults
 from eaglespec.bench import Bench, _load, environment, load_prompts, summarize_run
 from eaglespec.cli import add_draft_temperature, add_model_args
+from eaglespec.errors import EagleSpecError
 from eaglespec.tree import TreeSpec
 
 DEFAULT_CONFIGS = ("chain:2,chain:3,chain:4,chain:5,dynamic:3/4/8,dynamic:4/4/12,dynamic:4/6/16,dynamic:5/6/24,"
@@ -55,9 +57,8 @@ def parse_config(text: str) -> tuple[str, dict]:
 def static_config(kw: dict, fitted: tuple[tuple[int, ...], ...] | None) -> TreeSpec:
     """A static config's tree: the fitted tree's best `budget` nodes (static:fit/BUDGET), else EAGLE-1's tree cut to
     depth and budget (static:DEPTH/TOPK/BUDGET)."""
-    if kw.get("fit"):  # a fitted tree lists its paths by value, parents first: its best `budget` are the first ones
-        return TreeSpec("static", depth=max(map(len, fitted[: kw["budget"]])), top_k=10, budget=kw["budget"],
-                        choices=fitted)
+    if kw.get("fit"):
+        return tree_fit.fitted_spec(fitted, kw["budget"])
     return TreeSpec("static", depth=kw["depth"], top_k=kw["top_k"], budget=kw["budget"])
 
 
@@ -75,7 +76,10 @@ def configure(bench: Bench, args, text: str) -> str:
 def fitted_choices(path: str | None, drafter) -> tuple[tuple[int, ...], ...]:
     """The fitted static tree: the "tree" of fit_static_tree.py's --json, else the drafter's manifest choices."""
     if path:
-        return tuple(tuple(p) for p in json.loads(Path(path).read_text())["tree"])
+        try:
+            return tree_fit.load_fitted(path)
+        except EagleSpecError as e:
+            raise SystemExit(f"--fit-json {e}") from None
     choices = tree_defaults(drafter).get("static", {}).get("choices")
     if not choices:
         raise SystemExit("static:fit/BUDGET needs --fit-json or a drafter manifest with tree_defaults.static.choices "

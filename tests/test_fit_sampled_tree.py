@@ -52,3 +52,21 @@ def test_a_fitted_trees_budget_cut_sets_the_depth():
     spec = sweep.static_config({"fit": True, "budget": 4}, fitted)
     assert (spec.depth, spec.static_choices()) == (2, ((0,), (1,), (0, 0), (2,)))
     assert sweep.static_config({"fit": True, "budget": 5}, fitted).depth == 3
+
+
+def test_round_timeline_drafts_the_tree_tree_sweep_drafts(tmp_path):
+    """The two benchmarks read a fitted tree through one helper (tree_fit.load_fitted / fitted_spec): the same
+    budget gives the same drafted tree, and a file without a tree is a one-line error naming it."""
+    sweep, timeline = bench_module("tree_sweep"), bench_module("round_timeline")
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps({"tree": [[0], [1], [0, 0], [2], [0, 0, 0]]}))
+    for budget in (1, 3, 4, 5):
+        a = sweep.static_config({"fit": True, "budget": budget}, sweep.fitted_choices(str(path), None))
+        b = timeline.fitted_spec(str(path), budget)
+        assert (a.depth, a.static_choices()) == (b.depth, b.static_choices())
+    assert timeline.fitted_spec(str(path), None).budget == 5
+    (tmp_path / "bad.json").write_text(json.dumps({"tree": []}))
+    for bad, why in (("bad.json", "empty"), ("none.json", "no fitted tree")):
+        for read in (lambda p: sweep.fitted_choices(p, None), lambda p: timeline.fitted_spec(p, 2)):
+            with pytest.raises(SystemExit, match=f"--fit-json .*{bad}.*{why}"):
+                read(str(tmp_path / bad))

@@ -26,14 +26,6 @@ from test_sampling_engine import PROMPT, sharp_target  # noqa: F401 (fixture)
 from test_sampling_static import SPEC as STATIC
 
 
-@pytest.fixture(autouse=True, params=["0", "1"], ids=["recompute", "carry"])
-def carry(request, monkeypatch) -> bool:
-    """Every test twice: each rank launch rebuilding its parents' states (_state), and carrying them from the launch
-    before ($EAGLESPEC_SAMPLED_CARRY=1: _carried)."""
-    monkeypatch.setenv(SK.CARRY_ENV, request.param)
-    return request.param == "1"
-
-
 def recursion(tokens, kids, p, q, live, remove: bool = True, late: bool = False):
     """verify.sibling_tests' recursion in float64, one parent at a time: (r_at [T], q_at [T], final [T, V]).
     Deliberate bugs for the negative control: remove=False leaves a rejected sibling's token in q; late=True tests
@@ -158,7 +150,7 @@ def test_chunking_does_not_change_the_result(seed, k, monkeypatch):
         r_at, q_at, state = SK.sibling_tests(tokens, kids, p, q, live, chunk=chunk)
         s = -(-300 // (chunk or 512))
         assert state.left.shape == (k + 1, 14, s) and state.mass.shape == (k, 14, s)
-        assert (state.states is not None) == SK.carry_wanted()  # carried: NaN where launch R - 1 did not store
+        assert state.states.shape[:2] == state.removed.shape[:2] == (k, 14)  # poisoned where no launch stored
         finals = torch.cat([SK.final_residual(p, q, state, torch.tensor([b])) for b in nodes])
         assert torch.isfinite(finals).all()
         runs[chunk] = r_at, q_at, finals
@@ -282,14 +274,11 @@ def test_round_graph_emits_the_same_tokens(sharp_target, spec, monkeypatch):  # 
     assert sum(map(sum, accepted)) > 0  # drafts accepted (and rejected: 12 tokens in more than 1 round each)
 
 
-def test_the_carried_state_is_what_the_final_residual_reads(carry):
-    """With carry on, final_residual starts from the state the last rank launch stored: corrupting the root's stored
-    scale changes its final row (so the carry path, not a recompute, is what the tests above checked)."""
+def test_the_carried_state_is_what_the_final_residual_reads():
+    """final_residual starts from the state the last rank launch stored: corrupting the root's stored scale changes
+    its final row (the carried state, not a recompute from the partial sums, is what the tests above checked)."""
     tokens, kids, p, q, live = random_case(9, 300, 10, 16)
     _, _, state = SK.sibling_tests(tokens, kids, p, q, live)
-    if not carry:
-        assert state.states is None and state.removed is None
-        return
     k = kids.shape[1]
     assert state.states.shape == (k, 16, 3 + 16) and state.removed.shape == (k, 16, 16)
     root = torch.tensor([0])

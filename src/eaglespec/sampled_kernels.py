@@ -27,36 +27,35 @@ against 1023 us for the torch path on the H200 (T=61, V=49152, K=10, 60 live chi
 root), since the root's 11 passes in sequence over 2 x 49152 floats ran on ONE SM (~155 us a pass), and it lost
 ~4% end to end in a sampled chain (K=1) too. Now every pass is spread over the row's chunks (grid [T, S],
 S = cdiv(V, CHUNK)); the ranks still run in order (each needs the last's M and S, and there is no grid-wide barrier
-but a launch's end), one launch each, and every program recomputes its parent's scalars from the partial sums of
-the ranks before (_state(): O(K * S) loads, all issued before the recursion, which is register work; the same in
-every program, so the same values everywhere). K + 2 launches of ~T * S small programs in all (12 of ~1.5k for the
-case above: 88 us on the H200 against the torch path's 1027 us, bench/RESULTS.md session 15; sampled dynamic 7/10/60
-at T=1 +41% end to end, static +15-18%, the chain of 3 +2%):
+but a launch's end), one launch each. K + 2 launches of ~T * S small programs in all (12 of ~1.5k for the case above:
+88 us on the H200 against the torch path's 1027 us, bench/RESULTS.md session 15; sampled dynamic 7/10/60 at T=1 +41%
+end to end, static +15-18%, the chain of 3 +2%):
 
     launch 0, grid [T, S]: pS[0, t, c] = sum of q over chunk c of row t (rows with a live child only).
-    launch 1 + i (i = 0..K-1), grid [T, S]: program (t, c) does nothing unless live[t, i]; else _state() rebuilds
-        parent t's (a, beta, S_i, removed tokens and values) from pS / pM of its live ranks < i, then over chunk c
-        (not removed): pM[i, t, c] = sum max(0, p - beta' q), beta' = beta + 1 / (a max(S_i, 1e-30)), and
-        pS[i + 1, t, c] = sum of q off x_i. Program c = 0 writes child i's r_at / q_at (scalars: (a, beta, S_i,
-        the removed list) and the two entries p(x_i), q(x_i)).
-    final_residual, grid over blocks of V: _state() over all K ranks at node best (read on the device), then its
-        normalised row.
+    launch 1 + i (i = 0..K-1), grid [T, S]: program (t, 0) of every parent t with a live child takes t's state
+        before rank i (a, beta, S_i, removed tokens and values) ONE recursion step (_step) from the state rank
+        i - 1's launch stored and that rank's partial sums (_carried), and stores it (Residuals.states / .removed [i, t]) for the
+        next launch; where live[t, i], every program (t, c) takes the same state, then over chunk c (not removed):
+        pM[i, t, c] = sum max(0, p - beta' q), beta' = beta + 1 / (a max(S_i, 1e-30)), and pS[i + 1, t, c] = sum
+        of q off x_i. Program c = 0 writes child i's r_at / q_at (scalars: (a, beta, S_i, the removed list) and
+        the two entries p(x_i), q(x_i)).
+    final_residual, grid over blocks of V: node best's state after all K ranks (one step from the last launch's
+        store, read on the device), then its normalised row.
 
     sibling_tests(tokens, kids, p, q, live) -> (r_at [T], q_at [T], Residuals): the K + 1 launches above (and a
         memset of r_at / q_at). p, q: [T, V], never written. Residuals holds the partial sums (pS [K + 1, T, S],
-        pM [K, T, S]) and the tree (tokens, kids, live) that _state() reads again. Only entries that are read are
-        written: pS[0] and pM / pS of the ranks that are live at a parent (_state() masks the others' loads).
+        pM [K, T, S]), the carried states and the tree (tokens, kids, live) that _carried() reads again. Only
+        entries that are read are written: pS[0] and pM / pS of the ranks that are live at a parent (_carried()
+        masks the others' loads).
     final_residual(p, q, Residuals, best [1]) -> [1, V]: the normalised residual of node best, the same row (and
         scale) as verify.sibling_tests' third output at best, up to fp32 rounding (p itself without live child).
 
-Carried states ($EAGLESPEC_SAMPLED_CARRY=1, session 30; off until a GPU times it): _state() is a serial loop over the
-ranks before R, so launch R costs O(R) register work in every live program (on the H200 a fitted tree with 12
-children at the root paid 13.2 us per rank launch against 7.9 us with EAGLE-1's 4; bench/RESULTS.md, session 30).
-With CARRY, program (t, 0) of launch R also stores parent t's state after its ranks < R (a, beta, S_R, the removed
-tokens and their values: Residuals.states / .removed, [K, T, ...]) for every parent with a live child, and
-_carried() rebuilds the state of launch R from launch R - 1's store with ONE step of the recursion (_step, which
-_state()'s loop runs too); final_residual does the same from the last launch's store. The same values up to the
-order of float sums (tests/test_sampled_kernels.py runs every test both ways).
+Carried states (session 30, default since session 31): until then every program rebuilt its parent's state from
+the partial sums of ALL ranks before R (a serial loop of small reductions), so launch R cost O(R) register work: on
+the H200 a fitted tree with 12 children at the root paid 13.2 us per rank launch against 7.9 us with EAGLE-1's 4.
+Carrying it cut sibling_tests + final_residual from 103 to 84 us per call on that tree (K = 12), 80 to 68 us on a
+dynamic-like one (K = 10) and 27.9 to 26.2 us on the default depth-3 tree (K = 4), and the fitted 60-node tree's
+rounds from 1.312 to 1.281 ms of GPU time (bench/RESULTS.md, session 31).
 
 Values: the same recursion in fp32, another summation order, and each entry computed from p and q in one step
 instead of K rounded steps: equal within ~1e-6 relative where no cancellation hits (tests/test_sampled_kernels.py),
@@ -70,7 +69,8 @@ call triton builtins only (target/kernels.py's _load says why); their reductions
 functions (_sum_combine, _elementwise_max) to the builtin tl.reduce, as tl.sum / tl.max do: the interpreter
 recognises them and reduces in numpy without calling them (with a combine function of ours it calls it once per
 element, in Python: 3-8x slower tests), and compiled code inlines them. They call tl.reduce in place, not through
-a jitted helper of ours: the interpreter spends ~1 ms on every such call (_partials and _state are the exceptions).
+a jitted helper of ours: the interpreter spends ~1 ms on every such call (_partials, _step and _carried are the
+exceptions).
 Tested under Triton's interpreter (TRITON_INTERPRET=1); timed on the H200 (session 15, 55a5b4d: max abs difference
 to the torch path 1.8e-12 / 7.5e-9 / 1.5e-8 for r_at / q_at / the final rows); bench/sibling_check.py times them
 against the torch path on a GPU (--sweep: CHUNK x num_warps, not run yet).
@@ -93,18 +93,17 @@ from .errors import env_switch
 from .target import kernels as K
 
 SAMPLED_KERNELS_ENV = "EAGLESPEC_SAMPLED_KERNELS"  # "0": not these (unset, "" or "1": with the tree kernels)
-CARRY_ENV = "EAGLESPEC_SAMPLED_CARRY"  # "1": carry each parent's state from one rank launch to the next (unset: off)
 MAX_K = 32  # the most children per node (one launch per rank)
 MAX_VOCAB = 1 << 24  # the widest row (offsets are int64; this bounds S, the chunks per row)
 _CHUNK = 2048  # sibling_tests: elements of a row per program (S = cdiv(V, CHUNK) programs per row and rank)
 _WARPS = 4
 _FINAL_BLOCK = 1024  # final_residual: elements per program
-_SUMS = 4096  # the most partial sums _state() adds in one step (over its KP ranks)
+_SUMS = 4096  # the most partial sums _partials() adds in one step (over its KP ranks)
 
 
 class Residuals(NamedTuple):
-    """What final_residual needs to rebuild any node's residual once all its live children are rejected (_state()):
-    the partial sums of every live rank and the tree they belong to."""
+    """What final_residual needs to rebuild any node's residual once all its live children are rejected (_carried()):
+    the partial sums of every live rank, the states the rank launches stored and the tree they belong to."""
 
     tokens: torch.Tensor  # [T] long: each node's token (sibling_tests' input)
     kids: torch.Tensor  # [T, K] long: the sibling table (sibling_tests' input)
@@ -113,10 +112,10 @@ class Residuals(NamedTuple):
     #                     before rank j (pS[0]: all of it; pS[j + 1]: written by rank j's launch where live)
     mass: torch.Tensor  # pM [K, T, S] fp32: [j, t, c] sum over chunk c of row t, off the tokens removed before
     #                     rank j, of max(0, p - beta' q) with rank j's beta' (written by rank j's launch where live)
-    states: torch.Tensor | None = None  # carry only: [K, T, 3 + KP] fp32, [R, t] = parent t's (a, beta, S_R,
+    states: torch.Tensor  # [K, T, 3 + KP] fp32, [R, t] = parent t's (a, beta, S_R,
     #                     removed tokens' values [KP]) after its ranks < R (written by rank R's launch, program c = 0,
     #                     where t has a live child)
-    removed: torch.Tensor | None = None  # carry only: [K, T, KP] long, [R, t] = those removed tokens (-1 padded)
+    removed: torch.Tensor  # [K, T, KP] long, [R, t] = those removed tokens (-1 padded)
 
 
 def wanted(device: torch.device | str) -> bool:
@@ -124,12 +123,6 @@ def wanted(device: torch.device | str) -> bool:
     if env_switch(SAMPLED_KERNELS_ENV, "with the tree kernels") is False:
         return False
     return tree_kernels.wanted(device)
-
-
-def carry_wanted() -> bool:
-    """Whether sibling_tests carries the parents' states between its rank launches ($EAGLESPEC_SAMPLED_CARRY=1):
-    one recursion step per launch instead of R (_carried vs _state); off until a GPU times it."""
-    return env_switch(CARRY_ENV, "off: every rank launch rebuilds the state") is True
 
 
 def fits(vocab: int, k: int) -> bool:
@@ -147,41 +140,6 @@ def _partials(ptr, stride, S, use, KP: tl.constexpr, SB: tl.constexpr):
         c = c0 + tl.arange(0, SB)[None, :]
         acc += tl.load(ptr + slot[:, None] * stride + c, mask=c < n, other=0.0)
     return tl.reduce(acc, 1, tl.standard._sum_combine)
-
-
-def _state(t, upto, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, T, S, K: tl.constexpr,
-           KP: tl.constexpr, SB: tl.constexpr):
-    """Parent t's residual after rejecting its live children of ranks < upto, from the partial sums: (a, beta,
-    S_upto (q's mass left), removed tokens [KP] (-1 padded, in removal order), their values [KP]). Reads pS / pM of
-    its live ranks < upto only (and pS[0] only where the parent has a live child). Every load is issued before the
-    recursion (none depends on it): a few load latencies, whatever upto; the loop is register work."""
-    slot = tl.arange(0, KP)
-    lv = tl.load(live_ptr + t * K + slot, mask=slot < K, other=0) != 0  # [KP]
-    use = lv & (slot < upto)
-    xs = tl.load(tok_ptr + tl.load(kids_ptr + t * K + slot, mask=slot < K, other=0))  # [KP] rank j's token
-    pxs = tl.load(prow + xs, mask=use, other=0.0).to(tl.float32)
-    qxs = tl.load(qrow + xs, mask=use, other=0.0).to(tl.float32)
-    masses = _partials(pm_ptr + t * S, T * S, S, use, KP, SB)  # [KP]: pM[j, t] summed
-    lefts = _partials(ps_ptr + (T + t) * S, T * S, S, use, KP, SB)  # [KP]: pS[j + 1, t] summed
-    any_live = tl.reduce(lv.to(tl.int32), 0, tl.standard._elementwise_max) > 0
-    left = tl.reduce(_partials(ps_ptr + t * S, T * S, S, (slot == 0) & any_live, KP, SB), 0,
-                     tl.standard._sum_combine)  # S_0: q's mass (pS[0] is written where any_live)
-    zero = (t * 0).to(tl.int32)
-    a = zero.to(tl.float32) + 1.0  # r = a * max(0, p - beta q) off the removed tokens
-    beta = zero.to(tl.float32)
-    n = zero  # removed tokens so far
-    rem = tl.full([KP], -1, tl.int64)
-    val = tl.full([KP], 0.0, tl.float32)
-    for j in range(0, upto):
-        sel = slot == j
-        on = tl.reduce((sel & use).to(tl.int32), 0, tl.standard._elementwise_max) > 0
-        x = tl.reduce(tl.where(sel, xs, 0), 0, tl.standard._sum_combine)
-        px = tl.reduce(tl.where(sel, pxs, 0.0), 0, tl.standard._sum_combine)
-        qx = tl.reduce(tl.where(sel, qxs, 0.0), 0, tl.standard._sum_combine)
-        mass_j = tl.reduce(tl.where(sel, masses, 0.0), 0, tl.standard._sum_combine)
-        left_j = tl.reduce(tl.where(sel, lefts, 0.0), 0, tl.standard._sum_combine)
-        a, beta, left, n, rem, val = _step(a, beta, left, n, rem, val, slot, on, x, px, qx, mass_j, left_j)
-    return a, beta, left, rem, val
 
 
 def _step(a, beta, left, n, rem, val, slot, on, x, px, qx, mass_j, left_j):
@@ -206,9 +164,10 @@ def _step(a, beta, left, n, rem, val, slot, on, x, px, qx, mass_j, left_j):
 
 def _carried(t, R, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, st_ptr, rm_ptr, T, S, K: tl.constexpr,
              KP: tl.constexpr, SB: tl.constexpr):
-    """_state(t, R, ...) from the state after ranks < R - 1 that launch R - 1 stored (st / rm [R - 1, t]) and rank
-    R - 1's row sums: one step of the recursion instead of R. R = 0, or no live child: the start (a = 1, beta = 0,
-    S_0 = q's mass, nothing removed). Same values as _state up to the order of two float sums."""
+    """Parent t's residual after rejecting its live children of ranks < R: (a, beta, S_R (q's mass left), removed
+    tokens [KP] (-1 padded, in removal order), their values [KP]), one step of the recursion (_step) from the state
+    after ranks < R - 1 that launch R - 1 stored (st / rm [R - 1, t]) and rank R - 1's row sums. R = 0, or no live
+    child: the start (a = 1, beta = 0, S_0 = q's mass, nothing removed)."""
     slot = tl.arange(0, KP)
     lv = tl.load(live_ptr + t * K + slot, mask=slot < K, other=0) != 0  # [KP]
     any_live = tl.reduce(lv.to(tl.int32), 0, tl.standard._elementwise_max) > 0
@@ -253,29 +212,23 @@ def _left_kernel(live_ptr, q_ptr, ps_ptr, V, S, q_stride, K: tl.constexpr, KP: t
 
 def _rank_kernel(R, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, rq_ptr, ps_ptr, pm_ptr, st_ptr, rm_ptr, V, T, S,
                  p_stride, q_stride, K: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr, SB: tl.constexpr,
-                 CARRY: tl.constexpr = False, USE_GDC: tl.constexpr = False):
+                 USE_GDC: tl.constexpr = False):
     """Program (t, c), where parent t's child of rank R is live: pM[R, t, c] and pS[R + 1, t, c] (the module
-    docstring); program c = 0 also writes that child's r_at (rq[0]) and q_at (rq[1]). CARRY: the state comes from
-    _carried (not _state), and program c = 0 of every parent with a live child stores it for launch R + 1."""
+    docstring); program c = 0 also writes that child's r_at (rq[0]) and q_at (rq[1]), and, for every parent with a
+    live child, stores its state before rank R (_carried) for launch R + 1."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     slot = tl.arange(0, KP)
     live_r = tl.load(live_ptr + t * K + R) != 0
-    hold = live_r & (c < 0)  # CARRY: this program stores t's state (False otherwise)
-    if CARRY:
-        lv = tl.load(live_ptr + t * K + slot, mask=slot < K, other=0)
-        hold = (c == 0) & (tl.reduce(lv.to(tl.int32), 0, tl.standard._elementwise_max) > 0)
+    lv = tl.load(live_ptr + t * K + slot, mask=slot < K, other=0)
+    hold = (c == 0) & (tl.reduce(lv.to(tl.int32), 0, tl.standard._elementwise_max) > 0)  # this program stores
     if live_r | hold:
         prow = p_ptr + t * p_stride
         qrow = q_ptr + t * q_stride
-        if CARRY:
-            a, beta, left, rem, val = _carried(t, R, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr,
-                                               st_ptr, rm_ptr, T, S, K, KP, SB)
-        else:
-            a, beta, left, rem, val = _state(t, R, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, T, S,
-                                             K, KP, SB)
+        a, beta, left, rem, val = _carried(t, R, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, st_ptr,
+                                           rm_ptr, T, S, K, KP, SB)
         if hold:
             row = (R * T + t) * (3 + KP)
             tl.store(st_ptr + row, a)
@@ -313,20 +266,16 @@ def _rank_kernel(R, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, rq_ptr, ps_ptr, p
 
 def _final_kernel(best_ptr, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, ps_ptr, pm_ptr, st_ptr, rm_ptr, out_ptr, V, T,
                   S, p_stride, q_stride, K: tl.constexpr, KP: tl.constexpr, SB: tl.constexpr, BLOCK: tl.constexpr,
-                  CARRY: tl.constexpr = False, USE_GDC: tl.constexpr = False):
-    """Program j: out[j*BLOCK : (j+1)*BLOCK] = node best's final residual (the state after all K ranks: _state(),
-    or with CARRY one step from what the last rank launch stored)."""
+                  USE_GDC: tl.constexpr = False):
+    """Program j: out[j*BLOCK : (j+1)*BLOCK] = node best's final residual (the state after all K ranks: one step
+    from what the last rank launch stored)."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     b = tl.load(best_ptr).to(tl.int64)
     prow = p_ptr + b * p_stride
     qrow = q_ptr + b * q_stride
-    if CARRY:
-        a, beta, _, rem, val = _carried(b, K, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, st_ptr,
-                                        rm_ptr, T, S, K, KP, SB)
-    else:
-        a, beta, _, rem, val = _state(b, K, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, T, S, K, KP,
-                                      SB)
+    a, beta, _, rem, val = _carried(b, K, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, st_ptr, rm_ptr,
+                                    T, S, K, KP, SB)
     v = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = v < V
     pv = tl.load(prow + v, mask=inside, other=0.0).to(tl.float32)
@@ -337,7 +286,7 @@ def _final_kernel(best_ptr, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, ps_ptr, p
     tl.store(out_ptr + v, tl.where(hit, c, a * tl.maximum(pv - beta * qv, 0.0)), mask=inside)
 
 
-_JITTED = ("_partials", "_state", "_step", "_carried", "_left_kernel", "_rank_kernel", "_final_kernel")
+_JITTED = ("_partials", "_step", "_carried", "_left_kernel", "_rank_kernel", "_final_kernel")
 
 
 @functools.cache
@@ -366,13 +315,12 @@ def _sums(s: int, kp: int) -> int:
 
 # -- the launchers -----------------------------------------------------------------------------------------
 def sibling_tests(tokens: torch.Tensor, kids: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                  live: torch.Tensor, chunk: int | None = None, num_warps: int = _WARPS, carry: bool | None = None
+                  live: torch.Tensor, chunk: int | None = None, num_warps: int = _WARPS
                   ) -> tuple[torch.Tensor, torch.Tensor, Residuals]:
     """verify.sibling_tests in K + 1 launches: tokens [T] long, kids [T, K] long (sibling_table), target_probs /
     draft_probs [T, V] (any float dtype, rows contiguous; read only), live [T, K] bool (a live child has kid > 0)
     -> (r_at [T] fp32, q_at [T] fp32: 0 at non-live nodes and node 0, the Residuals final_residual reads).
-    chunk: elements of a row per program (a power of 2, at most the row's; default _CHUNK). carry: each launch
-    stores the parents' states for the next (default: carry_wanted())."""
+    chunk: elements of a row per program (a power of 2, at most the row's; default _CHUNK)."""
     _load()
     t, k = kids.shape
     v = target_probs.shape[1]
@@ -385,19 +333,17 @@ def sibling_tests(tokens: torch.Tensor, kids: torch.Tensor, target_probs: torch.
     ck = min(K._pow2(chunk or _CHUNK), max(16, K._pow2(v)))
     s = triton.cdiv(v, ck)
     rq = torch.zeros(2, t, dtype=torch.float32, device=dev)  # [r_at; q_at]
-    carry = carry_wanted() if carry is None else carry
     state = Residuals(tokens.contiguous(), kids.contiguous(), live.contiguous().view(torch.uint8),
                       torch.empty(k + 1, t, s, dtype=torch.float32, device=dev),
                       torch.empty(k, t, s, dtype=torch.float32, device=dev),
-                      torch.empty(k, t, 3 + kp, dtype=torch.float32, device=dev) if carry else None,
-                      torch.empty(k, t, kp, dtype=torch.long, device=dev) if carry else None)
-    st, rm = (state.states, state.removed) if carry else (state.left, state.tokens)  # (unread without CARRY)
+                      torch.empty(k, t, 3 + kp, dtype=torch.float32, device=dev),
+                      torch.empty(k, t, kp, dtype=torch.long, device=dev))
     g = K.pdl(p)
     _left_kernel[(t, s)](state.live, q, state.left, v, s, q.stride(0), K=k, KP=kp, CHUNK=ck, num_warps=num_warps,
                          **K.pdl_kwargs(g))
     for i in range(k):
-        _rank_kernel[(t, s)](i, state.tokens, state.kids, state.live, p, q, rq, state.left, state.mass, st, rm, v, t,
-                             s, p.stride(0), q.stride(0), K=k, KP=kp, CHUNK=ck, SB=_sums(s, kp), CARRY=carry,
+        _rank_kernel[(t, s)](i, state.tokens, state.kids, state.live, p, q, rq, state.left, state.mass, state.states,
+                             state.removed, v, t, s, p.stride(0), q.stride(0), K=k, KP=kp, CHUNK=ck, SB=_sums(s, kp),
                              num_warps=num_warps, **K.pdl_kwargs(g))
     return rq[0], rq[1], state
 
@@ -414,9 +360,7 @@ def final_residual(target_probs: torch.Tensor, draft_probs: torch.Tensor, state:
     out = torch.empty(1, v, dtype=torch.float32, device=p.device)
     blk = min(block, max(16, K._pow2(v)))
     g = K.pdl(p)
-    carry = state.states is not None
-    st, rm = (state.states, state.removed) if carry else (state.left, state.tokens)  # (unread without CARRY)
     _final_kernel[(triton.cdiv(v, blk),)](best, state.tokens, state.kids, state.live, p, q, state.left, state.mass,
-                                          st, rm, out, v, t, s, p.stride(0), q.stride(0), K=k, KP=kp,
-                                          SB=_sums(s, kp), BLOCK=blk, CARRY=carry, num_warps=4, **K.pdl_kwargs(g))
+                                          state.states, state.removed, out, v, t, s, p.stride(0), q.stride(0), K=k, KP=kp,
+                                          SB=_sums(s, kp), BLOCK=blk, num_warps=4, **K.pdl_kwargs(g))
     return out

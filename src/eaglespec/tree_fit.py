@@ -16,8 +16,10 @@ TreeSpec's budget cut (the first `budget` paths as listed) keeps the best `budge
 from __future__ import annotations
 
 import heapq
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -194,6 +196,28 @@ def measure_ranks(engine, ids: Sequence[int] | torch.Tensor, start: int, depth: 
         out.confs.append(tuple(conf))
     out.counts += counts
     return out
+
+
+def load_fitted(path: str | Path) -> Paths:
+    """The paths of a fitted static tree file: the "tree" of bench/fit_static_tree.py's or fit_sampled_tree.py's
+    --json (best first). A missing file, another format or an empty tree: EagleSpecError naming the file."""
+    try:
+        paths = tuple(tuple(int(i) for i in p) for p in json.loads(Path(path).read_text())["tree"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise EagleSpecError(f"{path}: no fitted tree there (a JSON object with \"tree\": a list of rank paths; "
+                             f"{type(e).__name__}: {e})") from None
+    if not paths:
+        raise EagleSpecError(f"{path}: the fitted tree is empty")
+    return paths
+
+
+def fitted_spec(paths: Paths, budget: int | None = None) -> TreeSpec:
+    """The static TreeSpec of a fitted tree's best `budget` nodes: its first `budget` paths (all without a budget;
+    fit_static_tree lists them best first, parents first), as deep as the deepest of them."""
+    kept = paths[:budget] if budget else paths
+    if not kept:
+        raise EagleSpecError("a fitted tree needs at least one path")
+    return TreeSpec("static", depth=max(map(len, kept)), top_k=10, budget=len(kept), choices=kept)
 
 
 def with_static_choices(manifest: dict, choices: Paths, note: str | None = None) -> dict:
