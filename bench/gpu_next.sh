@@ -103,6 +103,23 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 32's starting point (session 31, bench/RESULTS.md): the sibling tests carry each parent's state from one rank
+# launch to the next (the only path now: 103 -> 84 us per call with 12 root children, 80 -> 68 us dynamic-like; T=1
+# sweeps +1-1.7% for 10-12 ranks, the default's 4 unchanged). Even so no fitted sampled tree beats EAGLE-1's cut to
+# depth 3 at T=1 (fit/60 1.491/1.574x against 1.568/1.597x over two seeds): the default stays. The wider tree's rounds
+# still cost 0.146 ms (13%) more for 11-14% more tau: 8 more rank launches (~9.7 us each, mostly programs that exit
+# at once) and the root's 12 draws. The stash procedure is session 31's (below: 10 MB halves, first call alone).
+# Not tried, each needing GPU timing to be worth writing:
+#   - T=1, static trees only (their layout is known when the graph is captured): launch R over the parents that have
+#     a child of rank R (a fixed list per rank) instead of all T, so the root-only ranks of a fitted tree run 24
+#     programs, not 61 x 24 that mostly exit; final_residual would then step from the parent's last launch. Whether
+#     the exiting programs are what a launch's ~9.7 us pays for, or the chain of dependent loads in the live ones,
+#     is not measured: time a launch with the exits alone first (bench/sibling_check.py on a root-only layout).
+#   - T=0: the drafter's down projection (4608 -> 576, cuBLAS split-K + its reduce: 2 kernels a depth) and the
+#     per-depth bookkeeping (rank_top + expand_rows: 2 kernels a depth, one program could do both for 10 nodes).
+#     Session 20's list of GEMM variants that lost in the steps (target/skinny.py's docstring) says to time any of
+#     them in the round (bench/ab.py), never alone.
+#   - Still open: run 17's round cost on its own text; run 18 (13,000 draft ids).
 # Session 31's starting point (session 30, bench/RESULTS.md): the sampled default stays EAGLE-1's cut to depth 3 (T=0.7
 # too: 1.84x vs 1.77x depth 4). Wider trees fitted to the sibling curve accept as predicted (T=1 tau up to 2.88) but
 # their rounds cost more: fit3/60 1.51 ms vs 1.28 ms, of which the sibling tests' rank launches +127 us (12 launches
