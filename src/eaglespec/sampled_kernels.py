@@ -34,8 +34,9 @@ end to end, static +15-18%, the chain of 3 +2%):
     launch 0, grid [T, S]: pS[0, t, c] = sum of q over chunk c of row t (rows with a live child only).
     launch 1 + i (i = 0..K-1), grid [T, S]: program (t, 0) of every parent t with a live child takes t's state
         before rank i (a, beta, S_i, removed tokens and values) ONE recursion step (_step) from the state rank
-        i - 1's launch stored and that rank's partial sums (_carried), and stores it (Residuals.states / .removed [i, t]) for the
-        next launch; where live[t, i], every program (t, c) takes the same state, then over chunk c (not removed):
+        i - 1's launch stored and that rank's partial sums (_carried), and stores it for the next launch
+        (Residuals.states / .removed [i, t]); where live[t, i], every program (t, c) takes the same state, then
+        over chunk c (not removed):
         pM[i, t, c] = sum max(0, p - beta' q), beta' = beta + 1 / (a max(S_i, 1e-30)), and pS[i + 1, t, c] = sum
         of q off x_i. Program c = 0 writes child i's r_at / q_at (scalars: (a, beta, S_i, the removed list) and
         the two entries p(x_i), q(x_i)).
@@ -112,9 +113,8 @@ class Residuals(NamedTuple):
     #                     before rank j (pS[0]: all of it; pS[j + 1]: written by rank j's launch where live)
     mass: torch.Tensor  # pM [K, T, S] fp32: [j, t, c] sum over chunk c of row t, off the tokens removed before
     #                     rank j, of max(0, p - beta' q) with rank j's beta' (written by rank j's launch where live)
-    states: torch.Tensor  # [K, T, 3 + KP] fp32, [R, t] = parent t's (a, beta, S_R,
-    #                     removed tokens' values [KP]) after its ranks < R (written by rank R's launch, program c = 0,
-    #                     where t has a live child)
+    states: torch.Tensor  # [K, T, 3 + KP] fp32, [R, t] = parent t's (a, beta, S_R, removed tokens' values [KP])
+    #                     after its ranks < R (written by rank R's launch, program c = 0, where t has a live child)
     removed: torch.Tensor  # [K, T, KP] long, [R, t] = those removed tokens (-1 padded)
 
 
