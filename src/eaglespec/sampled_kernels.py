@@ -361,6 +361,6 @@ def final_residual(target_probs: torch.Tensor, draft_probs: torch.Tensor, state:
     blk = min(block, max(16, K._pow2(v)))
     g = K.pdl(p)
     _final_kernel[(triton.cdiv(v, blk),)](best, state.tokens, state.kids, state.live, p, q, state.left, state.mass,
-                                          state.states, state.removed, out, v, t, s, p.stride(0), q.stride(0), K=k, KP=kp,
-                                          SB=_sums(s, kp), BLOCK=blk, num_warps=4, **K.pdl_kwargs(g))
+                                          state.states, state.removed, out, v, t, s, p.stride(0), q.stride(0),
+                                          K=k, KP=kp, SB=_sums(s, kp), BLOCK=blk, num_warps=4, **K.pdl_kwargs(g))
     return out
