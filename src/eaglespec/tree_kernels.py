@@ -85,21 +85,27 @@ from .target import kernels as K
 TREE_KERNELS_ENV = "EAGLESPEC_TREE_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
 UNTIMED_ENV = "EAGLESPEC_TREE_KERNELS_UNTIMED"  # "0": not select_tree / accept_path (unset or "1": with the others)
 WALK_ENV = "EAGLESPEC_SAMPLED_WALK_KERNEL"  # "0": not sampled_accept_path (unset or "1": with the others)
+GROWTH_ENV = "EAGLESPEC_FUSED_GROWTH"  # "0": children_expand's merge, rank and expansion in 3 kernels (unset: in 1)
 MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge reads vocab / 1024 * k keys per row)
 MAX_K = 32  # children(): the most children per row (the kernels unroll a loop per child)
 MAX_ROWS = 512  # accept_path(): the most tree rows (one program holds a [rows, rows] tile)
 _CHUNK = 1024  # children(): logits per program of its first kernel
 _RANK_TILE = 64  # rank_top: at most this many rows per program, and columns per step
+MAX_FUSED = 256  # children_expand: the most children (rows x k) its one program ranks
 
 
-def wanted(device: torch.device | str, untimed: bool = False, new: bool = False, walk: bool = False) -> bool:
+def wanted(device: torch.device | str, untimed: bool = False, new: bool = False, walk: bool = False,
+           growth: bool = False) -> bool:
     """Whether the tree bookkeeping on `device` should use these kernels (see the module docstring). `untimed`:
     select_tree or accept_path, also off where EAGLESPEC_TREE_KERNELS_UNTIMED=0; `new`: session 16's ancestry, also
     off where EAGLESPEC_NEW_KERNELS=0 (target/kernels.new_wanted); `walk`: sampled_accept_path, also off where
-    EAGLESPEC_SAMPLED_WALK_KERNEL=0."""
+    EAGLESPEC_SAMPLED_WALK_KERNEL=0; `growth`: children_expand's one-kernel merge, also off where
+    EAGLESPEC_FUSED_GROWTH=0."""
     if untimed and env_switch(UNTIMED_ENV, "on with the others") is False:
         return False
     if walk and env_switch(WALK_ENV, "on with the others") is False:
+        return False
+    if growth and env_switch(GROWTH_ENV, "on with the others") is False:
         return False
     if new and not K.new_wanted():
         return False
@@ -170,6 +176,22 @@ def expand_rows_ref(local: torch.Tensor, k: int, prev: torch.Tensor, newest: tor
         mask[r0: r0 + local.shape[0]].bitwise_or_(mask[p0:].index_select(0, slot))
     tokens = newest[local]
     return prev[slot], tokens if table is None else table[tokens]
+
+
+def children_expand_ref(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | None,
+                        out: tuple[torch.Tensor, ...], parent: torch.Tensor | None, top: int, start: int,
+                        prev: torch.Tensor, table: torch.Tensor | None, mask: torch.Tensor, r0: int, p0: int,
+                        inherit: bool) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...],
+                                                tuple[torch.Tensor, torch.Tensor]]:
+    """One depth of a greedy dynamic tree's bookkeeping: the children of n nodes written into `out` (children_ref),
+    the `top` highest of their log values (rank_top_ids_ref, candidate ids from `start`) and the next expansion's
+    inputs from them (expand_rows_ref: states from prev [n, H], the drafter outputs of these n rows; mask rows r0..
+    OR-ed with their parents' rows p0 + slot when `inherit`) -> ((conf, tok, log conf), (values, indices, ids),
+    (states, target ids))."""
+    conf, tok, logc = children_ref(logits, k, floor, base, out, parent)
+    picked = rank_top_ids_ref(logc.reshape(-1), top, start)
+    rows = expand_rows_ref(picked[1], k, prev, tok.reshape(-1), table, mask, r0, p0, inherit)
+    return (conf, tok, logc), picked, rows
 
 
 def select_tree_ref(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
@@ -426,6 +448,85 @@ def _expand_rows_kernel(local_ptr, prev_ptr, newest_ptr, table_ptr, states_ptr, 
             tl.store(mask_ptr + (r0 + i) * mask_stride + x, child | parent, mask=x < X)
 
 
+def _merge_expand_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, vals_ptr,
+                         idx_ptr, ids_ptr, prev_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, n, S, floor, top,
+                         start, prev_stride, mask_stride, r0, p0, H, X, K: tl.constexpr, NB: tl.constexpr,
+                         SP: tl.constexpr, BLOCK: tl.constexpr, MB: tl.constexpr, TILE: tl.constexpr,
+                         TB: tl.constexpr, HB: tl.constexpr, XB: tl.constexpr, BASE: tl.constexpr, PARENTS: tl.constexpr,
+                         INHERIT: tl.constexpr, MAP: tl.constexpr, USE_GDC: tl.constexpr = False):
+    """ONE program for a depth's bookkeeping (children_expand): _merge_top_kernel for all n rows at once (a row per
+    tile row), then _rank_top_kernel over the n*K log values just written (rank < top: values, indices, ids =
+    indices + start), then _expand_rows_kernel for those `top` nodes (states from prev, target ids, mask rows).
+    Each stage reads the one before from global memory after a barrier of the program's threads."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
+    # merge: row r's S chunk statistics and S*K keys -> its K children, as _merge_top_kernel
+    r = tl.arange(0, NB)
+    in_r = r < n
+    s = tl.arange(0, SP)
+    at_s = in_r[:, None] & (s < S)[None, :]
+    m_s = tl.load(stat_ptr + (r[:, None] * S + s[None, :]) * 2, mask=at_s, other=float("-inf"))  # [NB, SP]
+    t_s = tl.load(stat_ptr + (r[:, None] * S + s[None, :]) * 2 + 1, mask=at_s, other=0.0)
+    m = tl.reduce(m_s, 1, _max)  # [NB]
+    total = tl.reduce(tl.where(m_s > float("-inf"), t_s * tl.exp(m_s - m[:, None]), 0.0), 1, _add)
+    base = tl.load(base_ptr + r, mask=in_r, other=0.0) if BASE else 0.0
+    if PARENTS == 2:
+        parent = tl.load(parent_ptr + r, mask=in_r, other=0)
+    else:
+        parent = r.to(tl.int64) * 0 - 1
+    i = tl.arange(0, BLOCK)
+    empty = -9223372036854775807 - 1
+    key = tl.load(key_ptr + r[:, None] * S * K + i[None, :], mask=in_r[:, None] & (i < S * K)[None, :],
+                  other=empty)  # [NB, BLOCK]
+    for j in tl.static_range(K):
+        best = tl.reduce(key, 1, _max)  # [NB]
+        key = tl.where(key == best[:, None], empty, key)
+        conf = tl.exp(_key_value(best) - m) / total
+        tl.store(conf_ptr + r * K + j, conf, mask=in_r)
+        tl.store(tok_ptr + r * K + j, _key_id(best), mask=in_r)
+        logc = tl.log(tl.maximum(conf, floor))
+        tl.store(logc_ptr + r * K + j, base + logc if BASE else logc, mask=in_r)
+        tl.store(par_ptr + r * K + j, parent, mask=in_r)
+    tl.debug_barrier()
+    # rank the layer's M = n*K log values (descending, ties to the lower index); the first `top` by rank
+    M = n * K
+    a = tl.arange(0, MB)
+    in_a = a < M
+    v = tl.load(logc_ptr + a, mask=in_a, other=0.0)
+    rank = tl.full([MB], 0, tl.int32)
+    for b0 in range(0, M, TILE):
+        b = b0 + tl.arange(0, TILE)
+        w = tl.load(logc_ptr + b, mask=b < M, other=0.0)
+        ahead = (w[None, :] > v[:, None]) | ((w[None, :] == v[:, None]) & (b[None, :] < a[:, None]))
+        rank += tl.reduce((ahead & (b < M)[None, :]).to(tl.int32), 1, _add)
+    keep = in_a & (rank < top)
+    tl.store(vals_ptr + rank, v, mask=keep)
+    tl.store(idx_ptr + rank, a.to(tl.int64), mask=keep)
+    tl.store(ids_ptr + rank, a.to(tl.int64) + start, mask=keep)
+    tl.debug_barrier()
+    # expand: picked node t (its index in the layer) -> its parent's state, its target id, its mask row
+    t = tl.arange(0, TB)
+    in_t = t < top
+    node = tl.load(idx_ptr + t, mask=in_t, other=0)
+    slot = node // K if INHERIT else node * 0
+    for h0 in range(0, H, HB):
+        h = h0 + tl.arange(0, HB)
+        at_h = in_t[:, None] & (h < H)[None, :]
+        st = tl.load(prev_ptr + slot[:, None] * prev_stride + h[None, :], mask=at_h)
+        tl.store(states_ptr + t[:, None] * H + h[None, :], st, mask=at_h)
+    tok = tl.load(tok_ptr + node, mask=in_t, other=0)
+    if MAP:
+        tok = tl.load(table_ptr + tok, mask=in_t, other=0)
+    tl.store(tokens_ptr + t, tok, mask=in_t)
+    if INHERIT:
+        for x0 in range(0, X, XB):
+            x = x0 + tl.arange(0, XB)
+            at_x = in_t[:, None] & (x < X)[None, :]
+            above = tl.load(mask_ptr + (p0 + slot)[:, None] * mask_stride + x[None, :], mask=at_x)
+            own = tl.load(mask_ptr + (r0 + t)[:, None] * mask_stride + x[None, :], mask=at_x)
+            tl.store(mask_ptr + (r0 + t)[:, None] * mask_stride + x[None, :], own | above, mask=at_x)
+
+
 def _select_tree_kernel(root_ptr, chosen_ptr, parents_ptr, tokens_ptr, depths_ptr, logv_ptr, table_ptr, conf_ptr,
                         ids_ptr, logq_ptr, flag_ptr, B, R, C, max_mass, MAP: tl.constexpr, CONF: tl.constexpr,
                         BB: tl.constexpr, RB: tl.constexpr, CB: tl.constexpr, USE_GDC: tl.constexpr = False):
@@ -564,8 +665,8 @@ def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_
 
 _JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_chunk_top_kernel",
            "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel", "_rank_top_kernel", "_expand_rows_kernel",
-           "_select_tree_kernel", "_store_path", "_accept_path_kernel", "_sampled_accept_path_kernel",
-           "_ancestry_kernel")
+           "_merge_expand_kernel", "_select_tree_kernel", "_store_path", "_accept_path_kernel",
+           "_sampled_accept_path_kernel", "_ancestry_kernel")
 
 
 @functools.cache
@@ -591,32 +692,18 @@ def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | No
     (its softmax statistics and top-k keys), the second merges a row's chunks (one program per row). `out` (conf,
     tok, log conf, parents: contiguous [n, k] views of a dynamic tree's preallocated candidates) is written by the
     merge, the parents column too (`parent` [n] long, or -1): the growth joins no layers."""
-    _load()
-    n, v = logits.shape
-    if not fits(v, k):
-        raise ValueError(f"tree kernels: top-{k} of rows of {v} (at most top-{MAX_K} of {MAX_VOCAB})")
-    if logits.stride(-1) != 1:
-        logits = logits.contiguous()
-    dev = logits.device
-    chunk = min(_CHUNK, K._pow2(v))
-    splits = -(-v // chunk)
-    keys = torch.empty(n, splits, k, dtype=torch.long, device=dev)
-    stats = torch.empty(n, splits, 2, dtype=torch.float32, device=dev)
+    n = logits.shape[0]
+    keys, stats = _chunk_top(logits, k)
+    splits, dev = keys.shape[1], logits.device
+    g = K.pdl(logits)
     if out is None:
         conf = torch.empty(n, k, dtype=torch.float32, device=dev)
         tok = torch.empty(n, k, dtype=torch.long, device=dev)
         logc = torch.empty(n, k, dtype=torch.float32, device=dev)
         par, parents = tok, 0  # the parents column and what the merge writes there: 0 nothing, 1 -1, 2 parent[row]
     else:
-        dtypes = (torch.float32, torch.long, torch.float32, torch.long)
-        if len(out) != 4 or any(x.shape != (n, k) or not x.is_contiguous() or x.dtype != t for x, t in zip(out, dtypes)):
-            raise ValueError(f"tree kernels: children's out must be 4 contiguous [{n}, {k}] tensors: conf fp32, tokens "
-                             "long, log conf fp32, parents long")
-        conf, tok, logc, par = out
+        conf, tok, logc, par = _out(out, n, k)
         parents = 1
-    g = K.pdl(logits)
-    _chunk_top_kernel[(n, splits)](logits, keys, stats, logits.stride(0), v, splits, K=k, CHUNK=chunk,
-                                   num_warps=4, **K.pdl_kwargs(g))
     if parent is not None:
         if out is None or parent.shape != (n,) or parent.dtype != torch.long:
             raise ValueError(f"tree kernels: children's parent must be [{n}] long, with out")
@@ -626,6 +713,76 @@ def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | No
                             SP=K._pow2(splits), BLOCK=K._pow2(splits * k), BASE=base is not None, PARENTS=parents,
                             num_warps=4, **K.pdl_kwargs(g))
     return conf, tok, logc
+
+
+def fused_fits(n: int, k: int) -> bool:
+    """Whether children_expand's one program takes n rows of k children (their n*k values ranked in its registers)."""
+    return n * k <= MAX_FUSED
+
+
+def _chunk_top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """children's first kernel: logits [n, V] -> (keys [n, S, k], softmax statistics [n, S, 2]), S chunks of _CHUNK
+    a row, one program each."""
+    _load()
+    n, v = logits.shape
+    if not fits(v, k):
+        raise ValueError(f"tree kernels: top-{k} of rows of {v} (at most top-{MAX_K} of {MAX_VOCAB})")
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    chunk = min(_CHUNK, K._pow2(v))
+    splits = -(-v // chunk)
+    keys = torch.empty(n, splits, k, dtype=torch.long, device=logits.device)
+    stats = torch.empty(n, splits, 2, dtype=torch.float32, device=logits.device)
+    g = K.pdl(logits)
+    _chunk_top_kernel[(n, splits)](logits, keys, stats, logits.stride(0), v, splits, K=k, CHUNK=chunk,
+                                   num_warps=4, **K.pdl_kwargs(g))
+    return keys, stats
+
+
+def _out(out: tuple[torch.Tensor, ...], n: int, k: int) -> tuple[torch.Tensor, ...]:
+    """children's `out`, checked: 4 contiguous [n, k] tensors (conf fp32, tokens long, log conf fp32, parents long)."""
+    dtypes = (torch.float32, torch.long, torch.float32, torch.long)
+    if len(out) != 4 or any(x.shape != (n, k) or not x.is_contiguous() or x.dtype != t for x, t in zip(out, dtypes)):
+        raise ValueError(f"tree kernels: children's out must be 4 contiguous [{n}, {k}] tensors: conf fp32, tokens "
+                         "long, log conf fp32, parents long")
+    return out
+
+
+def children_expand(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | None,
+                    out: tuple[torch.Tensor, ...], parent: torch.Tensor | None, top: int, start: int,
+                    prev: torch.Tensor, table: torch.Tensor | None, mask: torch.Tensor, r0: int, p0: int,
+                    inherit: bool) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...],
+                                            tuple[torch.Tensor, torch.Tensor]]:
+    """children_expand_ref in TWO kernels: children's chunk kernel, then one program that merges the n rows into
+    `out`, ranks their n*k log values and gathers the next expansion's inputs (in place of merge_top, rank_top_ids
+    and expand_rows: 2 fewer launches per depth of a greedy dynamic tree). 0 < top <= n*k (fused_fits);
+    prev [n or 1, H] (last dim contiguous), mask [R, X] bool with contiguous rows (written in place when
+    `inherit`)."""
+    n = logits.shape[0]
+    if not (0 < top <= n * k and fused_fits(n, k)) or prev.stride(-1) != 1 or mask.stride(-1) != 1 or mask.dtype != torch.bool:
+        raise ValueError(f"tree kernels: children_expand of the top {top} of {n} x {k} children needs prev and a "
+                         f"bool mask with contiguous rows (got {prev.dtype}, {mask.dtype})")
+    keys, stats = _chunk_top(logits, k)
+    splits, dev = keys.shape[1], logits.device
+    g = K.pdl(logits)
+    conf, tok, logc, par = _out(out, n, k)
+    if parent is not None and (parent.shape != (n,) or parent.dtype != torch.long):
+        raise ValueError(f"tree kernels: children_expand's parent must be [{n}] long")
+    vals = torch.empty(top, dtype=torch.float32, device=dev)
+    idx = torch.empty(top, dtype=torch.long, device=dev)
+    ids = torch.empty(top, dtype=torch.long, device=dev)
+    h, x = prev.shape[1], mask.shape[1]
+    states = torch.empty(top, h, dtype=prev.dtype, device=dev)
+    tokens = torch.empty(top, dtype=torch.long, device=dev)
+    _merge_expand_kernel[(1,)](keys, stats, conf, tok, logc, _base(base, n, logc), par,
+                               parent.contiguous() if parent is not None else par, vals, idx, ids, prev,
+                               table if table is not None else tok, states, tokens, mask.view(torch.uint8), n,
+                               splits, floor, top, start, prev.stride(0), mask.stride(0), r0, p0, h, x, K=k,
+                               NB=K._pow2(n), SP=K._pow2(splits), BLOCK=K._pow2(splits * k), MB=K._pow2(n * k),
+                               TILE=min(_RANK_TILE, K._pow2(n * k)), TB=K._pow2(top), HB=min(256, K._pow2(h)), XB=min(256, K._pow2(x)),
+                               BASE=base is not None, PARENTS=2 if parent is not None else 1, INHERIT=inherit,
+                               MAP=table is not None, num_warps=4, **K.pdl_kwargs(g))
+    return (conf, tok, logc), (vals, idx, ids), (states, tokens)
 
 
 def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None
