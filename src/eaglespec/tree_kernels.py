@@ -421,15 +421,12 @@ def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, ids_ptr, M, K, offset, DESC: tl.c
         tl.store(ids_ptr + rank, i.to(tl.int64) + offset, mask=keep)
 
 
-def _expand_rows_kernel(local_ptr, prev_ptr, newest_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, prev_stride,
-                        mask_stride, k, r0, p0, H, X, INHERIT: tl.constexpr, MAP: tl.constexpr, HB: tl.constexpr,
-                        XB: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """Program i: expanded node local[i] -> states[i] = prev[its parent slot], tokens[i] = (table of) newest[local[i]],
-    and (INHERIT) mask row r0 + i |= mask row p0 + slot (a parent's row precedes its children's: no overlap)."""
-    _dependents(USE_GDC)
-    _wait(USE_GDC)
-    i = tl.program_id(0)
-    node = tl.load(local_ptr + i)
+def _expand_row(i, node, prev_ptr, newest_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, prev_stride,
+                mask_stride, k, r0, p0, H, X, INHERIT: tl.constexpr, MAP: tl.constexpr, HB: tl.constexpr,
+                XB: tl.constexpr):
+    """Expanded node i (index `node` in the newest layer) -> states[i] = prev[its parent slot], tokens[i] = (table
+    of) newest[node], and (INHERIT) mask row r0 + i |= mask row p0 + slot (a parent's row precedes its children's:
+    no overlap)."""
     if INHERIT:
         slot = node // k
     else:
@@ -448,16 +445,27 @@ def _expand_rows_kernel(local_ptr, prev_ptr, newest_ptr, table_ptr, states_ptr, 
             tl.store(mask_ptr + (r0 + i) * mask_stride + x, child | parent, mask=x < X)
 
 
+def _expand_rows_kernel(local_ptr, prev_ptr, newest_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, prev_stride,
+                        mask_stride, k, r0, p0, H, X, INHERIT: tl.constexpr, MAP: tl.constexpr, HB: tl.constexpr,
+                        XB: tl.constexpr, USE_GDC: tl.constexpr = False):
+    """Program i: expanded node local[i] -> _expand_row."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
+    i = tl.program_id(0)
+    _expand_row(i, tl.load(local_ptr + i), prev_ptr, newest_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr,
+                prev_stride, mask_stride, k, r0, p0, H, X, INHERIT, MAP, HB, XB)
+
 def _merge_expand_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, vals_ptr,
                          idx_ptr, ids_ptr, prev_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, n, S, floor, top,
                          start, prev_stride, mask_stride, r0, p0, H, X, K: tl.constexpr, NB: tl.constexpr,
-                         SP: tl.constexpr, BLOCK: tl.constexpr, MB: tl.constexpr, TILE: tl.constexpr,
-                         TB: tl.constexpr, HB: tl.constexpr, XB: tl.constexpr, BASE: tl.constexpr, PARENTS: tl.constexpr,
+                         SP: tl.constexpr, MB: tl.constexpr, TILE: tl.constexpr, HB: tl.constexpr,
+                         XB: tl.constexpr, BASE: tl.constexpr, PARENTS: tl.constexpr,
                          INHERIT: tl.constexpr, MAP: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """ONE program for a depth's bookkeeping (children_expand): _merge_top_kernel for all n rows at once (a row per
-    tile row), then _rank_top_kernel over the n*K log values just written (rank < top: values, indices, ids =
-    indices + start), then _expand_rows_kernel for those `top` nodes (states from prev, target ids, mask rows).
-    Each stage reads the one before from global memory after a barrier of the program's threads."""
+    """A depth's bookkeeping (children_expand) in `top` programs: each does _merge_top_kernel's work for all n rows at
+    once (a row per tile row; the K best by K steps over the chunks' sorted lists, not over all their keys) and _rank_top_kernel over the n*K log values just written (rank < top: values, indices,
+    ids = indices + start), then program t _expand_rows_kernel's work for the node of rank t. Every program computes
+    the same merge and ranks and writes them to the same places (equal values: the order of the writes does not
+    matter); each reads them back after a barrier of its own threads."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     # merge: row r's S chunk statistics and S*K keys -> its K children, as _merge_top_kernel
@@ -474,13 +482,16 @@ def _merge_expand_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_pt
         parent = tl.load(parent_ptr + r, mask=in_r, other=0)
     else:
         parent = r.to(tl.int64) * 0 - 1
-    i = tl.arange(0, BLOCK)
+    # each chunk's K keys are sorted (descending): the row's j-th best is the best of the chunks' heads
     empty = -9223372036854775807 - 1
-    key = tl.load(key_ptr + r[:, None] * S * K + i[None, :], mask=in_r[:, None] & (i < S * K)[None, :],
-                  other=empty)  # [NB, BLOCK]
+    at = key_ptr + (r[:, None] * S + s[None, :]) * K  # [NB, SP] each chunk's keys
+    pos = tl.full([NB, SP], 0, tl.int32)
+    head = tl.load(at, mask=at_s, other=empty)
     for j in tl.static_range(K):
-        best = tl.reduce(key, 1, _max)  # [NB]
-        key = tl.where(key == best[:, None], empty, key)
+        best = tl.reduce(head, 1, _max)  # [NB]
+        take = (head == best[:, None]) & at_s  # one chunk (keys are distinct: ids), or all when only padding is left
+        pos += take.to(tl.int32)
+        head = tl.where(take, tl.load(at + pos, mask=take & (pos < K), other=empty), head)
         conf = tl.exp(_key_value(best) - m) / total
         tl.store(conf_ptr + r * K + j, conf, mask=in_r)
         tl.store(tok_ptr + r * K + j, _key_id(best), mask=in_r)
@@ -503,28 +514,11 @@ def _merge_expand_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_pt
     tl.store(vals_ptr + rank, v, mask=keep)
     tl.store(idx_ptr + rank, a.to(tl.int64), mask=keep)
     tl.store(ids_ptr + rank, a.to(tl.int64) + start, mask=keep)
+    # expand: program t's picked node (its index in the layer) -> its parent's state, target id and mask row
     tl.debug_barrier()
-    # expand: picked node t (its index in the layer) -> its parent's state, its target id, its mask row
-    t = tl.arange(0, TB)
-    in_t = t < top
-    node = tl.load(idx_ptr + t, mask=in_t, other=0)
-    slot = node // K if INHERIT else node * 0
-    for h0 in range(0, H, HB):
-        h = h0 + tl.arange(0, HB)
-        at_h = in_t[:, None] & (h < H)[None, :]
-        st = tl.load(prev_ptr + slot[:, None] * prev_stride + h[None, :], mask=at_h)
-        tl.store(states_ptr + t[:, None] * H + h[None, :], st, mask=at_h)
-    tok = tl.load(tok_ptr + node, mask=in_t, other=0)
-    if MAP:
-        tok = tl.load(table_ptr + tok, mask=in_t, other=0)
-    tl.store(tokens_ptr + t, tok, mask=in_t)
-    if INHERIT:
-        for x0 in range(0, X, XB):
-            x = x0 + tl.arange(0, XB)
-            at_x = in_t[:, None] & (x < X)[None, :]
-            above = tl.load(mask_ptr + (p0 + slot)[:, None] * mask_stride + x[None, :], mask=at_x)
-            own = tl.load(mask_ptr + (r0 + t)[:, None] * mask_stride + x[None, :], mask=at_x)
-            tl.store(mask_ptr + (r0 + t)[:, None] * mask_stride + x[None, :], own | above, mask=at_x)
+    t = tl.program_id(0)
+    _expand_row(t, tl.load(idx_ptr + t), prev_ptr, tok_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, prev_stride,
+                mask_stride, K, r0, p0, H, X, INHERIT, MAP, HB, XB)
 
 
 def _select_tree_kernel(root_ptr, chosen_ptr, parents_ptr, tokens_ptr, depths_ptr, logv_ptr, table_ptr, conf_ptr,
@@ -664,8 +658,8 @@ def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_
 
 
 _JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_chunk_top_kernel",
-           "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel", "_rank_top_kernel", "_expand_rows_kernel",
-           "_merge_expand_kernel", "_select_tree_kernel", "_store_path", "_accept_path_kernel",
+           "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel", "_rank_top_kernel", "_expand_row",
+           "_expand_rows_kernel", "_merge_expand_kernel", "_select_tree_kernel", "_store_path", "_accept_path_kernel",
            "_sampled_accept_path_kernel", "_ancestry_kernel")
 
 
@@ -753,9 +747,9 @@ def children_expand(logits: torch.Tensor, k: int, floor: float, base: torch.Tens
                     prev: torch.Tensor, table: torch.Tensor | None, mask: torch.Tensor, r0: int, p0: int,
                     inherit: bool) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...],
                                             tuple[torch.Tensor, torch.Tensor]]:
-    """children_expand_ref in TWO kernels: children's chunk kernel, then one program that merges the n rows into
-    `out`, ranks their n*k log values and gathers the next expansion's inputs (in place of merge_top, rank_top_ids
-    and expand_rows: 2 fewer launches per depth of a greedy dynamic tree). 0 < top <= n*k (fused_fits);
+    """children_expand_ref in TWO kernels: children's chunk kernel, then one that merges the n rows into `out`,
+    ranks their n*k log values and gathers the next expansion's inputs, a program per picked node (in place of
+    merge_top, rank_top_ids and expand_rows: 2 fewer launches per depth of a greedy dynamic tree). 0 < top <= n*k (fused_fits);
     prev [n or 1, H] (last dim contiguous), mask [R, X] bool with contiguous rows (written in place when
     `inherit`)."""
     n = logits.shape[0]
@@ -774,14 +768,14 @@ def children_expand(logits: torch.Tensor, k: int, floor: float, base: torch.Tens
     h, x = prev.shape[1], mask.shape[1]
     states = torch.empty(top, h, dtype=prev.dtype, device=dev)
     tokens = torch.empty(top, dtype=torch.long, device=dev)
-    _merge_expand_kernel[(1,)](keys, stats, conf, tok, logc, _base(base, n, logc), par,
+    _merge_expand_kernel[(top,)](keys, stats, conf, tok, logc, _base(base, n, logc), par,
                                parent.contiguous() if parent is not None else par, vals, idx, ids, prev,
                                table if table is not None else tok, states, tokens, mask.view(torch.uint8), n,
                                splits, floor, top, start, prev.stride(0), mask.stride(0), r0, p0, h, x, K=k,
-                               NB=K._pow2(n), SP=K._pow2(splits), BLOCK=K._pow2(splits * k), MB=K._pow2(n * k),
-                               TILE=min(_RANK_TILE, K._pow2(n * k)), TB=K._pow2(top), HB=min(256, K._pow2(h)), XB=min(256, K._pow2(x)),
+                               NB=K._pow2(n), SP=K._pow2(splits), MB=K._pow2(n * k),
+                               TILE=min(_RANK_TILE, K._pow2(n * k)), HB=K._pow2(h), XB=min(1024, K._pow2(x)),
                                BASE=base is not None, PARENTS=2 if parent is not None else 1, INHERIT=inherit,
-                               MAP=table is not None, num_warps=4, **K.pdl_kwargs(g))
+                               MAP=table is not None, num_warps=8, **K.pdl_kwargs(g))
     return (conf, tok, logc), (vals, idx, ids), (states, tokens)
 
 
