@@ -1,5 +1,6 @@
-"""Compile the sampled round's sibling-test kernels (sampled_kernels.py) and a greedy tree's children_expand kernel
-(tree_kernels.py) for an H100/H200 (sm_90) on a machine with no GPU: Triton's real compiler front end, its LLVM and ptxas, down to a cubin. The tests run these kernels under Triton's
+"""Compile the sampled round's sibling-test kernels (sampled_kernels.py) and a greedy round's children_expand,
+argmax_keys and accept_path kernels (tree_kernels.py) for an H100/H200 (sm_90) on a machine with no GPU: Triton's
+real compiler front end, its LLVM and ptxas, down to a cubin. The tests run these kernels under Triton's
 interpreter, which takes code the compiler refuses; this catches that before a GPU lease does. It also prints what
 kernel executes per program: PTX instructions, barriers (bar.sync) and warp shuffles (straight-line code; a runtime
 loop counts once).
@@ -29,6 +30,9 @@ GROWTH_SIG = dict(key_ptr=L, stat_ptr=P, conf_ptr=P, tok_ptr=L, logc_ptr=P, base
                   vals_ptr=P, idx_ptr=L, ids_ptr=L, prev_ptr="*bf16", table_ptr=L, states_ptr="*bf16", tokens_ptr=L,
                   mask_ptr=U8, n="i32", S="i32", floor="fp32", top="i32", start="i32", prev_stride="i32",
                   mask_stride="i32", r0="i32", p0="i32", H="i32", X="i32")
+ARGMAX_SIG = dict(x_ptr="*bf16", key_ptr=L, x_row_stride="i32", V="i32", S="i32")  # argmax_keys over bf16 logits
+ACCEPT_SIG = dict(tok_ptr=L, par_ptr=L, dep_ptr=L, vis_ptr=U8, next_ptr=L, best_ptr=L, bonus_ptr=L, m_ptr=L,
+                  order_ptr=L, T="i32", P="i32", S="i32")
 
 
 def compile_stats(fn, sig: dict, consts: dict, arch: int) -> dict:
@@ -71,6 +75,12 @@ def main(argv: list[str] | None = None) -> dict:
                       INHERIT=inherit, MAP=True, USE_GDC=False)
         rows.append({"kernel": "_merge_expand_kernel", "K": k, **compile_stats(
             TK._merge_expand_kernel, GROWTH_SIG, consts, args.arch)})
+    rows.append({"kernel": "_argmax_chunk_kernel", "K": 1, **compile_stats(
+        TK._argmax_chunk_kernel, ARGMAX_SIG, dict(CHUNK=2048, USE_GDC=False), args.arch)})
+    for keys in (False, True):  # the target's argmax given, or merged from 24 chunks' keys (49,152 / 2048)
+        rows.append({"kernel": "_accept_path_kernel" + (" (keys)" if keys else ""), "K": 24 if keys else 1,
+                     **compile_stats(TK._accept_path_kernel, ACCEPT_SIG,
+                                     dict(TB=64, KEYS=keys, SB=32 if keys else 1, USE_GDC=False), args.arch)})
     for k, kp in ((4, 4), (12, 16)):
         shape = dict(K=k, KP=kp, SB=32, USE_GDC=False)
         rows.append({"kernel": "_left_kernel", "K": k, **compile_stats(

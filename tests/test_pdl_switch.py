@@ -30,7 +30,7 @@ from eaglespec.target import kernels as K
 from eaglespec.tree import CONF_FLOOR, ancestry
 from eaglespec.verify import sibling_table_of, sibling_tests
 
-MODULES = {TK: 11, RK: 1, SK: 3}  # module -> its kernels (and launch sites)
+MODULES = {TK: 12, RK: 1, SK: 3}  # module -> its kernels (and launch sites)
 TARGET_MODULES = (K, attn_kernels, skinny)
 # the target's kernels that load a weight before their wait: kernel -> the weight pointers (kernels.pdl's rule)
 PREFETCHED = {"_rms_norm_weight_kernel": {"w_ptr"}, "_eagle3_input_kernel": {"in_w_ptr", "hid_w_ptr"},
@@ -238,6 +238,10 @@ def _children_expand():
     return *got[0], *got[1], *got[2], out[3], mask
 
 
+def _argmax():
+    return (TK.argmax_keys(torch.randn(5, 3000, generator=torch.Generator().manual_seed(5))),)
+
+
 def _select():
     parents = torch.tensor([-1, -1, -1, 0, 0, 0, 2, 2, 2])
     conf = torch.tensor([[0.5, 0.3, 0.1], [0.6, 0.2, 0.1], [0.4, 0.4, 0.3]])
@@ -317,6 +321,7 @@ LAUNCHERS = {  # launcher -> the kernels it launches, in order
     "rank_top_ids": (_rank, ["_rank_top_kernel"]),
     "expand_rows": (_expand, ["_expand_rows_kernel"]),
     "children_expand": (_children_expand, ["_chunk_top_kernel", "_merge_expand_kernel"]),
+    "argmax_keys": (_argmax, ["_argmax_chunk_kernel"]),
     "select_tree": (_select, ["_select_tree_kernel"]),
     "accept_path": (_accept, ["_accept_path_kernel"]),
     "sampled_accept_path": (_sampled_walk, ["_sampled_accept_path_kernel"]),

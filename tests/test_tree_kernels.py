@@ -558,11 +558,13 @@ def test_select_tree_assembles_the_tree_and_its_closure_flag(mapped, closed):
 
 
 @pytest.mark.parametrize("t,p", [(8, 3), (8, 9), (1, 4), (37, 8)])
-def test_accept_path_is_the_greedy_acceptance(t, p):
+def test_accept_path_is_the_greedy_acceptance(t, p, monkeypatch):
     """Random trees (parents before children) and target argmaxes drawn from the tree's own tokens, so paths of
-    every length occur: the deepest matching row, the bonus, the path length and the row order (path first)."""
+    every length occur: the deepest matching row, the bonus, the path length and the row order (path first); the
+    same from argmax_keys' chunks of logits whose argmax is that."""
     from eaglespec.tree import ancestry
 
+    monkeypatch.setattr(TK, "_ARGMAX_CHUNK", 64)
     gen = torch.Generator().manual_seed(t * 10 + p)
     for _ in range(8):
         parents = torch.tensor([-1] + [int(torch.randint(0, j, (1,), generator=gen)) for j in range(1, t)])
@@ -575,6 +577,32 @@ def test_accept_path_is_the_greedy_acceptance(t, p):
         got = TK.accept_path(tokens, parents, depths, visible, target_next, p)
         ref = TK.accept_path_ref(tokens, parents, depths, visible, target_next, p)
         assert [x.tolist() for x in got] == [x.tolist() for x in ref]
+        # the argmax merged in the kernel from argmax_keys' chunks: logits whose argmax is target_next, every row's
+        # maximum tied at a higher id in another chunk and just below it elsewhere (the lower id must win)
+        logits = torch.randn(t, 300, generator=gen).to(torch.bfloat16)
+        rows = torch.arange(t)
+        logits[rows, target_next] = 8.0
+        logits[rows, 299 - target_next] = 8.0  # a tie, in the last chunk
+        logits[rows, 150] = 7.96875  # the next bf16 below 8
+        keys = TK.argmax_keys(logits)
+        assert keys.shape == (t, 5) and torch.equal(TK.key_argmax_ref(keys), target_next)
+        got = TK.accept_path(tokens, parents, depths, visible, keys, p)
+        assert [x.tolist() for x in got] == [x.tolist() for x in ref]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_keys_give_torch_argmax(dtype, monkeypatch):
+    """argmax_keys then key_argmax_ref = torch.argmax: ties to the first index (across and within chunks), a row of
+    -inf, a NaN wherever it is (torch.argmax takes it), a row shorter than one chunk."""
+    monkeypatch.setattr(TK, "_ARGMAX_CHUNK", 64)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 200, generator=gen).round(decimals=0).to(dtype)  # many exact ties
+    x[1] = float("-inf")
+    x[2, 170] = float("nan")
+    x[3, 5], x[3, 190] = 50.0, 50.0
+    assert torch.equal(TK.key_argmax_ref(TK.argmax_keys(x)), x.argmax(-1))
+    short = torch.randn(3, 40, generator=gen).to(dtype)
+    assert torch.equal(TK.key_argmax_ref(TK.argmax_keys(short)), short.argmax(-1))
 
 
 @pytest.mark.parametrize("t,p,width", [(8, 3, 4), (26, 6, 10), (1, 4, 2), (61, 8, 10), (40, 8, 3)])

@@ -248,8 +248,10 @@ class RoundGraph:
         tgt = self.target
         out_logits, feats = tgt._step(tree.tokens, tlen + tree.depths, visible, tlen, tgt.cols[:span_t])
         if sampling is None and tree_kernels.wanted(self.device, untimed=True):  # 4. greedy acceptance, 1 kernel
-            best, bonus, m, order = tree_kernels.accept_path(tree.tokens, tree.parents, tree.depths, visible,
-                                                             out_logits.argmax(dim=-1), P)
+            # the target's argmax: per-chunk keys merged in accept_path (argmax_keys), or torch's
+            nxt = (tree_kernels.argmax_keys(out_logits) if tree_kernels.wanted(self.device, argmax=True)
+                   else out_logits.argmax(dim=-1))
+            best, bonus, m, order = tree_kernels.accept_path(tree.tokens, tree.parents, tree.depths, visible, nxt, P)
         else:
             if sampling is None:  # 4. greedy acceptance (verify.greedy_accept's path, without its host read)
                 flat = FlatTree(tokens=tree.tokens, depths=tree.depths, parents=tree.parents, visible=visible)

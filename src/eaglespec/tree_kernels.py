@@ -86,26 +86,30 @@ TREE_KERNELS_ENV = "EAGLESPEC_TREE_KERNELS"  # "1" on, "0" off, unset or "": on 
 UNTIMED_ENV = "EAGLESPEC_TREE_KERNELS_UNTIMED"  # "0": not select_tree / accept_path (unset or "1": with the others)
 WALK_ENV = "EAGLESPEC_SAMPLED_WALK_KERNEL"  # "0": not sampled_accept_path (unset or "1": with the others)
 GROWTH_ENV = "EAGLESPEC_FUSED_GROWTH"  # "0": children_expand's merge, rank and expansion in 3 kernels (unset: in 1)
+ARGMAX_ENV = "EAGLESPEC_ARGMAX_KERNEL"  # "0": torch's argmax before accept_path (unset or "1": argmax_keys)
 MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge reads vocab / 1024 * k keys per row)
 MAX_K = 32  # children(): the most children per row (the kernels unroll a loop per child)
 MAX_ROWS = 512  # accept_path(): the most tree rows (one program holds a [rows, rows] tile)
 _CHUNK = 1024  # children(): logits per program of its first kernel
 _RANK_TILE = 64  # rank_top: at most this many rows per program, and columns per step
 MAX_FUSED = 256  # children_expand: the most children (rows x k) its one program ranks
+_ARGMAX_CHUNK = 2048  # argmax_keys: logits per program
 
 
 def wanted(device: torch.device | str, untimed: bool = False, new: bool = False, walk: bool = False,
-           growth: bool = False) -> bool:
+           growth: bool = False, argmax: bool = False) -> bool:
     """Whether the tree bookkeeping on `device` should use these kernels (see the module docstring). `untimed`:
     select_tree or accept_path, also off where EAGLESPEC_TREE_KERNELS_UNTIMED=0; `new`: session 16's ancestry, also
     off where EAGLESPEC_NEW_KERNELS=0 (target/kernels.new_wanted); `walk`: sampled_accept_path, also off where
     EAGLESPEC_SAMPLED_WALK_KERNEL=0; `growth`: children_expand's one-kernel merge, also off where
-    EAGLESPEC_FUSED_GROWTH=0."""
+    EAGLESPEC_FUSED_GROWTH=0; `argmax`: argmax_keys, also off where EAGLESPEC_ARGMAX_KERNEL=0."""
     if untimed and env_switch(UNTIMED_ENV, "on with the others") is False:
         return False
     if walk and env_switch(WALK_ENV, "on with the others") is False:
         return False
     if growth and env_switch(GROWTH_ENV, "on with the others") is False:
+        return False
+    if argmax and env_switch(ARGMAX_ENV, "on with the others") is False:
         return False
     if new and not K.new_wanted():
         return False
@@ -235,6 +239,11 @@ def accept_path_ref(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.T
     return best, bonus, on_path.sum(), path_first(on_path)[:p]
 
 
+def key_argmax_ref(keys: torch.Tensor) -> torch.Tensor:
+    """argmax_keys' keys [T, S] -> the rows' argmax ids [T] long (the id held by each row's largest key)."""
+    return 0x7FFFFFFF - (keys.max(dim=-1).values & 0x7FFFFFFF)
+
+
 def sampled_accept_path_ref(parents: torch.Tensor, kids: torch.Tensor, live: torch.Tensor, r_at: torch.Tensor,
                             q_at: torch.Tensor, coins: torch.Tensor, visible: torch.Tensor, depths: torch.Tensor,
                             p: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -315,6 +324,21 @@ def _chunk_top_kernel(x_ptr, key_ptr, stat_ptr, x_row_stride, V, S, K: tl.conste
     tl.store(stat_ptr + (row * S + s) * 2 + 1, total)
     empty = -9223372036854775807 - 1
     _store_top_keys(tl.where(inside, _key(x, cols), empty), key_ptr + (row * S + s) * K, K)
+
+
+def _argmax_chunk_kernel(x_ptr, key_ptr, x_row_stride, V, S, CHUNK: tl.constexpr, USE_GDC: tl.constexpr = False):
+    """Program (row, s) over x[row, s*CHUNK : (s+1)*CHUNK] -> key[row, s]: the key of its largest (by value, then
+    the lower id; a NaN as torch.argmax takes it: above everything; padding int64 min)."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    cols = s * CHUNK + tl.arange(0, CHUNK)
+    inside = cols < V
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=inside, other=0.0).to(tl.float32)
+    x = tl.where(x != x, float("nan"), x)  # one NaN (sign bit clear): every NaN above +inf
+    empty = -9223372036854775807 - 1
+    tl.store(key_ptr + row * S + s, tl.reduce(tl.where(inside, _key(x, cols), empty), 0, _max))
 
 
 def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, S, floor,
@@ -601,11 +625,23 @@ def _store_path(ok, dep, i, inside, vis_ptr, best_ptr, m_ptr, order_ptr, T, P, T
     return best
 
 
-def _accept_path_kernel(tok_ptr, par_ptr, dep_ptr, vis_ptr, next_ptr, best_ptr, bonus_ptr, m_ptr, order_ptr, T, P,
-                        TB: tl.constexpr, USE_GDC: tl.constexpr = False):
+def _next_ids(next_ptr, rows, inside, S, KEYS: tl.constexpr, SB: tl.constexpr):
+    """The target's argmax at `rows` [TB]: next[rows], or (KEYS) the id of the largest of keys[rows, :S]
+    (argmax_keys)."""
+    if KEYS:
+        s = tl.arange(0, SB)
+        empty = -9223372036854775807 - 1
+        keys = tl.load(next_ptr + rows[:, None] * S + s[None, :], mask=inside[:, None] & (s < S)[None, :], other=empty)
+        return _key_id(tl.reduce(keys, 1, _max))
+    return tl.load(next_ptr + rows, mask=inside, other=0)
+
+
+def _accept_path_kernel(tok_ptr, par_ptr, dep_ptr, vis_ptr, next_ptr, best_ptr, bonus_ptr, m_ptr, order_ptr, T, P, S,
+                        TB: tl.constexpr, KEYS: tl.constexpr, SB: tl.constexpr, USE_GDC: tl.constexpr = False):
     """One program over the T tree rows: a row is ok when every visible row matches (its token is the target's
     argmax at its parent row, or it is the root); best = the first deepest ok row; its ancestry row is the path,
-    whose rows go first in `order` (in row order), then the others (in row order)."""
+    whose rows go first in `order` (in row order), then the others (in row order). The argmax: next [T], or (KEYS)
+    from argmax_keys' keys [T, S]."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     i = tl.arange(0, TB)
@@ -613,14 +649,15 @@ def _accept_path_kernel(tok_ptr, par_ptr, dep_ptr, vis_ptr, next_ptr, best_ptr, 
     tok = tl.load(tok_ptr + i, mask=inside, other=0)
     par = tl.load(par_ptr + i, mask=inside, other=0)
     dep = tl.load(dep_ptr + i, mask=inside, other=0)
-    want = tl.load(next_ptr + tl.maximum(par, 0), mask=inside, other=0)
+    want = _next_ids(next_ptr, tl.maximum(par, 0), inside, S, KEYS, SB)
     match = (tok == want) | (par < 0)
     both = inside[:, None] & inside[None, :]
     vis = tl.load(vis_ptr + i[:, None] * T + i[None, :], mask=both, other=0)
     bad = ((vis != 0) & (match == 0)[None, :]).to(tl.int32)
     ok = inside & (tl.reduce(bad, 1, _max) == 0)
     best = _store_path(ok, dep, i, inside, vis_ptr, best_ptr, m_ptr, order_ptr, T, P, TB)
-    tl.store(bonus_ptr, tl.load(next_ptr + best))
+    bonus = _next_ids(next_ptr, best + i * 0, i == 0, S, KEYS, SB)  # [TB]: the bonus at lane 0
+    tl.store(bonus_ptr + i, bonus, mask=i == 0)
 
 
 def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_ptr, vis_ptr, dep_ptr, best_ptr,
@@ -658,9 +695,9 @@ def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_
 
 
 _JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_chunk_top_kernel",
-           "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel", "_rank_top_kernel", "_expand_row",
-           "_expand_rows_kernel", "_merge_expand_kernel", "_select_tree_kernel", "_store_path", "_accept_path_kernel",
-           "_sampled_accept_path_kernel", "_ancestry_kernel")
+           "_argmax_chunk_kernel", "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel", "_rank_top_kernel",
+           "_expand_row", "_expand_rows_kernel", "_merge_expand_kernel", "_select_tree_kernel", "_store_path",
+           "_next_ids", "_accept_path_kernel", "_sampled_accept_path_kernel", "_ancestry_kernel")
 
 
 @functools.cache
@@ -891,14 +928,36 @@ def select_tree(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Tensor,
     return ids, logq, flags
 
 
+def argmax_keys(logits: torch.Tensor) -> torch.Tensor:
+    """logits [T, V] -> keys [T, S] int64 (one kernel, a program per row and chunk of _ARGMAX_CHUNK): each chunk's
+    largest as a _key (value, then the lower id), for accept_path, which takes each row's largest key's id: the row's
+    torch.argmax (the first of tied maxima; a NaN above everything). key_argmax_ref reads them on the host side."""
+    _load()
+    t, v = logits.shape
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    chunk = min(_ARGMAX_CHUNK, K._pow2(v))
+    splits = -(-v // chunk)
+    keys = torch.empty(t, splits, dtype=torch.long, device=logits.device)
+    g = K.pdl(logits)
+    _argmax_chunk_kernel[(t, splits)](logits, keys, logits.stride(0), v, splits, CHUNK=chunk, num_warps=4,
+                                      **K.pdl_kwargs(g))
+    return keys
+
+
 def accept_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, visible: torch.Tensor,
                 target_next: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """accept_path_ref in one kernel (tokens / parents / depths / target_next [T] long, visible [T, T] bool)."""
+    """accept_path_ref in one kernel (tokens / parents / depths [T] long, visible [T, T] bool); target_next: the
+    target's argmax [T] long, or argmax_keys' keys [T, S] (the argmax merged here: no torch.argmax kernel)."""
     _load()
     t = tokens.numel()
     if visible.shape != (t, t) or visible.dtype != torch.bool or not 0 < t <= MAX_ROWS:
         raise ValueError(f"tree kernels: accept_path over {t} rows (at most {MAX_ROWS}), visible "
                          f"{tuple(visible.shape)} {visible.dtype}")
+    if target_next.shape[0] != t or target_next.dim() > 2 or target_next.dtype != torch.long:
+        raise ValueError(f"tree kernels: accept_path's target_next must be [{t}] or [{t}, S] long, not "
+                         f"{tuple(target_next.shape)} {target_next.dtype}")
+    splits = target_next.shape[1] if target_next.dim() == 2 else 1
     dev = tokens.device
     best = torch.empty(1, dtype=torch.long, device=dev)
     bonus = torch.empty(1, dtype=torch.long, device=dev)
@@ -907,7 +966,8 @@ def accept_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     g = K.pdl(tokens)
     _accept_path_kernel[(1,)](tokens.contiguous(), parents.contiguous(), depths.contiguous(),
                               visible.contiguous().view(torch.uint8), target_next.contiguous(), best, bonus, m,
-                              order, t, min(t, p), TB=max(16, K._pow2(t)), num_warps=8, **K.pdl_kwargs(g))
+                              order, t, min(t, p), splits, TB=max(16, K._pow2(t)), KEYS=target_next.dim() == 2,
+                              SB=K._pow2(splits), num_warps=8, **K.pdl_kwargs(g))
     return best, bonus, m, order
 
 
