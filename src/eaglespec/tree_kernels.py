@@ -341,41 +341,51 @@ def _argmax_chunk_kernel(x_ptr, key_ptr, x_row_stride, V, S, CHUNK: tl.constexpr
     tl.store(key_ptr + row * S + s, tl.reduce(tl.where(inside, _key(x, cols), empty), 0, _max))
 
 
+def _merge_rows(r, in_r, key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, S, floor,
+                K: tl.constexpr, NB: tl.constexpr, SP: tl.constexpr, BASE: tl.constexpr, PARENTS: tl.constexpr):
+    """Rows r [NB] (where in_r): the softmax statistics of their S chunks combined, then their K largest chunk keys
+    -> conf = exp(x - max) / sum, the id, log(max(conf, floor)) (BASE: plus base[row]); PARENTS 1: par[row, :] = -1,
+    2: par[row, :] = parent[row] (0: nothing). Each chunk's K keys are sorted (descending): a row's j-th largest is
+    the largest of its chunks' heads, so K steps over S heads, not over all S*K keys."""
+    s = tl.arange(0, SP)
+    at_s = in_r[:, None] & (s < S)[None, :]
+    m_s = tl.load(stat_ptr + (r[:, None] * S + s[None, :]) * 2, mask=at_s, other=float("-inf"))  # [NB, SP]
+    t_s = tl.load(stat_ptr + (r[:, None] * S + s[None, :]) * 2 + 1, mask=at_s, other=0.0)
+    m = tl.reduce(m_s, 1, _max)  # [NB]
+    # a chunk of -inf only (its sum NaN) adds nothing; a row of -inf only gives NaN, as softmax does
+    total = tl.reduce(tl.where(m_s > float("-inf"), t_s * tl.exp(m_s - m[:, None]), 0.0), 1, _add)
+    base = tl.load(base_ptr + r, mask=in_r, other=0.0) if BASE else 0.0
+    if PARENTS == 2:
+        parent = tl.load(parent_ptr + r, mask=in_r, other=0)
+    else:
+        parent = r.to(tl.int64) * 0 - 1
+    empty = -9223372036854775807 - 1
+    at = key_ptr + (r[:, None] * S + s[None, :]) * K  # [NB, SP] each chunk's keys
+    pos = tl.full([NB, SP], 0, tl.int32)
+    head = tl.load(at, mask=at_s, other=empty)
+    for j in tl.static_range(K):
+        best = tl.reduce(head, 1, _max)  # [NB]
+        take = (head == best[:, None]) & at_s  # one chunk (keys are distinct: ids), or all when only padding is left
+        pos += take.to(tl.int32)
+        head = tl.where(take, tl.load(at + pos, mask=take & (pos < K), other=empty), head)
+        conf = tl.exp(_key_value(best) - m) / total
+        tl.store(conf_ptr + r * K + j, conf, mask=in_r)
+        tl.store(tok_ptr + r * K + j, _key_id(best), mask=in_r)
+        logc = tl.log(tl.maximum(conf, floor))
+        tl.store(logc_ptr + r * K + j, base + logc if BASE else logc, mask=in_r)
+        if PARENTS != 0:
+            tl.store(par_ptr + r * K + j, parent, mask=in_r)
+
+
 def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, S, floor,
-                      K: tl.constexpr, KB: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr, BASE: tl.constexpr,
-                      PARENTS: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """Program row: the softmax statistics of its S chunks combined, then the K largest of its S*K chunk keys ->
-    conf = exp(x - max) / sum, the id, log(max(conf, floor)) (BASE: plus base[row]); PARENTS 1: par[row, :] = -1,
-    2: par[row, :] = parent[row] (0: nothing); KB = K rounded up to a power of 2."""
+                      K: tl.constexpr, SP: tl.constexpr, BASE: tl.constexpr, PARENTS: tl.constexpr,
+                      USE_GDC: tl.constexpr = False):
+    """Program row: _merge_rows for that row."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
-    row = tl.program_id(0).to(tl.int64)
-    base = tl.load(base_ptr + row) if BASE else 0.0
-    if PARENTS != 0:
-        j = tl.arange(0, KB)
-        if PARENTS == 2:
-            parent = tl.load(parent_ptr + row)
-        else:
-            parent = row * 0 - 1
-        tl.store(par_ptr + row * K + j, tl.full([KB], 0, tl.int64) + parent, mask=j < K)
-    s = tl.arange(0, SP)
-    m_s = tl.load(stat_ptr + (row * S + s) * 2, mask=s < S, other=float("-inf"))
-    t_s = tl.load(stat_ptr + (row * S + s) * 2 + 1, mask=s < S, other=0.0)
-    m = tl.reduce(m_s, 0, _max)
-    # a chunk of -inf only (its sum NaN) adds nothing; a row of -inf only gives NaN, as softmax does
-    total = tl.reduce(tl.where(m_s > float("-inf"), t_s * tl.exp(m_s - m), 0.0), 0, _add)
-    i = tl.arange(0, BLOCK)
-    empty = -9223372036854775807 - 1
-    key = tl.load(key_ptr + row * S * K + i, mask=i < S * K, other=empty)
-    for j in tl.static_range(K):
-        best = tl.reduce(key, 0, _max)
-        key = tl.where(key == best, empty, key)
-        conf = tl.exp(_key_value(best) - m) / total
-        tl.store(conf_ptr + row * K + j, conf)
-        tl.store(tok_ptr + row * K + j, _key_id(best))
-        logc = tl.log(tl.maximum(conf, floor))
-        tl.store(logc_ptr + row * K + j, base + logc if BASE else logc)
-
+    r = tl.program_id(0).to(tl.int64) + tl.arange(0, 1)  # [1]
+    _merge_rows(r, r >= 0, key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, S, floor,
+                K, 1, SP, BASE, PARENTS)
 
 def _race_chunk_kernel(q_ptr, e_ptr, vkey_ptr, rkey_ptr, q_row_stride, e_row_stride, V, S, K: tl.constexpr,
                        CHUNK: tl.constexpr, USE_GDC: tl.constexpr = False):
@@ -485,43 +495,17 @@ def _merge_expand_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_pt
                          SP: tl.constexpr, MB: tl.constexpr, TILE: tl.constexpr, HB: tl.constexpr,
                          XB: tl.constexpr, BASE: tl.constexpr, PARENTS: tl.constexpr,
                          INHERIT: tl.constexpr, MAP: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """A depth's bookkeeping (children_expand) in `top` programs: each does _merge_top_kernel's work for all n rows at
-    once (a row per tile row; the K best by K steps over the chunks' sorted lists, not over all their keys) and _rank_top_kernel over the n*K log values just written (rank < top: values, indices,
-    ids = indices + start), then program t _expand_rows_kernel's work for the node of rank t. Every program computes
+    """A depth's bookkeeping (children_expand) in `top` programs: each merges all n rows at once (_merge_rows, a row
+    per tile row) and does _rank_top_kernel's work over the n*K log values just written (rank < top: values,
+    indices, ids = indices + start), then program t _expand_row for the node of rank t. Every program computes
     the same merge and ranks and writes them to the same places (equal values: the order of the writes does not
     matter); each reads them back after a barrier of its own threads."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
-    # merge: row r's S chunk statistics and S*K keys -> its K children, as _merge_top_kernel
+    # merge: row r's S chunks -> its K children (the candidates' rows)
     r = tl.arange(0, NB)
-    in_r = r < n
-    s = tl.arange(0, SP)
-    at_s = in_r[:, None] & (s < S)[None, :]
-    m_s = tl.load(stat_ptr + (r[:, None] * S + s[None, :]) * 2, mask=at_s, other=float("-inf"))  # [NB, SP]
-    t_s = tl.load(stat_ptr + (r[:, None] * S + s[None, :]) * 2 + 1, mask=at_s, other=0.0)
-    m = tl.reduce(m_s, 1, _max)  # [NB]
-    total = tl.reduce(tl.where(m_s > float("-inf"), t_s * tl.exp(m_s - m[:, None]), 0.0), 1, _add)
-    base = tl.load(base_ptr + r, mask=in_r, other=0.0) if BASE else 0.0
-    if PARENTS == 2:
-        parent = tl.load(parent_ptr + r, mask=in_r, other=0)
-    else:
-        parent = r.to(tl.int64) * 0 - 1
-    # each chunk's K keys are sorted (descending): the row's j-th best is the best of the chunks' heads
-    empty = -9223372036854775807 - 1
-    at = key_ptr + (r[:, None] * S + s[None, :]) * K  # [NB, SP] each chunk's keys
-    pos = tl.full([NB, SP], 0, tl.int32)
-    head = tl.load(at, mask=at_s, other=empty)
-    for j in tl.static_range(K):
-        best = tl.reduce(head, 1, _max)  # [NB]
-        take = (head == best[:, None]) & at_s  # one chunk (keys are distinct: ids), or all when only padding is left
-        pos += take.to(tl.int32)
-        head = tl.where(take, tl.load(at + pos, mask=take & (pos < K), other=empty), head)
-        conf = tl.exp(_key_value(best) - m) / total
-        tl.store(conf_ptr + r * K + j, conf, mask=in_r)
-        tl.store(tok_ptr + r * K + j, _key_id(best), mask=in_r)
-        logc = tl.log(tl.maximum(conf, floor))
-        tl.store(logc_ptr + r * K + j, base + logc if BASE else logc, mask=in_r)
-        tl.store(par_ptr + r * K + j, parent, mask=in_r)
+    _merge_rows(r, r < n, key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, S, floor,
+                K, NB, SP, BASE, PARENTS)
     tl.debug_barrier()
     # rank the layer's M = n*K log values (descending, ties to the lower index); the first `top` by rank
     M = n * K
@@ -695,9 +679,9 @@ def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_
 
 
 _JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_chunk_top_kernel",
-           "_argmax_chunk_kernel", "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel", "_rank_top_kernel",
-           "_expand_row", "_expand_rows_kernel", "_merge_expand_kernel", "_select_tree_kernel", "_store_path",
-           "_next_ids", "_accept_path_kernel", "_sampled_accept_path_kernel", "_ancestry_kernel")
+           "_argmax_chunk_kernel", "_merge_rows", "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel",
+           "_rank_top_kernel", "_expand_row", "_expand_rows_kernel", "_merge_expand_kernel", "_select_tree_kernel",
+           "_store_path", "_next_ids", "_accept_path_kernel", "_sampled_accept_path_kernel", "_ancestry_kernel")
 
 
 @functools.cache
@@ -740,9 +724,8 @@ def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | No
             raise ValueError(f"tree kernels: children's parent must be [{n}] long, with out")
         parent, parents = parent.contiguous(), 2
     _merge_top_kernel[(n,)](keys, stats, conf, tok, logc, _base(base, n, logc), par,
-                            parent if parent is not None else par, splits, floor, K=k, KB=K._pow2(k),
-                            SP=K._pow2(splits), BLOCK=K._pow2(splits * k), BASE=base is not None, PARENTS=parents,
-                            num_warps=4, **K.pdl_kwargs(g))
+                            parent if parent is not None else par, splits, floor, K=k, SP=K._pow2(splits),
+                            BASE=base is not None, PARENTS=parents, num_warps=4, **K.pdl_kwargs(g))
     return conf, tok, logc
 
 
