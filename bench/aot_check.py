@@ -1,9 +1,8 @@
-"""Compile the sampled round's sibling-test kernels (sampled_kernels.py) and a greedy round's children_expand,
-argmax_keys and accept_path kernels (tree_kernels.py) for an H100/H200 (sm_90) on a machine with no GPU: Triton's
-real compiler front end, its LLVM and ptxas, down to a cubin. The tests run these kernels under Triton's
-interpreter, which takes code the compiler refuses; this catches that before a GPU lease does. It also prints what
-kernel executes per program: PTX instructions, barriers (bar.sync) and warp shuffles (straight-line code; a runtime
-loop counts once).
+"""Compile the sampled round's sibling-test kernels (sampled_kernels.py) and a greedy round's argmax_keys and
+accept_path kernels (tree_kernels.py) for an H100/H200 (sm_90) on a machine with no GPU: Triton's real compiler front
+end, its LLVM and ptxas, down to a cubin. The tests run these kernels under Triton's interpreter, which takes code the
+compiler refuses; this catches that before a GPU lease does. It also prints what kernel executes per program: PTX
+instructions, barriers (bar.sync) and warp shuffles (straight-line code; a runtime loop counts once).
 
     PYTHONPATH=src python bench/aot_check.py [--arch 90] [--json OUT]
 
@@ -25,11 +24,6 @@ RANK_SIG = dict(R="i32", tok_ptr=L, kids_ptr=L, live_ptr=U8, p_ptr=P, q_ptr=P, r
 FINAL_SIG = dict(best_ptr=L, tok_ptr=L, kids_ptr=L, live_ptr=U8, p_ptr=P, q_ptr=P, ps_ptr=P, pm_ptr=P, st_ptr=P,
                  rm_ptr=L, out_ptr=P, V="i32", T="i32", S="i32", p_stride="i32", q_stride="i32")
 LEFT_SIG = dict(live_ptr=U8, q_ptr=P, ps_ptr=P, V="i32", S="i32", q_stride="i32")
-# tree_kernels._merge_expand_kernel (children_expand), bf16 drafter states
-GROWTH_SIG = dict(key_ptr=L, stat_ptr=P, conf_ptr=P, tok_ptr=L, logc_ptr=P, base_ptr=P, par_ptr=L, parent_ptr=L,
-                  vals_ptr=P, idx_ptr=L, ids_ptr=L, prev_ptr="*bf16", table_ptr=L, states_ptr="*bf16", tokens_ptr=L,
-                  mask_ptr=U8, n="i32", S="i32", floor="fp32", top="i32", start="i32", prev_stride="i32",
-                  mask_stride="i32", r0="i32", p0="i32", H="i32", X="i32")
 ARGMAX_SIG = dict(x_ptr="*bf16", key_ptr=L, x_row_stride="i32", V="i32", S="i32")  # argmax_keys over bf16 logits
 ACCEPT_SIG = dict(tok_ptr=L, par_ptr=L, dep_ptr=L, vis_ptr=U8, next_ptr=L, best_ptr=L, bonus_ptr=L, m_ptr=L,
                   order_ptr=L, T="i32", P="i32", S="i32")
@@ -67,14 +61,6 @@ def main(argv: list[str] | None = None) -> dict:
     SK._load()
     TK._load()
     rows = []
-    pow2 = TK.K._pow2
-    for k, inherit in ((10, False), (10, True), (16, True)):  # the shipped 7/10/60 tree's (the root's, then deeper)
-        n, splits = k if inherit else 1, 12  # rows expanded; chunks of a 12,000-id draft vocab
-        consts = dict(K=k, NB=pow2(n), SP=pow2(splits), MB=pow2(n * k),
-                      TILE=min(64, pow2(n * k)), HB=1024, XB=1024, BASE=inherit, PARENTS=2 if inherit else 1,
-                      INHERIT=inherit, MAP=True, USE_GDC=False)
-        rows.append({"kernel": "_merge_expand_kernel", "K": k, **compile_stats(
-            TK._merge_expand_kernel, GROWTH_SIG, consts, args.arch)})
     rows.append({"kernel": "_argmax_chunk_kernel", "K": 1, **compile_stats(
         TK._argmax_chunk_kernel, ARGMAX_SIG, dict(CHUNK=2048, USE_GDC=False), args.arch)})
     for keys in (False, True):  # the target's argmax given, or merged from 24 chunks' keys (49,152 / 2048)

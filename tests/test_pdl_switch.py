@@ -30,7 +30,7 @@ from eaglespec.target import kernels as K
 from eaglespec.tree import CONF_FLOOR, ancestry
 from eaglespec.verify import sibling_table_of, sibling_tests
 
-MODULES = {TK: 12, RK: 1, SK: 3}  # module -> its kernels (and launch sites)
+MODULES = {TK: 11, RK: 1, SK: 3}  # module -> its kernels (and launch sites)
 TARGET_MODULES = (K, attn_kernels, skinny)
 # the target's kernels that load a weight before their wait: kernel -> the weight pointers (kernels.pdl's rule)
 PREFETCHED = {"_rms_norm_weight_kernel": {"w_ptr"}, "_eagle3_input_kernel": {"in_w_ptr", "hid_w_ptr"},
@@ -229,15 +229,6 @@ def _expand():
     return states, tokens, mask
 
 
-def _children_expand():
-    g = torch.Generator().manual_seed(4)
-    out = tuple(torch.empty(3, 4, dtype=t) for t in (torch.float32, torch.long, torch.float32, torch.long))
-    mask = torch.rand(10, 37, generator=g) > 0.6
-    got = TK.children_expand(torch.randn(3, 70, generator=g) * 3, 4, CONF_FLOOR, torch.randn(3, generator=g), out,
-                             torch.tensor([2, 0, 1]), 5, 8, torch.randn(3, 20, generator=g), None, mask, 4, 1, True)
-    return *got[0], *got[1], *got[2], out[3], mask
-
-
 def _argmax():
     return (TK.argmax_keys(torch.randn(5, 3000, generator=torch.Generator().manual_seed(5))),)
 
@@ -320,7 +311,6 @@ LAUNCHERS = {  # launcher -> the kernels it launches, in order
     "race_children": (_race, ["_race_chunk_kernel", "_race_merge_kernel"]),
     "rank_top_ids": (_rank, ["_rank_top_kernel"]),
     "expand_rows": (_expand, ["_expand_rows_kernel"]),
-    "children_expand": (_children_expand, ["_chunk_top_kernel", "_merge_expand_kernel"]),
     "argmax_keys": (_argmax, ["_argmax_chunk_kernel"]),
     "select_tree": (_select, ["_select_tree_kernel"]),
     "accept_path": (_accept, ["_accept_path_kernel"]),

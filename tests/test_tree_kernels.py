@@ -288,48 +288,6 @@ def test_expand_rows_gathers_states_ids_and_parent_mask_rows(inherit, mapped):
     assert torch.equal(mask, before) != inherit
 
 
-@pytest.mark.parametrize("case", ["deeper", "root-children", "tied-values"])
-@pytest.mark.parametrize("mapped", [True, False], ids=["d2t", "identity"])
-def test_children_expand_is_merge_rank_and_expand(case, mapped, monkeypatch):
-    """children_expand (chunk kernel + ONE program) = children_ref into the candidate rows, rank_top_ids_ref over
-    their log values and expand_rows_ref for the picked nodes: the same children, parents, picks (ties to the lower
-    index), states gathered from the right parent rows, target ids and mask rows. A parent taken from a wrong row
-    (an off-by-one in slot = index // k) or ranks from another order fail here."""
-    monkeypatch.setattr(TK, "_CHUNK", 64)  # several chunks per row (the merge of chunk statistics)
-    gen = torch.Generator().manual_seed(len(case) + mapped)
-    inherit = case != "root-children"
-    n, k, vocab, top, start, r0, p0 = (1, 5, 150, 5, 0, 0, 0) if not inherit else (4, 5, 150, 6, 9, 7, 3)
-    logits = torch.randn(n, vocab, generator=gen).mul(3)
-    if case == "tied-values":  # every row the same logits: n*k values in n-fold ties, picked by lower index
-        logits = logits[:1].expand(n, -1).contiguous()
-    base = None if not inherit else (torch.zeros(n) if case == "tied-values" else torch.randn(n, generator=gen))
-    parent = None if not inherit else torch.tensor([3, 8, 1, 5])
-    prev = torch.randn(n, 40, generator=gen).to(torch.bfloat16)
-    table = torch.randperm(vocab, generator=gen) if mapped else None
-    mask = torch.rand(r0 + top + 2, 33, generator=gen) > 0.6
-    bufs = [torch.full((n, k), -7, dtype=t) for t in (torch.float32, torch.long, torch.float32, torch.long)]
-    ref_bufs = [b.clone() for b in bufs]
-    ref_mask = mask.clone()
-    got = TK.children_expand(logits, k, CONF_FLOOR, base, tuple(bufs), parent, top, start, prev, table, mask, r0,
-                             p0, inherit)
-    ref = TK.children_expand_ref(logits, k, CONF_FLOOR, base, tuple(ref_bufs), parent, top, start, prev, table,
-                                 ref_mask, r0, p0, inherit)
-    torch.testing.assert_close(bufs[0], ref_bufs[0], rtol=1e-6, atol=1e-7)
-    torch.testing.assert_close(bufs[2], ref_bufs[2], rtol=1e-6, atol=1e-6)
-    assert torch.equal(bufs[1], ref_bufs[1]) and torch.equal(bufs[3], ref_bufs[3])
-    assert bufs[3].tolist() == ([[-1] * k] if not inherit else [[p] * k for p in parent.tolist()])
-    vals, idx, ids = got[1]
-    # ranked over the kernel's own log values (within fp32 rounding of the reference's): a stable descending sort
-    assert all(torch.equal(a, b) for a, b in zip((vals, idx, ids), TK.rank_top_ids_ref(bufs[2].reshape(-1), top,
-                                                                                         start)))
-    assert idx.tolist() == ref[1][1].tolist()
-    if case == "tied-values":
-        assert idx.tolist() == [0, 5, 10, 15, 1, 6][:top]  # row-major ties: lower index first
-    states, tokens = got[2]
-    assert torch.equal(states, ref[2][0]) and torch.equal(tokens, ref[2][1]) and torch.equal(mask, ref_mask)
-    assert torch.equal(mask[:r0], ref_mask[:r0])
-
-
 def test_kernels_refuse_shapes_they_cannot_take():
     with pytest.raises(ValueError, match="the first 5 of"):
         TK.rank_top(torch.zeros(4), 5)
@@ -384,20 +342,15 @@ def _trees(engine, prompt, n, sampling=None, field="logq"):
 
 def _count_kernels(monkeypatch) -> dict[str, int]:
     """test_kernels.count_calls over this module's launchers."""
-    return count_calls(monkeypatch, "children", "rank_top", "expand_rows", "select_tree", "accept_path",
-                       "children_expand", "rank_top_ids", module=TK)
+    return count_calls(monkeypatch, "children", "rank_top", "expand_rows", "select_tree", "accept_path", module=TK)
 
 
 @pytest.mark.parametrize("spec", [TreeSpec("dynamic", depth=3, top_k=3, budget=15),  # depth 3: 3 of 9
                                   TreeSpec("static", depth=3, top_k=3, budget=6)], ids=["dynamic", "static"])
 @pytest.mark.parametrize("runner", ["eager", "tree-graph"])
-@pytest.mark.parametrize("fused", ["1", "0"], ids=["fused-growth", "3-kernel-growth"])
-def test_kernel_trees_are_the_torch_trees_and_output_is_generate(spec, runner, fused, monkeypatch):
-    """A dynamic tree's growth with children_expand (merge, rank and the next rows in one program) or with the
-    three kernels: the torch path's trees, confidences and output (generate's)."""
+def test_kernel_trees_are_the_torch_trees_and_output_is_generate(spec, runner, monkeypatch):
     model = tiny_target("llama", seed=5)
     prompt, n = [5, 17, 33, 62, 8], 10
-    monkeypatch.setenv(TK.GROWTH_ENV, fused)
 
     def run(kernels: str):
         monkeypatch.setenv(TK.TREE_KERNELS_ENV, kernels)
@@ -412,11 +365,7 @@ def test_kernel_trees_are_the_torch_trees_and_output_is_generate(spec, runner, f
     calls = _count_kernels(monkeypatch)
     tokens, trees, values = run("1")
     assert calls["children"] > 0
-    if spec.kind == "dynamic" and fused == "1":  # every expansion's inputs from children_expand (the last
-        assert calls["children_expand"] > 0 and calls["rank_top_ids"] == calls["expand_rows"] == 0  # layer: children)
-    elif spec.kind == "dynamic":
-        assert calls["children_expand"] == 0 and min(calls["rank_top_ids"], calls["expand_rows"]) > 0
-    assert min(calls["rank_top"], calls["select_tree"]) > 0 or spec.kind == "static"
+    assert min(calls["rank_top"], calls["expand_rows"], calls["select_tree"]) > 0 or spec.kind == "static"
     assert tokens == ref_tokens == reference_greedy(model, prompt, n)
     assert trees == ref_trees and len(trees) >= 3
     # the values too: a tiny random drafter often proposes the same children whatever a node's state, but not
@@ -719,9 +668,11 @@ def test_round_graphs_with_the_new_kernels_give_generate(kind, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["chain", "static", "dynamic"])
-def test_round_graphs_with_the_kernels_match_the_phased_rounds(kind, monkeypatch):
+@pytest.mark.parametrize("argmax", ["1", "0"], ids=["argmax-keys", "torch-argmax"])
+def test_round_graphs_with_the_kernels_match_the_phased_rounds(kind, argmax, monkeypatch):
     """A drafter that agrees with its target (long accepted paths): round graphs with every kernel (accept_path
-    included) give HF generate's tokens and the per-phase torch rounds' trees and acceptances."""
+    included, the target's argmax from argmax_keys or torch's) give HF generate's tokens and the per-phase torch
+    rounds' trees and acceptances."""
     from eaglespec.round_graph import enable_round_graphs
     from test_draft_static import agreeing
 
@@ -742,11 +693,13 @@ def test_round_graphs_with_the_kernels_match_the_phased_rounds(kind, monkeypatch
                                for r in out.rounds]
 
     ref_tokens, ref_rounds = run("0", graphs=False)
-    calls = _count_kernels(monkeypatch)
+    calls = count_calls(monkeypatch, "argmax_keys", calls=_count_kernels(monkeypatch), module=TK)
+    monkeypatch.setenv(TK.ARGMAX_ENV, argmax)
     tokens, rounds = run("1", graphs=True)
     assert tokens == ref_tokens == reference_greedy(model, prompt, n)
     assert rounds == ref_rounds and max(r[2] for r in rounds) >= 2
     assert calls["accept_path"] == len(rounds)  # every round is a round graph (the first too: the drafter's prefill)
+    assert calls["argmax_keys"] == (len(rounds) if argmax == "1" else 0)
     assert calls["children"] > 0 or kind == "chain"
 
 
@@ -782,5 +735,5 @@ def test_untimed_kernels_switched_off_alone(monkeypatch):
     assert enable_round_graphs(engine) is not None
     prompt = [4, 8, 15, 16, 23, 42, 7]
     assert engine.generate(prompt, 16).token_ids == reference_greedy(model, prompt, 16)
-    assert calls["children"] > 0 and calls["children_expand"] > 0  # the growth: children_expand, then children
+    assert calls["children"] > 0 and calls["rank_top"] > 0 and calls["expand_rows"] > 0
     assert calls["select_tree"] == calls["accept_path"] == 0

@@ -325,8 +325,6 @@ class Candidates:
         self.newest_tokens = tokens.reshape(-1)
         self.newest: torch.Tensor | None = None
         self.newest_values: torch.Tensor | None = None  # [n] fp32: the expanded nodes' log values
-        # the next top_nodes' result when the callback already has it (tree_kernels.children_expand); _grow takes it
-        self.next_top: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.levels: torch.Tensor | None = None  # _grow: arange(-1, depth + 1), the root's parent and depths
 
     def append(self, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, logv: torch.Tensor
@@ -467,8 +465,7 @@ def _check_layer(buffers: CandidateBuffers, d: int, conf: torch.Tensor, tokens: 
 
 def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, top_k: int, depth: int,
           sorted_children: bool, distinct_children: bool = False, root_logv: torch.Tensor | None = None,
-          buffers: CandidateBuffers | None = None, root_top: tuple[torch.Tensor, ...] | None = None
-          ) -> tuple[Candidates, list[torch.Tensor] | None]:
+          buffers: CandidateBuffers | None = None) -> tuple[Candidates, list[torch.Tensor] | None]:
     """grow_dynamic without reading anything back: (candidates, 3 0-dim bool validation flags on the device, or
     None with `buffers`: the caller checks buffers.conf_rows, e.g. in tree_kernels.select_tree).
 
@@ -480,9 +477,7 @@ def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, to
     values when the caller has them (tree_kernels.children's), else _log_value(root_conf) (2 ops).
     `buffers` (sorted, distinct children only): the root's children and every callback's are views of
     buffers.layer(d), written there with their parents (see CandidateBuffers) and returned with their log
-    values: no log value ops, no joins, no flags. `root_top` (top_nodes' result for the root's children), and
-    cand.next_top set by the callback (for the children it returns): the top of a layer computed with its
-    children (tree_kernels.children_expand), used in place of top_nodes.
+    values: no log value ops, no joins, no flags.
     """
     if buffers is not None and not (sorted_children and distinct_children):
         raise ValueError("dynamic tree growth: CandidateBuffers take sorted, distinct children only")
@@ -499,11 +494,9 @@ def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, to
     cand = Candidates(tokens=tok, parents=levels[0].expand(1, c0), depths=levels[2].expand(1, c0),
                       logv=newest_logv, buffers=buffers)
     cand.levels = levels
-    cand.next_top = root_top
     for d in range(1, depth):
         # [n] the highest-value nodes of depth d: their values, indices within the layer, candidate ids
-        top, cand.next_top = cand.next_top, None
-        values, cand.newest, layer = top or top_nodes(newest_logv.reshape(-1), top_k, cand.start)
+        values, cand.newest, layer = top_nodes(newest_logv.reshape(-1), top_k, cand.start)
         cand.newest_values = values
         cand.expanded.append(layer)
         ctok, cconf, *logv = expand(layer, cand, d)  # [n, c] (from a kernel, also their log values)
@@ -606,8 +599,7 @@ def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_
                       distinct_children: bool = False,
                       token_map: Callable[[torch.Tensor], torch.Tensor] | None = None,
                       with_chosen: bool = False, token_table: torch.Tensor | None = None,
-                      root_logv: torch.Tensor | None = None, buffers: CandidateBuffers | None = None,
-                      root_top: tuple[torch.Tensor, ...] | None = None
+                      root_logv: torch.Tensor | None = None, buffers: CandidateBuffers | None = None
                       ) -> tuple[DraftTree, torch.Tensor] | tuple[DraftTree, torch.Tensor, torch.Tensor]:
     """dynamic_tree without reading anything back (CUDA-graph capturable when `expand` is):
     (tree, [4] bool flags on the device: invalid input x3, not ancestor-closed). check_dynamic_flags reads them.
@@ -619,7 +611,6 @@ def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_
     children's log values, when the caller has them. `buffers` (sorted, distinct children): the candidates are
     written in place (see _grow and CandidateBuffers) and, where the assembly is the select_tree kernel, it checks
     their confidences too: the flags are its output (no flag ops); else _child_flags over buffers.conf_rows.
-    `root_top`: see _grow.
     """
     _check_int("width (top-k)", top_k, 1)
     _check_int("depth", depth, 0)
@@ -629,7 +620,7 @@ def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_
         flags = torch.zeros(4, dtype=torch.bool, device=root_tokens.device)
         return (tree, flags, root_tokens.new_empty(0).long()) if with_chosen else (tree, flags)
     cand, flags = _grow(root_tokens, root_conf, expand, top_k, depth, sorted_children, distinct_children, root_logv,
-                        buffers, root_top)
+                        buffers)
     conf = None if buffers is None else buffers.conf_rows
     tree, not_closed, chosen, checked = _select(root, cand, budget, token_map, token_table, conf)
     if checked is None:

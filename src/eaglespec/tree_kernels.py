@@ -85,29 +85,24 @@ from .target import kernels as K
 TREE_KERNELS_ENV = "EAGLESPEC_TREE_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
 UNTIMED_ENV = "EAGLESPEC_TREE_KERNELS_UNTIMED"  # "0": not select_tree / accept_path (unset or "1": with the others)
 WALK_ENV = "EAGLESPEC_SAMPLED_WALK_KERNEL"  # "0": not sampled_accept_path (unset or "1": with the others)
-GROWTH_ENV = "EAGLESPEC_FUSED_GROWTH"  # "0": children_expand's merge, rank and expansion in 3 kernels (unset: in 1)
 ARGMAX_ENV = "EAGLESPEC_ARGMAX_KERNEL"  # "0": torch's argmax before accept_path (unset or "1": argmax_keys)
 MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge reads vocab / 1024 * k keys per row)
 MAX_K = 32  # children(): the most children per row (the kernels unroll a loop per child)
 MAX_ROWS = 512  # accept_path(): the most tree rows (one program holds a [rows, rows] tile)
 _CHUNK = 1024  # children(): logits per program of its first kernel
 _RANK_TILE = 64  # rank_top: at most this many rows per program, and columns per step
-MAX_FUSED = 256  # children_expand: the most children (rows x k) its one program ranks
 _ARGMAX_CHUNK = 2048  # argmax_keys: logits per program
 
 
 def wanted(device: torch.device | str, untimed: bool = False, new: bool = False, walk: bool = False,
-           growth: bool = False, argmax: bool = False) -> bool:
+           argmax: bool = False) -> bool:
     """Whether the tree bookkeeping on `device` should use these kernels (see the module docstring). `untimed`:
     select_tree or accept_path, also off where EAGLESPEC_TREE_KERNELS_UNTIMED=0; `new`: session 16's ancestry, also
     off where EAGLESPEC_NEW_KERNELS=0 (target/kernels.new_wanted); `walk`: sampled_accept_path, also off where
-    EAGLESPEC_SAMPLED_WALK_KERNEL=0; `growth`: children_expand's one-kernel merge, also off where
-    EAGLESPEC_FUSED_GROWTH=0; `argmax`: argmax_keys, also off where EAGLESPEC_ARGMAX_KERNEL=0."""
+    EAGLESPEC_SAMPLED_WALK_KERNEL=0; `argmax`: argmax_keys, also off where EAGLESPEC_ARGMAX_KERNEL=0."""
     if untimed and env_switch(UNTIMED_ENV, "on with the others") is False:
         return False
     if walk and env_switch(WALK_ENV, "on with the others") is False:
-        return False
-    if growth and env_switch(GROWTH_ENV, "on with the others") is False:
         return False
     if argmax and env_switch(ARGMAX_ENV, "on with the others") is False:
         return False
@@ -180,22 +175,6 @@ def expand_rows_ref(local: torch.Tensor, k: int, prev: torch.Tensor, newest: tor
         mask[r0: r0 + local.shape[0]].bitwise_or_(mask[p0:].index_select(0, slot))
     tokens = newest[local]
     return prev[slot], tokens if table is None else table[tokens]
-
-
-def children_expand_ref(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | None,
-                        out: tuple[torch.Tensor, ...], parent: torch.Tensor | None, top: int, start: int,
-                        prev: torch.Tensor, table: torch.Tensor | None, mask: torch.Tensor, r0: int, p0: int,
-                        inherit: bool) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...],
-                                                tuple[torch.Tensor, torch.Tensor]]:
-    """One depth of a greedy dynamic tree's bookkeeping: the children of n nodes written into `out` (children_ref),
-    the `top` highest of their log values (rank_top_ids_ref, candidate ids from `start`) and the next expansion's
-    inputs from them (expand_rows_ref: states from prev [n, H], the drafter outputs of these n rows; mask rows r0..
-    OR-ed with their parents' rows p0 + slot when `inherit`) -> ((conf, tok, log conf), (values, indices, ids),
-    (states, target ids))."""
-    conf, tok, logc = children_ref(logits, k, floor, base, out, parent)
-    picked = rank_top_ids_ref(logc.reshape(-1), top, start)
-    rows = expand_rows_ref(picked[1], k, prev, tok.reshape(-1), table, mask, r0, p0, inherit)
-    return (conf, tok, logc), picked, rows
 
 
 def select_tree_ref(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
@@ -341,51 +320,46 @@ def _argmax_chunk_kernel(x_ptr, key_ptr, x_row_stride, V, S, CHUNK: tl.constexpr
     tl.store(key_ptr + row * S + s, tl.reduce(tl.where(inside, _key(x, cols), empty), 0, _max))
 
 
-def _merge_rows(r, in_r, key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, S, floor,
-                K: tl.constexpr, NB: tl.constexpr, SP: tl.constexpr, BASE: tl.constexpr, PARENTS: tl.constexpr):
-    """Rows r [NB] (where in_r): the softmax statistics of their S chunks combined, then their K largest chunk keys
-    -> conf = exp(x - max) / sum, the id, log(max(conf, floor)) (BASE: plus base[row]); PARENTS 1: par[row, :] = -1,
-    2: par[row, :] = parent[row] (0: nothing). Each chunk's K keys are sorted (descending): a row's j-th largest is
-    the largest of its chunks' heads, so K steps over S heads, not over all S*K keys."""
+def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, S, floor,
+                      K: tl.constexpr, KB: tl.constexpr, SP: tl.constexpr, BASE: tl.constexpr,
+                      PARENTS: tl.constexpr, USE_GDC: tl.constexpr = False):
+    """Program row: the softmax statistics of its S chunks combined, then the K largest of its chunk keys -> conf =
+    exp(x - max) / sum, the id, log(max(conf, floor)) (BASE: plus base[row]); PARENTS 1: par[row, :] = -1, 2:
+    par[row, :] = parent[row] (0: nothing); KB = K rounded up to a power of 2. Each chunk's K keys are sorted
+    (descending): the row's j-th largest is the largest of the chunks' heads, so K steps over S heads, not over all
+    S*K keys (H200, PDL off: 3.0 us a call in session 32's round timeline, 3.5 with all keys in session 31's)."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
+    row = tl.program_id(0).to(tl.int64)
+    base = tl.load(base_ptr + row) if BASE else 0.0
+    if PARENTS != 0:
+        j = tl.arange(0, KB)
+        if PARENTS == 2:
+            parent = tl.load(parent_ptr + row)
+        else:
+            parent = row * 0 - 1
+        tl.store(par_ptr + row * K + j, tl.full([KB], 0, tl.int64) + parent, mask=j < K)
     s = tl.arange(0, SP)
-    at_s = in_r[:, None] & (s < S)[None, :]
-    m_s = tl.load(stat_ptr + (r[:, None] * S + s[None, :]) * 2, mask=at_s, other=float("-inf"))  # [NB, SP]
-    t_s = tl.load(stat_ptr + (r[:, None] * S + s[None, :]) * 2 + 1, mask=at_s, other=0.0)
-    m = tl.reduce(m_s, 1, _max)  # [NB]
+    m_s = tl.load(stat_ptr + (row * S + s) * 2, mask=s < S, other=float("-inf"))
+    t_s = tl.load(stat_ptr + (row * S + s) * 2 + 1, mask=s < S, other=0.0)
+    m = tl.reduce(m_s, 0, _max)
     # a chunk of -inf only (its sum NaN) adds nothing; a row of -inf only gives NaN, as softmax does
-    total = tl.reduce(tl.where(m_s > float("-inf"), t_s * tl.exp(m_s - m[:, None]), 0.0), 1, _add)
-    base = tl.load(base_ptr + r, mask=in_r, other=0.0) if BASE else 0.0
-    if PARENTS == 2:
-        parent = tl.load(parent_ptr + r, mask=in_r, other=0)
-    else:
-        parent = r.to(tl.int64) * 0 - 1
+    total = tl.reduce(tl.where(m_s > float("-inf"), t_s * tl.exp(m_s - m), 0.0), 0, _add)
     empty = -9223372036854775807 - 1
-    at = key_ptr + (r[:, None] * S + s[None, :]) * K  # [NB, SP] each chunk's keys
-    pos = tl.full([NB, SP], 0, tl.int32)
-    head = tl.load(at, mask=at_s, other=empty)
+    at = key_ptr + (row * S + s) * K  # [SP] each chunk's keys
+    pos = tl.full([SP], 0, tl.int32)
+    head = tl.load(at, mask=s < S, other=empty)
     for j in tl.static_range(K):
-        best = tl.reduce(head, 1, _max)  # [NB]
-        take = (head == best[:, None]) & at_s  # one chunk (keys are distinct: ids), or all when only padding is left
+        best = tl.reduce(head, 0, _max)
+        take = (head == best) & (s < S)  # one chunk (keys are distinct: ids), or all when only padding is left
         pos += take.to(tl.int32)
         head = tl.where(take, tl.load(at + pos, mask=take & (pos < K), other=empty), head)
         conf = tl.exp(_key_value(best) - m) / total
-        tl.store(conf_ptr + r * K + j, conf, mask=in_r)
-        tl.store(tok_ptr + r * K + j, _key_id(best), mask=in_r)
+        tl.store(conf_ptr + row * K + j, conf)
+        tl.store(tok_ptr + row * K + j, _key_id(best))
         logc = tl.log(tl.maximum(conf, floor))
-        tl.store(logc_ptr + r * K + j, base + logc if BASE else logc, mask=in_r)
-        if PARENTS != 0:
-            tl.store(par_ptr + r * K + j, parent, mask=in_r)
+        tl.store(logc_ptr + row * K + j, base + logc if BASE else logc)
 
-
-def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, S, floor,
-                      K: tl.constexpr, SP: tl.constexpr, BASE: tl.constexpr, PARENTS: tl.constexpr,
-                      USE_GDC: tl.constexpr = False):
-    """Program row: _merge_rows for that row."""
-    _dependents(USE_GDC)
-    _wait(USE_GDC)
-    r = tl.program_id(0).to(tl.int64) + tl.arange(0, 1)  # [1]
-    _merge_rows(r, r >= 0, key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, S, floor,
-                K, 1, SP, BASE, PARENTS)
 
 def _race_chunk_kernel(q_ptr, e_ptr, vkey_ptr, rkey_ptr, q_row_stride, e_row_stride, V, S, K: tl.constexpr,
                        CHUNK: tl.constexpr, USE_GDC: tl.constexpr = False):
@@ -455,12 +429,15 @@ def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, ids_ptr, M, K, offset, DESC: tl.c
         tl.store(ids_ptr + rank, i.to(tl.int64) + offset, mask=keep)
 
 
-def _expand_row(i, node, prev_ptr, newest_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, prev_stride,
-                mask_stride, k, r0, p0, H, X, INHERIT: tl.constexpr, MAP: tl.constexpr, HB: tl.constexpr,
-                XB: tl.constexpr):
-    """Expanded node i (index `node` in the newest layer) -> states[i] = prev[its parent slot], tokens[i] = (table
-    of) newest[node], and (INHERIT) mask row r0 + i |= mask row p0 + slot (a parent's row precedes its children's:
-    no overlap)."""
+def _expand_rows_kernel(local_ptr, prev_ptr, newest_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, prev_stride,
+                        mask_stride, k, r0, p0, H, X, INHERIT: tl.constexpr, MAP: tl.constexpr, HB: tl.constexpr,
+                        XB: tl.constexpr, USE_GDC: tl.constexpr = False):
+    """Program i: expanded node local[i] -> states[i] = prev[its parent slot], tokens[i] = (table of) newest[local[i]],
+    and (INHERIT) mask row r0 + i |= mask row p0 + slot (a parent's row precedes its children's: no overlap)."""
+    _dependents(USE_GDC)
+    _wait(USE_GDC)
+    i = tl.program_id(0)
+    node = tl.load(local_ptr + i)
     if INHERIT:
         slot = node // k
     else:
@@ -477,56 +454,6 @@ def _expand_row(i, node, prev_ptr, newest_ptr, table_ptr, states_ptr, tokens_ptr
             parent = tl.load(mask_ptr + (p0 + slot) * mask_stride + x, mask=x < X)
             child = tl.load(mask_ptr + (r0 + i) * mask_stride + x, mask=x < X)
             tl.store(mask_ptr + (r0 + i) * mask_stride + x, child | parent, mask=x < X)
-
-
-def _expand_rows_kernel(local_ptr, prev_ptr, newest_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, prev_stride,
-                        mask_stride, k, r0, p0, H, X, INHERIT: tl.constexpr, MAP: tl.constexpr, HB: tl.constexpr,
-                        XB: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """Program i: expanded node local[i] -> _expand_row."""
-    _dependents(USE_GDC)
-    _wait(USE_GDC)
-    i = tl.program_id(0)
-    _expand_row(i, tl.load(local_ptr + i), prev_ptr, newest_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr,
-                prev_stride, mask_stride, k, r0, p0, H, X, INHERIT, MAP, HB, XB)
-
-def _merge_expand_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, vals_ptr,
-                         idx_ptr, ids_ptr, prev_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, n, S, floor, top,
-                         start, prev_stride, mask_stride, r0, p0, H, X, K: tl.constexpr, NB: tl.constexpr,
-                         SP: tl.constexpr, MB: tl.constexpr, TILE: tl.constexpr, HB: tl.constexpr,
-                         XB: tl.constexpr, BASE: tl.constexpr, PARENTS: tl.constexpr,
-                         INHERIT: tl.constexpr, MAP: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """A depth's bookkeeping (children_expand) in `top` programs: each merges all n rows at once (_merge_rows, a row
-    per tile row) and does _rank_top_kernel's work over the n*K log values just written (rank < top: values,
-    indices, ids = indices + start), then program t _expand_row for the node of rank t. Every program computes
-    the same merge and ranks and writes them to the same places (equal values: the order of the writes does not
-    matter); each reads them back after a barrier of its own threads."""
-    _dependents(USE_GDC)
-    _wait(USE_GDC)
-    # merge: row r's S chunks -> its K children (the candidates' rows)
-    r = tl.arange(0, NB)
-    _merge_rows(r, r < n, key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, S, floor,
-                K, NB, SP, BASE, PARENTS)
-    tl.debug_barrier()
-    # rank the layer's M = n*K log values (descending, ties to the lower index); the first `top` by rank
-    M = n * K
-    a = tl.arange(0, MB)
-    in_a = a < M
-    v = tl.load(logc_ptr + a, mask=in_a, other=0.0)
-    rank = tl.full([MB], 0, tl.int32)
-    for b0 in range(0, M, TILE):
-        b = b0 + tl.arange(0, TILE)
-        w = tl.load(logc_ptr + b, mask=b < M, other=0.0)
-        ahead = (w[None, :] > v[:, None]) | ((w[None, :] == v[:, None]) & (b[None, :] < a[:, None]))
-        rank += tl.reduce((ahead & (b < M)[None, :]).to(tl.int32), 1, _add)
-    keep = in_a & (rank < top)
-    tl.store(vals_ptr + rank, v, mask=keep)
-    tl.store(idx_ptr + rank, a.to(tl.int64), mask=keep)
-    tl.store(ids_ptr + rank, a.to(tl.int64) + start, mask=keep)
-    # expand: program t's picked node (its index in the layer) -> its parent's state, target id and mask row
-    tl.debug_barrier()
-    t = tl.program_id(0)
-    _expand_row(t, tl.load(idx_ptr + t), prev_ptr, tok_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, prev_stride,
-                mask_stride, K, r0, p0, H, X, INHERIT, MAP, HB, XB)
 
 
 def _select_tree_kernel(root_ptr, chosen_ptr, parents_ptr, tokens_ptr, depths_ptr, logv_ptr, table_ptr, conf_ptr,
@@ -679,9 +606,9 @@ def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_
 
 
 _JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_chunk_top_kernel",
-           "_argmax_chunk_kernel", "_merge_rows", "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel",
-           "_rank_top_kernel", "_expand_row", "_expand_rows_kernel", "_merge_expand_kernel", "_select_tree_kernel",
-           "_store_path", "_next_ids", "_accept_path_kernel", "_sampled_accept_path_kernel", "_ancestry_kernel")
+           "_argmax_chunk_kernel", "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel", "_rank_top_kernel",
+           "_expand_rows_kernel", "_select_tree_kernel", "_store_path", "_next_ids", "_accept_path_kernel",
+           "_sampled_accept_path_kernel", "_ancestry_kernel")
 
 
 @functools.cache
@@ -724,14 +651,10 @@ def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | No
             raise ValueError(f"tree kernels: children's parent must be [{n}] long, with out")
         parent, parents = parent.contiguous(), 2
     _merge_top_kernel[(n,)](keys, stats, conf, tok, logc, _base(base, n, logc), par,
-                            parent if parent is not None else par, splits, floor, K=k, SP=K._pow2(splits),
-                            BASE=base is not None, PARENTS=parents, num_warps=4, **K.pdl_kwargs(g))
+                            parent if parent is not None else par, splits, floor, K=k, KB=K._pow2(k),
+                            SP=K._pow2(splits), BASE=base is not None, PARENTS=parents, num_warps=4,
+                            **K.pdl_kwargs(g))
     return conf, tok, logc
-
-
-def fused_fits(n: int, k: int) -> bool:
-    """Whether children_expand's one program takes n rows of k children (their n*k values ranked in its registers)."""
-    return n * k <= MAX_FUSED
 
 
 def _chunk_top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -760,43 +683,6 @@ def _out(out: tuple[torch.Tensor, ...], n: int, k: int) -> tuple[torch.Tensor, .
         raise ValueError(f"tree kernels: children's out must be 4 contiguous [{n}, {k}] tensors: conf fp32, tokens "
                          "long, log conf fp32, parents long")
     return out
-
-
-def children_expand(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | None,
-                    out: tuple[torch.Tensor, ...], parent: torch.Tensor | None, top: int, start: int,
-                    prev: torch.Tensor, table: torch.Tensor | None, mask: torch.Tensor, r0: int, p0: int,
-                    inherit: bool) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...],
-                                            tuple[torch.Tensor, torch.Tensor]]:
-    """children_expand_ref in TWO kernels: children's chunk kernel, then one that merges the n rows into `out`,
-    ranks their n*k log values and gathers the next expansion's inputs, a program per picked node (in place of
-    merge_top, rank_top_ids and expand_rows: 2 fewer launches per depth of a greedy dynamic tree). 0 < top <= n*k (fused_fits);
-    prev [n or 1, H] (last dim contiguous), mask [R, X] bool with contiguous rows (written in place when
-    `inherit`)."""
-    n = logits.shape[0]
-    if not (0 < top <= n * k and fused_fits(n, k)) or prev.stride(-1) != 1 or mask.stride(-1) != 1 or mask.dtype != torch.bool:
-        raise ValueError(f"tree kernels: children_expand of the top {top} of {n} x {k} children needs prev and a "
-                         f"bool mask with contiguous rows (got {prev.dtype}, {mask.dtype})")
-    keys, stats = _chunk_top(logits, k)
-    splits, dev = keys.shape[1], logits.device
-    g = K.pdl(logits)
-    conf, tok, logc, par = _out(out, n, k)
-    if parent is not None and (parent.shape != (n,) or parent.dtype != torch.long):
-        raise ValueError(f"tree kernels: children_expand's parent must be [{n}] long")
-    vals = torch.empty(top, dtype=torch.float32, device=dev)
-    idx = torch.empty(top, dtype=torch.long, device=dev)
-    ids = torch.empty(top, dtype=torch.long, device=dev)
-    h, x = prev.shape[1], mask.shape[1]
-    states = torch.empty(top, h, dtype=prev.dtype, device=dev)
-    tokens = torch.empty(top, dtype=torch.long, device=dev)
-    _merge_expand_kernel[(top,)](keys, stats, conf, tok, logc, _base(base, n, logc), par,
-                               parent.contiguous() if parent is not None else par, vals, idx, ids, prev,
-                               table if table is not None else tok, states, tokens, mask.view(torch.uint8), n,
-                               splits, floor, top, start, prev.stride(0), mask.stride(0), r0, p0, h, x, K=k,
-                               NB=K._pow2(n), SP=K._pow2(splits), MB=K._pow2(n * k),
-                               TILE=min(_RANK_TILE, K._pow2(n * k)), HB=K._pow2(h), XB=min(1024, K._pow2(x)),
-                               BASE=base is not None, PARENTS=2 if parent is not None else 1, INHERIT=inherit,
-                               MAP=table is not None, num_warps=8, **K.pdl_kwargs(g))
-    return (conf, tok, logc), (vals, idx, ids), (states, tokens)
 
 
 def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None

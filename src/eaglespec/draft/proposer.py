@@ -322,10 +322,6 @@ class Proposer:
         # greedy kernel children go straight into the candidates' preallocated fields (no joins; select_tree checks
         # their confidences: no flag ops)
         buffers = CandidateBuffers(k, k, spec.depth, logits.device) if kernel and not sampled else None
-        # with them, each merge of children also ranks them and gathers the next expansion's inputs (children_expand:
-        # 2 kernels a depth fewer); `pending` holds its outputs until the growth asks
-        fused = buffers is not None and tree_kernels.wanted(logits.device, growth=True) and tree_kernels.fused_fits(k, k)
-        pending: dict[str, tuple[torch.Tensor, ...]] = {}
 
         def children(logits: torch.Tensor, r0: int, parent_alive: torch.Tensor | None,
                      base: torch.Tensor | None = None, nodes: torch.Tensor | None = None, depth: int = 1
@@ -334,11 +330,6 @@ class Proposer:
             [n, k], confidences [n, k] sorted descending; with the kernel also their log values [n, k], plus base
             [n] (their parents' values) when given). Greedy with the kernel: written into buffers.layer(depth)
             with their parents (the children's depth: 1 for the root's)."""
-            if fused and depth < spec.depth:  # these children are expanded next: rank them, gather their rows
-                (conf, tok, logc), pending["top"], pending["rows"] = tree_kernels.children_expand(
-                    logits, k, CONF_FLOOR, base, buffers.layer(depth), nodes, k, buffers.row0[depth - 1] * k,
-                    prev.out, table, rows.mask, prev.row0 + prev.rows, prev.row0, inherit=depth > 1)
-                return tok, conf, logc
             if kernel and not sampled:
                 conf, tok, logc = tree_kernels.children(logits, k, CONF_FLOOR, base, out=buffers.layer(depth),
                                                         parent=nodes)
@@ -361,9 +352,7 @@ class Proposer:
         def expand(nodes: torch.Tensor, cand: Candidates, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
             local = cand.newest  # [n] the nodes' indices within the newest layer (the previous expansion's children)
             n, r0 = local.numel(), prev.row0 + prev.rows  # this expansion's rows: r0..r0+n-1
-            if "rows" in pending:  # gathered with the children (children_expand)
-                states, tokens = pending.pop("rows")
-            elif kernel:  # the same three steps in one kernel
+            if kernel:  # the same three steps in one kernel
                 states, tokens = tree_kernels.expand_rows(local, k, prev.out, cand.newest_tokens, table, rows.mask,
                                                           r0, prev.row0, inherit=depth > 1)
             else:
@@ -379,9 +368,7 @@ class Proposer:
             if sampled:
                 expanded.append(nodes)
                 return children(logits, 1 + r0, alive[-1].reshape(-1)[local], cand.newest_values)
-            kids = children(logits, 0, None, cand.newest_values, nodes, depth + 1)
-            cand.next_top = pending.pop("top", None)
-            return kids
+            return children(logits, 0, None, cand.newest_values, nodes, depth + 1)
 
         root_alive = torch.ones(1, dtype=torch.bool, device=logits.device) if sampled else None
         root_tok, root_conf, *root_logv = children(logits[None], 0, root_alive)  # the kernels' log values too
@@ -390,8 +377,7 @@ class Proposer:
                                                 sorted_children=True, distinct_children=True,
                                                 token_map=None if kernel else self.drafter.to_target_ids,
                                                 token_table=table, with_chosen=True,
-                                                root_logv=root_logv[0][0] if root_logv else None, buffers=buffers,
-                                                root_top=pending.pop("top", None))
+                                                root_logv=root_logv[0][0] if root_logv else None, buffers=buffers)
         if not sampled:
             return tree, flags, None
         # each node's q: its expansion's row (the root's is row 0), else a zero row (a leaf: no children)
