@@ -47,6 +47,27 @@ def test_children_is_softmax_topk_and_log_value(dtype, chunk, vocab, monkeypatch
         assert all(len(set(row)) == 7 for row in tok.tolist())
 
 
+def test_topk_chunk_switch_changes_the_chunks_not_the_children(monkeypatch):
+    """$EAGLESPEC_TOPK_CHUNK sets the chunk kernels' length (4 chunks of 64 here, then one of 256): the children and
+    the race's draws stay the same; a length that is not a power of two from 64 to 4096 is refused in one line."""
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(3, 250, generator=g) * 3
+    q = torch.softmax(logits, -1)
+    noise = torch.empty_like(q).exponential_(generator=g)
+    got = []
+    for chunk in ("64", "256"):
+        monkeypatch.setenv(TK.CHUNK_ENV, chunk)
+        assert TK._chunk_len(250) == int(chunk)
+        got.append((TK.children(logits, 5, CONF_FLOOR), TK.race_children(q, noise, 5, CONF_FLOOR)))
+    for a, b in zip(*got):
+        assert torch.equal(a[1], b[1])
+        torch.testing.assert_close(a[0], b[0], rtol=1e-6, atol=1e-9)
+    for bad in ("100", "32", "8192", "x"):
+        monkeypatch.setenv(TK.CHUNK_ENV, bad)
+        with pytest.raises(EagleSpecError, match=r"EAGLESPEC_TOPK_CHUNK=.*power of two from 64 to 4096"):
+            TK.children(logits, 5, CONF_FLOOR)
+
+
 @pytest.mark.parametrize("chunk", [1024, 8])
 def test_children_ties_go_to_the_lower_id_and_never_repeat(chunk, monkeypatch):
     monkeypatch.setattr(TK, "_CHUNK", chunk)

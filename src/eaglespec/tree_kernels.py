@@ -76,20 +76,22 @@ nothing to prefetch.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
-from .errors import env_switch
+from .errors import EagleSpecError, env_switch
 from .target import kernels as K
 
 TREE_KERNELS_ENV = "EAGLESPEC_TREE_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
 UNTIMED_ENV = "EAGLESPEC_TREE_KERNELS_UNTIMED"  # "0": not select_tree / accept_path (unset or "1": with the others)
 WALK_ENV = "EAGLESPEC_SAMPLED_WALK_KERNEL"  # "0": not sampled_accept_path (unset or "1": with the others)
 ARGMAX_ENV = "EAGLESPEC_ARGMAX_KERNEL"  # "0": torch's argmax before accept_path (unset or "1": argmax_keys)
-MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge reads vocab / 1024 * k keys per row)
+MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge holds a head per chunk: vocab / chunk per row)
 MAX_K = 32  # children(): the most children per row (the kernels unroll a loop per child)
 MAX_ROWS = 512  # accept_path(): the most tree rows (one program holds a [rows, rows] tile)
-_CHUNK = 1024  # children(): logits per program of its first kernel
+_CHUNK = 1024  # children() / race_children(): logits per program of their first kernel (EAGLESPEC_TOPK_CHUNK)
+CHUNK_ENV = "EAGLESPEC_TOPK_CHUNK"  # a power of two in 64..4096: _CHUNK for this process (the A/B of session 32)
 _RANK_TILE = 64  # rank_top: at most this many rows per program, and columns per step
 _ARGMAX_CHUNK = 2048  # argmax_keys: logits per program
 
@@ -286,6 +288,18 @@ def _store_top_keys(key, out_ptr, K: tl.constexpr):
         key = tl.where(key == best, empty, key)
 
 
+def _pop_head(head, at, pos, valid, K: tl.constexpr):
+    """One step of merging sorted key lists (each chunk's K keys, descending, from _store_top_keys): heads [SP] (the
+    lists' next keys), at [SP] (the lists' first key's address), pos [SP] (their next positions), valid [SP] (a list
+    is there) -> (the largest head, the heads and positions with its list advanced). Keys are distinct (they hold
+    the id); when only padding is left every list 'advances' and stays padding."""
+    best = tl.reduce(head, 0, _max)
+    take = (head == best) & valid
+    pos += take.to(tl.int32)
+    head = tl.where(take, tl.load(at + pos, mask=take & (pos < K), other=-9223372036854775807 - 1), head)
+    return best, head, pos
+
+
 def _chunk_top_kernel(x_ptr, key_ptr, stat_ptr, x_row_stride, V, S, K: tl.constexpr, CHUNK: tl.constexpr,
                       USE_GDC: tl.constexpr = False):
     """Program (row, s) over x[row, s*CHUNK : (s+1)*CHUNK]: its max and sum(exp(x - max)) -> stat[row, s, 0:2], and
@@ -345,15 +359,11 @@ def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, 
     m = tl.reduce(m_s, 0, _max)
     # a chunk of -inf only (its sum NaN) adds nothing; a row of -inf only gives NaN, as softmax does
     total = tl.reduce(tl.where(m_s > float("-inf"), t_s * tl.exp(m_s - m), 0.0), 0, _add)
-    empty = -9223372036854775807 - 1
     at = key_ptr + (row * S + s) * K  # [SP] each chunk's keys
     pos = tl.full([SP], 0, tl.int32)
-    head = tl.load(at, mask=s < S, other=empty)
+    head = tl.load(at, mask=s < S, other=-9223372036854775807 - 1)
     for j in tl.static_range(K):
-        best = tl.reduce(head, 0, _max)
-        take = (head == best) & (s < S)  # one chunk (keys are distinct: ids), or all when only padding is left
-        pos += take.to(tl.int32)
-        head = tl.where(take, tl.load(at + pos, mask=take & (pos < K), other=empty), head)
+        best, head, pos = _pop_head(head, at, pos, s < S, K)
         conf = tl.exp(_key_value(best) - m) / total
         tl.store(conf_ptr + row * K + j, conf)
         tl.store(tok_ptr + row * K + j, _key_id(best))
@@ -379,28 +389,29 @@ def _race_chunk_kernel(q_ptr, e_ptr, vkey_ptr, rkey_ptr, q_row_stride, e_row_str
 
 
 def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, S, floor, K: tl.constexpr,
-                       BLOCK: tl.constexpr, BASE: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """Program row: the K largest of its S*K chunk keys of each kind -> conf = the value, log(max(conf, floor))
-    (BASE: plus base[row]); tok = the race's ids, in order."""
+                       SP: tl.constexpr, BASE: tl.constexpr, USE_GDC: tl.constexpr = False):
+    """Program row: the K largest of its chunk keys of each kind (merged over the chunks' sorted lists, _pop_head) ->
+    conf = the value, log(max(conf, floor)) (BASE: plus base[row]); tok = the race's ids, in order."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
     base = tl.load(base_ptr + row) if BASE else 0.0
-    i = tl.arange(0, BLOCK)
+    s = tl.arange(0, SP)
     empty = -9223372036854775807 - 1
-    vkey = tl.load(vkey_ptr + row * S * K + i, mask=i < S * K, other=empty)
-    rkey = tl.load(rkey_ptr + row * S * K + i, mask=i < S * K, other=empty)
+    vat = vkey_ptr + (row * S + s) * K  # [SP] each chunk's keys
+    rat = rkey_ptr + (row * S + s) * K
+    vpos = tl.full([SP], 0, tl.int32)
+    rpos = tl.full([SP], 0, tl.int32)
+    vhead = tl.load(vat, mask=s < S, other=empty)
+    rhead = tl.load(rat, mask=s < S, other=empty)
     for j in tl.static_range(K):
-        best = tl.reduce(vkey, 0, _max)
-        vkey = tl.where(vkey == best, empty, vkey)
+        best, vhead, vpos = _pop_head(vhead, vat, vpos, s < S, K)
         conf = _key_value(best)
         tl.store(conf_ptr + row * K + j, conf)
         logc = tl.log(tl.maximum(conf, floor))
         tl.store(logc_ptr + row * K + j, base + logc if BASE else logc)
-        best = tl.reduce(rkey, 0, _max)
-        rkey = tl.where(rkey == best, empty, rkey)
+        best, rhead, rpos = _pop_head(rhead, rat, rpos, s < S, K)
         tl.store(tok_ptr + row * K + j, _key_id(best))
-
 
 def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, ids_ptr, M, K, offset, DESC: tl.constexpr, IDS: tl.constexpr,
                      TILE: tl.constexpr, USE_GDC: tl.constexpr = False):
@@ -605,10 +616,10 @@ def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_
                 TB)
 
 
-_JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_chunk_top_kernel",
-           "_argmax_chunk_kernel", "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel", "_rank_top_kernel",
-           "_expand_rows_kernel", "_select_tree_kernel", "_store_path", "_next_ids", "_accept_path_kernel",
-           "_sampled_accept_path_kernel", "_ancestry_kernel")
+_JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_pop_head",
+           "_chunk_top_kernel", "_argmax_chunk_kernel", "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel",
+           "_rank_top_kernel", "_expand_rows_kernel", "_select_tree_kernel", "_store_path", "_next_ids",
+           "_accept_path_kernel", "_sampled_accept_path_kernel", "_ancestry_kernel")
 
 
 @functools.cache
@@ -652,9 +663,28 @@ def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | No
         parent, parents = parent.contiguous(), 2
     _merge_top_kernel[(n,)](keys, stats, conf, tok, logc, _base(base, n, logc), par,
                             parent if parent is not None else par, splits, floor, K=k, KB=K._pow2(k),
-                            SP=K._pow2(splits), BASE=base is not None, PARENTS=parents, num_warps=4,
+                            SP=K._pow2(splits), BASE=base is not None, PARENTS=parents, num_warps=1,
                             **K.pdl_kwargs(g))
     return conf, tok, logc
+
+
+def _chunk_len(v: int) -> int:
+    """The top-k kernels' chunk for rows of v: _CHUNK, or $EAGLESPEC_TOPK_CHUNK (a power of two in 64..4096), at
+    most v rounded up to a power of two."""
+    env = os.environ.get(CHUNK_ENV, "").strip()
+    chunk = _CHUNK
+    if env:
+        if not env.isdigit() or int(env) not in {1 << i for i in range(6, 13)}:
+            raise EagleSpecError(f"{CHUNK_ENV}={env!r}: expected a power of two from 64 to 4096 (or unset: {_CHUNK})")
+        chunk = int(env)
+    return min(chunk, K._pow2(v))
+
+
+def _chunk_warps(chunk: int) -> int:
+    """Warps for a chunk kernel's program: one per 256 logits, 1 to 4 (a chunk of 256 reduces within one warp, with
+    no barrier; the merges take one warp: a head per chunk, <= 64 heads at a 12,000-id draft vocabulary and
+    chunks of 256)."""
+    return max(1, min(4, chunk // 256))
 
 
 def _chunk_top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -666,13 +696,13 @@ def _chunk_top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
         raise ValueError(f"tree kernels: top-{k} of rows of {v} (at most top-{MAX_K} of {MAX_VOCAB})")
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
-    chunk = min(_CHUNK, K._pow2(v))
+    chunk = _chunk_len(v)
     splits = -(-v // chunk)
     keys = torch.empty(n, splits, k, dtype=torch.long, device=logits.device)
     stats = torch.empty(n, splits, 2, dtype=torch.float32, device=logits.device)
     g = K.pdl(logits)
     _chunk_top_kernel[(n, splits)](logits, keys, stats, logits.stride(0), v, splits, K=k, CHUNK=chunk,
-                                   num_warps=4, **K.pdl_kwargs(g))
+                                   num_warps=_chunk_warps(chunk), **K.pdl_kwargs(g))
     return keys, stats
 
 
@@ -697,7 +727,7 @@ def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float, ba
     q = q if q.stride(-1) == 1 else q.contiguous()
     noise = noise if noise.stride(-1) == 1 else noise.contiguous()
     dev = q.device
-    chunk = min(_CHUNK, K._pow2(v))
+    chunk = _chunk_len(v)
     splits = -(-v // chunk)
     vkeys = torch.empty(n, splits, k, dtype=torch.long, device=dev)
     rkeys = torch.empty(n, splits, k, dtype=torch.long, device=dev)
@@ -706,9 +736,9 @@ def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float, ba
     logc = torch.empty(n, k, dtype=torch.float32, device=dev)
     g = K.pdl(q)
     _race_chunk_kernel[(n, splits)](q, noise, vkeys, rkeys, q.stride(0), noise.stride(0), v, splits, K=k, CHUNK=chunk,
-                                    num_warps=4, **K.pdl_kwargs(g))
+                                    num_warps=_chunk_warps(chunk), **K.pdl_kwargs(g))
     _race_merge_kernel[(n,)](vkeys, rkeys, conf, tok, logc, _base(base, n, logc), splits, floor, K=k,
-                             BLOCK=K._pow2(splits * k), BASE=base is not None, num_warps=4, **K.pdl_kwargs(g))
+                             SP=K._pow2(splits), BASE=base is not None, num_warps=1, **K.pdl_kwargs(g))
     return conf, tok, logc
 
 
