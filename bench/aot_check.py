@@ -1,8 +1,8 @@
-"""Compile the sampled round's sibling-test kernels (sampled_kernels.py) and a greedy round's argmax_keys and
-accept_path kernels (tree_kernels.py) for an H100/H200 (sm_90) on a machine with no GPU: Triton's real compiler front
-end, its LLVM and ptxas, down to a cubin. The tests run these kernels under Triton's interpreter, which takes code the
-compiler refuses; this catches that before a GPU lease does. It also prints what kernel executes per program: PTX
-instructions, barriers (bar.sync) and warp shuffles (straight-line code; a runtime loop counts once).
+"""Compile the sampled round's sibling-test kernels (sampled_kernels.py) and a greedy round's children, argmax_keys
+and accept_path kernels (tree_kernels.py) for an H100/H200 (sm_90) on a machine with no GPU: Triton's real compiler
+front end, its LLVM and ptxas, down to a cubin. The tests run these kernels under Triton's interpreter, which takes
+code the compiler refuses; this catches that before a GPU lease does. It also prints what kernel executes per
+program: PTX instructions, barriers (bar.sync) and warp shuffles (straight-line code; a runtime loop counts once).
 
     PYTHONPATH=src python bench/aot_check.py [--arch 90] [--json OUT]
 
@@ -25,6 +25,9 @@ FINAL_SIG = dict(best_ptr=L, tok_ptr=L, kids_ptr=L, live_ptr=U8, p_ptr=P, q_ptr=
                  rm_ptr=L, out_ptr=P, V="i32", T="i32", S="i32", p_stride="i32", q_stride="i32")
 LEFT_SIG = dict(live_ptr=U8, q_ptr=P, ps_ptr=P, V="i32", S="i32", q_stride="i32")
 ARGMAX_SIG = dict(x_ptr="*bf16", key_ptr=L, x_row_stride="i32", V="i32", S="i32")  # argmax_keys over bf16 logits
+CHUNK_SIG = dict(x_ptr="*bf16", key_ptr=L, stat_ptr=P, x_row_stride="i32", V="i32", S="i32")  # children's chunks
+MERGE_SIG = dict(key_ptr=L, stat_ptr=P, conf_ptr=P, tok_ptr=L, logc_ptr=P, base_ptr=P, par_ptr=L, parent_ptr=L,
+                 S="i32", floor="fp32")
 ACCEPT_SIG = dict(tok_ptr=L, par_ptr=L, dep_ptr=L, vis_ptr=U8, next_ptr=L, best_ptr=L, bonus_ptr=L, m_ptr=L,
                   order_ptr=L, T="i32", P="i32", S="i32")
 
@@ -63,6 +66,12 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     rows.append({"kernel": "_argmax_chunk_kernel", "K": 1, **compile_stats(
         TK._argmax_chunk_kernel, ARGMAX_SIG, dict(CHUNK=2048, USE_GDC=False), args.arch)})
+    for chunk in (1024, 256):  # children's two kernels at a 12,000-id draft vocabulary: 12 or 47 chunks a row
+        rows.append({"kernel": f"_chunk_top_kernel ({chunk})", "K": 10, **compile_stats(
+            TK._chunk_top_kernel, CHUNK_SIG, dict(K=10, CHUNK=chunk, USE_GDC=False), args.arch)})
+        rows.append({"kernel": f"_merge_top_kernel ({chunk})", "K": 10, **compile_stats(
+            TK._merge_top_kernel, MERGE_SIG, dict(K=10, KB=16, SP=16 if chunk == 1024 else 64, BASE=True, PARENTS=2,
+                                                  USE_GDC=False), args.arch)})
     for keys in (False, True):  # the target's argmax given, or merged from 24 chunks' keys (49,152 / 2048)
         rows.append({"kernel": "_accept_path_kernel" + (" (keys)" if keys else ""), "K": 24 if keys else 1,
                      **compile_stats(TK._accept_path_kernel, ACCEPT_SIG,

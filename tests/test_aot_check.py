@@ -1,6 +1,7 @@
-"""bench/aot_check.py: the sampled sibling-test kernels compile for sm_90 with Triton's real compiler and ptxas on a
-machine without a GPU (the interpreter the kernel tests use accepts code the compiler refuses). In a subprocess: the
-other kernel tests set TRITON_INTERPRET=1 for their whole process."""
+"""bench/aot_check.py: the sampled sibling-test kernels and the greedy round's top-k, argmax and acceptance kernels
+compile for sm_90 with Triton's real compiler and ptxas on a machine without a GPU (the interpreter the kernel tests
+use accepts code the compiler refuses). In a subprocess: the other kernel tests set TRITON_INTERPRET=1 for their
+whole process."""
 
 from __future__ import annotations
 
@@ -30,5 +31,8 @@ def test_sampled_kernels_compile_for_sm90(tmp_path):
 
     rows = json.loads((tmp_path / "aot.json").read_text())["rows"]
     compiled = {(r["kernel"], r["K"]) for r in rows}
-    assert compiled == {(name, k) for name in ("_left_kernel", "_rank_kernel", "_final_kernel") for k in (4, 12)}
+    sampled = {(name, k) for name in ("_left_kernel", "_rank_kernel", "_final_kernel") for k in (4, 12)}
+    greedy = {(f"{name} ({chunk})", 10) for name in ("_chunk_top_kernel", "_merge_top_kernel") for chunk in (1024, 256)}
+    greedy |= {("_argmax_chunk_kernel", 1), ("_accept_path_kernel", 1), ("_accept_path_kernel (keys)", 24)}
+    assert compiled == sampled | greedy
     assert all(r["cubin_bytes"] > 0 and r["ptx_instructions"] > 100 for r in rows)
