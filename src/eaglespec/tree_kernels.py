@@ -8,9 +8,10 @@ torch.topk stages (gatherTopK + bitonic sort each: ~12 us of device time per top
 the log value a clamp and a log, and the next expansion's pick a stable radix sort. Here:
 
     children(logits [n, Vd], k)  -> (conf [n, k] fp32, tok [n, k] long, log conf [n, k] fp32): TWO kernels: per
-                                    chunk of 1024 logits (one program each) the softmax's max and sum and k
-                                    rounds of argmax (ties to the lower id), then per row the merge: conf =
-                                    exp(x - max) / sum, log conf = log(max(conf, 1e-12)); with `out`, written
+                                    chunk of 256 logits (one program each) the softmax's max and sum and k
+                                    rounds of argmax (ties to the lower id), then per row the merge (k steps over
+                                    the chunks' sorted lists): conf = exp(x - max) / sum, log conf =
+                                    log(max(conf, 1e-12)); with `out`, written
                                     straight into a dynamic tree's preallocated candidates (tree.CandidateBuffers),
                                     their parents too: the growth joins no layers
     race_children(q [n, V], E, k) -> (conf [n, k], tok [n, k], log conf [n, k]): a SAMPLED tree's children in TWO
@@ -29,6 +30,9 @@ the log value a clamp and a log, and the next expansion's pick a stable radix so
     accept_path(...)             -> a greedy round's acceptance in ONE kernel (round_graph.RoundGraph.body): the
                                     deepest matching row, the bonus, the path length and the rows' order (path
                                     first), in place of ~18 kernels, among them a radix-sorting argsort
+    argmax_keys(logits [T, V])   -> the target's argmax as per-chunk keys [T, S] in ONE kernel, which accept_path
+                                    merges (session 32: torch's argmax, 13.1 us a round on the H200, -> 3.6 us
+                                    plus 0.9 in accept_path)
     sampled_accept_path(...)     -> a sampled round's walk in ONE kernel (session 21): verify.sampled_path (the
                                     first accepted child under each node, ~6 kernels per sibling rank) and the
                                     path's length and order, from sibling_tests' values and the coins
@@ -65,7 +69,10 @@ one lease): at b27757d (children, rank_top, expand_rows) dynamic 7/10/60 1640 ->
 a round 672 -> 560 kernels. The first children kernel (59e909f: one program per row) took ~21 us per depth, hence
 the chunked two kernels (~7 us). Session 14, select_tree and accept_path on vs off in one lease (MT-bench 40): the same
 tau, static 2182 -> 2287 tok/s, dynamic 7/20/120 unchanged within noise; a 7/20/120 round 560 -> 519 kernels with
-the attention kernel.
+the attention kernel. Session 32 (bench/RESULTS.md): the merges over sorted chunk lists in one warp, chunks of
+256, argmax_keys (each not slower in bench/ab.py; together ~1% within the turns' noise); a kernel doing a depth's
+merge, rank and expansion in one launch (2 fewer a depth) did the three kernels' work in the same time and, with
+PDL, made rounds 21 us busier (0.983x): removed.
 
 PDL (target/kernels.pdl: on sm90+ GPUs unless EAGLESPEC_PDL=0): every kernel here takes USE_GDC, which its launcher
 passes with launch_pdl (kernels.pdl_kwargs); the kernel lets the next one launch first thing, then waits (_wait) for
@@ -90,8 +97,8 @@ ARGMAX_ENV = "EAGLESPEC_ARGMAX_KERNEL"  # "0": torch's argmax before accept_path
 MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge holds a head per chunk: vocab / chunk per row)
 MAX_K = 32  # children(): the most children per row (the kernels unroll a loop per child)
 MAX_ROWS = 512  # accept_path(): the most tree rows (one program holds a [rows, rows] tile)
-_CHUNK = 1024  # children() / race_children(): logits per program of their first kernel (EAGLESPEC_TOPK_CHUNK)
-CHUNK_ENV = "EAGLESPEC_TOPK_CHUNK"  # a power of two in 64..4096: _CHUNK for this process (the A/B of session 32)
+_CHUNK = 256  # children() / race_children(): logits per program of their first kernel (1024 before session 32)
+CHUNK_ENV = "EAGLESPEC_TOPK_CHUNK"  # a power of two in 64..4096: _CHUNK for this process (the A/B switch)
 _RANK_TILE = 64  # rank_top: at most this many rows per program, and columns per step
 _ARGMAX_CHUNK = 2048  # argmax_keys: logits per program
 
@@ -670,7 +677,9 @@ def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | No
 
 def _chunk_len(v: int) -> int:
     """The top-k kernels' chunk for rows of v: _CHUNK, or $EAGLESPEC_TOPK_CHUNK (a power of two in 64..4096), at
-    most v rounded up to a power of two."""
+    most v rounded up to a power of two. 256 since session 32 (H200, bench/ab.py, MT-bench 80, 4 turns, against
+    1024: T=0 dynamic 7/10/60 1.003x, its round's chunk kernels 27.6 -> 20.9 us and merges 19.8 -> 23.4 us with PDL
+    off; T=1 static depth 3 1.012x; the same tokens; 512 0.995x)."""
     env = os.environ.get(CHUNK_ENV, "").strip()
     chunk = _CHUNK
     if env:
