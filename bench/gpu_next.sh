@@ -103,6 +103,16 @@
 # (dynamic 7/10/60, --no-sync-before-verify, ~40 s) to see which kernels the drafting side's ~360 are.
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
+# Session 33's starting point (session 32, bench/RESULTS.md): under PDL, fewer launches alone no longer pay. One kernel
+# for a depth's merge + rank + expansion (12 fewer launches a round) did the three kernels' work in the same time and
+# made PDL rounds 21 us busier (0.983x): removed. Kept, each not slower in bench/ab.py: the target's argmax as per-chunk
+# keys merged in accept_path (13.1 -> 4.5 us of kernel time a round), merges over sorted chunk heads in one warp,
+# chunks of 256 (EAGLESPEC_TOPK_CHUNK). MT-bench T=0 dynamic 3297.8 tok/s = 2.65x plain; T=1 default 1.59x.
+# What is left for 3x is the work on the drafter's dependent chain (7 steps of ~14 serial kernels), not launches:
+#   - a narrower drafter MLP (4608 wide: gate_up 576 -> 9216 and down 4608 -> 576 are the step's largest GEMMs) would
+#     need a retrain; time the step with a random drafter of that shape first (bench/kernel_check.py's way);
+#   - run 18 (13,000 draft ids) and run 17's round cost on its own text, still open.
+# The stash procedure is session 31's (below). Budget ~250 s of device time for the start and the stash.
 # Session 32's starting point (session 31, bench/RESULTS.md): the sibling tests carry each parent's state from one rank
 # launch to the next (the only path now: 103 -> 84 us per call with 12 root children, 80 -> 68 us dynamic-like; T=1
 # sweeps +1-1.7% for 10-12 ranks, the default's 4 unchanged). Even so no fitted sampled tree beats EAGLE-1's cut to

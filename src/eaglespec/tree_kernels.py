@@ -307,16 +307,21 @@ def _pop_head(head, at, pos, valid, K: tl.constexpr):
     return best, head, pos
 
 
+def _chunk_cols(V, CHUNK: tl.constexpr):
+    """A chunk kernel's program (row, s): its row (int64), chunk s, columns s*CHUNK + [0, CHUNK) and which are < V."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    cols = s * CHUNK + tl.arange(0, CHUNK)
+    return row, s, cols, cols < V
+
+
 def _chunk_top_kernel(x_ptr, key_ptr, stat_ptr, x_row_stride, V, S, K: tl.constexpr, CHUNK: tl.constexpr,
                       USE_GDC: tl.constexpr = False):
     """Program (row, s) over x[row, s*CHUNK : (s+1)*CHUNK]: its max and sum(exp(x - max)) -> stat[row, s, 0:2], and
     the keys of its K largest (by value, then lower id; padding: int64 min) -> key[row, s, :K]."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
-    row = tl.program_id(0).to(tl.int64)
-    s = tl.program_id(1)
-    cols = s * CHUNK + tl.arange(0, CHUNK)
-    inside = cols < V
+    row, s, cols, inside = _chunk_cols(V, CHUNK)
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=inside, other=float("-inf")).to(tl.float32)
     m = tl.reduce(x, 0, _max)
     total = tl.reduce(tl.where(inside, tl.exp(x - m), 0.0), 0, _add)
@@ -331,10 +336,7 @@ def _argmax_chunk_kernel(x_ptr, key_ptr, x_row_stride, V, S, CHUNK: tl.constexpr
     the lower id; a NaN as torch.argmax takes it: above everything; padding int64 min)."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
-    row = tl.program_id(0).to(tl.int64)
-    s = tl.program_id(1)
-    cols = s * CHUNK + tl.arange(0, CHUNK)
-    inside = cols < V
+    row, s, cols, inside = _chunk_cols(V, CHUNK)
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=inside, other=0.0).to(tl.float32)
     x = tl.where(x != x, float("nan"), x)  # one NaN (sign bit clear): every NaN above +inf
     empty = -9223372036854775807 - 1
@@ -384,10 +386,7 @@ def _race_chunk_kernel(q_ptr, e_ptr, vkey_ptr, rkey_ptr, q_row_stride, e_row_str
     its K largest q / e (IEEE division, as torch's) -> rkey[row, s, :K] (by value, then lower id; padding: int64 min)."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
-    row = tl.program_id(0).to(tl.int64)
-    s = tl.program_id(1)
-    cols = s * CHUNK + tl.arange(0, CHUNK)
-    inside = cols < V
+    row, s, cols, inside = _chunk_cols(V, CHUNK)
     q = tl.load(q_ptr + row * q_row_stride + cols, mask=inside, other=0.0).to(tl.float32)
     e = tl.load(e_ptr + row * e_row_stride + cols, mask=inside, other=1.0).to(tl.float32)
     empty = -9223372036854775807 - 1
@@ -623,7 +622,7 @@ def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_
                 TB)
 
 
-_JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_pop_head",
+_JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_pop_head", "_chunk_cols",
            "_chunk_top_kernel", "_argmax_chunk_kernel", "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel",
            "_rank_top_kernel", "_expand_rows_kernel", "_select_tree_kernel", "_store_path", "_next_ids",
            "_accept_path_kernel", "_sampled_accept_path_kernel", "_ancestry_kernel")
