@@ -350,7 +350,8 @@ def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, 
     exp(x - max) / sum, the id, log(max(conf, floor)) (BASE: plus base[row]); PARENTS 1: par[row, :] = -1, 2:
     par[row, :] = parent[row] (0: nothing); KB = K rounded up to a power of 2. Each chunk's K keys are sorted
     (descending): the row's j-th largest is the largest of the chunks' heads, so K steps over S heads, not over all
-    S*K keys (H200, PDL off: 3.0 us a call in session 32's round timeline, 3.5 with all keys in session 31's)."""
+    S*K keys (H200, PDL off, a 7/10/60 round's 7 calls: 24.2 us over all keys in session 31; over heads in one warp
+    19.8 us at chunks of 1024, 23.4 us at 256 in session 32)."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
@@ -418,6 +419,7 @@ def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr
         tl.store(logc_ptr + row * K + j, base + logc if BASE else logc)
         best, rhead, rpos = _pop_head(rhead, rat, rpos, s < S, K)
         tl.store(tok_ptr + row * K + j, _key_id(best))
+
 
 def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, ids_ptr, M, K, offset, DESC: tl.constexpr, IDS: tl.constexpr,
                      TILE: tl.constexpr, USE_GDC: tl.constexpr = False):
@@ -651,26 +653,40 @@ def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | No
     (its softmax statistics and top-k keys), the second merges a row's chunks (one program per row). `out` (conf,
     tok, log conf, parents: contiguous [n, k] views of a dynamic tree's preallocated candidates) is written by the
     merge, the parents column too (`parent` [n] long, or -1): the growth joins no layers."""
-    n = logits.shape[0]
-    keys, stats = _chunk_top(logits, k)
-    splits, dev = keys.shape[1], logits.device
-    g = K.pdl(logits)
+    _load()
+    n, v = logits.shape
+    if not fits(v, k):
+        raise ValueError(f"tree kernels: top-{k} of rows of {v} (at most top-{MAX_K} of {MAX_VOCAB})")
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    dev = logits.device
+    chunk = _chunk_len(v)
+    splits = -(-v // chunk)
+    keys = torch.empty(n, splits, k, dtype=torch.long, device=dev)
+    stats = torch.empty(n, splits, 2, dtype=torch.float32, device=dev)
     if out is None:
         conf = torch.empty(n, k, dtype=torch.float32, device=dev)
         tok = torch.empty(n, k, dtype=torch.long, device=dev)
         logc = torch.empty(n, k, dtype=torch.float32, device=dev)
         par, parents = tok, 0  # the parents column and what the merge writes there: 0 nothing, 1 -1, 2 parent[row]
     else:
-        conf, tok, logc, par = _out(out, n, k)
+        dtypes = (torch.float32, torch.long, torch.float32, torch.long)
+        if len(out) != 4 or any(x.shape != (n, k) or not x.is_contiguous() or x.dtype != t for x, t in zip(out, dtypes)):
+            raise ValueError(f"tree kernels: children's out must be 4 contiguous [{n}, {k}] tensors: conf fp32, tokens "
+                             "long, log conf fp32, parents long")
+        conf, tok, logc, par = out
         parents = 1
+    g = K.pdl(logits)
+    _chunk_top_kernel[(n, splits)](logits, keys, stats, logits.stride(0), v, splits, K=k, CHUNK=chunk,
+                                   num_warps=_chunk_warps(chunk), **K.pdl_kwargs(g))
     if parent is not None:
         if out is None or parent.shape != (n,) or parent.dtype != torch.long:
             raise ValueError(f"tree kernels: children's parent must be [{n}] long, with out")
         parent, parents = parent.contiguous(), 2
     _merge_top_kernel[(n,)](keys, stats, conf, tok, logc, _base(base, n, logc), par,
                             parent if parent is not None else par, splits, floor, K=k, KB=K._pow2(k),
-                            SP=K._pow2(splits), BASE=base is not None, PARENTS=parents, num_warps=1,
-                            **K.pdl_kwargs(g))
+                            SP=K._pow2(splits), BASE=base is not None, PARENTS=parents,
+                            num_warps=1, **K.pdl_kwargs(g))  # one warp: a head per chunk (47 at 12,000 ids)
     return conf, tok, logc
 
 
@@ -690,37 +706,8 @@ def _chunk_len(v: int) -> int:
 
 def _chunk_warps(chunk: int) -> int:
     """Warps for a chunk kernel's program: one per 256 logits, 1 to 4 (a chunk of 256 reduces within one warp, with
-    no barrier; the merges take one warp: a head per chunk, <= 64 heads at a 12,000-id draft vocabulary and
-    chunks of 256)."""
+    no barrier)."""
     return max(1, min(4, chunk // 256))
-
-
-def _chunk_top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """children's first kernel: logits [n, V] -> (keys [n, S, k], softmax statistics [n, S, 2]), S chunks of _CHUNK
-    a row, one program each."""
-    _load()
-    n, v = logits.shape
-    if not fits(v, k):
-        raise ValueError(f"tree kernels: top-{k} of rows of {v} (at most top-{MAX_K} of {MAX_VOCAB})")
-    if logits.stride(-1) != 1:
-        logits = logits.contiguous()
-    chunk = _chunk_len(v)
-    splits = -(-v // chunk)
-    keys = torch.empty(n, splits, k, dtype=torch.long, device=logits.device)
-    stats = torch.empty(n, splits, 2, dtype=torch.float32, device=logits.device)
-    g = K.pdl(logits)
-    _chunk_top_kernel[(n, splits)](logits, keys, stats, logits.stride(0), v, splits, K=k, CHUNK=chunk,
-                                   num_warps=_chunk_warps(chunk), **K.pdl_kwargs(g))
-    return keys, stats
-
-
-def _out(out: tuple[torch.Tensor, ...], n: int, k: int) -> tuple[torch.Tensor, ...]:
-    """children's `out`, checked: 4 contiguous [n, k] tensors (conf fp32, tokens long, log conf fp32, parents long)."""
-    dtypes = (torch.float32, torch.long, torch.float32, torch.long)
-    if len(out) != 4 or any(x.shape != (n, k) or not x.is_contiguous() or x.dtype != t for x, t in zip(out, dtypes)):
-        raise ValueError(f"tree kernels: children's out must be 4 contiguous [{n}, {k}] tensors: conf fp32, tokens "
-                         "long, log conf fp32, parents long")
-    return out
 
 
 def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None
@@ -746,7 +733,8 @@ def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float, ba
     _race_chunk_kernel[(n, splits)](q, noise, vkeys, rkeys, q.stride(0), noise.stride(0), v, splits, K=k, CHUNK=chunk,
                                     num_warps=_chunk_warps(chunk), **K.pdl_kwargs(g))
     _race_merge_kernel[(n,)](vkeys, rkeys, conf, tok, logc, _base(base, n, logc), splits, floor, K=k,
-                             SP=K._pow2(splits), BASE=base is not None, num_warps=1, **K.pdl_kwargs(g))
+                             SP=K._pow2(splits), BASE=base is not None, num_warps=1,
+                             **K.pdl_kwargs(g))  # one warp: a head per chunk
     return conf, tok, logc
 
 
