@@ -558,6 +558,9 @@ def test_accept_path_is_the_greedy_acceptance(t, p, monkeypatch):
         assert keys.shape == (t, 5) and torch.equal(TK.key_argmax_ref(keys), target_next)
         got = TK.accept_path(tokens, parents, depths, visible, keys, p)
         assert [x.tolist() for x in got] == [x.tolist() for x in ref]
+    for bad in (target_next[0], target_next[:-1], target_next.float()):  # 0-dim, a row short, not long
+        with pytest.raises(ValueError, match="accept_path's target_next must be"):
+            TK.accept_path(tokens, parents, depths, visible, bad, p)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -849,7 +849,7 @@ def accept_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     if visible.shape != (t, t) or visible.dtype != torch.bool or not 0 < t <= MAX_ROWS:
         raise ValueError(f"tree kernels: accept_path over {t} rows (at most {MAX_ROWS}), visible "
                          f"{tuple(visible.shape)} {visible.dtype}")
-    if target_next.shape[0] != t or target_next.dim() > 2 or target_next.dtype != torch.long:
+    if target_next.dim() not in (1, 2) or target_next.shape[0] != t or target_next.dtype != torch.long:
         raise ValueError(f"tree kernels: accept_path's target_next must be [{t}] or [{t}, S] long, not "
                          f"{tuple(target_next.shape)} {target_next.dtype}")
     splits = target_next.shape[1] if target_next.dim() == 2 else 1
