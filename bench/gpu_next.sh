@@ -108,9 +108,11 @@
 # made PDL rounds 21 us busier (0.983x): removed. Kept, each not slower in bench/ab.py: the target's argmax as per-chunk
 # keys merged in accept_path (13.1 -> 4.5 us of kernel time a round), merges over sorted chunk heads in one warp,
 # chunks of 256 (EAGLESPEC_TOPK_CHUNK). MT-bench T=0 dynamic 3297.8 tok/s = 2.65x plain; T=1 default 1.59x.
-# What is left for 3x is the work on the drafter's dependent chain (7 steps of ~14 serial kernels), not launches:
-#   - a narrower drafter MLP (4608 wide: gate_up 576 -> 9216 and down 4608 -> 576 are the step's largest GEMMs) would
-#     need a retrain; time the step with a random drafter of that shape first (bench/kernel_check.py's way);
+# What is left for 3x: tau ~5.3 on MT-bench at today's round cost (+15%), or a round 13% cheaper; no measured lever
+# gives more than ~1-3% (RESULTS.md, session 32's targets):
+#   - a drafter with the target's 1536-wide MLP (today 4608: gate_up 576 -> 9216, down 4608 -> 576 with a split-K
+#     reduce) saves an estimated ~35 us a round (2-3%) and needs a retrain: time the step with a random drafter of
+#     that shape first;
 #   - run 18 (13,000 draft ids) and run 17's round cost on its own text, still open.
 # The stash procedure is session 31's (below). Budget ~250 s of device time for the start and the stash.
 # Session 32's starting point (session 31, bench/RESULTS.md): the sibling tests carry each parent's state from one rank
