@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_sampled_kernels_compile_for_sm90(tmp_path):
+def test_kernels_compile_for_sm90(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=str(ROOT / "src"), TRITON_CACHE_DIR=str(tmp_path / "cache"))
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "aot_check.py"), "--json", str(tmp_path / "aot.json")],
