@@ -70,15 +70,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tree_sweep, when imported from elsewhere (the tests)
 
 import itertools
+
+from tree_sweep import fitted_choices
 
 import eaglespec.engine as engine_mod
 from eaglespec import tree_fit
 from eaglespec.api import resolve_trees, tree_label
 from eaglespec.bench import Bench, _load, _Synced, environment, load_prompts
 from eaglespec.cli import add_model_args, add_tree_args
-from eaglespec.errors import EagleSpecError
 from eaglespec.tree import TreeSpec
 
 PHASES = ("draft", "sync_wait", "verify", "accept", "commit")
@@ -335,10 +337,7 @@ def markdown(report: dict) -> str:
 
 def fitted_spec(path: str, budget: int | None) -> TreeSpec:
     """The static TreeSpec of a fitted tree file's first `budget` paths (all of them without a budget)."""
-    try:
-        return tree_fit.fitted_spec(tree_fit.load_fitted(path), budget)
-    except EagleSpecError as e:
-        raise SystemExit(f"--fit-json {e}") from None
+    return tree_fit.fitted_spec(fitted_choices(path, None), budget)
 
 
 # -- main -----------------------------------------------------------------------------------------

@@ -295,6 +295,17 @@ def _store_top_keys(key, out_ptr, K: tl.constexpr):
         key = tl.where(key == best, empty, key)
 
 
+def _heads(key_ptr, row, S, K: tl.constexpr, SP: tl.constexpr):
+    """The merge's start over a row's S sorted chunk lists (each chunk's K keys, from _store_top_keys): at [SP] (each
+    list's first key's address), pos [SP] (their next positions: 0), head [SP] (their first keys; padding past S:
+    int64 min), valid [SP] (a list is there) -> _pop_head's state."""
+    s = tl.arange(0, SP)
+    at = key_ptr + (row * S + s) * K
+    valid = s < S
+    head = tl.load(at, mask=valid, other=-9223372036854775807 - 1)
+    return at, tl.full([SP], 0, tl.int32), head, valid
+
+
 def _pop_head(head, at, pos, valid, K: tl.constexpr):
     """One step of merging sorted key lists (each chunk's K keys, descending, from _store_top_keys): heads [SP] (the
     lists' next keys), at [SP] (the lists' first key's address), pos [SP] (their next positions), valid [SP] (a list
@@ -363,17 +374,15 @@ def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, 
         else:
             parent = row * 0 - 1
         tl.store(par_ptr + row * K + j, tl.full([KB], 0, tl.int64) + parent, mask=j < K)
+    at, pos, head, valid = _heads(key_ptr, row, S, K, SP)
     s = tl.arange(0, SP)
-    m_s = tl.load(stat_ptr + (row * S + s) * 2, mask=s < S, other=float("-inf"))
-    t_s = tl.load(stat_ptr + (row * S + s) * 2 + 1, mask=s < S, other=0.0)
+    m_s = tl.load(stat_ptr + (row * S + s) * 2, mask=valid, other=float("-inf"))
+    t_s = tl.load(stat_ptr + (row * S + s) * 2 + 1, mask=valid, other=0.0)
     m = tl.reduce(m_s, 0, _max)
     # a chunk of -inf only (its sum NaN) adds nothing; a row of -inf only gives NaN, as softmax does
     total = tl.reduce(tl.where(m_s > float("-inf"), t_s * tl.exp(m_s - m), 0.0), 0, _add)
-    at = key_ptr + (row * S + s) * K  # [SP] each chunk's keys
-    pos = tl.full([SP], 0, tl.int32)
-    head = tl.load(at, mask=s < S, other=-9223372036854775807 - 1)
     for j in tl.static_range(K):
-        best, head, pos = _pop_head(head, at, pos, s < S, K)
+        best, head, pos = _pop_head(head, at, pos, valid, K)
         conf = tl.exp(_key_value(best) - m) / total
         tl.store(conf_ptr + row * K + j, conf)
         tl.store(tok_ptr + row * K + j, _key_id(best))
@@ -403,21 +412,15 @@ def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr
     _wait(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
     base = tl.load(base_ptr + row) if BASE else 0.0
-    s = tl.arange(0, SP)
-    empty = -9223372036854775807 - 1
-    vat = vkey_ptr + (row * S + s) * K  # [SP] each chunk's keys
-    rat = rkey_ptr + (row * S + s) * K
-    vpos = tl.full([SP], 0, tl.int32)
-    rpos = tl.full([SP], 0, tl.int32)
-    vhead = tl.load(vat, mask=s < S, other=empty)
-    rhead = tl.load(rat, mask=s < S, other=empty)
+    vat, vpos, vhead, valid = _heads(vkey_ptr, row, S, K, SP)
+    rat, rpos, rhead, valid = _heads(rkey_ptr, row, S, K, SP)
     for j in tl.static_range(K):
-        best, vhead, vpos = _pop_head(vhead, vat, vpos, s < S, K)
+        best, vhead, vpos = _pop_head(vhead, vat, vpos, valid, K)
         conf = _key_value(best)
         tl.store(conf_ptr + row * K + j, conf)
         logc = tl.log(tl.maximum(conf, floor))
         tl.store(logc_ptr + row * K + j, base + logc if BASE else logc)
-        best, rhead, rpos = _pop_head(rhead, rat, rpos, s < S, K)
+        best, rhead, rpos = _pop_head(rhead, rat, rpos, valid, K)
         tl.store(tok_ptr + row * K + j, _key_id(best))
 
 
@@ -624,10 +627,10 @@ def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_
                 TB)
 
 
-_JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_pop_head", "_chunk_cols",
-           "_chunk_top_kernel", "_argmax_chunk_kernel", "_merge_top_kernel", "_race_chunk_kernel", "_race_merge_kernel",
-           "_rank_top_kernel", "_expand_rows_kernel", "_select_tree_kernel", "_store_path", "_next_ids",
-           "_accept_path_kernel", "_sampled_accept_path_kernel", "_ancestry_kernel")
+_JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_heads", "_pop_head",
+           "_chunk_cols", "_chunk_top_kernel", "_argmax_chunk_kernel", "_merge_top_kernel", "_race_chunk_kernel",
+           "_race_merge_kernel", "_rank_top_kernel", "_expand_rows_kernel", "_select_tree_kernel", "_store_path",
+           "_next_ids", "_accept_path_kernel", "_sampled_accept_path_kernel", "_ancestry_kernel")
 
 
 @functools.cache
