@@ -8,7 +8,17 @@ import json
 import pytest
 import torch
 
-from eaglespec.bench import Bench, Run, add_ratios, agreement, load_prompts, markdown, plot, summarize_run
+from eaglespec.bench import (
+    Bench,
+    Run,
+    add_ratios,
+    agreement,
+    bench_methods,
+    load_prompts,
+    markdown,
+    plot,
+    summarize_run,
+)
 from eaglespec.cli import build_parser
 from eaglespec.errors import EagleSpecError
 
@@ -99,6 +109,17 @@ def test_bench_cli_flags_and_bad_methods():
     from eaglespec.cli import main
 
     assert main(["bench", "--methods", "hf,warp-drive"]) == 2
+
+
+def test_hf_limit_zero_leaves_hf_generate_out():
+    """--hf-limit 0 means no HF prompts, not all of them (the slow baseline on every prompt ran past a device
+    call's time limit in session 33)."""
+    args = build_parser().parse_args(["bench", "--methods", "hf,fast-plain", "--hf-limit", "0"])
+    assert bench_methods(args) == ["fast-plain"]
+    args = build_parser().parse_args(["bench", "--methods", "hf,fast-plain", "--hf-limit", "3"])
+    assert bench_methods(args) == ["hf", "fast-plain"]
+    args = build_parser().parse_args(["bench", "--methods", "hf,fast-plain"])
+    assert bench_methods(args) == ["hf", "fast-plain"]
 
 
 def test_ratios_vs_hf_use_only_the_prompts_hf_ran():

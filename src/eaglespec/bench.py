@@ -521,6 +521,18 @@ def _methods(text: str) -> list[str]:
     return names
 
 
+def bench_methods(args: argparse.Namespace) -> list[str]:
+    """The methods one bench run measures: --methods, plus the extra-* ones when --extra-draft is given, less HF
+    generate when --hf-limit is 0 (no prompts for it)."""
+    methods = _methods(args.methods)
+    if getattr(args, "extra_draft", None) and not any(m in EXTRA_METHODS for m in methods):
+        methods += list(EXTRA_METHODS)  # --extra-draft given: its methods join the run
+    if getattr(args, "hf_limit", None) == 0 and "hf" in methods:
+        _log("bench: --hf-limit 0: HF generate is left out (ratios vs HF and the identity check need it)")
+        methods.remove("hf")
+    return methods
+
+
 def _load(args, dtype):
     from .api import EagleSpec
 
@@ -608,9 +620,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         v = getattr(args, name, None)
         if v is not None and v < 0:
             raise EagleSpecError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
-    methods = _methods(args.methods)
-    if getattr(args, "extra_draft", None) and not any(m in EXTRA_METHODS for m in methods):
-        methods += list(EXTRA_METHODS)  # --extra-draft given: its methods join the run
+    methods = bench_methods(args)
     device = torch.device(resolve_device(args.device))
     texts = load_prompts(args.dataset, args.limit, skip=getattr(args, "skip", 0))
     es = _load(args, args.dtype)
@@ -705,7 +715,8 @@ def add_parser(subparsers) -> None:
                         "as draft time (default on; --no-phase-sync times rounds as users run them, the draft / "
                         "verify split then blurs)")
     p.add_argument("--hf-limit", type=int, default=None, metavar="N",
-                   help="run the slow HF generate baseline on the first N prompts only (ratios vs HF use those)")
+                   help="run the slow HF generate baseline on the first N prompts only (ratios vs HF use those; 0 "
+                        "leaves it out)")
     p.add_argument("--max-len", type=int, default=None, help="fast backend KV slots (default: fits the prompts)")
     p.add_argument("--compile", action="store_true", help="torch.compile the fast step before CUDA-graph capture")
     p.add_argument("--check-fp32", type=int, default=0, metavar="N",
