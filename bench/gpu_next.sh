@@ -104,7 +104,7 @@
 # Also one T=0 sweep of wider trees (CPU, session 12: tau 4.02 at 7/10/60, 4.22 at 7/16/96, 4.28 at 7/20/120):
 # `bench/tree_sweep.py --limit 40 --configs dynamic:7/10/60,dynamic:7/16/96,dynamic:7/20/120,dynamic:6/16/80`.
 # Session 34's starting point (session 33, bench/RESULTS.md): the benchmark at the final code (6cc309e) matches session
-# 32's within 1% (MT-bench T=0 dynamic 2.64x, T=1 1.59x, HumanEval 2.97x; fp32 4/4 for every method). A dynamic budget
+# 32's within 1% (MT-bench T=0 dynamic 2.64x, T=1 1.59x, HumanEval 2.97x; fp32 16/16 for every method). A dynamic budget
 # of 63 (a 64-row verify) lost: +1.5% a round for +0.8% tau (paired, fp32 CPU). Issue 6 was said blocked: its numeric
 # targets need drafter acceptance (tau) that ~30 min of device time a session no longer buys.
 # THE STASH (session 33): .gpu is rebuilt on a new checkout by `bash ../shared/gpu/prepare.sh`; then re-split the wheel
