@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tree_sweep import configure
 
-from eaglespec.bench import Bench, _load, environment, load_prompts, summarize_run
-from eaglespec.cli import add_model_args
+from eaglespec.cli.bench import Bench, _load, environment, load_prompts, summarize_run
+from eaglespec.cli.main import add_model_args
 
 
 def set_env(names: list[str], value: str) -> None:

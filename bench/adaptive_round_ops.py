@@ -34,11 +34,11 @@ def main() -> None:
         sys.path.insert(0, str(Path(args.root) / "src"))
     import torch
 
-    import eaglespec.engine as engine_mod
+    import eaglespec.engine.loop as engine_mod
     from _opcount import HostOps
-    from eaglespec.engine import SpeculativeEngine
-    from eaglespec.target.hf import HFTarget
-    from eaglespec.tree import TreeSpec
+    from eaglespec.engine.loop import SpeculativeEngine
+    from eaglespec.backends.hf import HFTarget
+    from eaglespec.tree.core import TreeSpec
 
     from conftest import tiny_drafter, tiny_target
 

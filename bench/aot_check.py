@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("aot_check: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
-    from eaglespec import sampled_kernels as SK
-    from eaglespec import tree_kernels as TK
+    from eaglespec.kernels import sampled as SK
+    from eaglespec.kernels import tree as TK
 
     SK._load()
     TK._load()

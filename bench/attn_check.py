@@ -42,8 +42,8 @@ def shapes(b: int, span: int, dtype: torch.dtype, seed: int = 0) -> dict:
     """The step's inputs: q [1, Hkv, B*G, D] (the transposed view of [B, G, Hkv, D]), k / v [1, Hkv, span, D]
     (narrowed from a [2, Hkv, span + 256, D] cache), allowed [B, span] (prefix + a random tree ending at kv_len),
     kv_len [1] long, the grouped additive mask [1, 1, B*G, span]."""
-    from eaglespec.target.fast import _grouped_mask
-    from eaglespec.tree import ancestry
+    from eaglespec.backends.fast import _grouped_mask
+    from eaglespec.tree.core import ancestry
 
     gen = torch.Generator().manual_seed(seed)
     kv_len = span - 100
@@ -63,7 +63,7 @@ def shapes(b: int, span: int, dtype: torch.dtype, seed: int = 0) -> dict:
 
 def variants(x: dict, b: int) -> dict:
     """name -> a no-argument call returning o [1, Hkv, B*G, D] (None: does not apply)."""
-    from eaglespec.target import attn_kernels as A
+    from eaglespec.kernels import attention as A
 
     q, k, v, allowed, mask, scale = x["q"], x["k"], x["v"], x["allowed"], x["mask"], D ** -0.5
 
@@ -106,7 +106,7 @@ def kernels_per_call(fn) -> int:
 
 def max_diffs(b: int, span: int) -> dict:
     """name -> {bf16, fp32}: max abs diff against the fp64 SDPA math on the same inputs (fp32: TF32 off)."""
-    from eaglespec.target import attn_kernels as A
+    from eaglespec.kernels import attention as A
 
     out: dict = {}
     for tag, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
@@ -141,7 +141,7 @@ def sweep_grid(text: str) -> dict:
 
 def sweep(x: dict, m: int, grid: dict) -> list[dict]:
     """masked_attention's us per call over the launch configurations of `grid` that fit M query rows."""
-    from eaglespec.target import attn_kernels as A
+    from eaglespec.kernels import attention as A
 
     q, k, v, allowed = x["q"], x["k"], x["v"], x["allowed"]
     res = []
@@ -177,7 +177,7 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     import triton
 
-    from eaglespec.target import attn_kernels as A
+    from eaglespec.kernels import attention as A
 
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                     "heads": {"kv": HK, "group": G, "head_dim": D}, "calls_per_graph": CALLS, "rows": []}

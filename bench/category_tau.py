@@ -19,8 +19,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from eaglespec.api import EagleSpec
-from eaglespec.bench import _package_file
-from eaglespec.tree import TreeSpec
+from eaglespec.cli.bench import _package_file
+from eaglespec.tree.core import TreeSpec
 
 
 def mtbench_by_category() -> dict[str, list[str]]:

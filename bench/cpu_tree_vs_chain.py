@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from _agree import fit_drafter  # noqa: E402
 from eaglespec.draft.eagle1 import Eagle1Drafter  # noqa: E402
-from eaglespec.engine import SpeculativeEngine  # noqa: E402
-from eaglespec.target.hf import HFTarget  # noqa: E402
-from eaglespec.tree import TreeSpec  # noqa: E402
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.backends.hf import HFTarget
+from eaglespec.tree.core import TreeSpec
 
 from conftest import tiny_draft_config, tiny_drafter, tiny_target  # noqa: E402
 

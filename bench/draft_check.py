@@ -36,9 +36,9 @@ from eaglespec.draft.fast import StaticDraftRunner, enable_draft_graphs
 from eaglespec.draft.fused import unfusable_reason
 from eaglespec.draft.proposer import EagerRows
 from eaglespec.draft.tree_graph import TreeGraph
-from eaglespec.engine import SpeculativeEngine
+from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams
-from eaglespec.target.fast import FastTarget
+from eaglespec.backends.fast import FastTarget
 
 # (tree, k, sampling): dynamic trees take the whole-tree graph at T > 0 too (children by top-k, no RNG), and so
 # do sampled chains and sampled static trees (their Exp(1) race noise drawn before the replay; a static tree's

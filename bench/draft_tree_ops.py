@@ -26,11 +26,11 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "bench")]
 from propose_overhead import measure  # noqa: E402
 
 from _opcount import HostOps, count_host_ops  # noqa: E402
-from eaglespec import tree  # noqa: E402
+from eaglespec.tree import core as tree
 from eaglespec.draft.fast import enable_draft_graphs  # noqa: E402
-from eaglespec.engine import SpeculativeEngine  # noqa: E402
-from eaglespec.target.hf import HFTarget  # noqa: E402
-from eaglespec.tree import TreeSpec  # noqa: E402
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.backends.hf import HFTarget
+from eaglespec.tree.core import TreeSpec
 
 os.environ.setdefault("EAGLESPEC_ONEDNN", "0")  # a CUDA proxy: count the GEMMs F.linear / addmm would run
 

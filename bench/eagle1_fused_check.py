@@ -22,11 +22,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from eaglespec.api import EagleSpec, tree_spec
-from eaglespec.bench import environment, load_prompts
+from eaglespec.cli.bench import environment, load_prompts
 from eaglespec.checkpoint.config import DraftConfig
 from eaglespec.draft.eagle1 import Eagle1Drafter
 from eaglespec.draft.fast import enable_draft_graphs
-from eaglespec.round_graph import enable_round_graphs
+from eaglespec.engine.round_graph import enable_round_graphs
 
 
 def eagle1_for(model, seed: int = 0) -> Eagle1Drafter:
@@ -42,7 +42,7 @@ def eagle1_for(model, seed: int = 0) -> Eagle1Drafter:
 
 
 def engine_for(es: EagleSpec, drafter, spec, fused: bool):
-    from eaglespec.engine import SpeculativeEngine
+    from eaglespec.engine.loop import SpeculativeEngine
 
     drafter.to(device=es.model.device, dtype=es.model.dtype)
     engine = SpeculativeEngine(es.target, drafter, spec)  # wires the target's embedding, norm and lm_head

@@ -17,10 +17,10 @@ import statistics
 
 import torch
 
-from eaglespec.target.fast import FastTarget, smallest_bucket
-from eaglespec.target.hf import HFTarget
-from eaglespec.target.loading import load_target
-from eaglespec.tree import ancestry
+from eaglespec.backends.fast import FastTarget, smallest_bucket
+from eaglespec.backends.hf import HFTarget
+from eaglespec.backends.loading import load_target
+from eaglespec.tree.core import ancestry
 
 IDS = (2, 15, 27)
 

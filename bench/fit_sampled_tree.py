@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from eaglespec.tree import MC_SIM_7B_63, TreeSpec
-from eaglespec.tree_fit import expected_tau, fit_static_tree
+from eaglespec.tree.core import MC_SIM_7B_63, TreeSpec
+from eaglespec.tree.fit import expected_tau, fit_static_tree
 
 
 def read_curve(path: str) -> list[float]:

@@ -1,5 +1,5 @@
 """Fit a static draft tree to a drafter: measure, at T=0 on calibration prompts, the rank of the target's token
-among the drafter's top-K candidates at every depth of the accepted path (eaglespec.tree_fit.measure_ranks),
+among the drafter's top-K candidates at every depth of the accepted path (eaglespec.tree.fit.measure_ranks),
 then take the `--budget` highest-value rank paths (fit_static_tree). Prints the per-depth/rank table, the fitted
 tree and its expected tau next to EAGLE-1's default 25-node tree's under the same statistics.
 
@@ -26,10 +26,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from eaglespec.api import DEFAULT_DRAFT, EagleSpec
-from eaglespec.bench import environment, load_prompts
-from eaglespec.cli import add_model_args
-from eaglespec.tree import MC_SIM_7B_63, TreeSpec
-from eaglespec.tree_fit import RankCounts, expected_tau, fit_static_tree, measure_ranks, with_static_choices
+from eaglespec.cli.bench import environment, load_prompts
+from eaglespec.cli.main import add_model_args
+from eaglespec.tree.core import MC_SIM_7B_63, TreeSpec
+from eaglespec.tree.fit import RankCounts, expected_tau, fit_static_tree, measure_ranks, with_static_choices
 
 
 def log(msg: str) -> None:

@@ -29,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.root:
         sys.path.insert(0, str(Path(args.root) / "src"))
-    from eaglespec.gate import SpeculationGate
+    from eaglespec.engine.gate import SpeculationGate
 
     for rounds in args.rounds:
         gate = SpeculationGate()

@@ -66,7 +66,7 @@ def random_weights(hidden: int, qkv: int, inter: int, vocab: int, dtype: torch.d
 
 
 def model_weights(name: str, dtype: torch.dtype, dev: str) -> Weights:
-    from eaglespec.target.loading import load_target
+    from eaglespec.backends.loading import load_target
 
     model = load_target(None if name == "default" else name, dev, dtype)[0]
     layer = model.model.layers[0]
@@ -122,8 +122,8 @@ def cases(w: Weights, m: int, gen: torch.Generator) -> dict[str, dict]:
     """{name: {"fused": fused(**blocks), "parity": the fused output, "ref": the reference's, "pair": today's two
     kernels, "gemm": cuBLAS's GEMM alone}} on fresh random inputs of m rows. The timed callables of down
     accumulate into a scratch h (its values drift: irrelevant to the timing); its parity runs on copies of h."""
-    from eaglespec.target import gemm_kernels as G
-    from eaglespec.target import kernels as K
+    from eaglespec.kernels import gemm as G
+    from eaglespec.kernels import step as K
 
     linear = torch.nn.functional.linear
     dev, dtype = w.qkv_w.device, w.qkv_w.dtype

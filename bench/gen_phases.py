@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from round_gaps import run_args
 from tree_sweep import configure
 
-from eaglespec import engine as engine_mod
-from eaglespec import round_graph
-from eaglespec.bench import Bench, _load, environment, load_prompts
-from eaglespec.target.fast import FastTarget
+from eaglespec.engine import loop as engine_mod
+from eaglespec.engine import round_graph
+from eaglespec.cli.bench import Bench, _load, environment, load_prompts
+from eaglespec.backends.fast import FastTarget
 
 
 class Mark:

@@ -441,7 +441,7 @@
 # the command's own shell (session 13 lost ~100 s to one); wait on a PID instead.
 # The first torchrun of session 11 died on a fresh machine (the default target converted on rank 1 after joining the
 # process group: fixed in 0f93fd9); if a 2-GPU train fails at once, convert the target first in one process:
-# python3 -c "from eaglespec.target.loading import load_target; load_target(None, device='cpu')".
+# python3 -c "from eaglespec.backends.loading import load_target; load_target(None, device='cpu')".
 set -uo pipefail
 stage=${1:?stage}
 export PYTHONPATH=$HOME/site:$PWD/src PYTHONUNBUFFERED=1
@@ -474,10 +474,10 @@ case "$stage" in
     ;;
   bench)  # after `sweep`: pass the chosen shapes, e.g. bash bench/gpu_next.sh bench --k 4 --depth 6 --top-k 6 --budget 32
     f=${FUSED:-0}; shapes=("${@:2}")
-    EAGLESPEC_FUSED_KERNELS=$f timeout 330 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --hf-limit 3 \
+    EAGLESPEC_FUSED_KERNELS=$f timeout 330 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 80 --hf-limit 3 \
       --check-fp32 2 "${shapes[@]}" --json "$OUT/h200_mtbench80_t0_fused${f}_$c.json" --plot "$OUT/h200_mtbench80_t0_fused${f}_$c.png" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -12
-    EAGLESPEC_FUSED_KERNELS=$f timeout 150 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --hf-limit 2 \
+    EAGLESPEC_FUSED_KERNELS=$f timeout 150 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 20 --hf-limit 2 \
       --temperature 1 --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic "${shapes[@]}" --json "$OUT/h200_mtbench20_t1_fused${f}_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 \
       | grep -v "Loading weights" | tail -8
     timeout 90 python3 bench/prefill_shapes.py --device cuda 2>&1 | tail -12
@@ -505,15 +505,15 @@ PY
     flags=$(timeout 240 python3 bench/tree_sweep.py --limit 10 --best-flags --configs "$sweep" \
       --json "$OUT/h200_tree_sweep_t0_$c.json" 2> "$OUT/sweep_t0.log" | tee /dev/stderr | tail -1)
     echo "fastest shapes: $flags" | tee "$OUT/shapes.txt"
-    timeout 260 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --hf-limit 3 --check-fp32 2 $flags \
+    timeout 260 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 80 --hf-limit 3 --check-fp32 2 $flags \
       --json "$OUT/h200_mtbench80_t0_$c.json" --plot "$OUT/h200_mtbench80_t0_$c.png" --results "$OUT/RESULTS_part.md" \
       2>&1 | grep -v "Loading weights" | tail -9
     ;;
   static)
-    timeout 170 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --methods fast-plain,eagle3-chain,eagle3-static \
+    timeout 170 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 80 --methods fast-plain,eagle3-chain,eagle3-static \
       $SHAPES --json "$OUT/h200_mtbench80_t0_static_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 \
       | grep -v "Loading weights" | tail -6
-    timeout 120 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --temperature 1 \
+    timeout 120 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 20 --temperature 1 \
       --methods fast-plain,eagle3-chain,eagle3-static $SHAPES --json "$OUT/h200_mtbench20_t1_static_$c.json" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -6
     ;;
@@ -526,42 +526,42 @@ PY
     done
     ;;
   nosync)
-    timeout 240 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --no-phase-sync \
+    timeout 240 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 80 --no-phase-sync \
       --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic $SHAPES --json "$OUT/h200_mtbench80_t0_nosync_$c.json" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -7
     ;;
   adaptive)
     for a in "" --adaptive; do
-      timeout 140 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --temperature 1 $a \
+      timeout 140 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 20 --temperature 1 $a \
         --methods fast-plain,eagle3-chain,eagle3-static $SHAPES --json "$OUT/h200_mtbench20_t1${a:+_adaptive}_$c.json" \
         --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -6
     done
-    timeout 200 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --adaptive \
+    timeout 200 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 80 --adaptive \
       --methods fast-plain,eagle3-chain,eagle3-static $SHAPES --json "$OUT/h200_mtbench80_t0_adaptive_$c.json" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -6
     ;;
   rg)
-    timeout 280 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --hf-limit 3 --check-fp32 2 $SHAPES \
+    timeout 280 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 80 --hf-limit 3 --check-fp32 2 $SHAPES \
       --json "$OUT/h200_mtbench80_t0_rg_$c.json" --plot "$OUT/h200_mtbench80_t0_rg_$c.png" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | grep "|\|fp32" | tail -9
-    timeout 170 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --no-round-graphs --no-phase-sync \
+    timeout 170 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 80 --no-round-graphs --no-phase-sync \
       --methods fast-plain,eagle3-chain,eagle3-static $SHAPES --json "$OUT/h200_mtbench80_t0_phased_$c.json" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | grep "|" | tail -5
     ;;
   sampled)
     for t in 1 0.7; do
       for g in 0 1; do
-        EAGLESPEC_ROUND_GRAPHS_SAMPLED=$g timeout 100 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 \
+        EAGLESPEC_ROUND_GRAPHS_SAMPLED=$g timeout 100 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 20 \
           --temperature "$t" --methods fast-plain,eagle3-chain,eagle3-static $SHAPES \
           --json "$OUT/h200_mtbench20_t${t}_sampledrg${g}_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 \
           | grep -v "Loading weights" | grep "|" | tail -4
       done
     done
-    EAGLESPEC_ROUND_GRAPHS_SAMPLED=1 timeout 100 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 \
+    EAGLESPEC_ROUND_GRAPHS_SAMPLED=1 timeout 100 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 20 \
       --temperature 1 --adaptive --methods fast-plain,eagle3-chain,eagle3-static $SHAPES \
       --json "$OUT/h200_mtbench20_t1_sampledrg1_adaptive_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 \
       | grep -v "Loading weights" | grep "|" | tail -4
-    timeout 200 python3 -m eaglespec.cli bench --dataset humaneval --limit 164 \
+    timeout 200 python3 -m eaglespec.cli.main bench --dataset humaneval --limit 164 \
       --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic $SHAPES --json "$OUT/h200_humaneval164_t0_rg_$c.json" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | grep "|" | tail -6
     ;;
@@ -583,7 +583,7 @@ PY
     ;;
   t1rg)  # sampled round graphs vs per-phase rounds at T=1, MT-bench 20
     for g in 0 1; do
-      EAGLESPEC_ROUND_GRAPHS_SAMPLED=$g timeout 100 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 \
+      EAGLESPEC_ROUND_GRAPHS_SAMPLED=$g timeout 100 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 20 \
         --temperature 1 --methods fast-plain,eagle3-chain,eagle3-static $SHAPES \
         --json "$OUT/h200_mtbench20_t1_sampledrg${g}_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 \
         | grep -v "Loading weights" | grep "|" | tail -4
@@ -601,19 +601,19 @@ PY
     ;;
   s8bench)  # MT-bench 80 at T=0, every method (GEMM=1 with the fused GEMMs), HF on 3, fp32 check on 2
     g=${GEMM:-0}
-    EAGLESPEC_GEMM_KERNELS=$g timeout 330 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --hf-limit 3 \
+    EAGLESPEC_GEMM_KERNELS=$g timeout 330 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 80 --hf-limit 3 \
       --check-fp32 2 $SHAPES --json "$OUT/h200_mtbench80_t0_gemm${g}_$c.json" --plot "$OUT/h200_mtbench80_t0_gemm${g}_$c.png" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | grep "|\|fp32" | tail -9
     ;;
   s8more)  # the other GEMM setting on MT-bench 80 (plain, static), T=1 on 20, HumanEval 164 at T=0
     g=${GEMM:-0}; o=$((1 - g))
-    EAGLESPEC_GEMM_KERNELS=$o timeout 150 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 \
+    EAGLESPEC_GEMM_KERNELS=$o timeout 150 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 80 \
       --methods fast-plain,eagle3-static $SHAPES --json "$OUT/h200_mtbench80_t0_gemm${o}_$c.json" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | grep "|" | tail -3
-    EAGLESPEC_GEMM_KERNELS=$g timeout 110 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --temperature 1 \
+    EAGLESPEC_GEMM_KERNELS=$g timeout 110 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 20 --temperature 1 \
       --methods fast-plain,eagle3-chain,eagle3-static $SHAPES --json "$OUT/h200_mtbench20_t1_gemm${g}_$c.json" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | grep "|" | tail -4
-    EAGLESPEC_GEMM_KERNELS=$g timeout 220 python3 -m eaglespec.cli bench --dataset humaneval --limit 164 \
+    EAGLESPEC_GEMM_KERNELS=$g timeout 220 python3 -m eaglespec.cli.main bench --dataset humaneval --limit 164 \
       --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic $SHAPES \
       --json "$OUT/h200_humaneval164_t0_gemm${g}_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 \
       | grep -v "Loading weights" | grep "|" | tail -6
@@ -628,10 +628,10 @@ PY
     timeout 150 python3 bench/tree_sweep.py --limit 10 --temperature 1 \
       --configs chain:4,chain:5,static:5/10/25,static:4/10/16,dynamic:6/8/40 \
       --json "$OUT/h200_tree_sweep_t1_$c.json" 2> "$OUT/sweep_t1.log" | tail -11
-    timeout 150 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --hf-limit 2 --temperature 1 \
+    timeout 150 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 20 --hf-limit 2 --temperature 1 \
       --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic $SHAPES --json "$OUT/h200_mtbench20_t1_$c.json" \
       --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -7
-    timeout 230 python3 -m eaglespec.cli bench --dataset humaneval --limit 164 --hf-limit 2 --check-fp32 2 $SHAPES \
+    timeout 230 python3 -m eaglespec.cli.main bench --dataset humaneval --limit 164 --hf-limit 2 --check-fp32 2 $SHAPES \
       --json "$OUT/h200_humaneval164_t0_$c.json" --results "$OUT/RESULTS_part.md" 2>&1 | grep -v "Loading weights" | tail -8
     ;;
 esac

@@ -13,11 +13,11 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 LIMIT=${1:-10}; shift || true
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-python3 -c "from eaglespec.target.loading import default_target_dir as d; print(d())" 2>&1 | tail -1
+python3 -c "from eaglespec.backends.loading import default_target_dir as d; print(d())" 2>&1 | tail -1
 if [ "${FAST_CHECK:-1}" != 0 ]; then  # FAST_CHECK=0 skips the backend check (~2 min)
   timeout 150 python3 bench/fast_check.py --json "$OUT/fast_check.json" > "$OUT/fast_check.log" 2>&1
   echo "fast_check rc=$?"; tail -c 2500 "$OUT/fast_check.log"
 fi
-timeout 400 python3 -m eaglespec.cli bench --dataset mtbench --limit "$LIMIT" --max-new-tokens 256 \
+timeout 400 python3 -m eaglespec.cli.main bench --dataset mtbench --limit "$LIMIT" --max-new-tokens 256 \
   --json "$OUT/bench_mtbench.json" --plot "$OUT/bench_mtbench.png" --results "$OUT/RESULTS_part.md" "$@" \
   2>&1 | tee "$OUT/bench.log" | grep -v "Loading weights"

@@ -36,7 +36,7 @@ set -euo pipefail
 stage=${1:?stage}
 W=$HOME/ship; mkdir -p "$W"
 export PYTHONPATH=$HOME/site:$PWD/src
-py() { python3 -m eaglespec.cli "$@"; }
+py() { python3 -m eaglespec.cli.main "$@"; }
 # pack DIR: its drafter files (config, manifest, shards, index) as $OUT/draft.tgz.part* (15 MB each: $OUT hands
 # back files of at most 16 MiB); unpack with `cat draft.tgz.part* | tar xzf -`
 pack() {
@@ -61,11 +61,11 @@ case "$stage" in
     # `make_prompts.py --turns 2 --id-suffix=-t2` (REGEN_TURNS=2), or the same prompts with --id-suffix=-s1
     # answered at REGEN_TEMP=1; REGEN_OUT names the file (then: cat them > DATA for training)
     out=${REGEN_OUT:-$W/regen.jsonl}
-    timeout ${REGEN_S:-420} python3 -m eaglespec.cli regenerate --data ${PROMPTS:-.gpu/train/prompts.jsonl} --out "$out" \
+    timeout ${REGEN_S:-420} python3 -m eaglespec.cli.main regenerate --data ${PROMPTS:-.gpu/train/prompts.jsonl} --out "$out" \
       --batch-size ${REGEN_BS:-512} --max-new-tokens ${REGEN_TOKENS:-384} --max-turns ${REGEN_TURNS:-1} \
       --temperature ${REGEN_TEMP:-0} --device cuda --dtype bfloat16 || echo "regenerate stopped (timeout or error): $? ; resumable"
     wc -l "$out"; cp "$out" "$OUT/"
-    timeout 120 python3 -m eaglespec.cli train --data "$W/regen.jsonl" --method eagle3 --out "$W/smoke" --steps 20 \
+    timeout 120 python3 -m eaglespec.cli.main train --data "$W/regen.jsonl" --method eagle3 --out "$W/smoke" --steps 20 \
       --batch-size 16 --max-length 1024 --draft-vocab 16000 --device cuda --log-every 5 2>&1 | tr '\r' '\n' | tail -8 || true
     ;;
   train)
@@ -74,12 +74,12 @@ case "$stage" in
     common="--data $W/regen.jsonl --method eagle3 --batch-size ${BS:-16} --max-length ${MAXLEN:-1024} --draft-vocab ${DRAFT_VOCAB:-6400} --device cuda"
     if [ -z "${STEPS:-}" ]; then  # probe: time 30 steps on 400 conversations, then fit the real run in TRAIN_S
       t0=$(date +%s.%N)
-      python3 -m eaglespec.cli train $common --out "$W/probe" --steps 10 --limit $((${BS:-16} * 10)) --eval-fraction 0.05 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -3
+      python3 -m eaglespec.cli.main train $common --out "$W/probe" --steps 10 --limit $((${BS:-16} * 10)) --eval-fraction 0.05 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -3
       t1=$(date +%s.%N)
       STEPS=$(python3 -c "print(max(50, int(${TRAIN_S:-420} / (($t1 - $t0) / 10.0) * 0.7)))")
       echo "probe: 10 steps in $(python3 -c "print(round($t1 - $t0, 1))") s -> STEPS=$STEPS"
     fi
-    timeout ${TRAIN_S:-420} python3 -m eaglespec.cli train $common --out "$W/draft" --steps "$STEPS" --lr ${LR:-3e-4} \
+    timeout ${TRAIN_S:-420} python3 -m eaglespec.cli.main train $common --out "$W/draft" --steps "$STEPS" --lr ${LR:-3e-4} \
       --save-every 25 --log-every 25 $( [ -f "$W/draft/training_state.pt" ] && echo --resume ) 2>&1 \
       | tr '\r' '\n' | grep -v '^\s*$' | grep -v 'it/s\]$' | tail -25 || true
     pack "$W/draft"
@@ -94,7 +94,7 @@ case "$stage" in
     data=${DATA:-$W/regen.jsonl}  # e.g. DATA=$W/all.jsonl after `cat regen.jsonl regen_t1.jsonl > all.jsonl`
     start="--init models/smollm2-135m-instruct-eagle3"
     [ -f "$W/cont/training_state.pt" ] && start=--resume
-    timeout $(( ${TRAIN_S:-420} + 150 )) python3 -m eaglespec.cli train --data "$data" --method eagle3 \
+    timeout $(( ${TRAIN_S:-420} + 150 )) python3 -m eaglespec.cli.main train --data "$data" --method eagle3 \
       $start --out "$W/cont" --batch-size ${BS:-64} --max-length ${MAXLEN:-2048} --lr ${LR:-3e-4} --epochs 20 \
       --time-budget ${TRAIN_S:-420} --save-every 100 --log-every 20 --device cuda 2>&1 \
       | tr '\r' '\n' | grep -v '^\s*$' | grep -v 'it/s\]$' | tail -25 || true

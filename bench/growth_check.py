@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from eagle1_fused_check import eagle1_for, engine_for, hf_greedy
 
 from eaglespec.api import EagleSpec, tree_spec
-from eaglespec.bench import environment, load_prompts
+from eaglespec.cli.bench import environment, load_prompts
 
 
 def main() -> int:

@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gemm_check import graph_replay_ms  # bench/ is the script's own directory: on sys.path
 
-from eaglespec import tree_kernels as T
-from eaglespec.bench import environment
-from eaglespec.target import kernels as K
+from eaglespec.kernels import tree as T
+from eaglespec.cli.bench import environment
+from eaglespec.kernels import step as K
 
 H, VD, TOPK, EPS = 576, 12000, 10, 1e-5
 
@@ -156,7 +156,7 @@ def head_row(triton, head_top, m: int, lm_w: torch.Tensor, nw: torch.Tensor, gen
 def skinny_row(name: str, k: int, n: int, m: int, gen: torch.Generator, args) -> dict:
     """[m, k] @ [n, k].T: cuBLAS's F.linear and addmm (a residual in the epilogue) against target/skinny.py's linear
     (its shipped block sizes, with and without the residual) and, with --sweep, over other block sizes (tiles=)."""
-    from eaglespec.target import skinny as S
+    from eaglespec.kernels import skinny as S
 
     dev, dt, reps, replays = "cuda", torch.bfloat16, args.reps, args.replays
     w = (torch.randn(n, k, generator=gen, device=dev) * 0.05).to(dt)

@@ -49,8 +49,8 @@ def diff(a: torch.Tensor, b: torch.Tensor) -> dict:
 
 def kernel_parity(cfg, dtype: torch.dtype, dev: torch.device, rows: int = 24) -> dict:
     """Each kernel vs its torch reference on random inputs of the model's shapes."""
-    from eaglespec.target import kernels as K
-    from eaglespec.target.fast import _rope_table
+    from eaglespec.kernels import step as K
+    from eaglespec.backends.fast import _rope_table
 
     gen = torch.Generator().manual_seed(0)
     hidden, inter = cfg.hidden_size, cfg.intermediate_size
@@ -79,7 +79,7 @@ def kernel_parity(cfg, dtype: torch.dtype, dev: torch.device, rows: int = 24) ->
 
 def random_tree(n: int, gen: torch.Generator, dev) -> tuple[torch.Tensor, torch.Tensor]:
     """(depths [n], visible [n, n]) of a random tree in depth order (parents first)."""
-    from eaglespec.tree import ancestry
+    from eaglespec.tree.core import ancestry
 
     parents = torch.tensor([-1] + [int(torch.randint(max(0, i - 4), i, (1,), generator=gen)) for i in range(1, n)])
     depths = torch.zeros(n, dtype=torch.long)
@@ -91,7 +91,7 @@ def random_tree(n: int, gen: torch.Generator, dev) -> tuple[torch.Tensor, torch.
 def compare_targets(model, ids, vocab: int, gen_seed: int = 0) -> tuple[dict, list]:
     """Plain vs fused FastTarget through prefill, tree, non-prefix commit, a 1-row step. Returns (results, targets
     with 200 committed tokens)."""
-    from eaglespec.target.fast import FastTarget
+    from eaglespec.backends.fast import FastTarget
 
     dev = model.device
     gen = torch.Generator().manual_seed(gen_seed)
@@ -127,7 +127,7 @@ def step_timings(targets, vocab: int) -> dict:
     """Causal steps of 1 and 24 rows (graph replay) on both targets, same inputs; plain vs fused logits too."""
     from step_profile import event_ms, kernel_profile  # bench/: its kernel counter and CUDA-event timer
 
-    from eaglespec.target.fast import smallest_bucket
+    from eaglespec.backends.fast import smallest_bucket
 
     def kernels(fn) -> float:
         return kernel_profile(fn, n=3)["kernels_per_call"]
@@ -164,7 +164,7 @@ def main() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are jitted
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    from eaglespec.target.loading import load_target
+    from eaglespec.backends.loading import load_target
 
     dev = torch.device("cuda" if cuda else "cpu")
     report: dict = {"device": torch.cuda.get_device_name() if cuda else "cpu (TRITON_INTERPRET=1)",

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gemm_check import graph_replay_ms  # bench/ is the script's own directory: on sys.path
 
-from eaglespec.bench import environment
+from eaglespec.cli.bench import environment
 
 H = 576
 

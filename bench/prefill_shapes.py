@@ -23,8 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from eaglespec.api import EagleSpec
-from eaglespec.engine import SpeculativeEngine
-from eaglespec.tree import TreeSpec
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.tree.core import TreeSpec
 
 
 def timed(engine: SpeculativeEngine, ids: list[int], new: int, device: torch.device) -> float:

@@ -44,9 +44,9 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
 from _hostcount import HostCounter  # noqa: E402  (tests/_hostcount.py: the tests count with it too)
 from eaglespec.draft.fast import enable_draft_graphs  # noqa: E402
-from eaglespec.engine import SpeculativeEngine  # noqa: E402
-from eaglespec.target.hf import HFTarget  # noqa: E402
-from eaglespec.tree import TreeSpec, flatten  # noqa: E402
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.backends.hf import HFTarget
+from eaglespec.tree.core import TreeSpec, flatten
 
 os.environ.setdefault("EAGLESPEC_ONEDNN", "0")  # a CUDA proxy: count the GEMMs F.linear / addmm would run
 

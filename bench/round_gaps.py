@@ -38,10 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tree_sweep import configure
 
-from eaglespec import round_graph
-from eaglespec.bench import Bench, _load, environment, load_prompts
-from eaglespec.cli import add_model_args
-from eaglespec.target.fast import FastTarget
+from eaglespec.engine import round_graph
+from eaglespec.cli.bench import Bench, _load, environment, load_prompts
+from eaglespec.cli.main import add_model_args
+from eaglespec.backends.fast import FastTarget
 
 SKIP = 3  # launches left out at the head of each generation
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from eaglespec.api import EagleSpec, tree_spec
 from eaglespec.draft.fast import enable_draft_graphs
-from eaglespec.round_graph import RoundGraphs, enable_round_graphs
+from eaglespec.engine.round_graph import RoundGraphs, enable_round_graphs
 
 os.environ.setdefault("EAGLESPEC_ONEDNN", "0")  # a CUDA proxy: count the GEMMs F.linear / addmm would run
 
@@ -71,8 +71,10 @@ def _origin() -> str:
 
 def count_kernels(counter: PhaseOps) -> None:
     """--kernels: every Triton entry point the round can call runs its torch reference, counted as its launches."""
-    from eaglespec import round_kernels, tree_kernels
-    from eaglespec.target import attn_kernels, kernels
+    from eaglespec.kernels import round_tail as round_kernels
+    from eaglespec.kernels import tree as tree_kernels
+    from eaglespec.kernels import attention as attn_kernels
+    from eaglespec.kernels import step as kernels
 
     os.environ["TRITON_INTERPRET"] = "1"  # kernels.available(): the Triton branches are taken on CPU
     for var in ("EAGLESPEC_TREE_KERNELS", "EAGLESPEC_FUSED_KERNELS", "EAGLESPEC_ATTN_KERNEL"):

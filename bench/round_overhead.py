@@ -78,7 +78,7 @@ def build(model_name: str, device: str):
     if model_name == "tiny":
         model = tiny_target("llama", seed=0).to(device)
     else:
-        from eaglespec.target.loading import load_target
+        from eaglespec.backends.loading import load_target
 
         model, _ = load_target(None, device=device, dtype="float32" if device == "cpu" else None)
     drafter = tiny_drafter(model, seed=1).to(device=device, dtype=next(model.parameters()).dtype)
@@ -184,9 +184,9 @@ def main() -> None:
     sys.path[:0] = [args.root + "/src", str(Path(__file__).resolve().parents[1] / "tests")]
     torch.set_num_threads(1)
 
-    from eaglespec.engine import SpeculativeEngine
-    from eaglespec.target.fast import FastTarget
-    from eaglespec.tree import TreeSpec
+    from eaglespec.engine.loop import SpeculativeEngine
+    from eaglespec.backends.fast import FastTarget
+    from eaglespec.tree.core import TreeSpec
 
     model, drafter = build(args.model, args.device)
     prompt = list(range(3, 19))

@@ -16,7 +16,7 @@ proxy that synchronizes before each verify forward so draft time is not billed t
 drops that proxy: the production path of EagleSpec, which never syncs there), warm up with one generation per
 prompt (graph captures), then generate every prompt once under torch.profiler (CPU + CUDA activities; CUDA only
 when available). The engine's methods are wrapped here, by monkeypatching this process's engine instance and
-eaglespec.engine's acceptance functions (src/ is untouched), in torch.profiler.record_function ranges:
+eaglespec.engine.loop's acceptance functions (src/ is untouched), in torch.profiler.record_function ranges:
     rt:round       SpeculativeEngine._round (one speculative round)
     rt:draft       proposer.propose
     rt:sync_wait   the _Synced proxy's torch.cuda.synchronize before verify (host waits for the drafter's GPU work)
@@ -76,12 +76,12 @@ import itertools
 
 from tree_sweep import fitted_choices
 
-import eaglespec.engine as engine_mod
-from eaglespec import tree_fit
+import eaglespec.engine.loop as engine_mod
+from eaglespec.tree import fit as tree_fit
 from eaglespec.api import resolve_trees, tree_label
-from eaglespec.bench import Bench, _load, _Synced, environment, load_prompts
-from eaglespec.cli import add_model_args, add_tree_args
-from eaglespec.tree import TreeSpec
+from eaglespec.cli.bench import Bench, _load, _Synced, environment, load_prompts
+from eaglespec.cli.main import add_model_args, add_tree_args
+from eaglespec.tree.core import TreeSpec
 
 PHASES = ("draft", "sync_wait", "verify", "accept", "commit")
 ROUND = "rt:round"
@@ -99,7 +99,7 @@ def _labelled(label: str, fn):
 
 
 def instrument(engine, sync_before_verify: bool = True) -> None:
-    """Wrap this engine instance's round, propose, verify forward and commit, and eaglespec.engine's acceptance
+    """Wrap this engine instance's round, propose, verify forward and commit, and eaglespec.engine.loop's acceptance
     functions, in record_function ranges (idempotent for the module functions)."""
     proxy = engine.target
     inner = proxy._t if isinstance(proxy, _Synced) else proxy

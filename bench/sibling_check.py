@@ -67,7 +67,7 @@ def static_parents(path: str, budget: int | None) -> list[int]:
     engine lays them out (tree.static_layout); -1 at the root."""
     from round_timeline import fitted_spec  # bench/ is the script's own directory: on sys.path
 
-    from eaglespec.tree import static_layout
+    from eaglespec.tree.core import static_layout
 
     return list(static_layout(fitted_spec(path, budget).static_choices()).parents)
 
@@ -106,7 +106,7 @@ def torch_path(x: dict):
 
 
 def kernel_path(x: dict, **cfg):
-    from eaglespec import sampled_kernels as SK
+    from eaglespec.kernels import sampled as SK
 
     def call():
         r_at, q_at, state = SK.sibling_tests(x["tokens"], x["kids"], x["p"], x["q"], x["live"], **cfg)
@@ -117,7 +117,7 @@ def kernel_path(x: dict, **cfg):
 def errors(x: dict, **cfg) -> dict:
     """Max abs differences of the kernels against the torch path: r_at / q_at on live nodes, the final row at best
     and at every node (each node's row normalised as the torch path's is)."""
-    from eaglespec import sampled_kernels as SK
+    from eaglespec.kernels import sampled as SK
     from eaglespec.verify import sibling_tests
 
     r_ref, q_ref, res = sibling_tests(x["tokens"], x["kids"], x["p"], x["q"], x["live"])
@@ -169,7 +169,7 @@ def main() -> None:
         ap.error("no CUDA device: run the CPU smoke test with --device cpu --vocab 300")
     import triton
 
-    from eaglespec import sampled_kernels as SK
+    from eaglespec.kernels import sampled as SK
 
     parents = static_parents(a.fit_json, a.budget) if a.fit_json else None
     if parents is not None:  # the fitted tree's rows and widest node (checked by fits below)

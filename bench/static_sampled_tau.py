@@ -17,10 +17,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from eaglespec.engine import SpeculativeEngine
+from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec
+from eaglespec.backends.hf import HFTarget
+from eaglespec.tree.core import TreeSpec
 
 from conftest import tiny_drafter, tiny_target
 

@@ -72,12 +72,12 @@ def main() -> None:
     ap.add_argument("--by-op", action="store_true", help="list the work ops by name")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(args.root) / "src") if args.root else str(ROOT / "src"))
-    from eaglespec.target.fast import FastTarget
+    from eaglespec.backends.fast import FastTarget
 
     target = FastTarget(smollm2_like(args.layers), (2, args.layers // 2, args.layers - 3), max_len=args.span,
                         cuda_graphs=False)
     print(f"torch {torch.__version__}, {args.layers} layers, span {args.span}, fast.py from "
-          f"{Path(sys.modules['eaglespec.target.fast'].__file__).resolve()}")
+          f"{Path(sys.modules['eaglespec.backends.fast'].__file__).resolve()}")
     for rows in args.rows:
         c = count_step(target, rows, args.span)
         work = {name: n for name, n in c.kernels.items() if name not in NO_KERNEL}

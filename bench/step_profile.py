@@ -26,9 +26,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from eaglespec.api import EagleSpec, tree_spec
 from eaglespec.draft.fast import enable_draft_graphs
-from eaglespec.engine import SpeculativeEngine
-from eaglespec.target.fast import FastTarget
-from eaglespec.tree import ancestry
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.backends.fast import FastTarget
+from eaglespec.tree.core import ancestry
 
 FAMILIES = (("attention", ("fmha", "attention", "flash", "sdpa", "softmax")), ("gemm", ("gemm", "gemv", "cutlass",
             "sm90", "nvjet", "cublas", "splitk")), ("reduce", ("reduce",)), ("index/copy", ("index", "copy", "cat",
@@ -103,7 +103,7 @@ def target_profile(model, ids) -> dict:
 def propose_profile(es: EagleSpec) -> dict:
     """propose() per tree: eager, draft graphs, and draft graphs with plain torch.topk instead of the two-stage
     tree.draft_topk (A/B of the top-k; the graphs are captured with the setting in force)."""
-    import eaglespec.tree as tree_mod
+    import eaglespec.tree.core as tree_mod
 
     out = {}
     prompt = es.encode("Write a short story about a lighthouse keeper and explain the moral.")

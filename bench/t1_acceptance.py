@@ -41,10 +41,10 @@ from pathlib import Path
 import torch
 
 from eaglespec.api import EagleSpec
-from eaglespec.bench import load_prompts
-from eaglespec.engine import GenerationResult, SpeculativeEngine
+from eaglespec.cli.bench import load_prompts
+from eaglespec.engine.loop import GenerationResult, SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams, process_logits, sample_without_replacement
-from eaglespec.tree import TreeSpec
+from eaglespec.tree.core import TreeSpec
 from eaglespec.verify import tree_rejection_sample
 
 TOPN = 6  # point-mass siblings (the shipped dynamic tree's top-k)

@@ -41,14 +41,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 from eaglespec.api import DEFAULT_DRAFT, EagleSpec  # noqa: E402
-from eaglespec.bench import environment, load_prompts  # noqa: E402
+from eaglespec.cli.bench import environment, load_prompts
 from eaglespec.checkpoint.drafter import load_drafter  # noqa: E402
 from eaglespec.draft.proposer import Proposer, shifted_tokens  # noqa: E402
-from eaglespec.metrics import summarize  # noqa: E402
-from eaglespec.target.loading import load_target  # noqa: E402
+from eaglespec.telemetry import summarize
+from eaglespec.backends.loading import load_target
 from eaglespec.train.data import Sample, read_conversations, split_eval, tokenize_all  # noqa: E402
 from eaglespec.train.trainer import Prepared, TrainConfig, Trainer, attach_target  # noqa: E402
-from eaglespec.tree import TreeSpec  # noqa: E402
+from eaglespec.tree.core import TreeSpec
 
 
 def log(msg: str) -> None:

@@ -12,10 +12,10 @@ fi
 nvidia-smi --query-gpu=name --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 t0=$(date +%s)
-timeout 200 python3 -m eaglespec.cli regenerate --data .gpu/train/prompts.jsonl --out /tmp/regen.jsonl --limit "$N" \
+timeout 200 python3 -m eaglespec.cli.main regenerate --data .gpu/train/prompts.jsonl --out /tmp/regen.jsonl --limit "$N" \
   --batch-size 256 --max-new-tokens 256 --max-turns 1 --device cuda --dtype bfloat16 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -3
 t1=$(date +%s); echo "regenerate: $N prompts in $((t1 - t0)) s"; cp /tmp/regen.jsonl "$OUT/"
-timeout 300 python3 -m eaglespec.cli train --data /tmp/regen.jsonl --method eagle3 --out /tmp/draft --steps "$STEPS" \
+timeout 300 python3 -m eaglespec.cli.main train --data /tmp/regen.jsonl --method eagle3 --out /tmp/draft --steps "$STEPS" \
   --batch-size 16 --max-length 1024 --draft-vocab 16000 --lr 3e-4 --device cuda --log-every 10 --eval-fraction 0.05 \
   2>&1 | tr '\r' '\n' | grep -v '^\s*$' | awk 'NR % 10 == 0 || /eaglespec|Error|error/' | tail -25
 t2=$(date +%s); echo "train: $STEPS steps in $((t2 - t1)) s (incl. model load + tokenize)"

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from eaglespec.target.loading import load_target
+from eaglespec.backends.loading import load_target
 from eaglespec.train.data import group_for_packing, read_conversations, tokenize_all
 from eaglespec.train.trainer import MicroBatches, TrainConfig, Trainer, new_drafter
 from eaglespec.train.vocab import select_draft_vocab, token_counts

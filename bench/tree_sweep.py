@@ -26,12 +26,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from eaglespec import tree_fit
+from eaglespec.tree import fit as tree_fit
 from eaglespec.api import tree_defaults
-from eaglespec.bench import Bench, _load, environment, load_prompts, summarize_run
-from eaglespec.cli import add_draft_temperature, add_model_args
+from eaglespec.cli.bench import Bench, _load, environment, load_prompts, summarize_run
+from eaglespec.cli.main import add_draft_temperature, add_model_args
 from eaglespec.errors import EagleSpecError
-from eaglespec.tree import TreeSpec
+from eaglespec.tree.core import TreeSpec
 
 DEFAULT_CONFIGS = ("chain:2,chain:3,chain:4,chain:5,dynamic:3/4/8,dynamic:4/4/12,dynamic:4/6/16,dynamic:5/6/24,"
                    "dynamic:5/8/32,dynamic:6/8/48,dynamic:8/10/60")

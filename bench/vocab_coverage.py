@@ -26,10 +26,10 @@ from collections import Counter
 import torch
 
 from eaglespec.api import EagleSpec
-from eaglespec.bench import load_prompts
+from eaglespec.cli.bench import load_prompts
 from eaglespec.sampling import SamplingConfig, SamplingParams, process_logits
 from eaglespec.train.vocab import grown_draft_ids, token_counts
-from eaglespec.tree import TreeSpec
+from eaglespec.tree.core import TreeSpec
 
 
 def id_mask(ids: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglespec.engine import SpeculativeEngine
-from eaglespec.target.hf import HFTarget
+from eaglespec.backends.hf import HFTarget
+from eaglespec.engine.loop import SpeculativeEngine
 
 
 def greedy_sequences(model: nn.Module, n: int, length: int, seed: int, prompt_len: int = 6) -> torch.Tensor:

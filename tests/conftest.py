@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from eaglespec.backends.hf import HFTarget
 from eaglespec.checkpoint.config import DraftConfig, default_aux_layer_ids
 from eaglespec.draft.eagle3 import Eagle3Drafter
-from eaglespec.target.hf import HFTarget
 
 VOCAB = 96
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -165,10 +165,10 @@ def cycle_target(tokenizer, text: str = "aé中😀 "):
 
 @pytest.fixture
 def without_onednn(monkeypatch):
-    """F.linear on CPU too (eaglespec.linear off): the op-count tests count the CUDA path's GEMMs (addmm / addmm_)."""
-    import eaglespec.linear
+    """F.linear on CPU too (eaglespec.kernels.onednn off): the op-count tests count the CUDA path's GEMMs (addmm / addmm_)."""
+    import eaglespec.kernels.onednn
 
-    monkeypatch.setattr(eaglespec.linear, "available", lambda: False)
+    monkeypatch.setattr(eaglespec.kernels.onednn, "available", lambda: False)
 
 
 def bench_module(name: str):

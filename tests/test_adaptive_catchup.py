@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import eaglespec.engine as engine_mod
+import eaglespec.engine.loop as engine_mod
+from eaglespec.backends.hf import HFTarget
 from eaglespec.draft.fast import DEFAULT_BUCKETS, StaticDraftRunner, enable_draft_graphs
 from eaglespec.draft.proposer import EagerRows, Proposer
-from eaglespec.engine import SpeculativeEngine
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.tree.core import TreeSpec
 from test_gate import Pattern
 
 from conftest import reference_greedy, tiny_drafter, tiny_target

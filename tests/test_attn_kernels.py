@@ -18,8 +18,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from eaglespec.target import attn_kernels as A
-from eaglespec.tree import ancestry
+from eaglespec.kernels import attention as A
+from eaglespec.tree.core import ancestry
 
 D = 64
 SCALE = D ** -0.5
@@ -168,7 +168,7 @@ def test_head_dims_padded_in_the_tiles(d):
 
 _COMPILED = """
 import torch
-from eaglespec.target import attn_kernels as A
+from eaglespec.kernels import attention as A
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 gen = torch.Generator().manual_seed(8)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eaglespec.backends import batched
+from eaglespec.backends.batched import BatchedDecoder
 from eaglespec.sampling import SamplingParams, process_logits
-from eaglespec.target import batched
-from eaglespec.target.batched import BatchedDecoder
 
 from conftest import reference_greedy, tiny_target
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from eaglespec.bench import (
+from eaglespec.cli.bench import (
     Bench,
     Run,
     add_ratios,
@@ -19,7 +19,7 @@ from eaglespec.bench import (
     plot,
     summarize_run,
 )
-from eaglespec.cli import build_parser
+from eaglespec.cli.main import build_parser
 from eaglespec.errors import EagleSpecError
 
 from conftest import tiny_drafter, tiny_target
@@ -106,7 +106,7 @@ def test_bench_cli_flags_and_bad_methods():
                                       "--json", "o.json", "--plot", "o.png", "--methods", "hf,fast-plain"])
     assert (args.dataset, args.limit, args.max_new_tokens, args.json, args.plot) == ("humaneval", 3, 8, "o.json",
                                                                                       "o.png")
-    from eaglespec.cli import main
+    from eaglespec.cli.main import main
 
     assert main(["bench", "--methods", "hf,warp-drive"]) == 2
 
@@ -186,7 +186,7 @@ def test_every_prompt_is_warmed_before_any_timing(warm):
 def test_static_method_drafts_the_drafters_recommended_tree():
     """eagle3-static: the drafter's tree_defaults.static (a fitted tree's choices, cut to its budget), else EAGLE-1's
     25 nodes; the --depth/--budget flags (the dynamic tree's) do not cut it; a sweep's override wins."""
-    from eaglespec.tree import TreeSpec
+    from eaglespec.tree.core import TreeSpec
 
     model = tiny_target("llama", seed=4)
     drafter = tiny_drafter(model, seed=2)
@@ -208,8 +208,8 @@ def test_extra_draft_methods_run_a_second_drafter_in_the_same_bench(tmp_path):
     methods without one are skipped with the reason."""
     import types
 
-    from eaglespec.bench import extra_drafter
     from eaglespec.checkpoint.drafter import save_drafter
+    from eaglespec.cli.bench import extra_drafter
     from eaglespec.draft.eagle1 import Eagle1Drafter
     from test_eagle1 import make as make_eagle1
 
@@ -305,7 +305,7 @@ def test_run_methods_marks_each_greedy_method_against_fast_plain():
     with a temperature (sampled texts differ by design)."""
     import types
 
-    from eaglespec.bench import run_methods
+    from eaglespec.cli.bench import run_methods
 
     model = tiny_target("llama", seed=4)
     es = types.SimpleNamespace(model=model, tokenizer=_Tok(), drafter=tiny_drafter(model, seed=2),

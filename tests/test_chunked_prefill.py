@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglespec.engine import CHUNKED_PREFILL_ENV, SpeculativeEngine, chunked_prefill_wanted, prefill
+from eaglespec.backends.fast import FastTarget
+from eaglespec.backends.hf import HFTarget
+from eaglespec.engine.loop import CHUNKED_PREFILL_ENV, SpeculativeEngine, chunked_prefill_wanted, prefill
 from eaglespec.errors import EagleSpecError
-from eaglespec.target.fast import FastTarget
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec
+from eaglespec.tree.core import TreeSpec
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
 

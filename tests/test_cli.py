@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from eaglespec import EagleSpec
-from eaglespec.chat import chat_loop
-from eaglespec.cli import build_parser, main
+from eaglespec.cli.chat import chat_loop
+from eaglespec.cli.main import build_parser, main
 
 from conftest import BYTE_VOCAB, byte_tokenizer, cycle_target, tiny_drafter, tiny_target
 
@@ -44,7 +44,7 @@ def test_every_flag_has_help():
 
 
 def test_chat_piped_stdin_multi_turn(model_dir):
-    cmd = [sys.executable, "-m", "eaglespec.cli", "chat", "--target", str(model_dir), "--device", "cpu",
+    cmd = [sys.executable, "-m", "eaglespec.cli.main", "chat", "--target", str(model_dir), "--device", "cpu",
            "--max-new-tokens", "12"]
     r = subprocess.run(cmd, input="hello\n\n/reset\nagain é\n/exit\nnot read\n", capture_output=True, text=True,
                        timeout=120, env=ENV, encoding="utf-8")
@@ -57,7 +57,7 @@ def test_chat_piped_stdin_multi_turn(model_dir):
 @pytest.mark.parametrize("backend", ["auto", "hf"])
 def test_generate_names_its_backend(model_dir, backend):
     """auto picks the fast backend on CPU for a Llama target; --backend hf keeps the model's own forward."""
-    cmd = [sys.executable, "-m", "eaglespec.cli", "generate", "--target", str(model_dir), "--device", "cpu",
+    cmd = [sys.executable, "-m", "eaglespec.cli.main", "generate", "--target", str(model_dir), "--device", "cpu",
            "--prompt", "hi", "--max-new-tokens", "6", "--backend", backend, "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=ENV, encoding="utf-8")
     assert r.returncode == 0, r.stderr

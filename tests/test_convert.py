@@ -14,7 +14,7 @@ import torch
 
 from eaglespec.checkpoint.convert import convert
 from eaglespec.checkpoint.drafter import load_drafter, save_drafter
-from eaglespec.cli import main
+from eaglespec.cli.main import main
 from eaglespec.errors import EagleSpecError
 from test_checkpoint import (
     CONFIG_FIELDS,

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from _agree import fit_drafter
+from eaglespec.backends.hf import HFTarget
 from eaglespec.draft.eagle1 import Eagle1Drafter
 from eaglespec.draft.fast import StaticDraftRunner, enable_draft_graphs
 from eaglespec.draft.proposer import EagerRows
-from eaglespec.engine import SpeculativeEngine
+from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.errors import EagleSpecError
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec
+from eaglespec.tree.core import TreeSpec
 
 from conftest import reference_greedy, tiny_draft_config, tiny_drafter, tiny_target
 
@@ -185,7 +185,7 @@ def test_api_and_cli_default_to_graphs_only_with_the_fast_backend_on_cuda():
     """Default (None): on only where the target runs the fast backend on CUDA, so off here (CPU);
     EagleSpec(draft_graphs=True) / --draft-graphs switch the proposer's runner, --no-draft-graphs keeps it eager."""
     from eaglespec import EagleSpec
-    from eaglespec.cli import build_parser
+    from eaglespec.cli.main import build_parser
 
     from conftest import BYTE_VOCAB, byte_tokenizer
 

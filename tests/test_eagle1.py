@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from eaglespec.backends.hf import HFTarget
 from eaglespec.checkpoint.drafter import load_drafter, save_drafter
 from eaglespec.draft.eagle1 import Eagle1Drafter, target_head
-from eaglespec.engine import SpeculativeEngine
-from eaglespec.target.hf import HFTarget
+from eaglespec.engine.loop import SpeculativeEngine
 
 from conftest import tiny_draft_config, tiny_target
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglespec.engine import SpeculativeEngine
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec
+from eaglespec.backends.hf import HFTarget
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.tree.core import TreeSpec
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
 
@@ -60,13 +60,13 @@ def test_zero_new_tokens_and_empty_prompt():
 # -- plain decoding (no drafter): the tree-less fast path ------------------------------------------
 
 def _plain_engines(model):
-    from eaglespec.target.fast import FastTarget
+    from eaglespec.backends.fast import FastTarget
 
     return [SpeculativeEngine(HFTarget(model), None), SpeculativeEngine(FastTarget(model, max_len=64), None)]
 
 
 def test_plain_fast_path_matches_generate_and_builds_no_tree(arch, monkeypatch):
-    import eaglespec.engine as engine_mod
+    import eaglespec.engine.loop as engine_mod
 
     def no_tree(*_):
         raise AssertionError("plain decoding must not build or verify a tree")
@@ -127,7 +127,7 @@ def test_plain_round_has_one_host_sync_and_no_host_to_device_copy():
     import sys
     from pathlib import Path
 
-    from eaglespec.target.fast import FastTarget
+    from eaglespec.backends.fast import FastTarget
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from round_overhead import OpCount, patch_forward

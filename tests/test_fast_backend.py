@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglespec.engine import SpeculativeEngine
+from eaglespec.backends.fast import FastTarget, unsupported_reason
+from eaglespec.backends.hf import HFTarget
+from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.errors import EagleSpecError
-from eaglespec.target.fast import FastTarget, unsupported_reason
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec, ancestry
+from eaglespec.tree.core import TreeSpec, ancestry
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
 
@@ -224,8 +224,8 @@ def test_rms_norm_rounds_like_hf(dtype, impl):
     differently)."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+    from eaglespec.backends.fast import _rms
     from eaglespec.draft.layers import RMSNorm
-    from eaglespec.target.fast import _rms
 
     gen = torch.Generator().manual_seed(0)
     norm = LlamaRMSNorm(96, eps=1e-5)
@@ -248,7 +248,7 @@ def test_rope_equals_hf_for_any_layout(dtype):
     head-major `out` (swapped halves, a sign on the wrong half or a product rounded differently all differ)."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    from eaglespec.target.fast import _rope, _rope_table
+    from eaglespec.backends.fast import _rope, _rope_table
 
     gen = torch.Generator().manual_seed(0)
     b, h, d = 5, 6, 16
@@ -266,13 +266,13 @@ def test_rope_equals_hf_for_any_layout(dtype):
 
 
 def test_add_linear_keeps_bias_path_and_matches_without_bias():
-    from eaglespec.target.fast import _add_linear
+    from eaglespec.backends.fast import _add_linear
 
     gen = torch.Generator().manual_seed(0)
     h, x = torch.randn(4, 8, generator=gen), torch.randn(4, 6, generator=gen)
     w, bias = torch.randn(8, 6, generator=gen), torch.randn(8, generator=gen)
     torch.testing.assert_close(_add_linear(h, x, w, bias), h + torch.nn.functional.linear(x, w, bias), atol=1e-6,
-                               rtol=0)  # on CPU through oneDNN (eaglespec.linear): summation order only
+                               rtol=0)  # on CPU through oneDNN (eaglespec.kernels.onednn): summation order only
     torch.testing.assert_close(_add_linear(h, x, w, None), h + x @ w.T, atol=1e-6, rtol=0)
     h2 = h.clone()
     assert _add_linear(h2, x, w, None, inplace=True) is h2  # in place, on either path
@@ -309,7 +309,7 @@ def test_grouped_attention_layout_and_o_weight():
     are HF head j*G + r of token t, the mask rows follow the tokens, the output's [B, Hq*D] view in (r, j, d) order
     times _grouped_o_weight equals HF's o_proj of the head-ordered output, and that view is free (no copy) when
     the SDPA output is in BMHK memory (CUDA's attention kernels), G != Hkv so a swapped (r, j) shows."""
-    from eaglespec.target.fast import _grouped_mask, _grouped_o_weight, _grouped_output, _grouped_queries
+    from eaglespec.backends.fast import _grouped_mask, _grouped_o_weight, _grouped_output, _grouped_queries
 
     gen = torch.Generator().manual_seed(0)
     b, g, hk, d, span, hidden = 3, 3, 2, 4, 7, 10
@@ -418,7 +418,7 @@ def test_eager_prefill_keeps_cudnn_attention_off(monkeypatch):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend
 
-    import eaglespec.target.fast as fast
+    import eaglespec.backends.fast as fast
 
     assert SDPBackend.CUDNN_ATTENTION not in fast.EAGER_SDPA_BACKENDS
     assert SDPBackend.EFFICIENT_ATTENTION in fast.EAGER_SDPA_BACKENDS

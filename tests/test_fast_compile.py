@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 from torch._dynamo.utils import counters
 
-from eaglespec.engine import SpeculativeEngine
-from eaglespec.target.fast import FastTarget
-from eaglespec.tree import TreeSpec, ancestry
+from eaglespec.backends.fast import FastTarget
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.tree.core import TreeSpec, ancestry
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-import eaglespec.engine as engine_mod
+import eaglespec.engine.loop as engine_mod
+from eaglespec.backends.fast import FastTarget
+from eaglespec.backends.hf import HFTarget
 from eaglespec.draft.fast import enable_draft_graphs
-from eaglespec.engine import SpeculativeEngine
-from eaglespec.gate import SpeculationGate
+from eaglespec.engine.gate import SpeculationGate
+from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams
-from eaglespec.target.fast import FastTarget
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec
+from eaglespec.tree.core import TreeSpec
 from test_sampling_engine import PROMPT, _exact_first3, first3_pvalue, sharp_target  # noqa: F401 (fixture)
 
 from conftest import reference_greedy, tiny_drafter, tiny_target

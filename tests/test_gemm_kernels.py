@@ -24,8 +24,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from eaglespec.target import gemm_kernels as G
-from eaglespec.target import kernels as K
+from eaglespec.kernels import gemm as G
+from eaglespec.kernels import step as K
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 HALF_ULP = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}

@@ -11,11 +11,11 @@ import pytest
 import torch
 from torch import nn
 
-import eaglespec.engine as engine_mod
+import eaglespec.engine.loop as engine_mod
+from eaglespec.backends.base import TargetOutput
 from eaglespec.draft.layers import KVCache
-from eaglespec.engine import SpeculativeEngine
-from eaglespec.target.base import TargetOutput
-from eaglespec.tree import TreeSpec
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.tree.core import TreeSpec
 
 V = 50
 

@@ -21,12 +21,12 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from eaglespec.engine import SpeculativeEngine
+from eaglespec.backends.fast import FastTarget, _rope_table, make_target
+from eaglespec.backends.hf import HFTarget
+from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.errors import EagleSpecError
-from eaglespec.target import kernels as K
-from eaglespec.target.fast import FastTarget, _rope_table, make_target
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec, ancestry
+from eaglespec.kernels import step as K
+from eaglespec.tree.core import TreeSpec, ancestry
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
 
@@ -190,7 +190,7 @@ def test_rope_qk_kv_write_bitwise(dtype, b, heads):
 def test_rope_writes_q_in_the_grouped_layout(kernel):
     """q[t, r, j] is HF head j*G + r of token t, rotated (each head checked on its own against _rope with that
     token's table row), G = 3 != Hkv = 2 so a swapped (r, j) or a head-major q shows."""
-    from eaglespec.target.fast import _rope
+    from eaglespec.backends.fast import _rope
 
     b, hq, hk, d = 4, 6, 2, 32
     qk, v, table, positions, base, cache = _rope_case(torch.float32, b, hq, hk, d, seed=3)
@@ -355,7 +355,7 @@ def test_fused_step_attends_with_the_attention_kernel(monkeypatch):
     per layer, and never call SDPA; EAGLESPEC_ATTN_KERNEL=0 puts SDPA back (and the outputs agree)."""
     from eaglespec.draft.fast import StaticKV
     from eaglespec.draft.fused import FusedEagle3Step
-    from eaglespec.target import attn_kernels as A
+    from eaglespec.kernels import attention as A
 
     model = tiny_target("llama", seed=2)
     sdpa = count_calls(monkeypatch, "scaled_dot_product_attention", module=torch.nn.functional)
@@ -382,7 +382,7 @@ def test_fused_step_attends_with_the_attention_kernel(monkeypatch):
 def test_gemm_kernels_replace_norm_gemm_pairs_and_the_mlp_tail(monkeypatch):
     """gemm_kernels: every RMSNorm feeds its GEMM inside rms_norm_linear (2L + 1 calls: qkv, gate_up, lm_head), the
     MLP's silu * up + down + residual is one silu_mul_linear_ per layer; no separate norm or silu_mul is left."""
-    import eaglespec.target.gemm_kernels as G
+    import eaglespec.kernels.gemm as G
 
     model = tiny_target("qwen3", seed=2)
     fused = FastTarget(model, max_len=64, fused_kernels=True, gemm_kernels=True)
@@ -552,7 +552,7 @@ def test_fused_draft_step_kernels_match_its_torch_path(dtype, norm_before_residu
 def test_fused_draft_step_gemm_kernels_match_its_torch_path(norm_output, monkeypatch):
     """FusedEagle3Step(kernels=True, gemm=True) == its torch path (fp32, to accumulation order): post-norm + gate_up
     and the MLP tail are one kernel each, and norm + lm_head too unless the normed output is the state."""
-    import eaglespec.target.gemm_kernels as G
+    import eaglespec.kernels.gemm as G
     from eaglespec.draft.fast import StaticKV
     from eaglespec.draft.fused import FusedEagle3Step
 
@@ -639,7 +639,7 @@ def test_fused_eagle1_step_kernels_match_its_torch_path(dtype, layers, monkeypat
 def test_fused_eagle1_step_gemm_kernels_match_its_torch_path(monkeypatch):
     """FusedEagle1Step(kernels=True, gemm=True) == its torch path (fp32, to accumulation order): input norm + qkv
     (layers >= 1), post-norm + gate_up and the MLP tail one kernel each."""
-    import eaglespec.target.gemm_kernels as G
+    import eaglespec.kernels.gemm as G
 
     calls = count_calls(monkeypatch, "rms_norm_linear", "silu_mul_linear_", module=G)
     outs, caches = _eagle1_step_outputs(2, torch.float32, ((False, False), (True, True)))
@@ -653,7 +653,7 @@ def test_fused_eagle1_step_gemm_kernels_match_its_torch_path(monkeypatch):
 def test_kernels_are_wanted_on_cuda_by_default(monkeypatch):
     """Unset: on for CUDA devices where triton imports, off elsewhere; 0 / 1 force it; compiling turns the
     default off (torch.compile makes its own kernels)."""
-    from eaglespec.target.fast import fused_by_default
+    from eaglespec.backends.fast import fused_by_default
 
     monkeypatch.delenv("EAGLESPEC_FUSED_KERNELS", raising=False)
     monkeypatch.setattr(K, "available", lambda device: True)

@@ -1,4 +1,4 @@
-"""eaglespec.linear: F.linear's result through oneDNN on CPU (fp32, inference), F.linear wherever that does not apply;
+"""eaglespec.kernels.onednn: F.linear's result through oneDNN on CPU (fp32, inference), F.linear wherever that does not apply;
 the fast target and the drafters take it for every projection."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import eaglespec.linear as onednn
-from eaglespec.target.fast import FastTarget
+import eaglespec.kernels.onednn as onednn
+from eaglespec.backends.fast import FastTarget
 
 from conftest import tiny_drafter, tiny_target
 
@@ -118,7 +118,7 @@ def test_fast_target_and_drafter_project_through_onednn(counted):
 def test_a_packed_weight_gives_f_linear(rows, counted):
     """pack(): oneDNN's blocked layout, the same projection for any row count (fp32 rounding); with and without
     a bias, and through _add_linear's residual (the fast target's o and down projections)."""
-    from eaglespec.target.fast import _add_linear
+    from eaglespec.backends.fast import _add_linear
 
     g = torch.Generator().manual_seed(rows)
     x, w, b = torch.randn(rows, 24, generator=g), torch.randn(40, 24, generator=g), torch.randn(40, generator=g)

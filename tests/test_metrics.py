@@ -8,16 +8,16 @@ import pytest
 import torch
 
 from eaglespec import EagleSpec
-from eaglespec.engine import GenerationResult, RoundStats
-from eaglespec.metrics import ExpertTracker, format_report, plot_report, run_report, summarize
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import DraftTree, chain_tree
+from eaglespec.backends.hf import HFTarget
+from eaglespec.engine.loop import GenerationResult, RoundStats
+from eaglespec.telemetry import ExpertTracker, format_report, plot_report, run_report, summarize
+from eaglespec.tree.core import DraftTree, chain_tree
 
 from conftest import byte_tokenizer, cycle_target, tiny_drafter
 
 
 def _round(tree: DraftTree, rows: list[int], seconds=(0.1, 0.2, 0.05)) -> RoundStats:
-    from eaglespec.metrics import round_detail
+    from eaglespec.telemetry import round_detail
 
     return RoundStats(drafted=tree.size - 1, accepted=len(rows) - 1, emitted=len(rows), draft_s=seconds[0],
                       verify_s=seconds[1], commit_s=seconds[2], detail=round_detail(tree, torch.tensor(rows)))

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglespec.engine import SpeculativeEngine, overlap_wanted
+from eaglespec.backends.fast import FastTarget
+from eaglespec.backends.hf import HFTarget
+from eaglespec.engine.loop import SpeculativeEngine, overlap_wanted
+from eaglespec.engine.round_graph import RoundGraph
 from eaglespec.errors import EagleSpecError
-from eaglespec.round_graph import RoundGraph
 from eaglespec.sampling import SamplingConfig, SamplingParams
-from eaglespec.target.fast import FastTarget
-from eaglespec.target.hf import HFTarget
 from test_draft_static import agreeing
 from test_round_graph import PROMPTS, SPECS, _trees, count_bodies, engines
 

@@ -21,13 +21,14 @@ import torch
 
 pytest.importorskip("triton")
 
-from eaglespec import round_kernels as RK
-from eaglespec import sampled_kernels as SK
-from eaglespec import tree_kernels as TK
 from eaglespec.errors import EagleSpecError
-from eaglespec.target import attn_kernels, skinny
-from eaglespec.target import kernels as K
-from eaglespec.tree import CONF_FLOOR, ancestry
+from eaglespec.kernels import attention as attn_kernels
+from eaglespec.kernels import round_tail as RK
+from eaglespec.kernels import sampled as SK
+from eaglespec.kernels import skinny
+from eaglespec.kernels import step as K
+from eaglespec.kernels import tree as TK
+from eaglespec.tree.core import CONF_FLOOR, ancestry
 from eaglespec.verify import sibling_table_of, sibling_tests
 
 MODULES = {TK: 11, RK: 1, SK: 3}  # module -> its kernels (and launch sites)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglespec.engine import SpeculativeEngine
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import DraftTree, TreeSpec, flatten
+from eaglespec.backends.hf import HFTarget
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.tree.core import DraftTree, TreeSpec, flatten
 from eaglespec.verify import greedy_accept
 
 from conftest import reference_greedy, tiny_target

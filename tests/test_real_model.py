@@ -26,7 +26,7 @@ def es():
 @pytest.mark.parametrize("tree", ["chain", "dynamic"])
 def test_shipped_drafter_is_exact_on_smollm2(es, tree):
     from eaglespec.api import tree_spec
-    from eaglespec.engine import SpeculativeEngine
+    from eaglespec.engine.loop import SpeculativeEngine
 
     assert es.drafter.cfg.aux_layer_ids == (2, 15, 27)
     engine = SpeculativeEngine(es.target, es.drafter, tree_spec(tree, depth=4, budget=16, top_k=4))

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from _hostcount import HostCounter
+from eaglespec.backends.fast import FastTarget
+from eaglespec.backends.hf import HFTarget
 from eaglespec.draft.fast import enable_draft_graphs
-from eaglespec.engine import SpeculativeEngine
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.engine.round_graph import RoundGraph, enable_round_graphs, unusable_reason
 from eaglespec.errors import EagleSpecError
-from eaglespec.round_graph import RoundGraph, enable_round_graphs, unusable_reason
 from eaglespec.sampling import SamplingConfig, SamplingParams
-from eaglespec.target.fast import FastTarget
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec
+from eaglespec.tree.core import TreeSpec
 from test_draft_static import agreeing
 
 from conftest import reference_greedy
@@ -223,7 +223,7 @@ def test_unusable_engines_get_none(pair):
 
 def test_default_is_cuda_and_the_environment_overrides(monkeypatch, pair, capsys):
     from eaglespec.api import use_round_graphs
-    from eaglespec.round_graph import ENV, wanted
+    from eaglespec.engine.round_graph import ENV, wanted
 
     monkeypatch.delenv(ENV, raising=False)
     assert wanted("cuda") and wanted(torch.device("cuda", 0)) and not wanted("cpu")

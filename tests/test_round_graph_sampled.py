@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import eaglespec.round_graph as rg_mod
+import eaglespec.engine.round_graph as rg_mod
+from eaglespec.backends.fast import FastTarget
 from eaglespec.draft.fast import enable_draft_graphs
-from eaglespec.engine import SpeculativeEngine
-from eaglespec.round_graph import enable_round_graphs
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.engine.round_graph import enable_round_graphs
 from eaglespec.sampling import SamplingConfig, SamplingParams
-from eaglespec.target.fast import FastTarget
-from eaglespec.tree import TreeSpec
+from eaglespec.tree.core import TreeSpec
 from test_round_graph import count_bodies, count_body_host_ops
 from test_sampling import first3_pvalue
 from test_sampling_engine import PROMPT, _exact_first3, sharp_target  # noqa: F401 (fixture)

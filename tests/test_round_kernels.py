@@ -14,9 +14,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from eaglespec import round_kernels as RK
-from eaglespec import tree_kernels as TK
-from eaglespec.tree import TreeSpec
+from eaglespec.kernels import round_tail as RK
+from eaglespec.kernels import tree as TK
+from eaglespec.tree.core import TreeSpec
 from test_kernels import count_calls
 from test_tree_kernels import ROUND_PROMPT, graphed_rounds
 

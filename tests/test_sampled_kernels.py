@@ -17,9 +17,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from eaglespec import sampled_kernels as SK
+from eaglespec.kernels import sampled as SK
 from eaglespec.sampling import SamplingConfig, SamplingParams
-from eaglespec.tree import TreeSpec
+from eaglespec.tree.core import TreeSpec
 from eaglespec.verify import sibling_table_of, sibling_tests
 from test_round_graph_sampled import DYNAMIC, graphed
 from test_sampling_engine import PROMPT, sharp_target  # noqa: F401 (fixture)

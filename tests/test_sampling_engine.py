@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglespec.engine import SpeculativeEngine
+from eaglespec.backends.hf import HFTarget
+from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams, from_generation_config, process_logits
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec, chain_tree, flatten
+from eaglespec.tree.core import TreeSpec, chain_tree, flatten
 from eaglespec.verify import greedy_accept, sample_accept
 from test_sampling import first3_pvalue
 
@@ -176,7 +176,7 @@ def test_temperature_zero_takes_the_greedy_path(sharp_target, kind):
 def test_cli_sampling_flags():
     from transformers import GenerationConfig
 
-    from eaglespec.cli import build_parser, sampling_options
+    from eaglespec.cli.main import build_parser, sampling_options
 
     parse = build_parser().parse_args
     args = parse(["generate", "--prompt", "x", "--top-k", "4", "--temperature", "0.7", "--sample-top-k", "5",
@@ -207,7 +207,7 @@ def vector_accept(flat, target_probs, draft_probs, generator=None, replacement: 
 
 def _random_flat(kind: str, gen: torch.Generator, n: int = 12, vocab: int = 9):
     """A FlatTree in flatten's order: a chain, or a random tree (distinct sibling tokens), depths sorted."""
-    from eaglespec.tree import FlatTree, ancestry
+    from eaglespec.tree.core import FlatTree, ancestry
 
     if kind == "chain":
         parents = list(range(-1, n - 1))
@@ -252,7 +252,7 @@ def test_sample_accept_equals_the_vector_rejection_loop(kind, with_q):
 def test_sample_accept_with_a_repeated_sibling_token_takes_the_vector_loop():
     """Point mass with one token twice under a node: the host walk's closed form does not hold there, so
     sample_accept must defer to the vector loop (same decisions and bonus for the same stream)."""
-    from eaglespec.tree import FlatTree, ancestry
+    from eaglespec.tree.core import FlatTree, ancestry
 
     parents = torch.tensor([-1, 0, 0, 0, 1])
     flat = FlatTree(tokens=torch.tensor([5, 2, 2, 4, 1]), depths=torch.tensor([0, 1, 1, 1, 2]), parents=parents,

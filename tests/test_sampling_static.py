@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import eaglespec.engine as engine_mod
-from eaglespec.engine import SpeculativeEngine
+import eaglespec.engine.loop as engine_mod
+from eaglespec.backends.hf import HFTarget
+from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec
+from eaglespec.tree.core import TreeSpec
 from test_sampling import first3_pvalue
 from test_sampling_engine import PROMPT, V, _exact_first3, sharp_target, vector_accept  # noqa: F401 (fixture)
 

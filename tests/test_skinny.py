@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from eaglespec.errors import EagleSpecError
-from eaglespec.target import skinny
+from eaglespec.kernels import skinny
 
 
 def _case(seed: int, m: int, k: int, n: int, dtype: torch.dtype):
@@ -175,7 +175,7 @@ def _force_skinny(monkeypatch) -> dict[str, int]:
     """Route the fused steps' projections to skinny on CPU (the interpreter) wherever its row, length and shape
     limits allow, counting the calls by kind: what `applies` does on CUDA, minus the device and dtype checks. CPU's
     oneDNN path (which comes first, and packs FastTarget's weights) is turned off."""
-    from eaglespec import linear as onednn
+    from eaglespec.kernels import onednn
 
     monkeypatch.setattr(onednn, "applies", lambda *args, **kw: False)
     monkeypatch.setattr(onednn, "packing_available", lambda: False)
@@ -200,8 +200,8 @@ def test_fused_target_step_through_skinny(monkeypatch, arch):
     """FastTarget's fused step with every projection in skinny (qkv, o + residual, gate_up, down + residual,
     lm_head; Qwen2's qkv bias) gives the step without it (fp32, to accumulation order): a prefill, a tree step with
     a mask, a non-prefix commit, a causal step; the same KV."""
-    from eaglespec.target.fast import FastTarget
-    from eaglespec.tree import ancestry
+    from eaglespec.backends.fast import FastTarget
+    from eaglespec.tree.core import ancestry
 
     from conftest import tiny_target
 
@@ -233,7 +233,7 @@ def test_fused_target_step_through_skinny(monkeypatch, arch):
 def test_fused_drafter_step_through_skinny(monkeypatch):
     """FusedEagle3Step(kernels=True) with skinny's projections (qkv, o + residual, gate_up, down + residual,
     lm_head) gives the step without it, logits and next state (fp32); the drafter's long-K fc runs outside this
-    step, through eaglespec.linear."""
+    step, through eaglespec.kernels.onednn."""
     from eaglespec.draft.fast import StaticKV
     from eaglespec.draft.fused import FusedEagle3Step
 

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-import eaglespec.target.loading
+import eaglespec.backends.loading
 import eaglespec.train.synth as synth
-from eaglespec.cli import main
+from eaglespec.backends.batched import make_decoder
+from eaglespec.cli.main import main
 from eaglespec.errors import EagleSpecError
-from eaglespec.target.batched import make_decoder
 from eaglespec.train.data import read_conversations
 
 from conftest import BYTE_VOCAB, CHAT_TEMPLATE, byte_tokenizer, tiny_target
@@ -408,7 +408,7 @@ def _no_target(*a, **kw):
     (["--count", "4", "--decoder", "fast"], "--decoder 'fast': expected one of hf, static, auto"),
 ])
 def test_cli_bad_flags_are_one_line_exit_2(tmp_path, monkeypatch, capsys, flags, flag):
-    monkeypatch.setattr(eaglespec.target.loading, "load_target", _no_target)
+    monkeypatch.setattr(eaglespec.backends.loading, "load_target", _no_target)
     monkeypatch.chdir(tmp_path)
     assert main(["synth-prompts", "--out", str(tmp_path / "q.jsonl"), *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -419,7 +419,7 @@ def test_cli_bad_flags_are_one_line_exit_2(tmp_path, monkeypatch, capsys, flags,
 def test_cli_passes_its_flags_and_excludes_a_file(tmp_path, monkeypatch, capsys):
     banned = "Write a short story about " + sentence(12, 200) + "."
     (tmp_path / "bench.txt").write_text(banned + "\n")
-    monkeypatch.setattr(eaglespec.target.loading, "load_target",
+    monkeypatch.setattr(eaglespec.backends.loading, "load_target",
                         lambda name, device=None, dtype=None: (name, byte_tokenizer()))
     script = Script(default=lambda seed, rows: [banned.lower(), "A fine new question?", None][:rows])
     monkeypatch.setattr(synth, "sample_queries", script)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from eaglespec.backends import loading
 from eaglespec.errors import EagleSpecError
-from eaglespec.target import loading
 
 from conftest import BYTE_VOCAB, byte_tokenizer, tiny_target
 
@@ -84,9 +84,9 @@ def test_complete_cache_is_reused(fake_gguf, monkeypatch):
 
 
 def test_train_resolves_the_target_before_init_distributed(tmp_path, monkeypatch):
-    from eaglespec.cli import build_parser
+    from eaglespec.cli.main import build_parser
+    from eaglespec.cli.train import cmd_train
     from eaglespec.train import trainer
-    from eaglespec.train.command import cmd_train
 
     class Stop(Exception):
         pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglespec.target.hf import HFTarget
+from eaglespec.backends.hf import HFTarget
 
 from conftest import tiny_target
 
@@ -110,8 +110,8 @@ def _sliding_target(kind: str, window: int = 6):
 @pytest.mark.parametrize("kind", ["gemma3", "mistral"])
 def test_sliding_window_targets_stay_exact_past_the_window(kind):
     """Tree rows under a sliding window: keys outside the window are masked per layer type."""
-    from eaglespec.engine import SpeculativeEngine
-    from eaglespec.tree import TreeSpec
+    from eaglespec.engine.loop import SpeculativeEngine
+    from eaglespec.tree.core import TreeSpec
 
     from conftest import reference_greedy, tiny_drafter
 

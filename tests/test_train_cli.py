@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eaglespec.cli import build_parser, main
+from eaglespec.cli.main import build_parser, main
 
 
 def test_train_flags_parse():

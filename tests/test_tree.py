@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import eaglespec.tree as tree_mod
+import eaglespec.tree.core as tree_mod
 from eaglespec.errors import EagleSpecError
-from eaglespec.tree import (
+from eaglespec.tree.core import (
     MC_SIM_7B_63,
     Candidates,
     DraftTree,

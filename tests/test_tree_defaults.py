@@ -9,7 +9,7 @@ import types
 import pytest
 
 from eaglespec.api import DEFAULT_DRAFT, GENERIC_TREES, resolve_trees, tree_defaults, tree_label, tree_spec
-from eaglespec.bench import resolve_tree_args
+from eaglespec.cli.bench import resolve_tree_args
 from eaglespec.errors import EagleSpecError
 
 
@@ -230,7 +230,7 @@ def test_sampled_requests_draft_with_the_sampled_tree():
     """EagleSpec with a sampled_spec: requests with a temperature draft static trees, greedy ones chains, and
     the engine's tree is the chain again afterwards (also when a sampled stream is abandoned)."""
     from eaglespec.api import EagleSpec
-    from eaglespec.tree import TreeSpec
+    from eaglespec.tree.core import TreeSpec
 
     from conftest import byte_tokenizer, tiny_drafter, tiny_target
 

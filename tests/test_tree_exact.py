@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from _agree import fit_drafter
+from eaglespec.backends.hf import HFTarget
 from eaglespec.draft.eagle1 import Eagle1Drafter
 from eaglespec.draft.proposer import Proposer
-from eaglespec.engine import SpeculativeEngine
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec, dynamic_tree, static_layout
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.tree.core import TreeSpec, dynamic_tree, static_layout
 
 from conftest import reference_greedy, tiny_draft_config, tiny_drafter, tiny_target
 

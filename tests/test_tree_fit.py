@@ -14,13 +14,13 @@ import torch
 
 from _agree import fit_drafter
 from eaglespec.api import tree_defaults, tree_spec
+from eaglespec.backends.hf import HFTarget
 from eaglespec.checkpoint.config import read_json
 from eaglespec.draft.proposer import Proposer, shifted_tokens
-from eaglespec.engine import SpeculativeEngine
+from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.errors import EagleSpecError
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import MC_SIM_7B_63, TreeSpec, static_layout
-from eaglespec.tree_fit import (
+from eaglespec.tree.core import MC_SIM_7B_63, TreeSpec, static_layout
+from eaglespec.tree.fit import (
     RankCounts,
     expected_tau,
     fit_static_tree,

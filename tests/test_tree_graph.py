@@ -13,16 +13,16 @@ from dataclasses import fields, is_dataclass
 import pytest
 import torch
 
-import eaglespec.tree as tree_mod
+import eaglespec.tree.core as tree_mod
 from _hostcount import HostCounter
 from _opcount import count_host_ops
+from eaglespec.backends.hf import HFTarget
 from eaglespec.draft.fast import StaticDraftRunner, enable_draft_graphs
 from eaglespec.draft.proposer import EagerRows, Proposer
 from eaglespec.draft.tree_graph import TreeGraph
-from eaglespec.engine import SpeculativeEngine
+from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams, exponential_noise
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import TreeSpec, static_layout
+from eaglespec.tree.core import TreeSpec, static_layout
 from test_draft_static import agreeing, record, same_runs, same_tree
 from test_sampling import first3_pvalue
 from test_sampling_engine import _exact_first3, sharp_target  # noqa: F401 (fixture)

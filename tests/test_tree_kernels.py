@@ -15,15 +15,15 @@ import torch
 
 pytest.importorskip("triton")
 
-from eaglespec import tree_kernels as TK
+from eaglespec.backends.fast import FastTarget
+from eaglespec.backends.hf import HFTarget
 from eaglespec.draft.fast import enable_draft_graphs
 from eaglespec.draft.proposer import Proposer
-from eaglespec.engine import SpeculativeEngine
+from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.errors import EagleSpecError
-from eaglespec.target import kernels as K
-from eaglespec.target.fast import FastTarget
-from eaglespec.target.hf import HFTarget
-from eaglespec.tree import CONF_FLOOR, TreeSpec
+from eaglespec.kernels import step as K
+from eaglespec.kernels import tree as TK
+from eaglespec.tree.core import CONF_FLOOR, TreeSpec
 from test_kernels import count_calls
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
@@ -139,7 +139,7 @@ def test_children_write_their_rows_and_parents_into_out(monkeypatch):
     """children with `out` (views of a dynamic tree's preallocated candidates): the same conf / ids / log values as
     without, written into the views (returned), and the parents column: each row's `parent`, or -1 (the root's
     children); the reference writes the same. Misshapen outs and a parent without an out are refused."""
-    from eaglespec.tree import CandidateBuffers
+    from eaglespec.tree.core import CandidateBuffers
 
     monkeypatch.setattr(TK, "_CHUNK", 64)
     g = torch.Generator().manual_seed(7)
@@ -170,7 +170,7 @@ def test_select_tree_checks_the_confidences(case):
     """select_tree's [4] flags: tree._child_flags of conf [R, C] (37 rows: more than one tile; 3 columns: padded) -
     confidences not in [0, 1] (NaN, inf, negative, above 1), a row's sum above 1 + MASS_EPS, the duplicate flag
     never checked - then not closed, as select_tree_ref and the torch checks."""
-    from eaglespec.tree import MASS_EPS, _child_flags
+    from eaglespec.tree.core import MASS_EPS, _child_flags
 
     conf = torch.rand(37, 3, generator=torch.Generator().manual_seed(3)) / 3
     bad = {"nan": float("nan"), "inf": float("inf"), "negative": -1e-3, "above-one": 1.5}
@@ -198,7 +198,7 @@ def _logits_of(nodes: torch.Tensor, vocab: int) -> torch.Tensor:
 def _grown(kernel: bool, spec: TreeSpec, vocab: int, poison: int | None = None):
     """grow_dynamic_tree over _logits_of (NaN at node `poison`'s logit 5): the kernel path (children into
     CandidateBuffers, the root's log values, select_tree's flags) or the torch path (softmax + topk)."""
-    from eaglespec.tree import CandidateBuffers, grow_dynamic_tree
+    from eaglespec.tree.core import CandidateBuffers, grow_dynamic_tree
 
     k = spec.top_k
 
@@ -235,7 +235,7 @@ def test_buffered_kernel_growth_is_the_torch_growth(spec, untimed, monkeypatch):
     """The kernel path (children written into CandidateBuffers, no joins, the root's log values from the kernel, the
     flags from select_tree; or, with the select kernel off, _child_flags over the buffers) grows the torch path's
     tree: the same tokens, parents, depths and chosen candidates, log values within fp32 rounding, the same flags."""
-    from eaglespec.tree import check_dynamic_flags
+    from eaglespec.tree.core import check_dynamic_flags
 
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "0")
     ref, ref_flags, ref_chosen = _grown(False, spec, 60)
@@ -257,7 +257,7 @@ def test_buffered_kernel_growth_is_the_torch_growth(spec, untimed, monkeypatch):
 def test_a_nan_logit_raises_the_same_error_on_both_paths(poison, untimed, monkeypatch):
     """A NaN among a node's logits (the root's, or an expanded node's) makes its children's confidences NaN: both
     paths flag invalid confidences (and nothing else), and check_dynamic_flags raises the same error."""
-    from eaglespec.tree import check_dynamic_flags
+    from eaglespec.tree.core import check_dynamic_flags
 
     spec = TreeSpec("dynamic", depth=3, top_k=3, budget=10)
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "0")
@@ -274,7 +274,7 @@ def test_a_nan_logit_raises_the_same_error_on_both_paths(poison, untimed, monkey
 def test_buffered_growth_refuses_children_outside_the_buffers(monkeypatch):
     """With CandidateBuffers every layer must be written in place: a callback returning fresh tensors (nothing in the
     buffers), or unsorted children, is refused before anything is selected."""
-    from eaglespec.tree import CandidateBuffers, grow_dynamic_tree
+    from eaglespec.tree.core import CandidateBuffers, grow_dynamic_tree
 
     monkeypatch.setenv(TK.TREE_KERNELS_ENV, "1")
     buffers = CandidateBuffers(3, 3, 2, "cpu")
@@ -494,7 +494,7 @@ def test_sampled_kernel_trees_are_the_torch_trees(spec, monkeypatch):
 @pytest.mark.parametrize("budget", [0, 1, 7, 40])
 def test_select_nodes_with_kernels_is_the_sorted_selection(budget, monkeypatch):
     """The final pick: the top-`budget` candidates by value (ties to the lower id), returned in id order."""
-    from eaglespec.tree import Candidates, select_nodes
+    from eaglespec.tree.core import Candidates, select_nodes
 
     gen = torch.Generator().manual_seed(budget)
     logv = (torch.randint(-8, 0, (30,), generator=gen).float() / 2).sort(descending=True).values  # ties
@@ -532,7 +532,7 @@ def test_accept_path_is_the_greedy_acceptance(t, p, monkeypatch):
     """Random trees (parents before children) and target argmaxes drawn from the tree's own tokens, so paths of
     every length occur: the deepest matching row, the bonus, the path length and the row order (path first); the
     same from argmax_keys' chunks of logits whose argmax is that."""
-    from eaglespec.tree import ancestry
+    from eaglespec.tree.core import ancestry
 
     monkeypatch.setattr(TK, "_ARGMAX_CHUNK", 64)
     gen = torch.Generator().manual_seed(t * 10 + p)
@@ -585,7 +585,7 @@ def test_sampled_accept_path_is_the_sampled_walk(t, p, width):
     half the time: the
     kernel's path end, length and row order are verify.sampled_path's and path_first's; also with tests placed so
     that a lower-rank sibling that passes must hide a higher-rank one that passes too."""
-    from eaglespec.tree import ancestry
+    from eaglespec.tree.core import ancestry
     from eaglespec.verify import sibling_table_of
 
     gen = torch.Generator().manual_seed(t * 100 + p)
@@ -660,7 +660,7 @@ ROUND_PROMPT = [4, 8, 15, 16, 23, 42, 7]
 def graphed_rounds(monkeypatch, spec: TreeSpec, env: str, value: str, sampling=None, n: int = 20):
     """Round graphs with the tree kernels on and $env=value, on the agreeing tiny pair: (the tokens of one prompt,
     every round's (tree tokens, accepted))."""
-    from eaglespec.round_graph import enable_round_graphs
+    from eaglespec.engine.round_graph import enable_round_graphs
     from test_draft_static import agreeing
 
     model, drafter = agreeing("llama", "eagle3")
@@ -697,7 +697,7 @@ def test_round_graphs_with_the_kernels_match_the_phased_rounds(kind, argmax, mon
     """A drafter that agrees with its target (long accepted paths): round graphs with every kernel (accept_path
     included, the target's argmax from argmax_keys or torch's) give HF generate's tokens and the per-phase torch
     rounds' trees and acceptances."""
-    from eaglespec.round_graph import enable_round_graphs
+    from eaglespec.engine.round_graph import enable_round_graphs
     from test_draft_static import agreeing
 
     model, drafter = agreeing("llama", "eagle3")
@@ -747,7 +747,7 @@ def test_sampled_round_graphs_walk_in_one_kernel(kind, monkeypatch):
 def test_untimed_kernels_switched_off_alone(monkeypatch):
     """EAGLESPEC_TREE_KERNELS=1 with EAGLESPEC_TREE_KERNELS_UNTIMED=0: the other kernels run, select_tree and
     accept_path do not; the output is still HF generate's."""
-    from eaglespec.round_graph import enable_round_graphs
+    from eaglespec.engine.round_graph import enable_round_graphs
     from test_draft_static import agreeing
 
     model, drafter = agreeing("llama", "eagle3")

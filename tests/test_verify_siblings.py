@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from eaglespec.tree import ancestry
+from eaglespec.tree.core import ancestry
 from eaglespec.verify import (
     _scalar_walk,
     _sibling_tests,
@@ -124,7 +124,7 @@ def test_sample_accept_takes_the_same_path_either_way():
     """sample_accept with sibling_tests on (CUDA's default) and off (CPU's): the same accepted rows for the same
     coins on random sampled-static-like trees over a 49k vocabulary, and a bonus drawn from the same residual
     (the same token for the same generator state, up to float ties)."""
-    from eaglespec.tree import FlatTree, ancestry
+    from eaglespec.tree.core import FlatTree, ancestry
 
     same_rows, same_bonus = 0, 0
     for seed in range(60):

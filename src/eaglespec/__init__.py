@@ -1,9 +1,9 @@
 """eaglespec: EAGLE speculative decoding for Hugging Face causal LMs."""
 
-from .api import EagleSpec, Output
-from .engine import GenerationResult, SpeculativeEngine
-from .errors import CheckpointError, EagleSpecError
-from .tree import TreeSpec
+from eaglespec.api import EagleSpec, Output
+from eaglespec.engine.loop import GenerationResult, SpeculativeEngine
+from eaglespec.errors import CheckpointError, EagleSpecError
+from eaglespec.tree.core import TreeSpec
 
 __all__ = ["CheckpointError", "EagleSpec", "EagleSpecError", "GenerationResult", "Output", "SpeculativeEngine",
            "TreeSpec"]

@@ -18,14 +18,14 @@ from typing import Any
 
 import torch
 
-from .checkpoint.config import DraftConfig, default_aux_layer_ids
-from .checkpoint.drafter import build_drafter, load_drafter
-from .checkpoint.manifest import check_manifest
-from .engine import GenerationResult, SpeculativeEngine
-from .errors import EagleSpecError, env_switch
-from .target.fast import make_target
-from .target.loading import DEFAULT_TARGET, eos_ids, load_target
-from .tree import TreeSpec, static_layout
+from eaglespec.backends.fast import make_target
+from eaglespec.backends.loading import DEFAULT_TARGET, eos_ids, load_target
+from eaglespec.checkpoint.config import DraftConfig, default_aux_layer_ids
+from eaglespec.checkpoint.drafter import build_drafter, load_drafter
+from eaglespec.checkpoint.manifest import check_manifest
+from eaglespec.engine.loop import GenerationResult, SpeculativeEngine
+from eaglespec.errors import EagleSpecError, env_switch
+from eaglespec.tree.core import TreeSpec, static_layout
 
 REPO_MODELS = Path(__file__).resolve().parents[2] / "models"
 DEFAULT_DRAFT = REPO_MODELS / "smollm2-135m-instruct-eagle3"
@@ -228,7 +228,7 @@ def use_draft_graphs(flag: bool | None, target) -> bool:
 def use_round_graphs(flag: bool | None, engine) -> bool:
     """--round-graphs / --no-round-graphs as given (asked for, an engine that cannot have them says why); by
     default (None) round_graph.wanted: $EAGLESPEC_ROUND_GRAPHS, else on CUDA where the engine can have them."""
-    from .round_graph import unusable_reason, wanted
+    from eaglespec.engine.round_graph import unusable_reason, wanted
 
     if not wanted(getattr(engine.target, "device", torch.device("cpu")), flag):
         return False
@@ -252,11 +252,11 @@ class EagleSpec:
         self.engine = SpeculativeEngine(self.target, drafter, self.spec, adaptive=adaptive)
         # draft/fast.py: static drafter KV + CUDA graphs (validated on an H200, bench/RESULTS.md)
         if use_draft_graphs(draft_graphs, self.target):
-            from .draft.fast import enable_draft_graphs
+            from eaglespec.draft.fast import enable_draft_graphs
 
             enable_draft_graphs(self.engine, max_len=draft_max_len or min(self.context_length, 8192) + 512)
         if use_round_graphs(round_graphs, self.engine):
-            from .round_graph import enable_round_graphs
+            from eaglespec.engine.round_graph import enable_round_graphs
 
             enable_round_graphs(self.engine)
         self._owner: Stream | None = None  # the generation using the engine (one sequence at a time)
@@ -346,7 +346,7 @@ class EagleSpec:
         opts = {k: v for k, v in sampling.items() if v is not None}
         if not opts.get("temperature"):  # no temperature or 0: greedy (top_p / top_k / seed need one)
             return self.engine.stream(ids, max_new_tokens, self.eos_ids(), result)
-        from .sampling import SamplingConfig, SamplingParams, draft_processors
+        from eaglespec.sampling import SamplingConfig, SamplingParams, draft_processors
 
         seed = opts.pop("seed", None)
         draft = draft_processors(opts.pop("draft_temperature", None))  # the drafter's own (0: top-k children)

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import EagleSpecError
+from eaglespec.errors import EagleSpecError
 
 
 @dataclass(frozen=True)

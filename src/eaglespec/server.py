@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import EagleSpecError
+from eaglespec.errors import EagleSpecError
 
 try:
     from fastapi import FastAPI, Request
@@ -463,7 +463,7 @@ async def _sse(job: Job, chat: bool, rid: str, created: int, model: str, include
 
 # -- `eaglespec serve` --------------------------------------------------------------------------
 def add_parser(subparsers) -> None:
-    from .cli import add_model_args, add_tree_args
+    from eaglespec.cli.main import add_model_args, add_tree_args
 
     p = subparsers.add_parser(
         "serve", help="run an OpenAI-compatible HTTP server (chat/completions, streaming, /metrics)",
@@ -494,8 +494,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    from .api import EagleSpec, settle_heap
-    from .target.loading import DEFAULT_TARGET
+    from eaglespec.api import EagleSpec, settle_heap
+    from eaglespec.backends.loading import DEFAULT_TARGET
 
     if FastAPI is None:
         raise EagleSpecError("serve needs the server extra: pip install 'eaglespec[server]'")

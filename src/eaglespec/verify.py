@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .tree import FlatTree
+from eaglespec.tree.core import FlatTree
 
 
 @dataclass

@@ -1,8 +1,13 @@
 """Draft checkpoints: configs, layouts, tensor files, rope resolver."""
 
-from .config import DraftConfig, default_aux_layer_ids, normalize_aux_layer_ids, parse_draft_config
-from .drafter import build_drafter, load_drafter, save_drafter
-from .rope import resolve_rotary_dim
+from eaglespec.checkpoint.config import (
+    DraftConfig,
+    default_aux_layer_ids,
+    normalize_aux_layer_ids,
+    parse_draft_config,
+)
+from eaglespec.checkpoint.drafter import build_drafter, load_drafter, save_drafter
+from eaglespec.checkpoint.rope import resolve_rotary_dim
 
 __all__ = [
     "DraftConfig",

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import CheckpointError, EagleSpecError
-from .rope import resolve_rope_theta, resolve_rotary_dim, rope_parameters
+from eaglespec.checkpoint.rope import resolve_rope_theta, resolve_rotary_dim, rope_parameters
+from eaglespec.errors import CheckpointError, EagleSpecError
 
 Method = Literal["eagle3", "eagle1"]
 Layout = Literal["native", "speculators", "eagle1"]

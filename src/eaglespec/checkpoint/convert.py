@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import EagleSpecError
-from .config import AUX_RULES, DraftConfig
+from eaglespec.checkpoint.config import AUX_RULES, DraftConfig
+from eaglespec.errors import EagleSpecError
 
 LAYOUTS = ("native", "speculators", "eagle1")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -32,7 +32,7 @@ def convert(
     dtype: str = "float32",
 ) -> DraftConfig:
     """Convert the checkpoint at `src` into layout `to` at `dst`; returns the written config."""
-    from .drafter import load_drafter, save_drafter
+    from eaglespec.checkpoint.drafter import load_drafter, save_drafter
 
     if dtype not in DTYPES:
         raise EagleSpecError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")

@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
-from .config import (
+from eaglespec.checkpoint.config import (
     DraftConfig,
     Layout,
     detect_layout,
@@ -27,7 +26,8 @@ from .config import (
     read_json,
     speculators_config_dict,
 )
-from .io import load_state_dict, save_state_dict, weights_file
+from eaglespec.checkpoint.io import load_state_dict, save_state_dict, weights_file
+from eaglespec.errors import CheckpointError
 
 MANIFEST = "eaglespec_manifest.json"
 
@@ -58,10 +58,10 @@ def _published_names(state: dict[str, torch.Tensor], layout: Layout) -> dict[str
 
 def build_drafter(cfg: DraftConfig, own_embedding: bool = False) -> nn.Module:
     if cfg.method == "eagle1":
-        from ..draft.eagle1 import Eagle1Drafter
+        from eaglespec.draft.eagle1 import Eagle1Drafter
 
         return Eagle1Drafter(cfg, own_embedding=own_embedding)
-    from ..draft.eagle3 import Eagle3Drafter
+    from eaglespec.draft.eagle3 import Eagle3Drafter
 
     return Eagle3Drafter(cfg, own_embedding=own_embedding)
 

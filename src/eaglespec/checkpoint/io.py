@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
+from eaglespec.errors import CheckpointError
 
 SAFE_SINGLE = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
@@ -50,7 +50,7 @@ def _load_bin(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _load_index(index_path: Path, loader) -> dict[str, torch.Tensor]:
-    from .config import read_json
+    from eaglespec.checkpoint.config import read_json
 
     index = read_json(index_path)
     weight_map = index.get("weight_map")

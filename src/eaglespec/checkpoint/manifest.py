@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..errors import EagleSpecError
+from eaglespec.errors import EagleSpecError
 
 MANIFEST_VERSION = 1
 _SAMPLES_PER_TENSOR = 4096
@@ -32,7 +32,7 @@ _ARCH_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_laye
 def config_digest(model) -> str:
     """The architecture-defining fields plus the resolved rope: stable across transformers versions
     (4.x and 5.x serialize the rest of a config differently, e.g. rope_scaling vs rope_parameters)."""
-    from .rope import resolve_rope_theta, rope_parameters
+    from eaglespec.checkpoint.rope import resolve_rope_theta, rope_parameters
 
     cfg = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
     keep = {k: cfg.get(k) for k in _ARCH_KEYS}

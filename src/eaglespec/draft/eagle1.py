@@ -22,9 +22,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import linear as onednn
-from ..checkpoint.config import DraftConfig
-from .layers import MLP, Attention, KVCache, RMSNorm, TargetEmbedding
+from eaglespec.checkpoint.config import DraftConfig
+from eaglespec.draft.layers import MLP, Attention, KVCache, RMSNorm, TargetEmbedding
+from eaglespec.kernels import onednn
 
 
 class Eagle1Layer(nn.Module):

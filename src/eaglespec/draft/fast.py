@@ -46,12 +46,12 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from ..errors import EagleSpecError
-from ..target import kernels
-from ..target.fast import SPAN_STEP, capture_graph, round_span, smallest_bucket
-from .eagle1 import Eagle1Drafter
-from .fused import FusedEagle1Step, FusedEagle3Step, unfusable_reason
-from .layers import Attention
+from eaglespec.backends.fast import SPAN_STEP, capture_graph, round_span, smallest_bucket
+from eaglespec.draft.eagle1 import Eagle1Drafter
+from eaglespec.draft.fused import FusedEagle1Step, FusedEagle3Step, unfusable_reason
+from eaglespec.draft.layers import Attention
+from eaglespec.errors import EagleSpecError
+from eaglespec.kernels import step as kernels
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 T = TypeVar("T")

@@ -38,11 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import linear as onednn
-from ..target import attn_kernels as A
-from ..target import gemm_kernels as G
-from ..target import kernels as K
-from ..target.fast import (
+from eaglespec.backends.fast import (
     _add_linear,
     _cat_bias,
     _grouped_mask,
@@ -52,9 +48,13 @@ from ..target.fast import (
     _rms,
     _rope_table,
 )
-from .eagle1 import Eagle1Drafter
-from .eagle3 import Eagle3Drafter
-from .layers import MLP, Attention
+from eaglespec.draft.eagle1 import Eagle1Drafter
+from eaglespec.draft.eagle3 import Eagle3Drafter
+from eaglespec.draft.layers import MLP, Attention
+from eaglespec.kernels import attention as A
+from eaglespec.kernels import gemm as G
+from eaglespec.kernels import onednn
+from eaglespec.kernels import step as K
 
 
 def _cat_linear(*mods: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:

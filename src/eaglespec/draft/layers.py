@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import linear as onednn
+from eaglespec.kernels import onednn
 
 
 class RMSNorm(nn.Module):

@@ -13,15 +13,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import tree_kernels
-from ..sampling import (
+from eaglespec.draft.fast import StaticDraftRunner
+from eaglespec.draft.tree_graph import MaskRows, NewRows, TreeGraph, finish_tree
+from eaglespec.kernels import tree as tree_kernels
+from eaglespec.sampling import (
     SamplingParams,
     exponential_noise,
     process_logits,
     race_argmax,
     sample_without_replacement,
 )
-from ..tree import (
+from eaglespec.tree.core import (
     CONF_FLOOR,
     CandidateBuffers,
     Candidates,
@@ -35,8 +37,6 @@ from ..tree import (
     root_tensor,
     static_layout,
 )
-from .fast import StaticDraftRunner
-from .tree_graph import MaskRows, NewRows, TreeGraph, finish_tree
 
 
 def shifted_tokens(ids: torch.Tensor, start: int, count: int) -> torch.Tensor:

@@ -39,10 +39,10 @@ from typing import Protocol
 
 import torch
 
-from .. import tree_kernels
-from ..target import kernels as K
-from ..tree import DraftTree, check_dynamic_flags
-from .fast import StaticDraftRunner, StaticKV
+from eaglespec.draft.fast import StaticDraftRunner, StaticKV
+from eaglespec.kernels import step as K
+from eaglespec.kernels import tree as tree_kernels
+from eaglespec.tree.core import DraftTree, check_dynamic_flags
 
 
 class Rows(Protocol):

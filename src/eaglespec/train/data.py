@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..errors import EagleSpecError
+from eaglespec.errors import EagleSpecError
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
          "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system"}

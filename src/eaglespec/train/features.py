@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint.manifest import manifest_mismatches
-from ..draft.layers import additive_mask
-from ..errors import EagleSpecError
-from ..target.capture import FeatureCapture, decoder_layers
-from .data import Packed
+from eaglespec.backends.capture import FeatureCapture, decoder_layers
+from eaglespec.checkpoint.manifest import manifest_mismatches
+from eaglespec.draft.layers import additive_mask
+from eaglespec.errors import EagleSpecError
+from eaglespec.train.data import Packed
 
 
 @dataclass
@@ -147,7 +147,7 @@ def write_feature_cache(extractor: TargetFeatures, samples, out_dir: str | Path,
     """Write features + final hidden states of every sample to safetensors shards with a manifest."""
     from safetensors.torch import save_file
 
-    from .data import pack
+    from eaglespec.train.data import pack
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,8 +195,8 @@ def attach_feature_cache(cache_dir: str | Path, model, tokenizer, samples: list,
                          *, rank: int = 0) -> list:
     """Offline training: write the cache for `samples` when `cache_dir` has none (rank 0), then read it
     back (its manifest checked against this target and these layer ids) into each sample."""
-    from ..checkpoint.manifest import build_manifest
-    from .data import Sample
+    from eaglespec.checkpoint.manifest import build_manifest
+    from eaglespec.train.data import Sample
 
     cache_dir = Path(cache_dir)
     if not (cache_dir / CACHE_MANIFEST).is_file() and rank == 0:

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from ..errors import EagleSpecError
-from ..sampling import SamplingParams
-from ..target.batched import BatchedDecoder, left_pad, make_decoder
-from ..target.loading import eos_ids
-from .data import chat_view, read_conversations, read_resumable
+from eaglespec.backends.batched import BatchedDecoder, left_pad, make_decoder
+from eaglespec.backends.loading import eos_ids
+from eaglespec.errors import EagleSpecError
+from eaglespec.sampling import SamplingParams
+from eaglespec.train.data import chat_view, read_conversations, read_resumable
 
 Answer = tuple[str, list[int]]  # an answer's text (decoded, stripped) and the ids generated, stop id excluded
 

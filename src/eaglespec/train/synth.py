@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from ..errors import EagleSpecError
-from ..sampling import SamplingParams
-from ..target.batched import BatchedDecoder, left_pad, make_decoder
-from .data import read_resumable
+from eaglespec.backends.batched import BatchedDecoder, left_pad, make_decoder
+from eaglespec.errors import EagleSpecError
+from eaglespec.sampling import SamplingParams
+from eaglespec.train.data import read_resumable
 
 MARKER = "EAGLESPEC_QUERY_7f3c"  # stands in for the user's text when the template is rendered
 NGRAM = 13  # words in a run shared with an excluded text (GPT-3's decontamination length)

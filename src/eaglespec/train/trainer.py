@@ -32,19 +32,19 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..checkpoint.config import DraftConfig, default_aux_layer_ids
-from ..checkpoint.drafter import MANIFEST, build_drafter, load_drafter, save_drafter
-from ..checkpoint.io import replace_dir
-from ..checkpoint.manifest import build_manifest, manifest_mismatches
-from ..checkpoint.rope import resolve_rope_theta
-from ..draft.layers import MLP, StepVisible
-from ..errors import CheckpointError, EagleSpecError
-from . import losses
-from .data import Packed, Sample, group_for_packing, pack, split_eval
-from .features import TargetBatch, TargetFeatures, soft_labels
-from .masks import prefix_visible, step_visible
-from .rows import RowPlan, compile_rows
-from .vocab import grown_draft_ids, select_draft_vocab, token_counts, vocab_maps
+from eaglespec.checkpoint.config import DraftConfig, default_aux_layer_ids
+from eaglespec.checkpoint.drafter import MANIFEST, build_drafter, load_drafter, save_drafter
+from eaglespec.checkpoint.io import replace_dir
+from eaglespec.checkpoint.manifest import build_manifest, manifest_mismatches
+from eaglespec.checkpoint.rope import resolve_rope_theta
+from eaglespec.draft.layers import MLP, StepVisible
+from eaglespec.errors import CheckpointError, EagleSpecError
+from eaglespec.train import losses
+from eaglespec.train.data import Packed, Sample, group_for_packing, pack, split_eval
+from eaglespec.train.features import TargetBatch, TargetFeatures, soft_labels
+from eaglespec.train.masks import prefix_visible, step_visible
+from eaglespec.train.rows import RowPlan, compile_rows
+from eaglespec.train.vocab import grown_draft_ids, select_draft_vocab, token_counts, vocab_maps
 
 STATE_FILE = "training_state.pt"
 LOG_FILE = "train_log.jsonl"
@@ -233,7 +233,7 @@ def attach_target(drafter: nn.Module, model) -> nn.Module:
     """Wire the frozen target's embedding (EAGLE-1 / HASS: also its final norm and lm_head) into `drafter`."""
     drafter.set_target_embedding(model.get_input_embeddings())
     if hasattr(drafter, "set_target_head"):
-        from ..draft.eagle1 import target_head
+        from eaglespec.draft.eagle1 import target_head
 
         norm, head = target_head(SimpleNamespace(model=model))  # it takes a backend holding `.model`
         drafter.set_target_head(norm, head, _text_config(model).num_hidden_layers)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import EagleSpecError
+from eaglespec.errors import EagleSpecError
 
 HELP = "type a message and press Enter; /reset forgets the conversation, /exit quits (or Ctrl-D)"
 
 
 def add_parser(subparsers) -> None:
-    from .cli import add_model_args, add_sampling_args, add_tree_args
+    from eaglespec.cli.main import add_model_args, add_sampling_args, add_tree_args
 
     p = subparsers.add_parser("chat", help="interactive multi-turn chat, streamed (reads stdin, one message a line)",
                               description="Interactive chat with the target's chat template. " + HELP + ".")
@@ -92,8 +92,8 @@ def chat_loop(es, stdin, stdout, stderr, system: str | None = None, max_new_toke
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from .api import EagleSpec
-    from .cli import _non_negative, sampling_options
+    from eaglespec.api import EagleSpec
+    from eaglespec.cli.main import _non_negative, sampling_options
 
     _non_negative(args, "max_new_tokens", "k", "top_k", "depth", "budget")
     es = EagleSpec.from_args(args)

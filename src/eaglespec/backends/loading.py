@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import EagleSpecError
+from eaglespec.errors import EagleSpecError
 
 DEFAULT_TARGET = "SmolLM2-135M-Instruct"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -41,7 +41,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from ..errors import env_switch
+from eaglespec.errors import env_switch
 
 FUSED_KERNELS_ENV = "EAGLESPEC_FUSED_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
 NEW_KERNELS_ENV = "EAGLESPEC_NEW_KERNELS"  # "0": not block_mask and tree_kernels.ancestry; unset or "1": them too
@@ -123,7 +123,7 @@ def rope_qk_kv_write_ref(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor,
                          base: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
     """fast._step's rope and KV write: returns q [B, G, Hkv, D] contiguous, q[t, r, j] = rotated HF head j*G + r
     of token t (the grouped layout: fast._grouped_queries); writes k and v into the caches at base + 0..B-1."""
-    from .fast import _rope
+    from eaglespec.backends.fast import _rope
 
     b, hk, d = v.shape[0], v.shape[1], v.shape[2]
     hq = qk.shape[1] - hk

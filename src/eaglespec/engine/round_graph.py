@@ -63,16 +63,18 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from . import round_kernels, sampled_kernels, tree_kernels
-from .draft.fast import StaticDraftRunner, StaticKV
-from .draft.tree_graph import DeviceTreeRows
-from .engine import HostRead, RoundStats
-from .errors import EagleSpecError, env_switch
-from .metrics import round_detail
-from .sampling import exponential_noise, process_logits, race_argmax
-from .target.fast import FastTarget, capture_graph
-from .tree import DraftTree, FlatTree, TreeSpec, ancestry, check_dynamic_flags, static_layout
-from .verify import (
+from eaglespec.backends.fast import FastTarget, capture_graph
+from eaglespec.draft.fast import StaticDraftRunner, StaticKV
+from eaglespec.draft.tree_graph import DeviceTreeRows
+from eaglespec.engine.loop import HostRead, RoundStats
+from eaglespec.errors import EagleSpecError, env_switch
+from eaglespec.kernels import round_tail as round_kernels
+from eaglespec.kernels import sampled as sampled_kernels
+from eaglespec.kernels import tree as tree_kernels
+from eaglespec.sampling import exponential_noise, process_logits, race_argmax
+from eaglespec.telemetry import round_detail
+from eaglespec.tree.core import DraftTree, FlatTree, TreeSpec, ancestry, check_dynamic_flags, static_layout
+from eaglespec.verify import (
     greedy_path_end,
     path_first,
     point_mass_residual,
@@ -84,7 +86,7 @@ from .verify import (
 )
 
 if TYPE_CHECKING:
-    from .engine import GenerationResult, SpeculativeEngine
+    from eaglespec.engine.loop import GenerationResult, SpeculativeEngine
 
 ENV = "EAGLESPEC_ROUND_GRAPHS"  # 0: off, 1: on (default: wanted())
 ENV_SAMPLED = "EAGLESPEC_ROUND_GRAPHS_SAMPLED"  # 0: greedy rounds only (default: sampled rounds too)

@@ -28,7 +28,7 @@ bf16 result can differ by one last bit where the fp32 sums straddle a rounding b
 (bf16 near-ties); `applies` keeps fp32 (the identity checks' dtype) on cuBLAS anyway. Under Triton's interpreter bf16
 operands go through the dot as fp32 (the interpreter's bf16 dot is wrong; bf16 products are exact in fp32).
 
-Used by target/fast.py's step and draft/fused.py's (through eaglespec.linear.linear and fast._add_linear) where
+Used by target/fast.py's step and draft/fused.py's (through eaglespec.kernels.onednn.linear and fast._add_linear) where
 `applies`: CUDA, bf16/fp16, no autograd, at most MAX_ROWS rows, and wanted() (with PDL unless
 $EAGLESPEC_SKINNY_GEMM=0; =1 without PDL too). With PDL (kernels.pdl) a program loads its whole weight tile before it
 waits for the kernel before it (prefetch_tiles): what made it pay (session 19). That takes at most 16 rows by
@@ -55,8 +55,8 @@ import os
 
 import torch
 
-from ..errors import EagleSpecError, env_switch
-from . import kernels
+from eaglespec.errors import EagleSpecError, env_switch
+from eaglespec.kernels import step as kernels
 
 SKINNY_ENV = "EAGLESPEC_SKINNY_GEMM"  # "1": this kernel where it applies; "0": cuBLAS; unset: with PDL (wanted())
 MAX_ROWS = 64  # rows of x: one BLOCK_M tile (tl.dot's least is 16)

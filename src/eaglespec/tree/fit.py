@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from .draft.proposer import Proposer, shifted_tokens
-from .errors import EagleSpecError
-from .tree import TreeSpec, draft_topk
+from eaglespec.draft.proposer import Proposer, shifted_tokens
+from eaglespec.errors import EagleSpecError
+from eaglespec.tree.core import TreeSpec, draft_topk
 
 Paths = tuple[tuple[int, ...], ...]
 MASS_EPS = 1e-6

@@ -87,8 +87,8 @@ import os
 
 import torch
 
-from .errors import EagleSpecError, env_switch
-from .target import kernels as K
+from eaglespec.errors import EagleSpecError, env_switch
+from eaglespec.kernels import step as K
 
 TREE_KERNELS_ENV = "EAGLESPEC_TREE_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
 UNTIMED_ENV = "EAGLESPEC_TREE_KERNELS_UNTIMED"  # "0": not select_tree / accept_path (unset or "1": with the others)
@@ -218,8 +218,8 @@ def accept_path_ref(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.T
     depths [T], ancestry visible [T, T] bool, the target's argmax at every row [T] -> (best [1]: the deepest row
     whose root path matches, the bonus [1] after it, m []: the path's rows, order [min(T, p)]: the path's rows in
     depth order, then the other rows in order)."""
-    from .tree import FlatTree
-    from .verify import matching_path_end, path_first
+    from eaglespec.tree.core import FlatTree
+    from eaglespec.verify import matching_path_end, path_first
 
     best, bonus = matching_path_end(FlatTree(tokens=tokens, depths=depths, parents=parents, visible=visible),
                                     target_next)
@@ -240,7 +240,7 @@ def sampled_accept_path_ref(parents: torch.Tensor, kids: torch.Tensor, live: tor
     [T, T] bool -> (best [1]: the deepest node of the accepted path, m []: the path's rows, order [min(T, p)]: the
     path's rows in depth order, then the other rows in order). `parents` is unused here (the kernel finds each
     node's siblings through it)."""
-    from .verify import path_first, sampled_path
+    from eaglespec.verify import path_first, sampled_path
 
     best = sampled_path(visible, depths, kids, r_at, q_at, coins, live)
     on_path = visible.index_select(0, best)[0]  # [T]
@@ -250,7 +250,7 @@ def sampled_accept_path_ref(parents: torch.Tensor, kids: torch.Tensor, live: tor
 # -- the Triton kernels (plain functions here; _load() jits them on first use) --------------------------------
 def ancestry_ref(parents: torch.Tensor, depth: int) -> torch.Tensor:
     """tree.ancestry(parents, check=False, max_depth=depth): [T, T] bool, row i = i and its ancestors."""
-    from .tree import ancestry as squarings
+    from eaglespec.tree.core import ancestry as squarings
 
     return squarings(parents, check=False, max_depth=depth)
 

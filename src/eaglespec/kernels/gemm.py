@@ -34,8 +34,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..errors import env_switch
-from . import kernels
+from eaglespec.errors import env_switch
+from eaglespec.kernels import step as kernels
 
 GEMM_KERNELS_ENV = "EAGLESPEC_GEMM_KERNELS"  # "1" on, "0" off; unset: off (slower on the H200, see wanted())
 

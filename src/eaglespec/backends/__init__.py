@@ -1,6 +1,6 @@
 """The target side: backends that prefill, verify tree rows, commit, and return aux features."""
 
-from .base import TargetBackend, TargetOutput
-from .hf import HFTarget
+from eaglespec.backends.base import TargetBackend, TargetOutput
+from eaglespec.backends.hf import HFTarget
 
 __all__ = ["HFTarget", "TargetBackend", "TargetOutput"]

@@ -48,13 +48,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .. import linear as onednn
-from ..errors import EagleSpecError
-from . import skinny
-from .base import TargetOutput
-from .capture import decoder_layers
-from .gemm_kernels import wanted as gemm_wanted
-from .kernels import FUSED_KERNELS_ENV, block_mask_ref, wanted
+from eaglespec.backends.base import TargetOutput
+from eaglespec.backends.capture import decoder_layers
+from eaglespec.errors import EagleSpecError
+from eaglespec.kernels import onednn, skinny
+from eaglespec.kernels.gemm import wanted as gemm_wanted
+from eaglespec.kernels.step import FUSED_KERNELS_ENV, block_mask_ref, wanted
 
 __all__ = ["FUSED_KERNELS_ENV", "FastTarget", "fused_by_default", "make_target", "unsupported_reason"]
 
@@ -168,7 +167,7 @@ def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: to
     allows (bf16 near-ties); fp32 differs by accumulation order only. `inplace`: accumulate into h (addmm_), for an
     h nothing else holds; an out-of-place addmm first copies h into its result (a device copy per call on CUDA:
     the 60 DtoD copies of the H200 profile at 87db194). On CPU in fp32 the projection goes through oneDNN
-    (eaglespec.linear), then one add."""
+    (eaglespec.kernels.onednn), then one add."""
     if onednn.applies(x, weight, bias):
         y = onednn.project(x, weight, bias)
         return h.add_(y) if inplace else h + y
@@ -315,7 +314,7 @@ class FastTarget:
         self.span_step = span_step
         self._kernels = None  # target/kernels.py when fused_kernels
         if fused_kernels:
-            from . import kernels
+            from eaglespec.kernels import step as kernels
 
             if not kernels.available(self.device):
                 raise EagleSpecError("fused_kernels=True needs triton and the target on CUDA (or TRITON_INTERPRET=1)")
@@ -325,7 +324,7 @@ class FastTarget:
         # target/attn_kernels.py with the fused kernels: the masked attention in one kernel, the mask never expanded
         self._attn = None
         if fused_kernels:
-            from . import attn_kernels
+            from eaglespec.kernels import attention as attn_kernels
 
             self._attn = attn_kernels if attn_kernels.wanted() else None
         # target/gemm_kernels.py with the fused kernels: RMSNorm + GEMM and silu*up + GEMM + residual, one kernel each
@@ -333,10 +332,10 @@ class FastTarget:
         if gemm_kernels and not fused_kernels:
             raise EagleSpecError("gemm_kernels=True needs fused_kernels=True")
         if fused_kernels and (gemm_wanted() if gemm_kernels is None else gemm_kernels):
-            from . import gemm_kernels as gemm
+            from eaglespec.kernels import gemm
 
             self._gemm = gemm
-        # on CPU in fp32, the projections in oneDNN's packed layout (eaglespec.linear.pack), not for the GEMM kernels
+        # on CPU in fp32, the projections in oneDNN's packed layout (eaglespec.kernels.onednn.pack), not for the GEMM kernels
         # or torch.compile, which read the weights themselves. qkv and gate/up (and o where GQA reorders its columns)
         # replace FastTarget's own copies; lm_head and down are the model's own weights, so packing them adds copies
         # (~40% of SmolLM2's weights): only where half the available memory holds them
@@ -639,7 +638,7 @@ def make_target(model: nn.Module, backend: str = "auto", feature_layer_ids: tupl
     backend's plain decoding on 2 cores, bench/RESULTS.md session 9; else the generic HF backend). A fast backend gets
     fused_kernels from kernels.wanted (EAGLESPEC_FUSED_KERNELS 0 or 1; unset: on CUDA where triton imports, unless
     compiling) unless fast_kw names it."""
-    from .hf import HFTarget
+    from eaglespec.backends.hf import HFTarget
 
     if backend not in ("auto", "fast", "hf"):
         raise EagleSpecError(f"backend {backend!r} is not one of auto, fast, hf")

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .target import skinny
+from eaglespec.kernels import skinny
 
 ENV = "EAGLESPEC_ONEDNN"  # "0": F.linear everywhere
 PACK_ENV = "EAGLESPEC_ONEDNN_PACK"  # "0": `pack` returns the weight itself

@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .draft.proposer import Proposer, shifted_tokens
-from .errors import env_switch
-from .gate import SpeculationGate
-from .metrics import round_detail
-from .sampling import SamplingConfig, process_logits, sample
-from .target.base import TargetBackend, TargetOutput
-from .tree import DraftTree, TreeSpec, flatten
-from .verify import greedy_accept, sample_accept
+from eaglespec.backends.base import TargetBackend, TargetOutput
+from eaglespec.draft.proposer import Proposer, shifted_tokens
+from eaglespec.engine.gate import SpeculationGate
+from eaglespec.errors import env_switch
+from eaglespec.sampling import SamplingConfig, process_logits, sample
+from eaglespec.telemetry import round_detail
+from eaglespec.tree.core import DraftTree, TreeSpec, flatten
+from eaglespec.verify import greedy_accept, sample_accept
 
 CHUNKED_PREFILL_ENV = "EAGLESPEC_CHUNKED_PREFILL"  # "1" on, "0" off, unset or "": on for CUDA
 OVERLAP_ENV = "EAGLESPEC_OVERLAP"  # "1" on, "0" off, unset or "": on for a fast target on CUDA
@@ -221,7 +221,7 @@ class SpeculativeEngine:
             if hasattr(drafter, "set_target_embedding") and getattr(drafter, "embed_tokens", None) is None:
                 drafter.set_target_embedding(target.embedding())
             if hasattr(drafter, "set_target_head"):  # EAGLE-1: the target's final norm + lm_head
-                from .draft.eagle1 import target_head
+                from eaglespec.draft.eagle1 import target_head
 
                 drafter.set_target_head(*target_head(target), num_layers=target.num_layers)
             target.set_feature_layers(tuple(drafter.feature_layer_ids))

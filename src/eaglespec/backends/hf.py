@@ -12,9 +12,9 @@ import inspect
 import torch
 from torch import nn
 
-from ..draft.layers import additive_mask
-from .base import TargetOutput
-from .capture import FeatureCapture, decoder_layers
+from eaglespec.backends.base import TargetOutput
+from eaglespec.backends.capture import FeatureCapture, decoder_layers
+from eaglespec.draft.layers import additive_mask
 
 
 def sliding_window_of(cfg) -> tuple[int | None, bool]:

@@ -417,7 +417,7 @@ def read_prompts(path: str) -> list[str]:
     """Prompts from a file: JSONL ({"prompt"} or {"turns": [...]} or {"text"}) or plain text, one a line."""
     import json
 
-    from .errors import EagleSpecError
+    from eaglespec.errors import EagleSpecError
 
     try:
         lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
@@ -440,7 +440,7 @@ def read_prompts(path: str) -> list[str]:
 
 
 def add_parser(subparsers) -> None:
-    from .cli import add_model_args, add_sampling_args, add_tree_args
+    from eaglespec.cli.main import add_model_args, add_sampling_args, add_tree_args
 
     p = subparsers.add_parser(
         "report", help="run prompts and report acceptance by depth, calibration, time split (table + PNG)",
@@ -468,8 +468,8 @@ def cmd_report(args) -> int:
     import json
     import sys
 
-    from .cli import sampling_options
-    from .errors import EagleSpecError
+    from eaglespec.cli.main import sampling_options
+    from eaglespec.errors import EagleSpecError
 
     if args.from_json:
         try:
@@ -479,8 +479,8 @@ def cmd_report(args) -> int:
         if not isinstance(summary, dict) or "acceptance_length_hist" not in summary:
             raise EagleSpecError(f"{args.from_json}: not an eaglespec report summary (no acceptance_length_hist)")
     else:
-        from .api import EagleSpec
-        from .cli import _non_negative
+        from eaglespec.api import EagleSpec
+        from eaglespec.cli.main import _non_negative
 
         _non_negative(args, "max_new_tokens", "k", "top_k", "depth", "budget", "limit")
         prompts = list(args.prompt or [])

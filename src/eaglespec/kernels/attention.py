@@ -46,9 +46,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..errors import env_switch
-from . import kernels
-from .kernels import _interpreted, _pow2
+from eaglespec.errors import env_switch
+from eaglespec.kernels import step as kernels
+from eaglespec.kernels.step import _interpreted, _pow2
 
 ATTN_KERNEL_ENV = "EAGLESPEC_ATTN_KERNEL"  # "0": SDPA even with the fused kernels; "1" or unset: this kernel
 
@@ -67,7 +67,7 @@ def masked_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allo
                          scale: float | None = None, kv_len: torch.Tensor | None = None) -> torch.Tensor:
     """F.scaled_dot_product_attention(q, k, v, attn_mask=fast._grouped_mask(allowed), scale=scale): q [1, Hkv, M, D]
     (M = B*G), k / v [1, Hkv, span, D], allowed [B, span] bool (AND cols < kv_len where given) -> [1, Hkv, M, D]."""
-    from .fast import _grouped_mask
+    from eaglespec.backends.fast import _grouped_mask
 
     b, span = allowed.shape
     if kv_len is not None:

@@ -31,8 +31,8 @@ from typing import Literal
 
 import torch
 
-from . import tree_kernels
-from .errors import EagleSpecError
+from eaglespec.errors import EagleSpecError
+from eaglespec.kernels import tree as tree_kernels
 
 TreeKind = Literal["chain", "static", "dynamic"]
 

@@ -89,9 +89,9 @@ from typing import NamedTuple
 
 import torch
 
-from . import tree_kernels
-from .errors import env_switch
-from .target import kernels as K
+from eaglespec.errors import env_switch
+from eaglespec.kernels import step as K
+from eaglespec.kernels import tree as tree_kernels
 
 SAMPLED_KERNELS_ENV = "EAGLESPEC_SAMPLED_KERNELS"  # "0": not these (unset, "" or "1": with the tree kernels)
 MAX_K = 32  # the most children per node (one launch per rank)

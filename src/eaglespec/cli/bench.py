@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from .errors import EagleSpecError
-from .target.fast import fused_by_default
+from eaglespec.backends.fast import fused_by_default
+from eaglespec.errors import EagleSpecError
 
 EXTRA_METHODS = ("extra-chain", "extra-static", "extra-dynamic")  # the --extra-draft drafter's (EAGLE-1, HASS)
 ALL_METHODS = ("hf", "hf-plain", "fast-plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic", *EXTRA_METHODS)
@@ -139,7 +139,7 @@ class _Synced:
 class Bench:
     def __init__(self, model, tokenizer, drafter, eos: list[int], args: argparse.Namespace, extra_drafter=None):
         """extra_drafter: a second drafter (e.g. EAGLE-1 / HASS) for the extra-* methods, on the same target."""
-        from .target.fast import make_target, unsupported_reason
+        from eaglespec.backends.fast import make_target, unsupported_reason
 
         self.model, self.tok, self.drafter, self.eos, self.args = model, tokenizer, drafter, eos, args
         self.extra_drafter = extra_drafter
@@ -149,7 +149,7 @@ class Bench:
         self.fast_reason = unsupported_reason(model)
         self.overlap = False  # engine.overlap_wanted: rounds launched ahead, so no sync before a forward
         if self.fast_reason is None:
-            from .engine import overlap_wanted
+            from eaglespec.engine.loop import overlap_wanted
 
             ids = tuple(drafter.feature_layer_ids) if drafter is not None else ()
             self.fast = make_target(model, "fast", ids, max_len=args.max_len, compile=args.compile)
@@ -158,17 +158,17 @@ class Bench:
     def sampling(self):
         if not self.args.temperature:
             return None
-        from .sampling import SamplingConfig, SamplingParams, draft_processors
+        from eaglespec.sampling import SamplingConfig, SamplingParams, draft_processors
 
         draft = draft_processors(getattr(self.args, "draft_temperature", None))  # None: the target's processors
         return SamplingConfig(SamplingParams(temperature=self.args.temperature), draft=draft, seed=self.args.seed)
 
     def engine(self, method: str):
         """(engine, None) or (None, reason to skip)."""
-        from .api import tree_spec, use_draft_graphs
-        from .engine import SpeculativeEngine
-        from .target.hf import HFTarget
-        from .tree import TreeSpec
+        from eaglespec.api import tree_spec, use_draft_graphs
+        from eaglespec.backends.hf import HFTarget
+        from eaglespec.engine.loop import SpeculativeEngine
+        from eaglespec.tree.core import TreeSpec
 
         a = self.args
         if method == "hf-plain":
@@ -194,13 +194,13 @@ class Bench:
             return None, f"{kind} trees unavailable: {exc}"
         engine = SpeculativeEngine(target, drafter, spec, adaptive=getattr(a, "adaptive", False))
         if use_draft_graphs(getattr(a, "draft_graphs", None), self.fast):
-            from .draft.fast import enable_draft_graphs
+            from eaglespec.draft.fast import enable_draft_graphs
 
             enable_draft_graphs(engine, max_len=a.max_len)
-        from .api import use_round_graphs
+        from eaglespec.api import use_round_graphs
 
         if use_round_graphs(getattr(a, "round_graphs", None), engine):
-            from .round_graph import enable_round_graphs
+            from eaglespec.engine.round_graph import enable_round_graphs
 
             enable_round_graphs(engine)
         return engine, None
@@ -234,7 +234,7 @@ class Bench:
         return (top.values[:, 0] - top.values[:, 1]).tolist(), top.indices[:, 1].tolist(), top.values[:, 0].tolist()
 
     def run(self, method: str, prompts: list[list[int]], max_new: int, warmup: int, timed: bool = True) -> Run:
-        from .api import settle_heap
+        from eaglespec.api import settle_heap
 
         run = Run(method)
         if method == "hf":
@@ -354,7 +354,7 @@ def summarize_run(run: Run) -> dict:
                tokens_per_second=round(sum(toks) / total_s, 2) if total_s else 0.0,
                median_tokens_per_second=round(statistics.median(n / s for n, s in zip(toks, run.seconds)), 2))
     if run.results:
-        from .metrics import summarize
+        from eaglespec.telemetry import summarize
 
         s = summarize(run.results)
         split = s["time_split"]
@@ -534,7 +534,7 @@ def bench_methods(args: argparse.Namespace) -> list[str]:
 
 
 def _load(args, dtype):
-    from .api import EagleSpec
+    from eaglespec.api import EagleSpec
 
     es = EagleSpec.from_args(args, None, dtype=dtype, backend="hf", draft_graphs=False,
                              round_graphs=False)  # engines: Bench.engine
@@ -545,7 +545,7 @@ def static_spec(drafter, device: torch.device | str | None = None, sampled: bool
     """eagle3-static's tree: the drafter's recommendation on `device` (tree_defaults.static: a fitted tree's
     `choices`, its depth and budget; with `sampled`, a run with a temperature, the sampled policy's shape), else
     EAGLE-1's 25-node tree. The --depth/--top-k/--budget flags shape the dynamic tree only."""
-    from .api import tree_defaults, tree_spec
+    from eaglespec.api import tree_defaults, tree_spec
 
     found = tree_defaults(drafter, device=device, sampled=sampled, greedy=not sampled) if drafter is not None else {}
     return tree_spec("static", defaults=found)
@@ -565,7 +565,7 @@ def resolve_tree_args(args, drafter, device: torch.device | str | None = None) -
     """--k/--depth/--top-k/--budget left out -> the drafter's recommended shapes on `device` (tree_defaults; with
     --temperature, the sampled policy's shape too), else the generic defaults; written back into args so the
     report names the shapes that ran."""
-    from .api import tree_defaults, tree_spec
+    from eaglespec.api import tree_defaults, tree_spec
 
     sampled = bool(getattr(args, "temperature", 0))
     found = tree_defaults(drafter, device=device, sampled=sampled, greedy=not sampled) if drafter is not None else {}
@@ -579,7 +579,7 @@ def extra_drafter(es, args) -> tuple[Any, str]:
     path = getattr(args, "extra_draft", None)
     if not path:
         return None, ""
-    from .api import load_drafter_for
+    from eaglespec.api import load_drafter_for
 
     return load_drafter_for(es.model, es.tokenizer, path, args.aux_rule, getattr(args, "strict", False))
 
@@ -610,10 +610,10 @@ def run_methods(es, prompts: list[list[int]], methods: list[str], args, extra=No
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .engine import chunked_prefill_wanted, overlap_wanted
-    from .round_graph import wanted as round_graphs_wanted
-    from .round_graph import wanted_sampled
-    from .target.loading import resolve_device
+    from eaglespec.backends.loading import resolve_device
+    from eaglespec.engine.loop import chunked_prefill_wanted, overlap_wanted
+    from eaglespec.engine.round_graph import wanted as round_graphs_wanted
+    from eaglespec.engine.round_graph import wanted_sampled
 
     for name in ("limit", "max_new_tokens", "k", "top_k", "depth", "budget", "check_fp32", "warmup", "hf_limit",
                  "skip"):
@@ -689,7 +689,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> None:
-    from .cli import add_draft_temperature, add_model_args, add_tree_args
+    from eaglespec.cli.main import add_draft_temperature, add_model_args, add_tree_args
 
     p = subparsers.add_parser("bench", help="benchmark HF generate, plain fast decoding and EAGLE-3 in one run")
     add_model_args(p)

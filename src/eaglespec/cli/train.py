@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..errors import EagleSpecError
+from eaglespec.errors import EagleSpecError
 
 TRAIN_FLAGS = ("target", "data", "method", "out", "steps", "epochs", "max_length", "batch_size", "lr", "ttt_steps",
                "draft_vocab", "device", "dtype", "grad_accum", "limit", "seed", "save_every", "eval_every",
@@ -146,9 +146,9 @@ def _options(args: argparse.Namespace) -> dict:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..target.loading import load_target, resolve_device, resolve_target
-    from .data import read_conversations, tokenize_all
-    from .trainer import (
+    from eaglespec.backends.loading import load_target, resolve_device, resolve_target
+    from eaglespec.train.data import read_conversations, tokenize_all
+    from eaglespec.train.trainer import (
         TrainConfig,
         check_start,
         finish_distributed,
@@ -193,8 +193,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         n_loss = sum(int(s.loss_mask.sum()) for s in samples)
         _log(f"eaglespec train: {len(samples)} conversations, {n_tok} tokens ({n_loss} assistant) from {o['data']}")
     if o.get("feature_cache"):
-        from .features import attach_feature_cache
-        from .trainer import drafter_config
+        from eaglespec.train.features import attach_feature_cache
+        from eaglespec.train.trainer import drafter_config
 
         ids = drafter.feature_layer_ids if drafter is not None else drafter_config(model, cfg.method, 1).aux_layer_ids
         samples = attach_feature_cache(o["feature_cache"], model, tok, samples, ids, rank=rank)
@@ -209,9 +209,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_regenerate(args: argparse.Namespace) -> int:
-    from ..target.batched import check_decoder
-    from ..target.loading import load_target
-    from .regenerate import parse_shard, regenerate
+    from eaglespec.backends.batched import check_decoder
+    from eaglespec.backends.loading import load_target
+    from eaglespec.train.regenerate import parse_shard, regenerate
 
     for k in ("batch_size", "max_new_tokens", "time_budget"):
         if getattr(args, k) is not None and getattr(args, k) <= 0:
@@ -228,7 +228,7 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
 
 def _exclusions(spec: str) -> list[str]:
     """The prompts of each named set; the default benchmarks are skipped where their packages are not installed."""
-    from ..bench import load_prompts
+    from eaglespec.cli.bench import load_prompts
 
     texts: list[str] = []
     for name in (n.strip() for n in spec.split(",") if n.strip()):
@@ -242,9 +242,9 @@ def _exclusions(spec: str) -> list[str]:
 
 
 def cmd_synth_prompts(args: argparse.Namespace) -> int:
-    from ..target.batched import check_decoder
-    from ..target.loading import load_target
-    from .synth import MAX_CHARS, MIN_CHARS, NGRAM, synthesize
+    from eaglespec.backends.batched import check_decoder
+    from eaglespec.backends.loading import load_target
+    from eaglespec.train.synth import MAX_CHARS, MIN_CHARS, NGRAM, synthesize
 
     for k in ("count", "batch_size", "max_new_tokens"):
         if getattr(args, k) <= 0:

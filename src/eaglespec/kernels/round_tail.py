@@ -24,9 +24,9 @@ import functools
 
 import torch
 
-from . import tree_kernels
-from .errors import env_switch
-from .target import kernels as K
+from eaglespec.errors import env_switch
+from eaglespec.kernels import step as K
+from eaglespec.kernels import tree as tree_kernels
 
 TAIL_KERNEL_ENV = "EAGLESPEC_TAIL_KERNEL"  # "0": the torch tail; unset or "1": the kernel, with the tree kernels
 

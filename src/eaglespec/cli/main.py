@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import EagleSpecError
+from eaglespec.errors import EagleSpecError
 
 
 def _log(msg: str) -> None:
@@ -87,7 +87,7 @@ def add_draft_temperature(p: argparse.ArgumentParser) -> None:
 
 def sampling_options(args: argparse.Namespace, generation_config) -> dict:
     """Flags over the target's generation_config -> EagleSpec.generate keyword options ({} = greedy)."""
-    from .sampling import from_generation_config
+    from eaglespec.sampling import from_generation_config
 
     cfg = from_generation_config(generation_config, args.temperature, args.sample_top_k, args.top_p, args.min_p,
                                  args.seed)
@@ -108,7 +108,7 @@ def _non_negative(args: argparse.Namespace, *names: str) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .api import EagleSpec, tree_label
+    from eaglespec.api import EagleSpec, tree_label
 
     _non_negative(args, "max_new_tokens", "k", "top_k", "depth", "budget")
     if args.prompt_file:
@@ -151,12 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     # subcommands owned by other modules register themselves here
-    __import__("eaglespec.train.command", fromlist=["add_parser"]).add_parser(sub)
-    __import__("eaglespec.chat", fromlist=["add_parser"]).add_parser(sub)
+    __import__("eaglespec.cli.train", fromlist=["add_parser"]).add_parser(sub)
+    __import__("eaglespec.cli.chat", fromlist=["add_parser"]).add_parser(sub)
     __import__("eaglespec.server", fromlist=["add_parser"]).add_parser(sub)
-    __import__("eaglespec.metrics", fromlist=["add_parser"]).add_parser(sub)
+    __import__("eaglespec.telemetry", fromlist=["add_parser"]).add_parser(sub)
     __import__("eaglespec.checkpoint.convert", fromlist=["add_parser"]).add_parser(sub)
-    __import__("eaglespec.bench", fromlist=["add_parser"]).add_parser(sub)
+    __import__("eaglespec.cli.bench", fromlist=["add_parser"]).add_parser(sub)
     return parser
 
 

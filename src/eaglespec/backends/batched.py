@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import EagleSpecError
-from ..sampling import SamplingParams, process_logits, sample
-from .capture import decoder_layers
-from .fast import unsupported_reason
+from eaglespec.backends.capture import decoder_layers
+from eaglespec.backends.fast import unsupported_reason
+from eaglespec.errors import EagleSpecError
+from eaglespec.sampling import SamplingParams, process_logits, sample
 
 DECODERS = ("hf", "static", "auto")  # regenerate's and synth-prompts' --decoder
 PREFILL_ELEMENTS = 1 << 26  # mask elements (rows x query rows x keys) per prefill chunk

@@ -1,0 +1,1 @@
+"""The `eaglespec` command line: one module per subcommand."""

@@ -1,0 +1,1 @@
+"""The generation loop and the speculative round."""

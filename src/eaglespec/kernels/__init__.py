@@ -1,0 +1,1 @@
+"""Triton kernels of the fast path (CUDA), and the oneDNN projections of the CPU path."""

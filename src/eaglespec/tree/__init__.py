@@ -1,0 +1,1 @@
+"""Draft trees: specs, growth, flattening, and static trees fitted to a drafter."""
