@@ -1,12 +1,12 @@
-"""GPU check of the fast backend on the default target (SmolLM2-135M-Instruct):
+"""GPU check of the fast backend on the default target: correctness vs HF and eager, and forward cost.
+
+    python bench/fast_check.py [--compile] [--json OUT]
 
 1. correctness: CUDA-graph replay == the same step run eagerly (exact), and fast vs HFTarget
    logits/features on a prompt + a tree verify + a non-prefix commit, in fp32 (TF32 off) and bf16;
 2. cost of one target forward (ms, median of CUDA-event timings) at 1, 8 and 64 rows: HFTarget,
    fast eager, fast graph (and fast compiled+graph with --compile), with the span (cache slots attended) of
    each fast step and the graph / compiled outputs' difference from the eager step on the same inputs.
-
-    PYTHONPATH=src python bench/fast_check.py [--compile] [--json OUT]
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def timings(model, use_compile: bool) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()

@@ -1,16 +1,16 @@
-"""Fit a static draft tree to a drafter: measure, at T=0 on calibration prompts, the rank of the target's token
-among the drafter's top-K candidates at every depth of the accepted path (eaglespec.tree.fit.measure_ranks),
-then take the `--budget` highest-value rank paths (fit_static_tree). Prints the per-depth/rank table, the fitted
-tree and its expected tau next to EAGLE-1's default 25-node tree's under the same statistics.
+"""Fit a static draft tree to a drafter at T=0 and print its expected tau beside EAGLE-1's 25-node tree's.
 
-    PYTHONPATH=src python bench/fit_static_tree.py [--draft DIR] [--dataset mtbench] [--limit 10]
-        [--holdout 0] [--max-new-tokens 256] [--depth 8] [--top-k 10] [--budget 60] [--json OUT] [--write]
+    python bench/fit_static_tree.py [--draft DIR] [--dataset mtbench] [--limit 10] [--holdout 0]
+        [--max-new-tokens 256] [--depth 8] [--top-k 10] [--budget 60] [--json OUT] [--write]
 
---write stores the tree in DIR/eaglespec_manifest.json as tree_defaults.static.choices (with the tree's depth
-and budget), which `--tree static` then drafts (flags cut it: the first --budget paths are the best ones). The
-manifest is never changed without --write. Taus weigh every answer position as a round's root (a real run visits
-fewer, harder ones): "expected" assumes independent acceptance across depths (the fit's model), "empirical"
-replays the measured per-position rank paths through the tree. They rank trees; they are not a measured tau.
+On calibration prompts the target answers greedily (HF generate); at every depth of each accepted path the
+rank of the target's token among the drafter's top-K candidates is counted (eaglespec.tree.fit.measure_ranks),
+and the `--budget` highest-value rank paths form the tree (fit_static_tree). Prints the per-depth/rank table,
+the fitted tree and the taus of its cuts. --write stores it in DIR/eaglespec_manifest.json as
+tree_defaults.static.choices (with its depth and budget), which `--tree static` then drafts; without --write
+the manifest is left alone. Taus weigh every answer position as a round's root (a real run visits fewer,
+harder ones): "expected" assumes independent acceptance across depths (the fit's model), "empirical" replays
+the measured rank paths through the tree. They rank trees; they are not a measured tau.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
 from eaglespec.api import DEFAULT_DRAFT, EagleSpec
-from eaglespec.cli.bench import environment, load_prompts
-from eaglespec.cli.main import add_model_args
+from eaglespec.cli.args import add_model_args
+from eaglespec.cli.bench import environment
+from eaglespec.datasets import load_prompts
 from eaglespec.tree.core import MC_SIM_7B_63, TreeSpec
 from eaglespec.tree.fit import RankCounts, expected_tau, fit_static_tree, measure_ranks, with_static_choices
 

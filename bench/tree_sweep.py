@@ -1,18 +1,14 @@
-"""Which draft tree pays off for a given drafter: tok/s and tau of several chain lengths and dynamic-tree
-shapes against fast plain decoding, in one process, on the same prompts (fast backend, draft graphs on CUDA).
+"""Which draft tree pays off for a drafter: tok/s and tau of tree shapes against fast plain decoding.
 
-A tree sized for a strong drafter (depth 8, width 10, 60 nodes: EAGLE-3's) costs more to draft and verify than
-a weak drafter's few accepted tokens repay; this finds the shape that maximizes tok/s for the drafter at hand.
+    python bench/tree_sweep.py [--draft DIR] [--limit 10] [--temperature 0] [--json OUT] [--best-flags]
+        [--configs chain:3,chain:5,dynamic:5/8/24,dynamic:8/10/60,static:fit/20] [--fit-json FIT] [--compile]
 
-    PYTHONPATH=src python bench/tree_sweep.py [--draft DIR] [--limit 10] [--temperature 0]
-        [--configs chain:3,chain:5,dynamic:5/8/24,dynamic:8/10/60] [--compile] [--json OUT] [--best-flags]
-        [--fit-json FIT]
-
-A config is chain:K, dynamic:DEPTH/TOPK/BUDGET, static:DEPTH/TOPK/BUDGET (EAGLE-1's 25-node static tree cut to
-DEPTH and BUDGET; a budget above 25 is named on stderr, it drafts 25) or static:fit/BUDGET (the best BUDGET nodes
-of a fitted static tree: --fit-json, the --json of bench/fit_static_tree.py, else the drafter manifest's
-tree_defaults.static.choices). The JSON's "best" holds the fastest config of each kind; --best-flags prints the fastest chain
-and dynamic shapes as `eaglespec bench` flags on the last line of stdout (bench/gpu_next.sh reads it).
+Every config runs on the same prompts (fast backend, draft graphs on CUDA). A config is chain:K,
+dynamic:DEPTH/TOPK/BUDGET, static:DEPTH/TOPK/BUDGET (EAGLE-1's 25-node static tree cut to DEPTH and BUDGET) or
+static:fit/BUDGET (the best BUDGET nodes of a fitted static tree: --fit-json, the --json of
+bench/fit_static_tree.py or bench/fit_sampled_tree.py, else the drafter manifest's
+tree_defaults.static.choices). The JSON's "best" holds the fastest config of each kind; --best-flags prints
+the fastest chain and dynamic shapes as `eaglespec bench` flags on the last line of stdout.
 """
 
 from __future__ import annotations
@@ -24,13 +20,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from eaglespec.tree import fit as tree_fit
 from eaglespec.api import tree_defaults
-from eaglespec.cli.bench import Bench, _load, environment, load_prompts, summarize_run
-from eaglespec.cli.main import add_draft_temperature, add_model_args
+from eaglespec.cli.args import add_draft_temperature, add_model_args
+from eaglespec.cli.bench import Bench, _load, environment, summarize_run
+from eaglespec.datasets import load_prompts
 from eaglespec.errors import EagleSpecError
+from eaglespec.tree import fit as tree_fit
 from eaglespec.tree.core import TreeSpec
 
 DEFAULT_CONFIGS = ("chain:2,chain:3,chain:4,chain:5,dynamic:3/4/8,dynamic:4/4/12,dynamic:4/6/16,dynamic:5/6/24,"
@@ -55,26 +50,16 @@ def parse_config(text: str) -> tuple[str, dict]:
 
 
 def static_config(kw: dict, fitted: tuple[tuple[int, ...], ...] | None) -> TreeSpec:
-    """A static config's tree: the fitted tree's best `budget` nodes (static:fit/BUDGET), else EAGLE-1's tree cut to
-    depth and budget (static:DEPTH/TOPK/BUDGET)."""
+    """A static config's tree: the fitted tree's best `budget` nodes (static:fit/BUDGET), else EAGLE-1's tree
+    cut to depth and budget (static:DEPTH/TOPK/BUDGET)."""
     if kw.get("fit"):
         return tree_fit.fitted_spec(fitted, kw["budget"])
     return TreeSpec("static", depth=kw["depth"], top_k=kw["top_k"], budget=kw["budget"])
 
 
-def configure(bench: Bench, args, text: str) -> str:
-    """Set the bench's args for one config ("plain", chain:K, static:D/K/B, dynamic:D/K/B); its method."""
-    if text == "plain":
-        return "fast-plain"
-    method, kw = parse_config(text)
-    for key, value in kw.items():
-        setattr(args, key, value)
-    bench.static_override = static_config(kw, None) if method == "eagle3-static" else None
-    return method
-
-
 def fitted_choices(path: str | None, drafter) -> tuple[tuple[int, ...], ...]:
-    """The fitted static tree: the "tree" of fit_static_tree.py's --json, else the drafter's manifest choices."""
+    """The fitted static tree: the "tree" of fit_static_tree.py's --json, else the drafter's manifest
+    choices."""
     if path:
         try:
             return tree_fit.load_fitted(path)
@@ -98,8 +83,8 @@ def best_configs(rows: list[dict]) -> dict[str, dict]:
 
 
 def bench_flags(best: dict[str, dict]) -> str:
-    """`eaglespec bench` shape flags for the fastest chain and dynamic configs (bench's static tree is the drafter's
-    recommendation: tree_defaults.static)."""
+    """`eaglespec bench` shape flags for the fastest chain and dynamic configs (bench's static tree is the
+    drafter's recommendation: tree_defaults.static)."""
     flags = []
     if "chain" in best:
         flags.append(f"--k {best['chain']['config'].partition(':')[2]}")
@@ -125,7 +110,8 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--best-flags", action="store_true", help="print the fastest shapes as bench flags, last")
-    ap.add_argument("--fit-json", default=None, help="static:fit configs: the --json of bench/fit_static_tree.py")
+    ap.add_argument("--fit-json", default=None,
+                    help="static:fit configs: the --json of bench/fit_static_tree.py or fit_sampled_tree.py")
     args = ap.parse_args()
     configs = [(c, *parse_config(c)) for c in args.configs.split(",") if c.strip()]
     es = _load(args, args.dtype)

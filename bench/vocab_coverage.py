@@ -1,19 +1,13 @@
-"""How much of the target's own greedy text can the drafter draft at all? (issue 6: tau >= 5 on MT-bench)
+"""Share of the target's answer tokens (and at T > 0 of its mass) outside the drafter's vocabulary.
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/vocab_coverage.py [--dataset mtbench] [--limit 8]
-        [--max-new-tokens 128] [--draft DIR] [--counts DATA.jsonl] [--sizes 16000,24000,32000] [--json OUT]
-        [--temperature T] [--seed 0]
+    python bench/vocab_coverage.py [--dataset mtbench] [--limit 8] [--max-new-tokens 128] [--draft DIR]
+        [--counts DATA.jsonl] [--sizes 16000,24000,32000] [--temperature T] [--seed 0] [--json OUT]
 
-An EAGLE-3 drafter proposes only ids of its draft vocabulary (d2t), so an answer token outside it is a rejection
-whatever the drafter's states say. On CPU in fp32 this answers --limit prompts of --dataset greedily with the
-target (plain decoding, the shipped pair by default) and reports the share of answer tokens outside the draft
-vocabulary, the most frequent of them, and, with --counts (a conversations file: its assistant tokens are
-counted), the share outside the vocabulary that `train --init --draft-vocab N` would grow to for each N of --sizes
-(train.vocab.grown_draft_ids, the same rule).
-
-With --temperature T > 0 the answers are sampled at T (seed --seed) and the report adds the MASS the target puts
-outside each vocabulary at T, averaged over the answer positions (p = the engine's processed distribution, from one
-target forward over prompt + answer): no draft from that vocabulary can be accepted with more than 1 - that mass.
+On CPU in fp32 the target (the default pair's, plain decoding) answers --limit prompts of --dataset, greedily
+or sampled at --temperature; the report gives the share of answer tokens outside the draft vocabulary and the
+most frequent of them; at T > 0 also the mean mass the target puts outside it (an upper bound on any draft's
+acceptance: 1 - that mass). With --counts (a conversations file whose assistant tokens are counted) it gives
+the same for the vocabulary `train --init --draft-vocab N` would grow to, for each N of --sizes.
 """
 
 from __future__ import annotations
@@ -26,46 +20,15 @@ from collections import Counter
 import torch
 
 from eaglespec.api import EagleSpec
-from eaglespec.cli.bench import load_prompts
-from eaglespec.sampling import SamplingConfig, SamplingParams, process_logits
-from eaglespec.train.vocab import grown_draft_ids, token_counts
+from eaglespec.datasets import load_prompts
+from eaglespec.sampling import SamplingConfig, SamplingParams
+from eaglespec.train.vocab import token_counts
+from eaglespec.train.vocab_coverage import answer_probs, grown_masks, id_mask, outside_mass, outside_share
 from eaglespec.tree.core import TreeSpec
 
 
-def id_mask(ids: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[vocab] bool, True at `ids`."""
-    mask = torch.zeros(vocab, dtype=torch.bool)
-    mask[ids] = True
-    return mask
-
-
-def outside_share(answers: list[list[int]], in_vocab: torch.Tensor) -> float:
-    """The share of answer tokens whose id is not marked in `in_vocab` [V] bool."""
-    ids = torch.tensor([x for a in answers for x in a], dtype=torch.long)
-    return float((~in_vocab[ids]).float().mean()) if ids.numel() else 0.0
-
-
-def grown_masks(draft_ids: torch.Tensor, counts: torch.Tensor, sizes: list[int]) -> dict[int, torch.Tensor]:
-    """{N: [V] bool, the draft vocabulary grown to N ids by `counts`}."""
-    return {n: id_mask(grown_draft_ids(draft_ids, counts, n), counts.numel()) for n in sizes}
-
-
-def outside_mass(probs: torch.Tensor, in_vocab: torch.Tensor) -> float:
-    """The mean over rows of the probability outside `in_vocab`: probs [n, V], in_vocab [V] bool."""
-    return float(probs[:, ~in_vocab].sum(-1).mean()) if probs.shape[0] else 0.0
-
-
-def answer_probs(es: EagleSpec, prompt: list[int], answer: list[int], temperature: float) -> torch.Tensor:
-    """[len(answer), V]: the target's processed distribution at T for each answer token, teacher-forced."""
-    ids = torch.tensor(prompt + answer, dtype=torch.long)
-    es.target.reset()
-    logits = es.target.forward(ids).logits  # [n, V]; row i predicts token i + 1
-    es.target.reset()
-    return process_logits(logits[len(prompt) - 1: len(ids) - 1], SamplingParams(temperature=temperature))
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="mtbench")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -90,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         res = es.engine.generate(ids, args.max_new_tokens, es.eos_ids(), sampling)
         answers.append(res.token_ids)
         if sampling is not None and res.token_ids:
-            probs.append(answer_probs(es, list(ids), list(res.token_ids), args.temperature))
+            probs.append(answer_probs(es.target, list(ids), list(res.token_ids), args.temperature))
         print(f"prompt {i}: {len(res.token_ids)} tokens", file=sys.stderr, flush=True)
     probs_all = torch.cat(probs) if probs else None  # [answer tokens, V]
     missing = Counter(es.tokenizer.decode([x]) for a in answers for x in a if not in_vocab[x])

@@ -1,7 +1,8 @@
 """HostCounter: host syncs, host->device copies and dispatched aten ops of a block of torch code.
 
-Shared by the tests (a sync-free growth is the CPU proxy for CUDA-graph capturability) and the benches
-(bench/propose_overhead.py, whose docstring defines what counts as a sync).
+A sync-free growth is the tests' CPU proxy for CUDA-graph capturability. A host sync is an op whose result the
+host must wait for: a scalar read (.item(), Tensor.tolist), nonzero, masked_select, repeat_interleave without
+output_size, or indexing by a bool mask; a host->device copy is a tensor built from host data (lift_fresh).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ MASK_INDEX_OPS = {"aten.index.Tensor", "aten.index_put.default", "aten.index_put
 
 
 class HostCounter(TorchDispatchMode):
-    """Counts dispatched aten ops, host syncs and host->device copies (bench/propose_overhead.py defines them)."""
+    """Counts dispatched aten ops, host syncs and host->device copies (as the module docstring defines them)."""
 
     def __init__(self):
         super().__init__()

@@ -1,6 +1,5 @@
 """HostOps: the non-view aten ops dispatched outside a drafter's forward, by name (a CPU proxy for the kernels
-a whole-tree CUDA graph replays around the drafter steps). Shared by tests/test_tree_graph.py and
-bench/draft_tree_ops.py."""
+a whole-tree CUDA graph replays around the drafter steps), for the tests."""
 
 from __future__ import annotations
 

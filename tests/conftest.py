@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -13,7 +10,6 @@ from eaglespec.checkpoint.config import DraftConfig, default_aux_layer_ids
 from eaglespec.draft.eagle3 import Eagle3Drafter
 
 VOCAB = 96
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -170,10 +166,3 @@ def without_onednn(monkeypatch):
 
     monkeypatch.setattr(eaglespec.kernels.onednn, "available", lambda: False)
 
-
-def bench_module(name: str):
-    """bench/<name>.py imported as a module (the bench scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod

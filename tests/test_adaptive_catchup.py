@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import eaglespec.engine.loop as engine_mod
+from _engines import enable_draft_graphs
 from eaglespec.backends.hf import HFTarget
-from eaglespec.draft.fast import DEFAULT_BUCKETS, StaticDraftRunner, enable_draft_graphs
+from eaglespec.draft.fast import DEFAULT_BUCKETS, StaticDraftRunner
 from eaglespec.draft.proposer import EagerRows, Proposer
 from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.tree.core import TreeSpec

@@ -1,4 +1,4 @@
-"""target/batched.py: static-cache batched generation is HF generate's greedy output row for row (left padding,
+"""backends/batched.py: static-cache batched generation is HF generate's greedy output row for row (left padding,
 grouped-query heads, finished rows compacted away, prefill in row chunks), and samples the processed distribution."""
 
 from __future__ import annotations

@@ -14,12 +14,14 @@ from eaglespec.cli.bench import (
     add_ratios,
     agreement,
     bench_methods,
-    load_prompts,
+    bf16_ulp,
     markdown,
+    near_tie,
     plot,
     summarize_run,
 )
 from eaglespec.cli.main import build_parser
+from eaglespec.datasets import load_prompts
 from eaglespec.errors import EagleSpecError
 
 from conftest import tiny_drafter, tiny_target
@@ -36,16 +38,39 @@ class _Tok:
     pad_token_id = 0
 
 
+@pytest.fixture(autouse=True)
+def _no_heap_freeze(request, monkeypatch):
+    """bench.run settles the heap (gc.freeze) before timing; a frozen heap would outlive the test."""
+    from eaglespec import api
+
+    if "heap" not in request.node.name:
+        monkeypatch.setattr(api, "settle_heap", lambda: None)
+
+
+def test_bf16_ulp_and_near_tie_on_hand_made_numbers():
+    """ulp(x) = 2**(floor(log2|x|) - 7); a near-tie is a gap <= 4 ulps at the top logit."""
+    assert bf16_ulp(16.0) == bf16_ulp(31.9) == bf16_ulp(-20.0) == 0.125
+    assert bf16_ulp(15.9) == 0.0625 and bf16_ulp(1.0) == 2 ** -7 and bf16_ulp(0.75) == 2 ** -8
+    assert near_tie(0.5, 20.0) and not near_tie(0.5 + 2 ** -10, 20.0)  # 4 ulps at 16-32 = 0.5
+    assert near_tie(0.25, 15.9) and not near_tie(0.3, 15.9)  # 4 ulps at 8-16 = 0.25
+    assert near_tie(0.0625, -3.0) and not near_tie(0.07, -3.0)  # at |x| in [2, 4): ulp 2**-6
+    assert near_tie(0.0, 0.0) and not near_tie(1e-3, 0.0)
+
+
 def test_agreement_reports_first_divergence_and_gap():
-    ref = Run("hf", token_ids=[[5, 6, 7], [5, 6, 7]], ref_gaps=[[1.0, 0.05, 2.0], [1.0, 3.0, 0.5]],
-              ref_second=[[9, 8, 9], [9, 9, 9]], ref_top=[[20.0, 20.0, 20.0], [20.0, 20.0, 20.0]])
-    got = Run("x", token_ids=[[5, 8, 4], [5, 6, 7]])
+    ref = Run("hf", token_ids=[[5, 6, 7], [5, 6, 7], [5, 6, 7], [5, 6, 7]],
+              ref_gaps=[[1.0, 0.5, 2.0], [1.0, 3.0, 0.5], [0.75, 1.0, 1.0], [1.0, 1.0, 1.0]],
+              ref_second=[[9, 8, 9], [9, 9, 9], [9, 9, 9], [9, 9, 9]],
+              ref_top=[[20.0, 20.0, 20.0], [20.0, 20.0, 20.0], [20.0, 20.0, 20.0], [20.0, 20.0]])
+    got = Run("x", token_ids=[[5, 8, 4], [5, 6, 7], [4, 6, 7], [5, 6, 8]])
     ag = agreement(ref, got)
-    assert ag["identical"] == 1 and ag["identical_rate"] == 0.5
-    (d,) = ag["divergences"]
-    assert (d["prompt"], d["position"], d["ref_top2_gap"], d["took_ref_runner_up"]) == (0, 1, 0.05, True)
-    assert ag["near_ties"] == 1 and ag["non_near_ties"] == 0 and ag["within_one_ulp"] == 1
-    assert d["gap_in_ulps"] == 0.4  # bf16 spacing at 20.0 is 2**-7 * 16 = 0.125
+    assert ag["identical"] == 1 and ag["identical_rate"] == 0.25
+    d, far, unmeasured = ag["divergences"]
+    assert (d["prompt"], d["position"], d["ref_top2_gap"], d["took_ref_runner_up"]) == (0, 1, 0.5, True)
+    assert d["gap_in_bf16_ulps"] == 4.0 and d["near_tie"] is True  # bf16 spacing at 20.0 is 0.125
+    assert far["gap_in_bf16_ulps"] == 6.0 and far["near_tie"] is False
+    assert unmeasured["near_tie"] is None  # no top logit recorded at that step
+    assert (ag["near_ties"], ag["non_near_ties"], ag["unmeasured"]) == (1, 1, 1)
 
 
 def test_bench_methods_on_a_tiny_target_agree_with_generate(tmp_path):
@@ -112,8 +137,8 @@ def test_bench_cli_flags_and_bad_methods():
 
 
 def test_hf_limit_zero_leaves_hf_generate_out():
-    """--hf-limit 0 means no HF prompts, not all of them (the slow baseline on every prompt ran past a device
-    call's time limit in session 33)."""
+    """--hf-limit 0 means no HF prompts, not all of them (the slow baseline on every prompt can take longer than
+    the rest of the bench)."""
     args = build_parser().parse_args(["bench", "--methods", "hf,fast-plain", "--hf-limit", "0"])
     assert bench_methods(args) == ["fast-plain"]
     args = build_parser().parse_args(["bench", "--methods", "hf,fast-plain", "--hf-limit", "3"])
@@ -147,21 +172,50 @@ def test_ratios_vs_hf_use_only_the_prompts_hf_ran():
     assert "; no sync before verify (--no-phase-sync" in markdown(report)
     assert "round graphs" not in markdown(report)
     report["config"]["round_graphs"] = True
-    assert "greedy round; such a round's whole time is its verify column)" in markdown(report)
-    report["config"]["overlap"] = True  # the host's bookkeeping then runs beside the next round, not inside verify
+    assert "; round graphs (one CUDA graph and one host sync per round)" in markdown(report)
+    report["config"]["overlap"] = True
     assert "; overlap (each round or plain step launched" in markdown(report)
-    assert "verify is the wait for a round's graph, accept+commit the host's work for it" in markdown(report)
-    assert "whole time is its verify column" not in markdown(report)
     ag = agreement(Run("hf", token_ids=[[1, 2], [3, 4]]), Run("x", token_ids=[[1, 2], [3, 4], [5, 6]]))
     assert ag["sequences"] == 2 and ag["identical_rate"] == 1.0
 
 
-def test_bench_builds_its_fast_target_through_make_target(monkeypatch):
-    """EAGLESPEC_FUSED_KERNELS reaches the benchmark's fast backend (make_target reads it; a bad value is refused)."""
+def test_bench_engines_follow_the_engine_flags():
+    """The engine flags reach every method's engine through EngineConfig (engine/build.py): --no-kernels resolves
+    the kernels off, --adaptive gates every drafting method; hf-plain keeps the HF backend."""
     model = tiny_target()
-    monkeypatch.setenv("EAGLESPEC_FUSED_KERNELS", "yes")
-    with pytest.raises(EagleSpecError, match="EAGLESPEC_FUSED_KERNELS='yes': expected 0 or 1"):
-        Bench(model, _Tok(), tiny_drafter(model, seed=2), [2], _args())
+    bench = Bench(model, _Tok(), tiny_drafter(model, seed=2), [2], _args(kernels=False, adaptive=True))
+    assert bench.config.backend == "fast" and bench.config.kernels is False and bench.switches.kernels is False
+    assert bench.fast.name == "fast"
+    chain, _ = bench.engine("eagle3-chain")
+    assert chain.adaptive and chain.target is bench.fast and chain.graphs is None  # CPU: no round graphs
+    assert bench.engine("hf-plain")[0].target.name == "hf"
+    flags = build_parser().parse_args(["bench", "--no-kernels", "--threads", "1", "--commit", "abc"])
+    assert (flags.kernels, flags.threads, flags.commit, flags.results) == (False, 1, "abc", None)
+
+
+def test_a_phase_folded_into_another_reads_folded_not_zero():
+    """With round graphs a round is one replay timed as verify: the draft column reads '-' with a footnote, and
+    the JSON's draft entries are None, not 0."""
+    from eaglespec.engine.state import GenerationResult, RoundStats
+
+    res = GenerationResult([1, 2], [3, 4, 5], rounds=[RoundStats(drafted=3, accepted=1, emitted=2, verify_s=0.002,
+                                                                 commit_s=0.001)], seconds=0.004, backend="fast")
+    folded = summarize_run(Run("eagle3-chain", token_ids=[[3, 4, 5]], seconds=[0.004], results=[res],
+                               round_graphs=True))
+    eager = summarize_run(Run("eagle3-chain", token_ids=[[3, 4, 5]], seconds=[0.004], results=[res]))
+    assert folded["folded"] == {"draft": "verify"} and folded["ms_per_round"]["draft"] is None
+    assert folded["time_split_s"]["draft"] is None and folded["ms_per_round"]["verify"] == 2.0
+    assert "folded" not in eager and eager["ms_per_round"]["draft"] == 0.0
+    report = {"environment": {"date": "d", "device": "cuda", "torch": "t", "transformers": "x", "commit": "c"},
+              "config": {"target": "t", "dataset": "mtbench", "prompts": 1, "max_new_tokens": 3, "dtype": "bfloat16",
+                         "temperature": 0.0, "draft": "d", "k": 3, "depth": 8, "top_k": 10, "budget": 60,
+                         "round_graphs": True},
+              "methods": {"eagle3-chain": folded}}
+    table = markdown(report)
+    assert "| - / 2.00 / 1.00 / 1.00 |" in table
+    assert "draft -: draft is timed inside verify (round graphs" in table
+    report["methods"] = {"eagle3-chain": eager}
+    assert "| 0.00 / 2.00 / 1.00 / 1.00 |" in markdown(report) and "timed inside verify" not in markdown(report)
 
 
 @pytest.mark.parametrize("warm", [True, False])
@@ -252,10 +306,8 @@ def test_draft_temperature_drafts_top_k_children_under_sampling():
 
 
 def test_the_heap_is_settled_before_each_timed_loop(monkeypatch):
-    """settle_heap (gc.collect then gc.freeze) runs after a method's warm-ups and before its first timed prompt, so
-    no full collection walks the models during timing; EAGLESPEC_GC_FREEZE=0 leaves the collector alone."""
-    import gc
-
+    """settle_heap runs after a method's warm-ups and before its first timed prompt, so no full collection walks
+    the models during timing."""
     from eaglespec import api
 
     model = tiny_target("llama", seed=4)
@@ -265,20 +317,9 @@ def test_the_heap_is_settled_before_each_timed_loop(monkeypatch):
     orig = engine.generate
     engine.generate = lambda ids, n, *a: events.append(f"generate {n}") or orig(ids, n, *a)
     bench.engine = lambda method: (engine, None)
-    real = api.settle_heap
-    monkeypatch.setattr(api, "settle_heap", lambda: events.append("settle") or real())
-    monkeypatch.setenv(api.GC_FREEZE_ENV, "1")  # conftest turns it off for every other test
-    try:
-        bench.run("eagle3-chain", [[5, 6, 7], [5, 6, 7, 8]], 6, warmup=1)
-        assert events == ["generate 48", "settle", "generate 6", "generate 6"]
-        assert gc.get_freeze_count() > 0  # the models' objects are in the permanent generation
-    finally:
-        gc.unfreeze()
-    monkeypatch.setenv(api.GC_FREEZE_ENV, "0")
-    assert real() is False and gc.get_freeze_count() == 0
-    monkeypatch.setenv(api.GC_FREEZE_ENV, "yes")
-    with pytest.raises(EagleSpecError, match=api.GC_FREEZE_ENV):
-        real()
+    monkeypatch.setattr(api, "settle_heap", lambda: events.append("settle"))
+    bench.run("eagle3-chain", [[5, 6, 7], [5, 6, 7, 8]], 6, warmup=1)
+    assert events == ["generate 48", "settle", "generate 6", "generate 6"]
 
 
 def test_same_text_as_fast_plain_counts_identical_sequences_and_is_reported():

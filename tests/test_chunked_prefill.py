@@ -1,4 +1,4 @@
-"""Chunked prefill (engine.prefill, $EAGLESPEC_CHUNKED_PREFILL): a prompt past a FastTarget's largest bucket,
+"""Chunked prefill (engine.prefill, EngineConfig.chunked_prefill): a prompt past a FastTarget's largest bucket,
 prefilled in chunks of that bucket, equals the one-pass prefill (fp32, CPU) and keeps greedy output exact."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ import torch
 
 from eaglespec.backends.fast import FastTarget
 from eaglespec.backends.hf import HFTarget
-from eaglespec.engine.loop import CHUNKED_PREFILL_ENV, SpeculativeEngine, chunked_prefill_wanted, prefill
-from eaglespec.errors import EagleSpecError
+from eaglespec.engine.loop import SpeculativeEngine, prefill
 from eaglespec.tree.core import TreeSpec
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
@@ -73,17 +72,6 @@ def test_targets_without_buckets_prefill_in_one_pass():
     assert seen == [27] and hf.committed_len == 27 and out.features.shape[0] == 27
 
 
-def test_switch_reads_the_environment(monkeypatch):
-    """Unset: on for CUDA (timed there), off on CPU; "0" / "1" win on either."""
-    monkeypatch.delenv(CHUNKED_PREFILL_ENV, raising=False)
-    assert chunked_prefill_wanted() is False and chunked_prefill_wanted("cpu") is False
-    assert chunked_prefill_wanted("cuda") is True and chunked_prefill_wanted(torch.device("cuda", 1)) is True
-    for value, cpu, cuda in (("0", False, False), ("1", True, True), ("", False, True), (" 1 ", True, True)):
-        monkeypatch.setenv(CHUNKED_PREFILL_ENV, value)
-        assert chunked_prefill_wanted("cpu") is cpu and chunked_prefill_wanted("cuda") is cuda
-    monkeypatch.setenv(CHUNKED_PREFILL_ENV, "yes")
-    with pytest.raises(EagleSpecError, match=CHUNKED_PREFILL_ENV):
-        chunked_prefill_wanted()
 
 
 SPECS = {"plain": TreeSpec("chain", depth=0), "chain": TreeSpec("chain", depth=3),
@@ -92,17 +80,16 @@ SPECS = {"plain": TreeSpec("chain", depth=0), "chain": TreeSpec("chain", depth=3
 
 @pytest.mark.parametrize("spec", list(SPECS))
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_greedy_generation_with_chunked_prefill_matches_generate(arch, spec, monkeypatch):
+def test_greedy_generation_with_chunked_prefill_matches_generate(arch, spec):
     """Contract 1 with the switch on: HF generate's tokens, and the unchunked engine's, for prompts past the
     largest bucket (a multiple of it, and not) and within it."""
     model = tiny_target(arch, seed=7)
 
-    def engine(flag: str) -> SpeculativeEngine:
-        monkeypatch.setenv(CHUNKED_PREFILL_ENV, flag)
+    def engine(chunked: bool) -> SpeculativeEngine:
         target = FastTarget(model, max_len=64, buckets=BUCKETS)
-        return SpeculativeEngine(target, tiny_drafter(model, seed=3), SPECS[spec])
+        return SpeculativeEngine(target, tiny_drafter(model, seed=3), SPECS[spec], chunked_prefill=chunked)
 
-    on, off = engine("1"), engine("0")
+    on, off = engine(True), engine(False)
     assert on.chunked_prefill and not off.chunked_prefill
     seen = _forward_sizes(on.target)
     for n in (27, 16, 5):

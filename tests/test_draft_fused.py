@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _engines import enable_draft_graphs
 from eaglespec.backends.fast import _rope, _rope_table
 from eaglespec.backends.hf import HFTarget
 from eaglespec.draft.eagle1 import Eagle1Drafter
-from eaglespec.draft.fast import StaticDraftRunner, StaticKV, enable_draft_graphs
+from eaglespec.draft.fast import StaticDraftRunner, StaticKV
 from eaglespec.draft.fused import FusedEagle1Step, FusedEagle3Step
 from eaglespec.draft.layers import Rotary
 from eaglespec.engine.loop import SpeculativeEngine
@@ -258,8 +259,8 @@ def test_static_runner_fused_eagle1_equals_the_eager_proposer():
 def test_round_graphs_with_the_fused_eagle1_step():
     """The round graph (round_graph.py, eager on CPU) over FusedEagle1Step: HF generate's tokens, and no host sync
     or host->device copy inside the round function (the CPU proxy for CUDA-graph capturability)."""
+    from _engines import enable_round_graphs
     from eaglespec.backends.fast import FastTarget
-    from eaglespec.engine.round_graph import enable_round_graphs
     from test_round_graph import count_body_host_ops
 
     from conftest import reference_greedy

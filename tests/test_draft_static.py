@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from _agree import fit_drafter
+from _engines import enable_draft_graphs
 from eaglespec.backends.hf import HFTarget
 from eaglespec.draft.eagle1 import Eagle1Drafter
-from eaglespec.draft.fast import StaticDraftRunner, enable_draft_graphs
+from eaglespec.draft.fast import StaticDraftRunner
 from eaglespec.draft.proposer import EagerRows
 from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.errors import EagleSpecError

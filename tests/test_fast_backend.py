@@ -102,8 +102,8 @@ def test_feature_layer_ids_include_last_layer_and_order():
 
 
 def test_dropping_the_captured_steps_drops_their_pool():
-    """A CUDA graph pool whose graphs are all freed takes no new capture (torch asserts use_count > 0: hit on the
-    H200 when bench --extra-draft moved the target's feature layers), so whatever drops the captured steps (new
+    """A CUDA graph pool whose graphs are all freed takes no new capture (torch asserts use_count > 0, e.g. after
+    the target's feature layers change), so whatever drops the captured steps (new
     feature layers, a cache reallocation) drops the pool handle too; unchanged feature layers keep both."""
     fast = FastTarget(tiny_target("llama", seed=3), (0, 2), buckets=(1, 4), max_len=8)
     for change in (lambda: fast.set_feature_layers((0, 2)), lambda: fast.set_feature_layers((4,)),
@@ -294,7 +294,7 @@ def test_step_copies_only_the_grouped_queries(rows, without_onednn):
     fast.forward(torch.arange(10, 10 + rows))  # stages the bucket's buffers
     (run,) = fast._graphs.values()
     with HostOps() as c, torch.no_grad():
-        fast._step(run.tokens, run.positions, run.visible, run.base, run.cols)
+        fast.step(run.tokens, run.positions, run.visible, run.base, run.cols)
     ops, layers = c.kernels, fast.num_layers
     assert ops["aten.clone.default"] + ops["aten.copy_.default"] == layers  # q into the grouped layout
     assert not any("roll" in op or "flip" in op for op in ops)
@@ -387,7 +387,7 @@ def test_in_place_residuals_leave_the_captured_features_intact(without_onednn):
     _close(ref.forward(toks), fast.forward(toks))
     (run,) = fast._graphs.values()
     with HostOps() as c, torch.no_grad():
-        fast._step(run.tokens, run.positions, run.visible, run.base, run.cols)
+        fast.step(run.tokens, run.positions, run.visible, run.base, run.cols)
     layers = fast.num_layers
     assert c.kernels["aten.addmm.default"] == 2  # layers 0 and 2 (the last id is the final hidden state)
     assert c.kernels["aten.addmm_.default"] == 2 * layers - 2
@@ -412,7 +412,7 @@ def test_qwen3_q_and_k_norms_apply_per_head():
 
 
 def test_eager_prefill_keeps_cudnn_attention_off(monkeypatch):
-    """cuDNN's attention builds a graph per new shape (~1 s per new prompt length on the H200): the target's eager
+    """cuDNN's attention builds a graph per new shape (a slow build per new prompt length): the target's eager
     steps (a prefill at its exact size) call SDPA with it disabled (EAGLESPEC_CUDNN_SDPA=1 allows it); the bucketed
     steps, captured once per shape on CUDA, keep torch's choice."""
     import torch.nn.functional as F

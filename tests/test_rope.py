@@ -1,4 +1,4 @@
-"""The single rope-width resolver (DESIGN.md contract 6) and the rope theta lookup."""
+"""The single rope-width resolver (contract 6, docs/contracts.md) and the rope theta lookup."""
 
 from __future__ import annotations
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _engines import enable_draft_graphs, enable_round_graphs
 from _hostcount import HostCounter
 from eaglespec.backends.fast import FastTarget
 from eaglespec.backends.hf import HFTarget
-from eaglespec.draft.fast import enable_draft_graphs
 from eaglespec.engine.loop import SpeculativeEngine
-from eaglespec.engine.round_graph import RoundGraph, enable_round_graphs, unusable_reason
-from eaglespec.errors import EagleSpecError
+from eaglespec.engine.round_graph import RoundGraph, unusable_reason
 from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.tree.core import TreeSpec
 from test_draft_static import agreeing
@@ -43,7 +42,7 @@ def engines(model, drafter, spec: TreeSpec, max_len: int = 128) -> tuple[Specula
         engine = SpeculativeEngine(FastTarget(model, max_len=max_len), drafter, spec)
         enable_draft_graphs(engine, max_len=max_len)
         if graphs:
-            assert enable_round_graphs(engine) is engine.round_graph is not None
+            assert enable_round_graphs(engine) is engine.graphs is not None
         out.append(engine)
     return out[0], out[1]
 
@@ -81,13 +80,13 @@ def _trees(result) -> list[tuple[list[int], list[int], list[int], list[int]]]:
 
 
 @pytest.mark.parametrize("kind", list(SPECS))
-def test_rounds_equal_the_phased_rounds(pair, kind):
+def test_rounds_equal_the_eager_rounds(pair, kind):
     """HF generate's tokens, the same tree and accepted rows every round, the same committed KV (target and
     drafter) after the stream; every round runs as a round graph (the drafter's prefill leaves the first round at
     most P pending rows)."""
     model, drafter = pair
     phased, graphed = engines(model, drafter, SPECS[kind])
-    bodies = count_bodies(graphed.round_graph.get())
+    bodies = count_bodies(graphed.graphs.get(graphed.spec))
     rounds = 0
     for prompt in PROMPTS:
         ref = reference_greedy(model, prompt, 40)
@@ -114,10 +113,10 @@ def test_rounds_equal_the_phased_rounds(pair, kind):
 def test_every_round_is_a_round_graph(pair):
     """The drafter's prefill (engine._draft_prefill) catches up on all but the prompt's last P rows, so the first
     round fits a round graph too; a prompt of at most P tokens needs none. Its drafter rows are the ones the
-    per-phase first round computes (the trees of test_rounds_equal_the_phased_rounds)."""
+    per-phase first round computes (the trees of test_rounds_equal_the_eager_rounds)."""
     model, drafter = pair
     _, graphed = engines(model, drafter, SPECS["static"])
-    rg = graphed.round_graph.get()
+    rg = graphed.graphs.get(graphed.spec)
     bodies = count_bodies(rg)
     for prompt in (PROMPTS[0], PROMPTS[1], PROMPTS[0][: rg.P], PROMPTS[0][:2]):
         before = len(bodies)
@@ -126,21 +125,6 @@ def test_every_round_is_a_round_graph(pair):
         assert res.token_ids == reference_greedy(model, prompt, 40)
 
 
-def test_draft_prefill_switch(pair, monkeypatch):
-    """EAGLESPEC_DRAFT_PREFILL=0: the first round catches up on the prompt by phases (no round graph), the same
-    tokens and trees; another value is refused in one line."""
-    model, drafter = pair
-    _, graphed = engines(model, drafter, SPECS["dynamic"])
-    on = graphed.generate(PROMPTS[1], 30)
-    bodies = count_bodies(graphed.round_graph.get())
-    monkeypatch.setenv("EAGLESPEC_DRAFT_PREFILL", "0")
-    off = graphed.generate(PROMPTS[1], 30)
-    assert len(bodies) == len(off.rounds) - 1  # the first round ran by phases
-    assert on.token_ids == off.token_ids == reference_greedy(model, PROMPTS[1], 30)
-    assert _trees(on) == _trees(off)
-    monkeypatch.setenv("EAGLESPEC_DRAFT_PREFILL", "yes")
-    with pytest.raises(EagleSpecError, match="EAGLESPEC_DRAFT_PREFILL"):
-        graphed.generate(PROMPTS[1], 30)
 
 
 def test_round_function_has_no_host_sync(pair):
@@ -148,7 +132,7 @@ def test_round_function_has_no_host_sync(pair):
     model, drafter = pair
     for kind, spec in SPECS.items():
         _, graphed = engines(model, drafter, spec)
-        seen = count_body_host_ops(graphed.round_graph.get())
+        seen = count_body_host_ops(graphed.graphs.get(graphed.spec))
         graphed.generate(PROMPTS[1], 24)
         assert seen, kind
         for _, c in seen:
@@ -182,31 +166,31 @@ def test_dropping_the_round_graphs_drops_their_pool(pair):
     takes no new capture)."""
     model, drafter = pair
     _, graphed = engines(model, drafter, SPECS["chain"])
-    rg = graphed.round_graph.get()
+    rg = graphed.graphs.get(graphed.spec)
     rg.graphs[(1, 1, None)] = None
     rg._pool = object()
     rg._grow_ids(rg.ids.shape[0] + 1)
     assert not rg.graphs and rg._pool is None
 
 
-def test_sampling_keeps_the_phased_rounds_when_sampled_round_graphs_are_off(pair, monkeypatch):
+def test_sampling_keeps_the_eager_rounds_when_sampled_round_graphs_are_off(pair):
     model, drafter = pair
-    monkeypatch.setenv("EAGLESPEC_ROUND_GRAPHS_SAMPLED", "0")
     phased, graphed = engines(model, drafter, SPECS["chain"])
-    bodies = count_bodies(graphed.round_graph.get())
+    enable_round_graphs(graphed, sampled=False)
+    bodies = count_bodies(graphed.graphs.get(graphed.spec))
     cfg = SamplingConfig(SamplingParams(temperature=0.8), seed=5)
     a = phased.generate(PROMPTS[0], 24, sampling=cfg)
     b = graphed.generate(PROMPTS[0], 24, sampling=cfg)
     assert a.token_ids == b.token_ids and not bodies
 
 
-def test_a_long_catch_up_takes_the_phased_round(pair):
+def test_a_long_catch_up_takes_the_eager_round(pair):
     """More pending rows than a round graph holds (P = depth + 1): that round is per-phase, the next graphed."""
     model, drafter = pair
     _, graphed = engines(model, drafter, SPECS["chain"])
-    rg = graphed.round_graph.get()
+    rg = graphed.graphs.get(graphed.spec)
     ids = torch.arange(3, 3 + 12)
-    assert not rg._stage(ids, torch.zeros(rg.P + 1, rg.feats_in.shape[1]))  # n > P
+    assert not rg.stageable(ids, torch.zeros(rg.P + 1, rg.feats_in.shape[1]))  # n > P
     bodies = count_bodies(rg)
     assert graphed.generate(PROMPTS[0], 30).token_ids == reference_greedy(model, PROMPTS[0], 30) and bodies
 
@@ -214,26 +198,11 @@ def test_a_long_catch_up_takes_the_phased_round(pair):
 def test_unusable_engines_get_none(pair):
     model, drafter = pair
     hf = SpeculativeEngine(HFTarget(model), drafter, SPECS["chain"])
-    assert "fast backend" in unusable_reason(hf) and enable_round_graphs(hf) is None and hf.round_graph is None
+    assert "fast backend" in unusable_reason(hf.target, hf.proposer, hf.spec)
+    assert enable_round_graphs(hf) is None and hf.graphs is None
     eager = SpeculativeEngine(FastTarget(model, max_len=64), drafter, SPECS["chain"])  # no StaticDraftRunner
-    assert "StaticDraftRunner" in unusable_reason(eager) and enable_round_graphs(eager) is None
+    assert "StaticDraftRunner" in unusable_reason(eager.target, eager.proposer, eager.spec)
+    assert enable_round_graphs(eager) is None
     plain = SpeculativeEngine(FastTarget(model, max_len=64), None)
-    assert unusable_reason(plain) is not None
+    assert unusable_reason(plain.target, plain.proposer, plain.spec) is not None
 
-
-def test_default_is_cuda_and_the_environment_overrides(monkeypatch, pair, capsys):
-    from eaglespec.api import use_round_graphs
-    from eaglespec.engine.round_graph import ENV, wanted
-
-    monkeypatch.delenv(ENV, raising=False)
-    assert wanted("cuda") and wanted(torch.device("cuda", 0)) and not wanted("cpu")
-    monkeypatch.setenv(ENV, "0")
-    assert not wanted("cuda")
-    monkeypatch.setenv(ENV, "1")
-    assert wanted("cpu")
-    model, drafter = pair
-    hf = SpeculativeEngine(HFTarget(model), drafter, SPECS["chain"])
-    assert not use_round_graphs(None, hf) and capsys.readouterr().err == ""  # the default stays quiet
-    assert not use_round_graphs(True, hf) and "fast backend" in capsys.readouterr().err  # asked for: says why
-    _, graphed = engines(model, drafter, SPECS["chain"])
-    assert use_round_graphs(None, graphed) and not use_round_graphs(False, graphed)

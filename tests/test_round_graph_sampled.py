@@ -9,10 +9,9 @@ import pytest
 import torch
 
 import eaglespec.engine.round_graph as rg_mod
+from _engines import enable_draft_graphs, enable_round_graphs
 from eaglespec.backends.fast import FastTarget
-from eaglespec.draft.fast import enable_draft_graphs
 from eaglespec.engine.loop import SpeculativeEngine
-from eaglespec.engine.round_graph import enable_round_graphs
 from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.tree.core import TreeSpec
 from test_round_graph import count_bodies, count_body_host_ops
@@ -40,7 +39,7 @@ def first3(engine, params: SamplingParams, runs: int, draft: SamplingParams | No
            ) -> tuple[torch.Tensor, int, int, int]:
     """(first 3 tokens [runs, 3], drafts accepted, rounds run as round graphs, trees with children pruned: outside
     q's support, left out of the acceptance tests)."""
-    bodies = count_bodies(engine.round_graph.get())
+    bodies = count_bodies(engine.graphs.get(engine.spec))
     grow, pruned = engine.proposer._grow, []
 
     def watched(*args):
@@ -137,7 +136,7 @@ def test_negative_control_point_mass_test_is_caught(sharp_target, monkeypatch): 
                          ids=["chain", "static", "dynamic", "dynamic-top-k-children"])
 def test_sampled_round_has_no_host_sync(sharp_target, spec, draft):  # noqa: F811
     engine = graphed(sharp_target, spec)
-    seen = count_body_host_ops(engine.round_graph.get())
+    seen = count_body_host_ops(engine.graphs.get(engine.spec))
     engine.generate(PROMPT, 20, sampling=SamplingConfig(SamplingParams(temperature=0.8, top_k=10), draft=draft, seed=1))
     assert len(seen) > 3 and all(s for s, _ in seen)
     for _, c in seen[1:]:  # the first call builds the tree's static plan once (on CUDA: in the capture's warm-up)
@@ -156,17 +155,7 @@ def test_the_draws_are_the_generators(sharp_target):  # noqa: F811
 @pytest.mark.parametrize("spec", [CHAIN, DYNAMIC], ids=["chain", "dynamic"])
 def test_per_phase_where_sampled_round_graphs_are_off(sharp_target, spec):  # noqa: F811
     engine = graphed(sharp_target, spec, sampled=False)
-    bodies = count_bodies(engine.round_graph.get())
+    bodies = count_bodies(engine.graphs.get(engine.spec))
     out = engine.generate(PROMPT, 12, sampling=SamplingConfig(SamplingParams(temperature=1.0), seed=0))
     assert len(out.token_ids) == 12 and not bodies
 
-
-@pytest.mark.parametrize("env,expected", [(None, True), ("0", False), ("1", True)], ids=["default", "off", "on"])
-def test_sampled_round_graphs_default_on_env_turns_them_off(env, expected, monkeypatch):
-    """Sampled round graphs are on by default (measured faster on the H200); EAGLESPEC_ROUND_GRAPHS_SAMPLED=0 turns
-    them off."""
-    if env is None:
-        monkeypatch.delenv(rg_mod.ENV_SAMPLED, raising=False)
-    else:
-        monkeypatch.setenv(rg_mod.ENV_SAMPLED, env)
-    assert rg_mod.wanted_sampled() is expected

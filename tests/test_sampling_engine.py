@@ -181,7 +181,7 @@ def test_cli_sampling_flags():
     parse = build_parser().parse_args
     args = parse(["generate", "--prompt", "x", "--top-k", "4", "--temperature", "0.7", "--sample-top-k", "5",
                   "--top-p", "0.9", "--seed", "3"])
-    assert args.top_k == 4  # --top-k stays the tree width (DESIGN.md CLI contract)
+    assert args.top_k == 4  # --top-k stays the tree width (the CLI contract)
     assert sampling_options(args, GenerationConfig()) == {"temperature": 0.7, "top_k": 5, "top_p": 0.9,
                                                           "min_p": 0.0, "seed": 3}
     assert sampling_options(parse(["generate", "--prompt", "x"]), GenerationConfig()) == {}

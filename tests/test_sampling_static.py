@@ -1,4 +1,4 @@
-"""Static trees under sampling (issue 4): children drawn WITHOUT replacement from the drafter's q.
+"""Static trees under sampling: children drawn WITHOUT replacement from the drafter's q.
 
 End-to-end through the real SpeculativeEngine: the first 3 tokens follow the target's processed
 distribution (chi-square goodness of fit, with a power check), and a negative control (the same

@@ -22,8 +22,8 @@ def test_torchrun_two_processes_match_single(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(worker), str(tmp_path / "ddp"), str(tmp_path / "paused"), str(tmp_path / "clocks")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    # No retry: the rare "terminate called without an active exception" at exit was gloo threads left running
-    # into interpreter exit (finish_distributed now joins them; test_train_ddp_teardown.py checks that).
+    # No retry: "terminate called without an active exception" at exit comes from gloo threads left running
+    # into interpreter exit, which finish_distributed joins (test_train_ddp_teardown.py checks that).
     assert proc.returncode == 0, proc.stderr[-3000:]
     model, samples = data()
     single = train(model, samples, config(grad_accum=2), tmp_path / "single")

@@ -65,7 +65,7 @@ def test_finish_distributed_joins_gloo_threads():
 
 
 def test_destroy_process_group_alone_leaves_them():
-    """The failure finish_distributed guards against, still present in this torch (if a torch release fixes it,
-    this test says so and finish_distributed's unpinning can go)."""
+    """The failure finish_distributed guards against: destroy_process_group alone leaves the gloo threads running
+    (should a torch release change that, this test fails and finish_distributed's unpinning can go)."""
     running, after = _threads("dist.destroy_process_group()")
     assert "pt_gloo_runloop" in running and "pt_gloo_runloop" in after, (running, after)

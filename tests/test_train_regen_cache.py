@@ -66,7 +66,7 @@ def test_regenerate_batched_and_resumable(tmp_path):
 
 
 def test_static_decoder_writes_hf_generates_greedy_answers(tmp_path):
-    """--decoder static (target/batched.py) writes what HF generate writes, greedy, multi-turn, with left padding:
+    """--decoder static (backends/batched.py) writes what HF generate writes, greedy, multi-turn, with left padding:
     prompts of different lengths in one batch; an unsupported choice is one clear error."""
     model = sharp_target()
     data = tmp_path / "in.jsonl"
@@ -117,7 +117,7 @@ def test_time_budget_starts_no_batch_the_slowest_would_not_finish(tmp_path, monk
 ])
 def test_regenerate_refuses_an_out_file_it_did_not_write(tmp_path, lines):
     """An --out that is not a regenerate output is refused by file and line, and left byte for byte as it was
-    (the old resume kept only the lines that parsed and rewrote the file with them)."""
+    (never rewritten with only the lines that parse)."""
     data = tmp_path / "in.jsonl"
     data.write_text(json.dumps({"id": "c9", "messages": [{"role": "user", "content": "q"},
                                                           {"role": "assistant", "content": "a"}]}) + "\n")
@@ -165,7 +165,8 @@ def test_sampled_regeneration_follows_its_seed(tmp_path):
 
 def test_length_batches_group_alike_lengths_in_a_random_order():
     """Each batch holds neighbours in length (little padding) and the batches do not run shortest first: a run cut by
-    its time limit after half the batches has answered long prompts too (the sorted order answered the shortest)."""
+    its time limit after half the batches has answered long prompts too (a sorted order would answer only the
+    shortest)."""
     convs = [{"id": f"c{n}", "messages": [{"role": "user", "content": "q" * n}]} for n in range(40, 0, -1)]
     batches = length_batches(convs, 4)
     assert sorted(len(b) for b in batches) == [4] * 10

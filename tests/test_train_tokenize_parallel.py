@@ -43,7 +43,7 @@ def _conversations() -> list[dict]:
 
 
 def _reference(tok, convs: list[dict], max_length: int) -> list[tuple[list[int], list[bool]]]:
-    """The original algorithm: three renderings per assistant turn, token by token common prefixes."""
+    """A reference for the loss masks: three renderings per assistant turn, token by token common prefixes."""
     def render(msgs, gen):
         return tok(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen),
                    add_special_tokens=False)["input_ids"]

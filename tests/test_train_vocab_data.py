@@ -175,7 +175,7 @@ def _sample(prompt: list[int], answer: list[int]) -> Sample:
 
 def test_split_eval_keeps_every_answer_to_a_prompt_on_one_side():
     """Greedy and sampled answers to one query must not straddle the split (a held-out top-1 on prompts trained
-    on, as runs 2-10's numbers were): group by the tokens before the first loss token."""
+    on would overstate it): group by the tokens before the first loss token."""
     samples = [_sample([1, p, p], [a, a + 1]) for p in range(3, 43) for a in (50, 60, 70)]  # 40 prompts x 3 answers
     train, ev = split_eval(samples, 0.1, seed=0)
     assert len(train) + len(ev) == 120 and len(ev) == 12  # 4 whole prompts

@@ -59,23 +59,23 @@ def test_shipped_drafter_recommends_measured_shapes():
 
     found = tree_defaults(_drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json")))
     assert found["chain"] == {"k": 5}
-    assert found["dynamic"] == {"depth": 7, "top_k": 10, "budget": 60}  # session 8 sweep under round graphs
+    assert found["dynamic"] == {"depth": 7, "top_k": 10, "budget": 60}  # the shape fitted under round graphs
     assert found["static"] == {"depth": 5, "top_k": 10, "budget": 25}
     drafter = _drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json"))
     on_gpu, sampled_on_gpu = resolve_trees({}, drafter, device="cuda")
-    assert (on_gpu.kind, sampled_on_gpu.kind) == ("dynamic", "static")  # session 15
-    # with a temperature the static tree is EAGLE-1's cut to depth 3 (session 29; depth 4 in session 28), all 20 of
-    # its nodes (session 31: the budget named, so no shortfall note; sampled.static merged knob by knob: top-k stays
-    # the base's); a greedy static request keeps depth 5 and 25 nodes
+    assert (on_gpu.kind, sampled_on_gpu.kind) == ("dynamic", "static")  # greedy: dynamic; sampled: static
+    # with a temperature the static tree is EAGLE-1's cut to depth 3, all 20 of its nodes (the budget named, so no
+    # shortfall note; sampled.static merged knob by knob: top-k stays the base's); a greedy static request keeps
+    # depth 5 and 25 nodes
     assert (sampled_on_gpu.depth, sampled_on_gpu.top_k, sampled_on_gpu.budget) == (3, 10, 20)
     assert sampled_on_gpu.static_shortfall() is None and len(sampled_on_gpu.static_choices()) == 20
     greedy_static, sampled_static = resolve_trees({"tree": "static"}, drafter, device="cuda")
     assert (greedy_static.depth, greedy_static.budget, sampled_static.depth, sampled_static.budget) == (5, 25, 3, 20)
     assert resolve_trees({"tree": "chain"}, drafter, device="cuda") == (tree_spec("chain", 5), tree_spec("chain", 3))
-    # session 14: 7/20/120 lost to 7/10/60 for greedy requests too (A B A B in one process), so no greedy override
+    # a named dynamic tree takes one shape for greedy and sampled requests (no sampled override)
     assert resolve_trees({"tree": "dynamic"}, drafter, device="cuda") == (tree_spec("dynamic", None, 10, 7, 60), None)
     on_cpu, sampled_on_cpu = resolve_trees({}, drafter, device="cpu")
-    assert (on_cpu.kind, on_cpu.depth, sampled_on_cpu) == ("chain", 3, None)  # tree_defaults.cpu (sessions 9-10)
+    assert (on_cpu.kind, on_cpu.depth, sampled_on_cpu) == ("chain", 3, None)  # tree_defaults.cpu
 
 
 def test_cpu_overrides_apply_on_cpu_only():

@@ -146,7 +146,7 @@ def check_against_chains(drafter, tree, feats, next_tokens) -> None:
 
 @pytest.mark.parametrize("k", range(1, 9))
 def test_agreeing_chain_every_k_with_eos_and_length_edges(arch, k):
-    """Issue 2: chains of every length 1..8 with an agreeing drafter, incl. EOS inside an accepted run."""
+    """Chains of every length 1..8 with an agreeing drafter, incl. EOS inside an accepted run."""
     model, drafter = agreeing(arch, "eagle3")
     engine = SpeculativeEngine(HFTarget(model), drafter, TreeSpec("chain", depth=k))
     accepted = 0

@@ -1,4 +1,4 @@
-"""Static trees fitted to a drafter's acceptance statistics (tree_fit.py): the best-first fit is the optimal
+"""Static trees fitted to a drafter's acceptance statistics (tree/fit.py): the best-first fit is the optimal
 parent-closed tree, the rank statistics are measured where the engine drafts, the fitted tree drafts exactly,
 and a manifest's tree_defaults.static.choices round-trips (a malformed one is a one-line error)."""
 

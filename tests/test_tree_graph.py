@@ -14,10 +14,11 @@ import pytest
 import torch
 
 import eaglespec.tree.core as tree_mod
+from _engines import enable_draft_graphs
 from _hostcount import HostCounter
 from _opcount import count_host_ops
 from eaglespec.backends.hf import HFTarget
-from eaglespec.draft.fast import StaticDraftRunner, enable_draft_graphs
+from eaglespec.draft.fast import StaticDraftRunner
 from eaglespec.draft.proposer import EagerRows, Proposer
 from eaglespec.draft.tree_graph import TreeGraph
 from eaglespec.engine.loop import SpeculativeEngine
@@ -229,7 +230,7 @@ def test_one_graph_object_for_every_committed_length(kind, sampling):
             g = static._tree_graph(logits.shape[-1])
             graph = graph or g
             assert g is graph  # the same function object (one CUDA graph on the device)
-            assert static._draft_noise(logits.shape[-1], g.noise) is g.noise  # None unless sampled
+            assert static.draft_noise(logits.shape[-1], g.noise) is g.noise  # None unless sampled
             committed = static.committed
             static.committed = static.runner.length = 10_000  # poisoned: nothing may read them now
             try:
@@ -253,7 +254,7 @@ def test_growth_has_no_host_sync(kind, sampling):
     (feats, next_tokens, root), = _rounds(model, drafter, [8])
     logits, state = prop.catch_up(feats, next_tokens)
     graph = prop._tree_graph(logits.shape[-1])
-    prop._draft_noise(logits.shape[-1], graph.noise)
+    prop.draft_noise(logits.shape[-1], graph.noise)
     graph.run(root, logits, state, prop.committed)  # stages the inputs (and builds a static plan once)
     rng = prop.generator.get_state()
     with HostCounter() as c:
@@ -289,7 +290,7 @@ def test_sampled_chain_first_draft_is_q_distributed(broken, monkeypatch):
     graph, n = prop._tree_graph(logits.shape[-1]), 3000
     draws = []
     for _ in range(n):
-        prop._draft_noise(logits.shape[-1], graph.noise)
+        prop.draft_noise(logits.shape[-1], graph.noise)
         tree = graph.run(root, logits, state, prop.committed)
         draws.append(int(tree.tokens[1]))
     torch.testing.assert_close(tree.draft_probs[0], q)
@@ -339,7 +340,7 @@ def test_sampled_static_children_race_their_noise_rows(sampling):
         logits, state = graphed.catch_up(feats, next_tokens)
         g = graphed._tree_graph(logits.shape[-1])
         assert g.noise is not None and g.noise.shape == (1 + g.rows, logits.shape[-1])
-        graphed._draft_noise(logits.shape[-1], g.noise)
+        graphed.draft_noise(logits.shape[-1], g.noise)
         assert torch.equal(g.noise, exponential_noise(torch.empty_like(g.noise),
                                                       torch.Generator().set_state(rng)))  # one generator call
         tree = g.run(root, logits, state, graphed.committed)
@@ -384,7 +385,7 @@ def test_sampled_static_graph_engine_is_lossless(sharp_target, params, restore_g
     if params.top_p < 1:
         return
     drawn = []
-    orig = Proposer._draft_noise
+    orig = Proposer.draft_noise
 
     def stale(self, draft_vocab, out=None):
         if out is not None and drawn:
@@ -392,7 +393,7 @@ def test_sampled_static_graph_engine_is_lossless(sharp_target, params, restore_g
         drawn.append(1)
         return orig(self, draft_vocab, out)
 
-    monkeypatch.setattr(Proposer, "_draft_noise", stale)
+    monkeypatch.setattr(Proposer, "draft_noise", stale)
     emitted, *_ = run(1000)
     p, _ = first3_pvalue(emitted, exact)
     assert p < 1e-3, f"the check misses stale draft noise (p = {p:.2e})"
@@ -515,11 +516,11 @@ def _growth_host_ops(model, drafter, spec: TreeSpec) -> int:
 
 
 def test_dynamic_growth_ops_per_depth():
-    """Each CUDA-graph node costs ~2-3 us on the H200 whatever it does: one more depth of a dynamic tree
-    adds a fixed handful of non-view ops outside the drafter (softmax, top-k, sort, log values, candidate
-    ids, parents, depths, parent states, mask rows, tokens: 16 kernels and an _unsafe_view) and no cat of
-    the growing candidate lists (joined once) nor mask gathers (30 before: per-depth cats, [n, span] masks
-    rebuilt from the [R, R] rows, slots by arange)."""
+    """Each CUDA-graph node has a fixed cost whatever it does: one more depth of a dynamic tree adds a fixed
+    handful of non-view ops outside the drafter (softmax, top-k, sort, log values, candidate ids, parents,
+    depths, parent states, mask rows, tokens: 16 kernels and an _unsafe_view), no cat of the growing candidate
+    lists (joined once) and no mask gathers (no per-depth cats, [n, span] masks rebuilt from the [R, R] rows or
+    slots by arange)."""
     model, drafter = agreeing("llama", "eagle3")
     ops = [_growth_host_ops(model, drafter, TreeSpec("dynamic", depth=d, top_k=4, budget=12)) for d in (4, 6)]
     assert (ops[1] - ops[0]) / 2 <= 18, ops

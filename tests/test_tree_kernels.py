@@ -15,9 +15,9 @@ import torch
 
 pytest.importorskip("triton")
 
+from _engines import enable_draft_graphs
 from eaglespec.backends.fast import FastTarget
 from eaglespec.backends.hf import HFTarget
-from eaglespec.draft.fast import enable_draft_graphs
 from eaglespec.draft.proposer import Proposer
 from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.errors import EagleSpecError
@@ -660,7 +660,7 @@ ROUND_PROMPT = [4, 8, 15, 16, 23, 42, 7]
 def graphed_rounds(monkeypatch, spec: TreeSpec, env: str, value: str, sampling=None, n: int = 20):
     """Round graphs with the tree kernels on and $env=value, on the agreeing tiny pair: (the tokens of one prompt,
     every round's (tree tokens, accepted))."""
-    from eaglespec.engine.round_graph import enable_round_graphs
+    from _engines import enable_round_graphs
     from test_draft_static import agreeing
 
     model, drafter = agreeing("llama", "eagle3")
@@ -697,7 +697,7 @@ def test_round_graphs_with_the_kernels_match_the_phased_rounds(kind, argmax, mon
     """A drafter that agrees with its target (long accepted paths): round graphs with every kernel (accept_path
     included, the target's argmax from argmax_keys or torch's) give HF generate's tokens and the per-phase torch
     rounds' trees and acceptances."""
-    from eaglespec.engine.round_graph import enable_round_graphs
+    from _engines import enable_round_graphs
     from test_draft_static import agreeing
 
     model, drafter = agreeing("llama", "eagle3")
@@ -747,7 +747,7 @@ def test_sampled_round_graphs_walk_in_one_kernel(kind, monkeypatch):
 def test_untimed_kernels_switched_off_alone(monkeypatch):
     """EAGLESPEC_TREE_KERNELS=1 with EAGLESPEC_TREE_KERNELS_UNTIMED=0: the other kernels run, select_tree and
     accept_path do not; the output is still HF generate's."""
-    from eaglespec.engine.round_graph import enable_round_graphs
+    from _engines import enable_round_graphs
     from test_draft_static import agreeing
 
     model, drafter = agreeing("llama", "eagle3")

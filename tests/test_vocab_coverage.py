@@ -1,14 +1,14 @@
-"""bench/vocab_coverage.py: the share of answer tokens a draft vocabulary cannot draft, as is and grown."""
+"""eaglespec.train.vocab_coverage: the share of answer tokens (and of the target's mass) a draft vocabulary
+cannot draft, as is and grown."""
 
 from __future__ import annotations
 
 import torch
 
-from conftest import bench_module
+from eaglespec.train import vocab_coverage as vc
 
 
 def test_outside_share_and_grown_masks():
-    vc = bench_module("vocab_coverage")
     in_vocab = torch.zeros(10, dtype=torch.bool)
     draft_ids = torch.tensor([1, 2, 5])
     in_vocab[draft_ids] = True
@@ -22,7 +22,6 @@ def test_outside_share_and_grown_masks():
 
 
 def test_outside_mass_averages_rows():
-    vc = bench_module("vocab_coverage")
     in_vocab = torch.tensor([True, True, False, False])
     probs = torch.tensor([[0.5, 0.2, 0.3, 0.0],    # 0.3 outside
                           [0.1, 0.0, 0.4, 0.5]])   # 0.9 outside
@@ -46,15 +45,14 @@ class _RowTarget:
 
 
 def test_answer_probs_rows_predict_the_answer_tokens_at_temperature():
-    vc = bench_module("vocab_coverage")
-    es = type("ES", (), {"target": _RowTarget(8)})()
+    target = _RowTarget(8)
     prompt, answer = [4, 4, 4], [6, 7]  # rows 2 and 3 predict tokens 3 and 4 (the answer's)
-    p1 = vc.answer_probs(es, prompt, answer, 1.0)
+    p1 = vc.answer_probs(target, prompt, answer, 1.0)
     assert p1.shape == (2, 8)
     assert p1.argmax(-1).tolist() == [2, 3]  # not [3, 4] (shifted) nor [0, 1] (the prompt's rows)
     assert torch.allclose(p1.sum(-1), torch.ones(2))
     expected = torch.exp(torch.tensor(5.0)) / (torch.exp(torch.tensor(5.0)) + 7)
     assert abs(float(p1[0, 2]) - float(expected)) < 1e-5
-    p_half = vc.answer_probs(es, prompt, answer, 0.5)
+    p_half = vc.answer_probs(target, prompt, answer, 0.5)
     assert float(p_half[0, 2]) > float(p1[0, 2])  # the temperature is applied: sharper at T=0.5
-    assert es.target.resets == 4  # before and after each forward: the target's cache is left clean
+    assert target.resets == 4  # before and after each forward: the target's cache is left clean

@@ -18,13 +18,14 @@ from typing import Any
 
 import torch
 
-from eaglespec.backends.fast import make_target
 from eaglespec.backends.loading import DEFAULT_TARGET, eos_ids, load_target
 from eaglespec.checkpoint.config import DraftConfig, default_aux_layer_ids
 from eaglespec.checkpoint.drafter import build_drafter, load_drafter
 from eaglespec.checkpoint.manifest import check_manifest
-from eaglespec.engine.loop import GenerationResult, SpeculativeEngine
-from eaglespec.errors import EagleSpecError, env_switch
+from eaglespec.config import EngineConfig
+from eaglespec.engine.build import build_engine, build_target
+from eaglespec.engine.loop import GenerationResult
+from eaglespec.errors import EagleSpecError
 from eaglespec.tree.core import TreeSpec, static_layout
 
 REPO_MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -217,73 +218,37 @@ def tree_label(spec: TreeSpec) -> str:
     return f"{spec.kind} depth {spec.depth} top-k {spec.top_k} budget {spec.budget}"
 
 
-def use_draft_graphs(flag: bool | None, target) -> bool:
-    """--draft-graphs / --no-draft-graphs as given; by default (None) on where the target itself runs in
-    CUDA graphs (the fast backend on CUDA)."""
-    if flag is not None:
-        return flag
-    return target.name == "fast" and getattr(target, "device", torch.device("cpu")).type == "cuda"
-
-
-def use_round_graphs(flag: bool | None, engine) -> bool:
-    """--round-graphs / --no-round-graphs as given (asked for, an engine that cannot have them says why); by
-    default (None) round_graph.wanted: $EAGLESPEC_ROUND_GRAPHS, else on CUDA where the engine can have them."""
-    from eaglespec.engine.round_graph import unusable_reason, wanted
-
-    if not wanted(getattr(engine.target, "device", torch.device("cpu")), flag):
-        return False
-    reason = unusable_reason(engine)
-    if reason is not None and flag:
-        log(f"eaglespec: no round graphs: {reason}")
-    return reason is None
-
-
 class EagleSpec:
-    """A loaded target + drafter pair."""
+    """A loaded target + drafter pair and the engine that runs them."""
 
     def __init__(self, model, tokenizer, drafter, spec: TreeSpec | None = None, draft_note: str = "",
-                 backend: str = "auto", draft_graphs: bool | None = None, draft_max_len: int | None = None,
-                 sampled_spec: TreeSpec | None = None, adaptive: bool = False, round_graphs: bool | None = None):
+                 config: EngineConfig | None = None, sampled_spec: TreeSpec | None = None):
         self.model, self.tokenizer, self.drafter = model, tokenizer, drafter
-        self.target = make_target(model, backend)  # "auto": the fast backend on CUDA when supported
+        self.config = config = config or EngineConfig()
         self.spec = spec or TreeSpec()
         self.sampled_spec = sampled_spec  # the tree for requests with a temperature (None: self.spec)
         self.draft_note = draft_note
-        self.engine = SpeculativeEngine(self.target, drafter, self.spec, adaptive=adaptive)
-        # draft/fast.py: static drafter KV + CUDA graphs (validated on an H200, bench/RESULTS.md)
-        if use_draft_graphs(draft_graphs, self.target):
-            from eaglespec.draft.fast import enable_draft_graphs
-
-            enable_draft_graphs(self.engine, max_len=draft_max_len or min(self.context_length, 8192) + 512)
-        if use_round_graphs(round_graphs, self.engine):
-            from eaglespec.engine.round_graph import enable_round_graphs
-
-            enable_round_graphs(self.engine)
+        ids = tuple(drafter.feature_layer_ids) if drafter is not None else ()
+        self.target = build_target(model, config, ids)
+        draft_max_len = min(self.context_length, 8192) + 512
+        self.engine = build_engine(self.target, drafter, self.spec, config, draft_max_len=draft_max_len)
         self._owner: Stream | None = None  # the generation using the engine (one sequence at a time)
 
     @classmethod
-    def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str | None = None,
-                        dtype: str | torch.dtype | None = None, spec: TreeSpec | None = None,
-                        aux_rule: str = "auto", backend: str = "auto", strict: bool = False,
-                        draft_graphs: bool | None = None, draft_max_len: int | None = None,
-                        tree: dict[str, Any] | None = None, adaptive: bool = False,
-                        round_graphs: bool | None = None) -> EagleSpec:
-        """Load target + drafter. `strict` refuses a drafter whose manifest names another target.
+    def from_pretrained(cls, target: str | None = None, draft: str | None = None, config: EngineConfig | None = None,
+                        spec: TreeSpec | None = None, tree: dict[str, Any] | None = None, aux_rule: str = "auto",
+                        strict: bool = False, **engine) -> EagleSpec:
+        """Load target + drafter and build the engine.
 
-        `adaptive`: per round, draft or take a plain step, whichever has cost less time per token lately (gate.py).
-
-        `tree`: tree_spec's knobs ({"tree": "dynamic", "depth": None, ...}), resolved against the drafter's
-        recommended shapes (tree_defaults); used when `spec` is None (default: a chain of the drafter's length).
-        With no tree named (tree["tree"] None or absent) and a manifest that recommends one for sampling
-        (tree_defaults.sampled), requests with a temperature draft with that tree instead.
-
-        `draft_graphs`: draft through draft/fast.py's StaticDraftRunner (static drafter KV of
-        `draft_max_len` rows, CUDA graphs); None = on with the fast target backend on CUDA.
-
-        `round_graphs`: greedy rounds as one CUDA graph each (round_graph.py; needs the fast backend and draft
-        graphs); None = $EAGLESPEC_ROUND_GRAPHS, else on CUDA.
-        """
-        model, tok = load_target(target, device=device, dtype=dtype)
+        config: how the engine runs (EngineConfig); keyword arguments named after its fields (device="cpu",
+        dtype="float32", backend="hf", ...) override it. `strict` refuses a drafter whose manifest names another
+        target. `tree`: tree_spec's knobs ({"tree": "dynamic", "depth": None, ...}), resolved against the
+        drafter's recommended shapes (tree_defaults) when `spec` is None; with no tree named and a manifest that
+        recommends one for sampling (tree_defaults.sampled), requests with a temperature draft that tree."""
+        config = (config or EngineConfig()).replace(**engine) if engine else (config or EngineConfig())
+        if draft is not None and not Path(draft).exists():
+            raise EagleSpecError(f"--draft {draft}: no such directory")
+        model, tok = load_target(target, device=config.device, dtype=config.dtype)
         if draft is None and target in (None, DEFAULT_TARGET) and DEFAULT_DRAFT.is_dir():
             draft = str(DEFAULT_DRAFT)
         if draft is None:
@@ -294,19 +259,15 @@ class EagleSpec:
         sampled_spec = None
         if spec is None:
             spec, sampled_spec = resolve_trees(tree or {}, drafter, f"drafter {draft}", model.device)
-        return cls(model, tok, drafter, spec, note, backend, draft_graphs, draft_max_len, sampled_spec, adaptive,
-                   round_graphs)
+        return cls(model, tok, drafter, spec, note, config, sampled_spec)
 
     @classmethod
     def from_args(cls, args, spec: TreeSpec | None = None, **overrides) -> EagleSpec:
-        """from_pretrained with the shared CLI model flags (cli.add_model_args) and, when `spec` is None, the
-        tree flags (--tree/--k/--top-k/--depth/--budget) where the command has them."""
+        """from_pretrained with the CLI's model and engine flags (EngineConfig.from_args) and, when `spec` is None,
+        the tree flags (--tree/--k/--top-k/--depth/--budget) where the command has them."""
         knobs = {name: getattr(args, name) for name in ("tree", "k", "top_k", "depth", "budget") if hasattr(args, name)}
-        kw = dict(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype, spec=spec,
-                  aux_rule=args.aux_rule, strict=getattr(args, "strict", False),
-                  draft_graphs=getattr(args, "draft_graphs", None), tree=knobs,
-                  adaptive=getattr(args, "adaptive", False), round_graphs=getattr(args, "round_graphs", None),
-                  backend=getattr(args, "backend", "auto"))
+        kw = dict(target=args.target, draft=args.draft, config=EngineConfig.from_args(args), spec=spec, tree=knobs,
+                  aux_rule=getattr(args, "aux_rule", "auto"), strict=getattr(args, "strict", False))
         kw.update(overrides)
         return cls.from_pretrained(**kw)
 
@@ -359,18 +320,9 @@ class EagleSpec:
 
     def _sampled_stream(self, ids: list[int], max_new_tokens: int, result: GenerationResult,
                         cfg) -> Iterator[list[int]]:
-        """engine.stream with sampling, drafting with sampled_spec when there is one (the same engine, target,
-        drafter and draft runner: only the tree policy changes for this request)."""
-        spec = self.sampled_spec
-        if spec is None or self.engine.proposer is None:
-            yield from self.engine.stream(ids, max_new_tokens, self.eos_ids(), result, sampling=cfg)
-            return
-        engine, greedy = self.engine, self.engine.spec
-        engine.spec = engine.proposer.spec = spec
-        try:
-            yield from engine.stream(ids, max_new_tokens, self.eos_ids(), result, sampling=cfg)
-        finally:
-            engine.spec = engine.proposer.spec = greedy
+        """engine.stream with sampling, drafting the sampled tree (sampled_spec) when there is one."""
+        spec = self.sampled_spec if self.engine.proposer is not None else None
+        return self.engine.stream(ids, max_new_tokens, self.eos_ids(), result, sampling=cfg, spec=spec)
 
     def tree_for(self, temperature: float | None) -> TreeSpec:
         """The tree a request with this temperature drafts with."""
@@ -505,20 +457,10 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-GC_FREEZE_ENV = "EAGLESPEC_GC_FREEZE"  # "0": settle_heap does nothing
-
-
-def settle_heap() -> bool:
-    """Before a timed or long-running loop, in a process eaglespec owns (bench, serve): collect the garbage, then
-    move every object alive now to the garbage collector's permanent generation (gc.freeze), so that collections
-    during the loop no longer walk the models' objects. With SmolLM2 and the shipped drafter loaded, ~380k tracked
-    objects: a full collection took 170 ms on the 2-core CI machine, none after the freeze (session 20). A
-    collection that long stalls the two rounds in flight, and the GPU waits: on the H200 the dynamic tree ran 3%
-    faster with the collector off (bench/RESULTS.md, session 20). Objects alive now and part of a reference cycle
-    later are never collected (reference counting still frees the rest). $EAGLESPEC_GC_FREEZE=0 turns it off.
-    Returns whether it froze."""
-    if env_switch(GC_FREEZE_ENV, "on") is False:
-        return False
+def settle_heap() -> None:
+    """Before a timed or long-running loop in a process eaglespec owns (bench, serve): collect the garbage, then
+    move every object alive now to the collector's permanent generation (gc.freeze), so that collections during
+    the loop do not walk the models' objects and stall the rounds in flight. Objects alive now that later become
+    part of a reference cycle are never collected (reference counting still frees the rest)."""
     gc.collect()
     gc.freeze()
-    return True

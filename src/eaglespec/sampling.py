@@ -1,60 +1,33 @@
 """Sampling: the logits processors shared by drafting, verification and the bonus token.
 
-One function, `process_logits`, turns logits into the distribution actually sampled from:
-temperature -> top-k -> top-p -> min-p, in Hugging Face's order and with its tie and
-keep-at-least-one rules (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
-MinPLogitsWarper). The target's distribution p used to verify drafts and to draw the bonus /
-correction token is ALWAYS `process_logits(target_logits, cfg.target)`; the drafter's q is
-`process_logits(draft_logits, cfg.draft_params)` (separately configurable). Temperature 0 means
-greedy: the engine then takes the exact greedy path (verify.greedy_accept), not a one-hot sample.
+`process_logits` turns logits into the distribution sampled from: temperature -> top-k -> top-p -> min-p, in
+Hugging Face's order with its tie and keep-at-least-one rules. The target's p (verification, bonus and correction
+tokens) is always `process_logits(target_logits, cfg.target)`; the drafter's q is `process_logits(draft_logits,
+cfg.draft_params)`. Temperature 0 means greedy: the engine takes verify.greedy_accept, not a one-hot sample.
 
-Which acceptance scheme applies to which tree policy (verify.tree_rejection_sample) and why it is
-lossless (DESIGN.md contract 2):
+Why each acceptance scheme (verify.tree_rejection_sample) is lossless (contract 2, docs/contracts.md):
 
-* Chain, children SAMPLED from the drafter (tree.draft_probs recorded): standard speculative
-  sampling. Draft x_d ~ q_d given the accepted prefix; accept with prob min(1, p_d(x)/q_d(x)),
-  else emit a sample of norm(max(0, p_d - q_d)) and stop; bonus ~ p after the last draft. For any
-  q, P(emit y) = min(p(y), q(y)) + (1 - sum_z min(p, q)(z)) * norm(max(0, p - q))(y) = p(y).
-* STATIC tree under sampling, siblings drawn WITHOUT replacement from the drafter (draft_probs
-  recorded; Proposer._static: a node's number of children is fixed by the `choices` layout, draw
-  order = node order; children beyond q's support are dropped, which depends on q only):
-  recursive rejection sampling (SpecInfer,
-  with the without-replacement correction of Jeon et al. 2024, "Recursive Speculative
-  Decoding"). Sibling i is a draw from q_i = q with siblings 1..i-1 removed and renormalised; it
-  is accepted with prob min(1, r_i(x)/q_i(x)); on rejection r_{i+1} = norm(max(0, r_i - q_i));
-  after the last sibling the token is drawn from the residual. By the one-step identity above,
-  applied backwards from the last sibling, the emitted token is distributed as r_1 = p given
-  anything drawn before; the accepted child's subtree is then verified the same way against
-  p(.|child). This needs the number of children of a node to be fixed before its children are
-  drawn (chains and fixed-shape trees), NOT a selection that depends on the drawn values.
-* DYNAMIC tree under sampling (Proposer._dynamic, draft_probs recorded): every expanded node's children
-  are draws WITHOUT replacement from its q, in draw order, verified as above. EAGLE-2 grows and prunes
-  the tree by path values; here the i-th draw of a node is valued by the i-th LARGEST q of that node
-  (proposer.draw_values), not by its own q. Values then fall along each node's draws, so the budget
-  keeps a prefix of them; and whether the i-th draw is kept depends only on what ranks above it in the
-  growth and selection: the tokens of earlier draws and of other branches, never the i-th draw itself or
-  later ones. Each test of sibling i is therefore made on a draw from q_i, as the recursion needs, and
-  the kept count is decided by what the recursion has already conditioned on. Valued by its own q, the
-  selection would keep the likeliest draws, and the output would be biased (a negative control in
-  tests/test_sampling_engine.py shows it).
-* Tree with DETERMINISTIC children (tree.draft_probs is None: trees drafted greedily, e.g. with greedy
-  draft processors under a sampled target): the point-mass scheme (EAGLE's q = 1). Every child is
-  treated as a draft from q_i = delta(x_i): accept with prob r_i(x_i); on rejection r_{i+1} = r_i with
-  x_i removed, renormalised. The same identity makes each node's emitted token exactly p-distributed for
-  ANY fixed set of children, so conditioning on the whole tree (however it was built, reranked or pruned)
-  leaves the output distribution exact.
+* Chain, drafts sampled from q: accept x with prob min(1, p(x)/q(x)), else emit a sample of
+  norm(max(0, p - q)) and stop; bonus ~ p after the last draft. For any q,
+  P(emit y) = min(p(y), q(y)) + (1 - sum_z min(p, q)(z)) * norm(max(0, p - q))(y) = p(y).
+* Static tree, siblings drawn WITHOUT replacement from q (the number of children fixed by the layout; children
+  outside q's support dropped, which depends on q only): recursive rejection sampling (SpecInfer, with the
+  without-replacement correction of Jeon et al. 2024). Sibling i is a draw from q_i = q with siblings 1..i-1
+  removed, renormalised; it is accepted with prob min(1, r_i(x)/q_i(x)), else r_{i+1} = norm(max(0, r_i - q_i));
+  after the last sibling the token is drawn from the residual. The identity above, applied backwards from the
+  last sibling, makes the emitted token p-distributed; the accepted child's subtree is verified the same way.
+  This needs each node's number of children fixed before they are drawn, not chosen from the drawn values.
+* Dynamic tree, children drawn without replacement: the i-th draw of a node is valued by the i-th LARGEST q of
+  that node (proposer.draw_values), not by its own q, so whether it is kept depends only on earlier draws and
+  other branches, never on itself or later draws: each kept sibling is still a draw from q_i. Valued by its own
+  q, the selection would keep the likeliest draws and bias the output (tests/test_sampling_engine.py).
+* Deterministic children (tree.draft_probs is None, e.g. greedy draft processors under a sampled target): the
+  point-mass scheme, q_i = delta(x_i): accept with prob r_i(x_i), else r_{i+1} = r_i without x_i, renormalised.
+  Each emitted token is p-distributed for ANY fixed set of children, however the tree was built or pruned.
+  Round graphs run it as tensor ops over [T, K] (verify.point_mass_tests, point_mass_residual).
 
-Summary (temperature > 0; temperature 0 always takes verify.greedy_accept with top-k / argmax
-drafts): chain -> sampled drafts, real q; static -> sampled children without replacement, real q;
-dynamic -> sampled children without replacement valued by rank, real q. With greedy draft processors
-(SamplingConfig.draft at temperature 0; `--draft-temperature 0` in bench and tree_sweep) every tree has
-top-k children and the point-mass scheme, in round graphs as tensor ops over [T, K] (verify.point_mass_tests,
-point_mass_residual: no pass over the vocabulary per sibling, and the greedy tree kernels build the tree). (Until session 10 the dynamic
-tree took top-k children with the point-mass scheme: tau at T=1 on 2 CPU cores, run 7, 7/10/60, 2.03 ->
-2.38 with the draws; at T=0.7, 2.42 -> 3.02.)
-
-A seeded torch.Generator drives every random draw (drafting, acceptance, bonus): the same seed,
-prompt and models give the same tokens.
+A seeded torch.Generator drives every random draw (drafting, acceptance, bonus): the same seed, prompt and
+models give the same tokens.
 """
 
 from __future__ import annotations

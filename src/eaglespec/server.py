@@ -1,4 +1,4 @@
-"""OpenAI-compatible HTTP server (`eaglespec serve`): FastAPI + uvicorn over one EagleSpec.
+"""OpenAI-compatible HTTP server over one EagleSpec (FastAPI; `eaglespec serve` runs it with uvicorn).
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (server-sent events with "stream":
 true), GET /v1/models, GET /health, GET /metrics (Prometheus). With an API key, /v1/* needs
@@ -16,7 +16,6 @@ an omitted or zero temperature means greedy decoding (unlike OpenAI's default of
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import queue
@@ -235,7 +234,7 @@ def create_app(es, model_name: str = "eaglespec", api_key: str | None = None, ma
     """The FastAPI app serving `es` (an EagleSpec). max_tokens_limit: largest max_tokens accepted
     (default: the context length)."""
     if FastAPI is None:
-        raise EagleSpecError("the server needs the server extra: pip install 'eaglespec[server]'")
+        raise EagleSpecError("the server needs fastapi, uvicorn and prometheus-client (the eaglespec[server] extra)")
     telemetry = Telemetry()
     worker = Worker(es, telemetry, max_queue)
     context = es.context_length
@@ -459,61 +458,3 @@ async def _sse(job: Job, chat: bool, rid: str, created: int, model: str, include
     finally:
         job.cancelled.set()  # a no-op when the job is finished; frees the engine otherwise
         telemetry.requests.labels(endpoint, status).inc()
-
-
-# -- `eaglespec serve` --------------------------------------------------------------------------
-def add_parser(subparsers) -> None:
-    from eaglespec.cli.main import add_model_args, add_tree_args
-
-    p = subparsers.add_parser(
-        "serve", help="run an OpenAI-compatible HTTP server (chat/completions, streaming, /metrics)",
-        description="OpenAI-compatible server: POST /v1/chat/completions and /v1/completions (SSE streaming), "
-                    "GET /v1/models, /health, /metrics. Requests are queued and run one at a time.")
-    add_model_args(p)
-    add_tree_args(p)
-    p.add_argument("--host", default="127.0.0.1",
-                   help="interface to bind (default 127.0.0.1: this machine only; 0.0.0.0 = every interface)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1/* (default: the EAGLESPEC_API_KEY environment "
-                        "variable, else no auth)")
-    p.add_argument("--model-name", default=None,
-                   help="the model id clients send and /v1/models lists (default: the target's name)")
-    p.add_argument("--max-tokens-limit", type=int, default=None,
-                   help="largest max_tokens a request may ask for (default: the model's context length)")
-    p.add_argument("--default-max-tokens", type=int, default=256,
-                   help="max_tokens when a request omits it (default 256, cut to the context left)")
-    p.add_argument("--max-queue", type=int, default=256,
-                   help="requests that may wait for the engine; more get 503 (default 256)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
-                   help="uvicorn log level (default info)")
-    p.set_defaults(func=cmd_serve)
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    import os
-    from pathlib import Path
-
-    from eaglespec.api import EagleSpec, settle_heap
-    from eaglespec.backends.loading import DEFAULT_TARGET
-
-    if FastAPI is None:
-        raise EagleSpecError("serve needs the server extra: pip install 'eaglespec[server]'")
-    import uvicorn
-
-    for name in ("max_queue", "default_max_tokens", "max_tokens_limit"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise EagleSpecError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if not 0 <= args.port < 65536:
-        raise EagleSpecError(f"--port must be in 0..65535, got {args.port}")
-    es = EagleSpec.from_args(args)
-    print(f"eaglespec: {es.draft_note}", flush=True)
-    name = args.model_name or (Path(args.target).name if args.target else DEFAULT_TARGET)
-    key = args.api_key or os.environ.get("EAGLESPEC_API_KEY") or None
-    app = create_app(es, name, key, args.max_tokens_limit, args.default_max_tokens, args.max_queue)
-    settle_heap()  # the loaded models out of the collector's way for the server's lifetime
-    print(f"eaglespec: serving {name!r} on http://{args.host}:{args.port}/v1"
-          f"{' (Bearer auth on)' if key else ''}", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    return 0

@@ -11,7 +11,8 @@ GenerationResults into one JSON-able summary:
 - tree nodes expanded / kept / verified per round; temporary KV bytes (draft and target)
 - for mixture-of-experts targets: distinct experts touched per verification (`ExpertTracker`)
 
-`format_report(summary)` renders a text table; `plot_report(summary, path)` a PNG (matplotlib, Agg).
+`format_report(summary)` renders a text table; `plot_report(summary, path)` a PNG (matplotlib, Agg);
+`run_report(es, prompts, ...)` generates for each prompt and summarizes.
 """
 
 from __future__ import annotations
@@ -404,108 +405,11 @@ def plot_report(summary: dict, path: str | Path) -> Path:
     return path
 
 
-# -- `eaglespec report` ---------------------------------------------------------------------------
-DEFAULT_PROMPTS = (
-    "Explain speculative decoding in two sentences.",
-    "Write a short poem about the sea.",
-    "List three uses of a hash map, with one line each.",
-    "What is the capital of France, and why is it famous?",
-)
-
-
-def read_prompts(path: str) -> list[str]:
-    """Prompts from a file: JSONL ({"prompt"} or {"turns": [...]} or {"text"}) or plain text, one a line."""
-    import json
-
-    from eaglespec.errors import EagleSpecError
-
-    try:
-        lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
-    except OSError as exc:
-        raise EagleSpecError(f"{path}: cannot read the prompt file ({exc.strerror})") from None
-    prompts = []
-    for n, line in enumerate(lines, 1):
-        if line.lstrip().startswith("{"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise EagleSpecError(f"{path}:{n}: invalid JSON ({exc.msg})") from None
-            text = obj.get("prompt") or (obj.get("turns") or [None])[0] or obj.get("text")
-            if not isinstance(text, str):
-                raise EagleSpecError(f"{path}:{n}: expected a 'prompt', 'turns' or 'text' string field")
-            prompts.append(text)
-        else:
-            prompts.append(line)
-    return prompts
-
-
-def add_parser(subparsers) -> None:
-    from eaglespec.cli.main import add_model_args, add_sampling_args, add_tree_args
-
-    p = subparsers.add_parser(
-        "report", help="run prompts and report acceptance by depth, calibration, time split (table + PNG)",
-        description="Generate for a few prompts (or load a saved summary with --from), print a telemetry table "
-                    "and render it to a PNG: acceptance-length histogram, acceptance by tree depth, draft "
-                    "confidence vs observed acceptance, time split, tree nodes, temporary KV, MoE experts.")
-    add_model_args(p)
-    add_tree_args(p)
-    add_sampling_args(p)
-    p.add_argument("--prompt", action="append", default=None,
-                   help="a prompt (repeat for several; default: four built-in prompts)")
-    p.add_argument("--prompt-file", default=None,
-                   help="prompts from a file: JSONL with 'prompt' / 'turns' (MT-bench) / 'text', or one per line")
-    p.add_argument("--limit", type=int, default=None, help="use at most N prompts")
-    p.add_argument("--raw", action="store_true", help="feed prompts as is (no chat template)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
-    p.add_argument("--out", default="eaglespec-report.png", help="the PNG to write (default eaglespec-report.png)")
-    p.add_argument("--json", default=None, help="also write the summary as JSON to this file")
-    p.add_argument("--from", dest="from_json", default=None,
-                   help="render a saved summary (a --json file of report) instead of generating")
-    p.set_defaults(func=cmd_report)
-
-
-def cmd_report(args) -> int:
-    import json
-    import sys
-
-    from eaglespec.cli.main import sampling_options
-    from eaglespec.errors import EagleSpecError
-
-    if args.from_json:
-        try:
-            summary = json.loads(Path(args.from_json).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise EagleSpecError(f"{args.from_json}: cannot read the summary ({exc})") from None
-        if not isinstance(summary, dict) or "acceptance_length_hist" not in summary:
-            raise EagleSpecError(f"{args.from_json}: not an eaglespec report summary (no acceptance_length_hist)")
-    else:
-        from eaglespec.api import EagleSpec
-        from eaglespec.cli.main import _non_negative
-
-        _non_negative(args, "max_new_tokens", "k", "top_k", "depth", "budget", "limit")
-        prompts = list(args.prompt or [])
-        if args.prompt_file:
-            prompts += read_prompts(args.prompt_file)
-        prompts = prompts or list(DEFAULT_PROMPTS)
-        prompts = prompts[: args.limit] if args.limit is not None else prompts
-        if not prompts:
-            raise EagleSpecError("no prompts to run (--limit 0?)")
-        es = EagleSpec.from_args(args)
-        print(f"eaglespec: {es.draft_note}", file=sys.stderr, flush=True)
-        summary = run_report(es, prompts, args.max_new_tokens, raw=args.raw,
-                             **sampling_options(args, getattr(es.model, "generation_config", None)))
-    print(format_report(summary))
-    out = plot_report(summary, args.out)
-    print(f"eaglespec: wrote {out}", file=sys.stderr)
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=1))
-        print(f"eaglespec: wrote {args.json}", file=sys.stderr)
-    return 0
-
-
-def run_report(es, prompts: Sequence, max_new_tokens: int, raw: bool = False, progress: bool = True,
+# -- a run over prompts (what `eaglespec report` renders) ---------------------------------------
+def run_report(es, prompts: Sequence, max_new_tokens: int, raw: bool = False, progress: bool = False,
                **sampling) -> dict:
-    """Generate for every prompt with `es` (an EagleSpec) and summarize, MoE experts included."""
+    """Generate for every prompt with `es` (an EagleSpec) and summarize, MoE experts included (`progress`: a
+    progress bar on stderr)."""
     from tqdm import tqdm
 
     tracker = ExpertTracker(es.model)

@@ -74,7 +74,7 @@ def _rejected_residual(rest: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > 1e-12, rest / mass.clamp_min(1e-30), r)
 
 
-# -- sampling (DESIGN.md contract 2; the schemes and the losslessness argument: sampling.py) ------
+# -- sampling (contract 2, docs/contracts.md; the schemes and why they are lossless: sampling.py) -------
 
 def tree_rejection_sample(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
                           target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
@@ -289,7 +289,7 @@ def sample_accept(flat: FlatTree, target_probs: torch.Tensor, draft_probs: torch
     copy and walked on the host (_scalar_walk); the bonus is drawn on the device from the final residual,
     and the path read in one more sync. Trees with real q and siblings (sampled static trees) need the
     full residual vectors: on CUDA (sibling_tests None) _sibling_tests computes every test's values on the device
-    first (3 syncs in all instead of one per node: the loop cost 7.7 ms per round on an H200); on CPU, where a
+    first (3 syncs in all instead of one per node); on CPU, where a
     sync is free and _sibling_tests' passes over [T, V] are not, tree_rejection_sample's loop runs, with the same
     coins (as does a point-mass tree with a token twice under a node).
     """

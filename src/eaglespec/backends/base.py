@@ -16,7 +16,7 @@ class TargetOutput:
 
 
 class TargetBackend(Protocol):
-    """Committed prefix + one pending forward; see DESIGN.md contract 7."""
+    """Committed prefix + one pending forward; see contract 7 (docs/contracts.md)."""
 
     name: str
     num_layers: int

@@ -1,8 +1,8 @@
 """Batched generation for data (regenerate, synth-prompts): many prompts at once over a static KV cache.
 
-HF `generate` at batch 4,096 on the H200 took ~135 ms a decoding step (bench/RESULTS.md, session 25): its
-DynamicCache concatenates every layer's keys and values each step, and under a padding mask SDPA gets the kv heads
-repeated for every query head. Here, for Llama-family models (fast.unsupported_reason):
+HF `generate` is slow at large batch: its DynamicCache concatenates every layer's keys and values each step, and
+under a padding mask SDPA gets the kv heads repeated for every query head. Here, for Llama-family models
+(fast.unsupported_reason):
 
     cache     per layer k, v [B, Hkv, S, D], S = prompt width + max_new_tokens, written in place
     prefill   left-padded prompts in row chunks; position ids as HF's (valid-token count - 1); a padding row

@@ -1,4 +1,4 @@
-"""Aux-feature capture by hooks on decoder layers (DESIGN.md contract 3, owned here).
+"""Aux-feature capture by hooks on decoder layers (contract 3, docs/contracts.md; owned here).
 
 Id j is the hidden state ENTERING decoder layer j (= HF hidden_states[j] for j < L); id L is the
 last layer's output BEFORE the final norm (HF's hidden_states[L] is after it). Only the requested

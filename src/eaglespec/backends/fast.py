@@ -1,39 +1,26 @@
 """Fast target backend for Llama-family models: static KV cache, fixed shapes, CUDA graphs.
 
-Same contract as HFTarget (target/base.py), built from the HF model's own weights (Llama/SmolLM2,
+Same contract as HFTarget (backends/base.py), built from the HF model's own weights (Llama/SmolLM2,
 Qwen2 with q/k/v bias, Qwen3 with q_norm/k_norm, Mistral without an active sliding window):
 
-    cache      [L, 2, Hkv, S, D]  preallocated; slots 0..committed-1 hold the committed prefix
+    cache      [L, 2, Hkv, S, D] preallocated; slots 0..committed-1 hold the committed prefix
     forward    T rows -> slots committed..committed+T-1, padded to a bucket B (1, 2, 4, ..., 128);
-               positions = committed + depth; attention over the first `span` slots only, span =
-               committed + B rounded up to a multiple of span_step (256): mask [B, span] = prefix slots +
-               the ancestry block (padding rows and unused slots masked); logits and aux features in one pass
+               positions = committed + depth; attention over the first `span` slots only (committed + B
+               rounded up to a multiple of span_step): mask [B, span] = prefix slots + the ancestry block
+               (padding rows and unused slots masked); logits and aux features in one pass
     commit     index copy of the kept rows' KV into committed..committed+m-1 (all layers at once)
 
-On CUDA each (bucket, span) step is captured once in a torch.cuda.CUDAGraph over static input buffers
-(optionally torch.compile'd first: one compile per bucket, the span a dynamic dimension); prefill
-(T > largest bucket) and the CPU path run the very same `_step` eagerly, which is what the CPU tests compare against HFTarget.
-Attending over the span instead of the whole static cache matters: on an H200 the cuDNN attention kernel cost
-32 us per layer over 2048 slots and 10 us over 512 (bench/RESULTS.md, session 3), whatever the context. With the
-fused kernels the attention is attn_kernels.masked_attention instead (session 14; EAGLESPEC_ATTN_KERNEL=0: SDPA): it
-reads `allowed` [B, span] by row and stops at base + B, so the span's rounding costs nothing there.
-Rope comes from the HF model's own rotary module (rope_scaling such as llama3 included), evaluated
-once for every slot position into a cos/sin table (_rope_table).
-GQA without repeating the KV: the G query heads of kv head j (HF head h = j*G + r) become G query rows per
-token, ordered token-major (row t*G + r). q is laid out as [B, G, Hkv, D] (token t, group member r, kv head j),
-the SDPA query its [1, Hkv, B*G, D] transposed view (the "BMHK" memory layout CUDA's attention kernels use), so
-the attention output comes back in the same memory order and each token's G*Hkv*D outputs are contiguous: its
-[B, Hq*D] view, columns in (r, j, d) order, feeds o_proj with no copy, o_proj's weight holding HF's columns
-permuted once to that order at construction (_grouped_o_weight; the model's own o_proj is untouched).
-Kernels per layer of a step (CUDA, no bias): 2 per RMSNorm, the qkv GEMM, rope 2 (written head-major: k's cache
-rows are views) + 1 copy of q into the grouped layout, 2 KV index copies, SDPA, o GEMM + residual (one addmm),
-gate/up GEMM, silu, mul, down GEMM + residual (addmm_ in place: no copy of h).
+On CUDA each (bucket, span) step is captured once in a CUDA graph over static input buffers (optionally
+torch.compile'd first, the span a dynamic dimension); prefill (T > largest bucket) and the CPU path run the same
+step eagerly, which is what the CPU tests compare against HFTarget. Rope comes from the model's own rotary module,
+tabulated once per slot position (_rope_table). GQA without repeating the KV: the G query heads of kv head j (HF
+head j*G + r) become G query rows per token (row t*G + r), so each token's attention output is contiguous in
+(r, j, d) order and feeds o_proj with no copy, its weight columns permuted once to that order (_grouped_o_weight).
 fused_kernels=True (make_target's default on CUDA where triton imports; EAGLESPEC_FUSED_KERNELS=0/1 forces it
-off/on) runs the step's RMSNorms, rope + KV write and silu * up as Triton kernels (target/kernels.py: 2 + 5 + 2 + 2
-kernels per layer become 1 + 1 + 1 + 1, the same rounding; the rope kernel writes q in the grouped layout
-directly); it needs triton and a CUDA target (or TRITON_INTERPRET=1) and is refused otherwise. With them,
-gemm_kernels (EAGLESPEC_GEMM_KERNELS=1; off: slower than the cuBLAS pairs on the H200, target/gemm_kernels.py)
-folds each RMSNorm into the GEMM after it and silu * up into the down GEMM: 3 kernels fewer per layer.
+off/on) runs RMSNorm, rope + KV write and silu * up as Triton kernels (kernels/step.py, the same rounding) and the
+attention as kernels.attention.masked_attention (EAGLESPEC_ATTN_KERNEL=0: SDPA), which stops at base + B; it needs
+triton and a CUDA target (or TRITON_INTERPRET=1). gemm_kernels (EAGLESPEC_GEMM_KERNELS=1; kernels/gemm.py) also
+folds each RMSNorm into the GEMM after it and silu * up into the down GEMM.
 """
 
 from __future__ import annotations
@@ -165,8 +152,8 @@ def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: to
     instead of a GEMM then an add: the same in exact arithmetic; in bf16/fp16 the sum is rounded once instead of
     twice (HF rounds the projection to the model dtype, then the sum), a last-bit difference that contract 1
     allows (bf16 near-ties); fp32 differs by accumulation order only. `inplace`: accumulate into h (addmm_), for an
-    h nothing else holds; an out-of-place addmm first copies h into its result (a device copy per call on CUDA:
-    the 60 DtoD copies of the H200 profile at 87db194). On CPU in fp32 the projection goes through oneDNN
+    h nothing else holds; an out-of-place addmm first copies h into its result (a device copy per call on CUDA).
+    On CPU in fp32 the projection goes through oneDNN
     (eaglespec.kernels.onednn), then one add."""
     if onednn.applies(x, weight, bias):
         y = onednn.project(x, weight, bias)
@@ -183,9 +170,8 @@ SDPA_ENV = "EAGLESPEC_CUDNN_SDPA"  # "1": eager steps may use cuDNN's attention 
 
 def _eager_sdpa_backends() -> list[SDPBackend]:
     """The SDPA backends of the eager steps (a prefill, or a tree past the buckets, at its exact size): all but
-    cuDNN's unless $EAGLESPEC_CUDNN_SDPA=1 (read at import). cuDNN's attention builds a graph per new shape, so each
-    new prompt length paid it: on the H200 (session 8, bench/prefill_shapes.py) a 190-token prefill took 1021 ms
-    the first time and 28 ms the next with it, 36 / 22 ms without it. The CUDA-graph steps (fixed shapes, captured
+    cuDNN's unless $EAGLESPEC_CUDNN_SDPA=1 (read at import). cuDNN's attention builds a graph per new shape, a cost
+    each new prompt length would pay. The CUDA-graph steps (fixed shapes, captured
     once) keep torch's own choice."""
     allowed = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     if os.environ.get(SDPA_ENV, "").strip() == "1":
@@ -312,7 +298,7 @@ class FastTarget:
         if span_step < 1:
             raise EagleSpecError(f"span_step must be >= 1, got {span_step}")
         self.span_step = span_step
-        self._kernels = None  # target/kernels.py when fused_kernels
+        self._kernels = None  # kernels/step.py when fused_kernels
         if fused_kernels:
             from eaglespec.kernels import step as kernels
 
@@ -321,13 +307,13 @@ class FastTarget:
             if compile:
                 raise EagleSpecError("fused_kernels=True cannot be combined with compile=True")
             self._kernels = kernels
-        # target/attn_kernels.py with the fused kernels: the masked attention in one kernel, the mask never expanded
+        # kernels/attention.py with the fused kernels: the masked attention in one kernel, the mask never expanded
         self._attn = None
         if fused_kernels:
             from eaglespec.kernels import attention as attn_kernels
 
             self._attn = attn_kernels if attn_kernels.wanted() else None
-        # target/gemm_kernels.py with the fused kernels: RMSNorm + GEMM and silu*up + GEMM + residual, one kernel each
+        # kernels/gemm.py with the fused kernels: RMSNorm + GEMM and silu*up + GEMM + residual, one kernel each
         self._gemm = None
         if gemm_kernels and not fused_kernels:
             raise EagleSpecError("gemm_kernels=True needs fused_kernels=True")
@@ -355,7 +341,7 @@ class FastTarget:
             cfg = torch._dynamo.config
             name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
             setattr(cfg, name, max(getattr(cfg, name), 64))
-        self._step_fn = torch.compile(self._step, fullgraph=True, dynamic=False) if compile else self._step
+        self._step_fn = torch.compile(self.step, fullgraph=True, dynamic=False) if compile else self.step
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None
         self.feature_layer_ids: tuple[int, ...] = ()
@@ -451,7 +437,7 @@ class FastTarget:
         self._pool = None
 
     # -- the step (graph-captured on CUDA) ------------------------------------------------------
-    def _step(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
               base: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens/positions [B], visible [B, B] bool, base [] long, cols [span] = 0..span-1 (self.cols[:span])
         -> (logits [B, V], features [B, F]), attending over cache slots 0..span-1 (span >= base + B: the
@@ -568,7 +554,7 @@ class FastTarget:
         if depths is not None:
             torch.add(depths, self.committed_len, out=run.positions[:t])
         if visible is None:
-            if run.visible_t != t:  # unchanged since the last causal step of t rows: nothing to copy
+            if run.visible_t != t:  # unchanged from the last causal step of t rows: nothing to copy
                 mask = run.causal.get(t)
                 if mask is None:
                     mask = run.causal[t] = run.eye.clone()
@@ -595,7 +581,7 @@ class FastTarget:
             visible = torch.ones(t, t, dtype=torch.bool, device=dev).tril() if visible is None else visible.to(dev)
             base_t = torch.tensor(base, dtype=torch.long, device=dev)
             with sdpa_kernel(EAGER_SDPA_BACKENDS):  # a new shape: no cuDNN attention graph built for it
-                logits, features = self._step(tokens, base + depths, visible, base_t, self.cols[: base + t])
+                logits, features = self.step(tokens, base + depths, visible, base_t, self.cols[: base + t])
             return TargetOutput(logits=logits, features=features)
         self.reserve(base + b)
         run = self._runner(b, self.span(base + b))
@@ -623,6 +609,12 @@ class FastTarget:
         self.committed_len = base + m
         self._pending = 0
 
+    def set_committed(self, length: int) -> None:
+        """Mark rows 0..length-1 committed after a caller moved the accepted rows' KV into place itself (the round
+        graph's tail does it inside its CUDA graph); nothing is pending afterwards."""
+        self.committed_len = length
+        self._pending = 0
+
 
 def fused_by_default(device: torch.device, compile: bool = False) -> bool:
     """make_target's fused_kernels: kernels.wanted(device), but off when compiling unless EAGLESPEC_FUSED_KERNELS
@@ -634,8 +626,8 @@ def fused_by_default(device: torch.device, compile: bool = False) -> bool:
 
 def make_target(model: nn.Module, backend: str = "auto", feature_layer_ids: tuple[int, ...] = (), **fast_kw):
     """The target backend for `model`: "fast" (static cache + CUDA graphs), "hf", or "auto" (fast when the
-    architecture is supported, on CUDA and on CPU, where its projections run through oneDNN: 1.75x the HF
-    backend's plain decoding on 2 cores, bench/RESULTS.md session 9; else the generic HF backend). A fast backend gets
+    architecture is supported, on CUDA and on CPU, where its projections run through oneDNN; else the generic HF
+    backend). A fast backend gets
     fused_kernels from kernels.wanted (EAGLESPEC_FUSED_KERNELS 0 or 1; unset: on CUDA where triton imports, unless
     compiling) unless fast_kw names it."""
     from eaglespec.backends.hf import HFTarget

@@ -66,7 +66,7 @@ class HFTarget:
         return self.capture.ids
 
     def set_feature_layers(self, ids: tuple[int, ...]) -> None:
-        """Capture the states entering layers `ids` (contract 3, see target/capture.py)."""
+        """Capture the states entering layers `ids` (contract 3, see backends/capture.py)."""
         self.capture.set(ids)
 
     def reset(self) -> None:

@@ -1,6 +1,6 @@
 """Parse draft-checkpoint configs (native EAGLE-3, speculators, SafeAILab EAGLE-1) into DraftConfig.
 
-Aux-layer ids follow DESIGN.md contract 3: inside eaglespec id j is the hidden state ENTERING
+Aux-layer ids follow contract 3 (docs/contracts.md): inside eaglespec id j is the hidden state ENTERING
 decoder layer j (= HF ``hidden_states[j]``). Published files use two conventions; we read them as
 SGLang does (add 1 to every id when the first id is 1) and always write entering-layer ids >= 2.
 """
@@ -36,7 +36,7 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
 def normalize_aux_layer_ids(ids: list[int], rule: str = "auto") -> tuple[tuple[int, ...], str]:
     """Map published ids to entering-layer ids. Returns (ids, which rule applied).
 
-    rule: "auto" (SGLang since PR #25454: +1 to every id when the first id is 1),
+    rule: "auto" (SGLang's rule, PR #25454: +1 to every id when the first id is 1),
     "output" (the file uses output-of-layer ids: always +1), "entering" (take as they are).
     """
     if rule == "auto":

@@ -1,4 +1,4 @@
-"""The single rope-width resolver (DESIGN.md contract 6)."""
+"""The single rope-width resolver (contract 6, docs/contracts.md)."""
 
 from __future__ import annotations
 

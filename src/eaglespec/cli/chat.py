@@ -10,14 +10,22 @@ from __future__ import annotations
 import argparse
 import sys
 
+from eaglespec.cli.args import (
+    add_model_args,
+    add_sampling_args,
+    add_tree_args,
+    check_model_inputs,
+    log,
+    non_negative,
+    sampling_options,
+    set_threads,
+)
 from eaglespec.errors import EagleSpecError
 
 HELP = "type a message and press Enter; /reset forgets the conversation, /exit quits (or Ctrl-D)"
 
 
 def add_parser(subparsers) -> None:
-    from eaglespec.cli.main import add_model_args, add_sampling_args, add_tree_args
-
     p = subparsers.add_parser("chat", help="interactive multi-turn chat, streamed (reads stdin, one message a line)",
                               description="Interactive chat with the target's chat template. " + HELP + ".")
     add_model_args(p)
@@ -93,12 +101,13 @@ def chat_loop(es, stdin, stdout, stderr, system: str | None = None, max_new_toke
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from eaglespec.api import EagleSpec
-    from eaglespec.cli.main import _non_negative, sampling_options
 
-    _non_negative(args, "max_new_tokens", "k", "top_k", "depth", "budget")
-    es = EagleSpec.from_args(args)
-    if not args.quiet:
-        print(f"eaglespec: {es.draft_note}", file=sys.stderr, flush=True)
+    non_negative(args, "max_new_tokens")
+    config = check_model_inputs(args)
+    set_threads(config, args.verbose)
+    es = EagleSpec.from_args(args, config=config)
+    if args.verbose:
+        log(f"eaglespec: {es.draft_note}")
     chat_loop(es, sys.stdin, sys.stdout, sys.stderr, args.system, args.max_new_tokens, args.quiet,
               **sampling_options(args, getattr(es.model, "generation_config", None)))
     return 0

@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from eaglespec.cli.args import check_target, log
+from eaglespec.datasets import DATASETS, load_prompts
 from eaglespec.errors import EagleSpecError
 
 TRAIN_FLAGS = ("target", "data", "method", "out", "steps", "epochs", "max_length", "batch_size", "lr", "ttt_steps",
                "draft_vocab", "device", "dtype", "grad_accum", "limit", "seed", "save_every", "eval_every",
                "eval_fraction", "warmup_steps", "hass_steps", "noise", "weight_decay", "log_every", "feature_cache", "time_budget",
                "init", "ttt_attention", "ttt_decay", "intermediate_size")
-DECODER_HELP = ("HF generate (hf), a static-cache batched decoder for Llama-family targets (static; "
-                "target/batched.py), or static where the target allows it (auto)")
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+DECODER_HELP = ("HF generate (hf), a static-cache batched decoder for Llama-family targets (static), or static "
+                "where the target allows it (auto)")
 
 
 def add_parser(subparsers) -> None:
@@ -93,7 +90,7 @@ def add_parser(subparsers) -> None:
                    help="only every N-th conversation (by first-message length) from the I-th: N processes, each "
                         "with its own --out, split one file")
     r.add_argument("--decoder", default="auto",
-                   help=DECODER_HELP + "; default auto (on an H200 static answered 2.1x as many conversations/s)")
+                   help=DECODER_HELP + "; default auto")
     r.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="start no batch that the slowest one so far would not finish within SECONDS (rerun resumes)")
     r.add_argument("--device", default=None)
@@ -114,7 +111,7 @@ def add_parser(subparsers) -> None:
                    help="drop queries sharing a 13-word run with these prompt sets (bench's --dataset names or "
                         "files, comma-separated; default mtbench,humaneval where installed; '' for none)")
     s.add_argument("--decoder", default="hf",
-                   help=DECODER_HELP + "; default hf (on an H200 static wrote queries slower)")
+                   help=DECODER_HELP + "; default hf")
     s.add_argument("--starts", default="", metavar="LIST",
                    help="words a query begins with, one drawn per query, comma-separated (e.g. Write,Explain,Imagine; "
                         "default: none, the model starts the query itself)")
@@ -145,6 +142,12 @@ def _options(args: argparse.Namespace) -> dict:
     return opts
 
 
+def check_data(path: str) -> None:
+    """--data must name an existing file or directory (read once the target has loaded)."""
+    if not Path(path).exists():
+        raise EagleSpecError(f"--data {path}: no such file")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from eaglespec.backends.loading import load_target, resolve_device, resolve_target
     from eaglespec.train.data import read_conversations, tokenize_all
@@ -170,6 +173,8 @@ def cmd_train(args: argparse.Namespace) -> int:
               "time_budget", "ttt_decay", "intermediate_size"):
         if o.get(k) is not None and o[k] <= 0:
             raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {o[k]}")
+    check_data(o["data"])
+    check_target(o.get("target"))
     fields = {k: o[k] for k in ("steps", "epochs", "batch_size", "grad_accum", "max_length", "lr", "ttt_steps",
                                 "hass_steps", "draft_vocab", "seed", "save_every", "eval_every", "eval_fraction",
                                 "warmup_steps", "noise", "weight_decay", "log_every", "ttt_attention", "ttt_decay",
@@ -187,11 +192,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     drafter = init_drafter(cfg.init_from, model, cfg, tok) if cfg.init_from else None  # refused before the data
     convs = read_conversations(o["data"], o.get("limit"))
     max_length = o.get("max_length") or 2048
-    samples = tokenize_all(tok, convs, max_length, progress=rank == 0)
+    samples = tokenize_all(tok, convs, max_length, progress=rank == 0 and args.verbose)
     if rank == 0:
         n_tok = sum(s.ids.numel() for s in samples)
         n_loss = sum(int(s.loss_mask.sum()) for s in samples)
-        _log(f"eaglespec train: {len(samples)} conversations, {n_tok} tokens ({n_loss} assistant) from {o['data']}")
+        log(f"eaglespec train: {len(samples)} conversations, {n_tok} tokens ({n_loss} assistant) from {o['data']}")
     if o.get("feature_cache"):
         from eaglespec.train.features import attach_feature_cache
         from eaglespec.train.trainer import drafter_config
@@ -203,7 +208,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     finish_distributed()
     if rank == 0 and res.history:
         last = res.history[-1]
-        _log(f"eaglespec train: at step {res.steps}: last train top-1 by step "
+        log(f"eaglespec train: at step {res.steps}: last train top-1 by step "
              f"{[round(a, 3) for a in last['acc_by_step']]}")
     return 0
 
@@ -218,26 +223,26 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
             raise EagleSpecError(f"--{k.replace('_', '-')} must be > 0, got {getattr(args, k)}")
     shard = parse_shard(args.shard) if args.shard is not None else None
     check_decoder(args.decoder)
+    check_data(args.data)
+    check_target(args.target)
     model, tok = load_target(args.target, device=args.device, dtype=args.dtype)
     n = regenerate(model, tok, args.data, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                    temperature=args.temperature, max_turns=args.max_turns, limit=args.limit, seed=args.seed,
                    shard=shard, decoder=args.decoder, time_budget=args.time_budget)
-    _log(f"eaglespec regenerate: wrote {n} conversations to {args.out}")
+    log(f"eaglespec regenerate: wrote {n} conversations to {args.out}")
     return 0
 
 
 def _exclusions(spec: str) -> list[str]:
     """The prompts of each named set; the default benchmarks are skipped where their packages are not installed."""
-    from eaglespec.cli.bench import load_prompts
-
     texts: list[str] = []
     for name in (n.strip() for n in spec.split(",") if n.strip()):
         try:
             texts += load_prompts(name, flag="--exclude")
         except EagleSpecError as exc:
-            if name not in ("mtbench", "humaneval"):
+            if name not in DATASETS:
                 raise
-            _log(f"eaglespec synth-prompts: not excluding {name} ({exc})")
+            log(f"eaglespec synth-prompts: not excluding {name} ({exc})")
     return texts
 
 
@@ -252,12 +257,13 @@ def cmd_synth_prompts(args: argparse.Namespace) -> int:
     if args.temperature <= 0 or not 0 < args.top_p <= 1:
         raise EagleSpecError(f"--temperature must be > 0 and --top-p in (0, 1], got {args.temperature}, {args.top_p}")
     check_decoder(args.decoder)
+    check_target(args.target)
     exclude = _exclusions(args.exclude)
     model, tok = load_target(args.target, device=args.device, dtype=args.dtype)
     st = synthesize(model, tok, args.out, args.count, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, top_p=args.top_p, seed=args.seed, exclude=exclude,
                     decoder=args.decoder, starts=[w.strip() for w in args.starts.split(",") if w.strip()])
-    _log(f"eaglespec synth-prompts: {args.out} holds {st['total']} queries ({st['kept']} new; dropped "
+    log(f"eaglespec synth-prompts: {args.out} holds {st['total']} queries ({st['kept']} new; dropped "
          f"{st['unfinished']} unfinished, {st['length']} out of {MIN_CHARS}-{MAX_CHARS} characters, {st['duplicate']} duplicates, "
          f"{st['excluded']} sharing a {NGRAM}-word run with --exclude)")
     return 0

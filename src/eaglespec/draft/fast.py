@@ -1,40 +1,21 @@
-"""Static drafter rows for CUDA graphs (issue 6): the default drafting path where the target runs the fast
-backend on CUDA (api.use_draft_graphs); first validated on an H200 in session 2 (bench/RESULTS.md).
+"""Static drafter rows for CUDA graphs: the drafting path when the target runs the fast backend on CUDA
+(EngineConfig.draft_graphs; `enable_draft_graphs(engine)`). Capture and replay mirror backends/fast.py; the tree
+growth after the catch-up runs as one CUDA graph per tree (draft/tree_graph.py; `tree_graphs=False`: one run()
+per depth).
 
-On CPU the very same padded static step equals the eager Proposer (tests/test_draft_static.py: same
-DraftTrees, greedy output identical to HF generate). The CUDA-graph capture/replay mirrors target/fast.py
-(static buffers per bucket, warm-up on a side stream, capture into a shared pool); bench/draft_check.py is
-its device check (graph replay == eager step, trees vs the eager Proposer, ms per step and per round).
-Control it with `EagleSpec.from_pretrained(..., draft_graphs=True/False)`, `--draft-graphs` /
-`--no-draft-graphs` (generate / bench) or `enable_draft_graphs(engine)`. With it, the tree growth after the
-catch-up runs as ONE CUDA graph per tree over this runner's KV and pool (draft/tree_graph.py; `tree_graphs=False`
-keeps one run() per tree depth); catch-up stays the bucketed per-step path below.
+    KV       per drafter layer [1, Hkv, S, D], S = max_len + the largest bucket, rounded up to 64; slots
+             0..length-1 hold the live rows where the eager KVCache would, so the proposer's masks are unchanged
+    run      n rows -> slots length..length+n-1, padded to a bucket B (1, 2, 4, ..., 64); a bool mask
+             [B, span] over the first span = length + B (rounded up to span_step, capped at S) slots: the
+             caller's mask, padding rows see only their own slot; one step (and CUDA graph) per (bucket, span).
+             Causal rows past the largest bucket run chunk by chunk through the same bucket steps; rows past it
+             with a caller's mask run the same step eagerly at their exact size
+    crop     length = n (stale slots stay masked until the next rows overwrite them)
 
-    KV       per drafter layer [1, Hkv, S, D] preallocated, S = max_len + the largest bucket (room for
-             the padding rows), rounded up to a multiple of 64; slots 0..length-1 hold the live rows,
-             exactly where the eager KVCache would hold them, so the proposer's masks over the KV are unchanged
-    run      n rows -> slots length..length+n-1, padded to a bucket B (1, 2, 4, ..., 64): state/tokens/
-             positions/slots [B] and a bool mask [B, span] over the first `span` KV slots only, span =
-             length + B rounded up to a multiple of span_step (256, target/fast.py's SPAN_STEP), capped at
-             S (the caller's mask in the first length+n columns, padding rows see only their own slot,
-             every unused slot hidden); one step (and CUDA graph) per (bucket, span); causal rows past
-             the largest bucket (the prompt's catch-up, a catch-up after many plain steps of an adaptive
-             stream) run in chunks of the largest bucket, each chunk after the previous ones (so it sees
-             them), through the same bucket steps: no eager step, no new shape; rows past the largest
-             bucket with a caller's mask run the same step eagerly at their exact size
-    crop     length = n (the stale slots stay masked and are overwritten by the next rows)
-
-The step is the drafter's own forward (same modules, weights and op order) over `StaticKV`, a
-KVCache stand-in whose `append` writes by index into the whole static buffers and returns their first
-`span` slots: no re-implemented layers; or, by default on CUDA for EAGLE-3 and EAGLE-1 (HASS) drafters
-(fused=None), the same layers with ~15 kernels instead of ~47 (EAGLE-1: per layer), by count (draft/fused.py:
-fused projections, a rope table, Triton kernels where target/kernels.wanted says so). Attention over a span
-instead of all S slots matters: a cuDNN attention over a static KV costs in proportion to the slots it is
-given (bench/RESULTS.md), and S is sized for the longest context (api.py: 8704 slots for SmolLM2) while the
-live rows are a few hundred.
-Masked slots add exp(finfo.min - max) = 0 to the softmax, so the rows equal the eager ones up to float
-rounding (padded matmuls and the longer attention row reduce in another order: ~1e-7 relative in fp32
-on CPU); the CPU tests get identical tree tokens and logq within 1e-5.
+The step is the drafter's own forward over `StaticKV` (a KVCache stand-in that writes by index into the static
+buffers and returns their first `span` slots) or, by default on CUDA, draft/fused.py's step: the same layers in
+fewer kernels. Masked slots add exp(finfo.min - max) = 0 to the softmax, so the rows equal the eager ones up to
+float rounding (reduction order); the CPU tests get identical tree tokens and logq within 1e-5.
 """
 
 from __future__ import annotations
@@ -95,10 +76,10 @@ class StaticDraftRunner:
     """Drafter-row runner over a static KV with fixed row buckets (see module docstring).
 
     Same interface as proposer.EagerRows: reset(), length, run(state, tokens, positions, visible),
-    crop(n). On an H200, bench/draft_check.py found graph replay == the eager step exactly.
+    crop(n). A graph replay runs the same kernels on the same buffers as the eager step.
     span_step: steps attend over the first span(length + rows) KV slots (a multiple of span_step).
     fused: step with draft/fused.py's FusedEagle3Step or FusedEagle1Step, by the drafter's type (None: on CUDA
-    when the drafter allows it), with the Triton kernels when target/kernels.wanted(device)
+    when the drafter allows it), with the Triton kernels when kernels.step.wanted(device)
     (EAGLESPEC_FUSED_KERNELS).
     """
 
@@ -174,7 +155,7 @@ class StaticDraftRunner:
                      eye=eye, causal=eye.new_ones(b, b).tril())
 
     def capture(self, fn: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
-        """target/fast.capture_graph on this runner's shared pool. Every graph's outputs are consumed right
+        """backends/fast.capture_graph on this runner's shared pool. Every graph's outputs are consumed right
         after its replay, before another graph of the pool replays."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()

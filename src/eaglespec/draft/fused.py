@@ -1,9 +1,7 @@
 """The EAGLE-3 and EAGLE-1 drafters' steps with fewer kernels, for the static draft runner (draft/fast.py) on CUDA.
 
-Eagle3Drafter.forward over a StaticKV (draft/eagle3.py) launches ~47 kernels per step on CUDA, and a step
-is launch-bound: 0.22 ms in a CUDA graph on an H200 whether it drafts 1 row or 10 (bench/RESULTS.md, session
-6), 7 of them per depth-6 tree; Eagle1Drafter.forward (draft/eagle1.py, HASS drafters too) as many per layer.
-These steps compute the same layers the way target/fast.py's step does. FusedEagle3Step:
+A drafter step of a few rows is launch-bound. These steps compute the drafter's layers the way backends/fast.py's
+step does. FusedEagle3Step:
 
     x = cat([norm(embed(tokens)), norm(state)])               # one Triton kernel (kernels), else 4
     qkv = x @ [Wq; Wk; Wv].T                                  # one GEMM
@@ -12,22 +10,17 @@ These steps compute the same layers the way target/fast.py's step does. FusedEag
     h = residual + o @ Wo'.T; out = h + down(silu(gate) * up) # residuals in the GEMMs (addmm), silu * up fused
     logits = lm_head(norm(out))
 
-FusedEagle1Step: x = fc(cat([embed(tokens), state])) (one GEMM with fc's bias), then per layer the same block
-on qkv = (layer 0: x, else norm(x)) @ [Wq; Wk; Wv].T with x's residuals accumulated in place (x is the step's
-own: the caller's state is only read), then logits = the target's lm_head(x) and the next state x: with the
-Triton kernels ~14 kernels for one layer (embedding, cat, fc, the grouped mask once, 8-9 per layer, lm_head), by
-count. On an H200 (session 8, bench/eagle1_fused_check.py, a random SmolLM2-shaped drafter, bf16): chain 304 -> 360
-and dynamic tree 316 -> 400 tok/s against the drafter's own forward; fp32 output identical to HF generate.
+FusedEagle1Step: x = fc(cat([embed(tokens), state])) (one GEMM with fc's bias), then per layer the same block on
+qkv = (layer 0: x, else norm(x)) @ [Wq; Wk; Wv].T, residuals accumulated in place into x (the caller's state is
+only read), then logits = the target's lm_head(x) and the next state x.
 
-The table holds, for every KV slot position, the values Rotary.cos_sin computes per step (same fp32 products
-and cos/sin, then the dtype cast), so the rope is bitwise the module's (target/fast._rope's sign flip is
-exact). The attention is target/fast.py's grouped layout: q [B, G, Hkv, D] viewed as the query rows t*G + r of
-each kv head, the output's [B, Hq*D] view (no copy where the SDPA output is in BMHK memory) in (r, j, d) column
-order, and Wo' o_proj's weight with its columns permuted once to that order (fast._grouped_o_weight). What
-differs: the residuals round once instead of twice (target/fast._add_linear), the concatenated projection, the
-permuted o_proj and the grouped attention may accumulate in another order. Drafts are only proposals checked by
-the target, so this moves which token is proposed at a near-tie, never what is emitted, and q is the one the
-sampler uses. The weights are copied (concatenated) at construction: build it after loading, for inference.
+The rope table holds Rotary.cos_sin's per-step values for every slot position, so the rope is bitwise the
+module's. The attention uses backends/fast.py's grouped layout (o_proj's columns permuted once,
+fast._grouped_o_weight). What differs from the drafter's forward: the residuals round once instead of twice and
+the concatenated projections, permuted o_proj and grouped attention may accumulate in another order. Drafts are
+only proposals checked by the target, so this can move which token is proposed at a near-tie, never what is
+emitted; q is the one the sampler uses. The weights are copied (concatenated) at construction: build it after
+loading, for inference.
 """
 
 from __future__ import annotations
@@ -58,7 +51,7 @@ from eaglespec.kernels import step as K
 
 
 def _cat_linear(*mods: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenated weights and biases (target/fast._cat_bias) of linears that read the same input, detached."""
+    """Concatenated weights and biases (backends/fast._cat_bias) of linears that read the same input, detached."""
     bias = _cat_bias(*mods)
     return torch.cat([m.weight for m in mods]).detach(), None if bias is None else bias.detach()
 
@@ -132,9 +125,9 @@ class _FusedStep:
         self._open = torch.zeros((), device=weight.device, dtype=weight.dtype)
         self._shut = torch.full((), torch.finfo(weight.dtype).min, device=weight.device, dtype=weight.dtype)
         self.kernels = kernels
-        # target/attn_kernels.py with the kernels: the attention reads the [B, span] bool mask itself (_mask)
+        # kernels/attention.py with the kernels: the attention reads the [B, span] bool mask itself (_mask)
         self.attn = A if kernels and A.wanted() else None
-        # target/gemm_kernels.py with the kernels (None: $EAGLESPEC_GEMM_KERNELS): post-norm + gate_up, the MLP tail
+        # kernels/gemm.py with the kernels (None: $EAGLESPEC_GEMM_KERNELS): post-norm + gate_up, the MLP tail
         # (silu * up, down, residual) and final norm + lm_head, one kernel each
         self.gemm = G if kernels and (G.wanted() if gemm is None else gemm) else None
         if kernels and not K.available(weight.device):
@@ -169,7 +162,7 @@ class _FusedStep:
         rope = K.rope_qk_kv_write if self.kernels else K.rope_qk_kv_write_ref
         kc, vc = kv.k[0], kv.v[0]  # [Hkv, S, D]
         q = rope(qk, v, blk.table, positions, kv.slots[0], kc, vc)  # [B, G, Hkv, D]; k, v written at the slots
-        # GQA over the unrepeated KV: head j*G + r of token t -> kv head j, query row t*G + r (as target/fast.py)
+        # GQA over the unrepeated KV: head j*G + r of token t -> kv head j, query row t*G + r (as backends/fast.py)
         if self.attn is None:
             o = F.scaled_dot_product_attention(_grouped_queries(q), kc[None, :, :span], vc[None, :, :span],
                                                attn_mask=mask)  # [1, Hkv, B*G, D]

@@ -1,6 +1,6 @@
 """The proposer: keeps the drafter's KV in step with the verified prefix and grows draft trees.
 
-Index shift (DESIGN.md contract 4): drafter row t pairs the target feature f_t with the
+Index shift (contract 4, docs/contracts.md): drafter row t pairs the target feature f_t with the
 embedding of token x_{t+1}, sits at position t, and predicts x_{t+2}. With the target committed
 through row n-1 and the pending root token x_n, the last catch-up row is t = n-1; a draft node
 at depth d (token y_d at sequence position n+d) is the drafter row n+d-1.
@@ -95,7 +95,7 @@ class TreeRows(MaskRows):
 
 
 class Proposer:
-    # sampling (issue 4; set by the engine): draft processors (None = greedy drafting) and generator
+    # sampling (set by the engine): draft processors (None = greedy drafting) and generator
     sampling: SamplingParams | None = None
     generator: torch.Generator | None = None
 
@@ -143,23 +143,23 @@ class Proposer:
         whole = self._tree_graph(logits.shape[-1])
         # a sampled chain's / static tree's noise, drawn before the growth (into the tree graph's static input
         # when there is one)
-        noise = self._draft_noise(logits.shape[-1], None if whole is None else whole.noise)
+        noise = self.draft_noise(logits.shape[-1], None if whole is None else whole.noise)
         if whole is not None:
             tree = whole.run(root, logits, state, self.committed)
             if tree is not None:  # None: its capture failed (warned once); the per-step path below
                 return tree
         try:
-            tree, flags, keep = self._grow(root, logits, state,
+            tree, flags, keep = self.grow(root, logits, state,
                                            lambda part: TreeRows(self.runner, self.committed, part), noise)
             return finish_tree(tree, flags, keep)
         finally:
             self._discard_tree_rows()
 
-    def _grow(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows,
+    def grow(self, root: int | torch.Tensor, logits: torch.Tensor, state: torch.Tensor, new_rows: NewRows,
               noise: torch.Tensor | None = None) -> tuple[DraftTree, torch.Tensor | None, torch.Tensor | None]:
         """The tree below `root` from the catch-up row's logits [Vd] and state [H]; new_rows(tree_part
         [R, R] bool) gives the tree-row runner (TreeRows, or tree_graph.DeviceTreeRows); noise: a sampled
-        chain's or static tree's Exp(1) draws [rows, Vd] (_draft_noise), else None. No host sync. Returns
+        chain's or static tree's Exp(1) draws [rows, Vd] (draft_noise), else None. No host sync. Returns
         (tree, a dynamic tree's [4] validation flags or None, a sampled static tree's [N] bool nodes to keep
         or None), still on the device: tree_graph.finish_tree checks and prunes after the growth."""
         if self.spec.kind == "chain":
@@ -183,7 +183,7 @@ class Proposer:
     def _tree_graph(self, draft_vocab: int) -> TreeGraph | None:
         """The whole-tree graph (draft/tree_graph.py) for this spec and draft processors, where the runner is
         a StaticDraftRunner with tree_graphs on. The growth draws no random numbers inside: a sampled chain's
-        or tree's noise is drawn before the replay into TreeGraph.noise (_draft_noise); greedy dynamic trees
+        or tree's noise is drawn before the replay into TreeGraph.noise (draft_noise); greedy dynamic trees
         pick children by top-k. A sampled static tree's pruning of children outside q's support (one host
         sync) happens after the replay (tree_graph.finish_tree), as does a sampled dynamic tree's."""
         runner = self.runner
@@ -192,29 +192,29 @@ class Proposer:
         key = (self.spec, self.sampling if self._sampled else None)
         graph = runner.trees.get(key)
         if graph is None:
-            graph = runner.trees[key] = TreeGraph(runner, self._grow, self._tree_rows(draft_vocab), draft_vocab,
-                                                  self._noise_rows(draft_vocab))
+            graph = runner.trees[key] = TreeGraph(runner, self.grow, self.tree_rows(draft_vocab), draft_vocab,
+                                                  self.noise_rows(draft_vocab))
         return None if graph.failed else graph
 
-    def _noise_rows(self, draft_vocab: int) -> int:
+    def noise_rows(self, draft_vocab: int) -> int:
         """Rows of Exp(1) noise one growth races over: a sampled chain's k draws, a sampled static or dynamic
         tree's 1 + R expanded nodes (the root, then tree row r at noise row 1 + r); 0 for growths that draw
         nothing."""
         if not self._sampled:
             return 0
-        return self.spec.depth if self.spec.kind == "chain" else 1 + self._tree_rows(draft_vocab)
+        return self.spec.depth if self.spec.kind == "chain" else 1 + self.tree_rows(draft_vocab)
 
-    def _draft_noise(self, draft_vocab: int, out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The Exp(1) noise [_noise_rows, Vd] of a sampled chain's or static tree's draws, in ONE generator
+    def draft_noise(self, draft_vocab: int, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The Exp(1) noise [noise_rows, Vd] of a sampled chain's or static tree's draws, in ONE generator
         call (into `out` when given: the tree graph's static input); None for every other growth."""
-        rows = self._noise_rows(draft_vocab)
+        rows = self.noise_rows(draft_vocab)
         if not rows:
             return None
         if out is None:
             out = torch.empty(rows, draft_vocab, dtype=torch.float32, device=self.device)
         return exponential_noise(out, self.generator)
 
-    def _tree_rows(self, draft_vocab: int) -> int:
+    def tree_rows(self, draft_vocab: int) -> int:
         """Drafter rows one tree runs after the committed ones."""
         spec = self.spec
         if spec.kind == "chain":
@@ -228,7 +228,7 @@ class Proposer:
         """Chain of spec.depth tokens: one drafter row per depth, causal over the chain.
 
         Sampled drafting: x_d ~ q_d by the exponential race argmax(q_d / E_d) over noise [k, Vd] drawn
-        before the growth (_draft_noise), so the growth draws nothing and a CUDA graph can replay it.
+        before the growth (draft_noise), so the growth draws nothing and a CUDA graph can replay it.
         No host sync and a handful of ops per depth besides the drafter step; the chain and its log
         values are assembled once at the end.
         """
@@ -256,7 +256,7 @@ class Proposer:
             tree.draft_probs = self.to_target_probs(torch.cat([probs, probs.new_zeros(1, probs.shape[-1])]))
         return tree
 
-    # -- sampling helpers (issue 4): the draft processors, shared by every tree policy -------------
+    # -- sampling helpers: the draft processors, shared by every tree policy -----------------------
     def draft_dist(self, logits: torch.Tensor) -> torch.Tensor:
         """[..., Vd] draft logits -> probabilities under the draft processors (softmax when greedy)."""
         if self.sampling is None or self.sampling.greedy:
@@ -308,7 +308,7 @@ class Proposer:
         k = min(spec.top_k, logits.shape[-1])
         sampled = self._sampled
         if sampled and (noise is None or noise.shape[0] != 1 + max(spec.depth - 1, 0) * k):
-            raise ValueError("a sampled dynamic tree needs its noise [1 + tree rows, Vd] (Proposer._draft_noise)")
+            raise ValueError("a sampled dynamic tree needs its noise [1 + tree rows, Vd] (Proposer.draft_noise)")
         rows = new_rows(constant("eye", max(spec.depth - 1, 0) * k, logits.device))  # [R, R]: no kernel a round
         prev = _Expansion(out=state[None], row0=0, rows=0)  # depth 0: the catch-up row (not a tree row)
         # sampled: per expansion (the root's first) the q rows [n, Vd], the candidate ids expanded, and per layer
@@ -397,11 +397,11 @@ class Proposer:
         """A fixed tree of child-rank paths (EAGLE-1 `choices`): one drafter forward per depth.
 
         Greedy drafting: the child of rank r is the parent's r-th most likely draft token
-        (deterministic; verified with the point-mass scheme under sampling). Sampled drafting
-        (issue 4): a node with c children (c fixed by the layout) gets c draws WITHOUT replacement
+        (deterministic; verified with the point-mass scheme under sampling). Sampled drafting:
+        a node with c children (c fixed by the layout) gets c draws WITHOUT replacement
         from its processed draft distribution q, in node order, and q is recorded in draft_probs
         (recursive rejection sampling with real q). The draws are the exponential race top-c of
-        q / E over noise [1 + R, Vd] drawn before the growth (_draft_noise: row 0 for the root's
+        q / E over noise [1 + R, Vd] drawn before the growth (draft_noise: row 0 for the root's
         children, row 1 + r for tree row r's), so the growth draws nothing. Children beyond q's
         support (zero q: they lose every race) are marked off in the returned keep mask [N] bool
         (with their subtrees): that depends on q only, never on the drawn values;
@@ -435,7 +435,7 @@ class Proposer:
 
         # children of the root come from the catch-up row; lists hold one [m] entry per depth
         if sampled and (noise is None or noise.shape[0] != 1 + plan.tree_visible.shape[0]):
-            raise ValueError("a sampled static tree needs its noise [1 + tree rows, Vd] (Proposer._draft_noise)")
+            raise ValueError("a sampled static tree needs its noise [1 + tree rows, Vd] (Proposer.draft_noise)")
         root_probs = logits[None] if kernel else self.draft_dist(logits)[None]  # [1, Vd]
         batch_conf, batch_top = children(root_probs, noise[:1] if sampled else None)  # [rows expanded at d-1, R]
         tokens, logq = [root_tensor(root, self.device)], [batch_conf.new_zeros(1)]
@@ -453,7 +453,7 @@ class Proposer:
             if level.expand is None:  # leaves only: the deepest level
                 break
             out, states = rows.run(states[level.expand_slot], tokens[-1][level.expand], d, level.rows[0])
-            probs = out if kernel else self.draft_dist(out)  # [e, Vd] ranked under the draft processors (issue 4)
+            probs = out if kernel else self.draft_dist(out)  # [e, Vd] ranked under the draft processors
             r0, e = level.rows  # the expanded nodes' tree rows r0..r0+e-1: noise rows 1+r0..r0+e
             batch_conf, batch_top = children(probs, noise[1 + r0: 1 + r0 + e] if sampled else None)
             if sampled:
@@ -476,7 +476,7 @@ class Proposer:
 def draw_values(ranked: torch.Tensor, probs: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
     """The values a sampled dynamic tree gives its draws [n, k]: the i-th draw gets the i-th largest q
     (`ranked`, q's sorted top-k), not its own q (`probs` gathered at `draws`). Valued by their own q, the budget
-    would keep the likeliest draws instead of the first ones, and the acceptance would no longer be exact."""
+    would keep the likeliest draws instead of the first ones, and the acceptance would not be exact."""
     return ranked
 
 

@@ -1,34 +1,23 @@
 """One CUDA graph per draft tree: the whole growth after catch-up, replayed once per round.
 
-With the per-step draft graphs (draft/fast.py) a drafter step replays in 0.29 ms on the H200, yet propose()
-took 3.0 ms (chain k=5) and 10.3 ms (dynamic, budget 60, depth 8, top-k 10): the ~320 eager ops around the
-steps (top-k, gathers, masks, tree.grow_dynamic_tree). Here the growth of a chain (greedy, or sampled by an
-exponential race over noise drawn before the replay), of an EAGLE-2 dynamic tree or of a static tree (greedy:
-top-k children; sampled: children drawn without replacement by the exponential race top-c over noise drawn
-before the replay) is ONE
-function of static buffers (root [1], catch-up logits [Vd], state [H], committed length `base` []), whose
-shapes and host ints never depend on the committed length (a sampled chain also reads its Exp(1) noise
-[k, Vd], a sampled static or dynamic tree its noise [1 + R, Vd] (row 0: the root's children; row 1 + r: tree
-row r's),
-both drawn by the proposer into TreeGraph.noise before the replay in one generator call: the graph itself
-draws nothing, and the eager Proposer races over the same noise, so one seed gives the same trees):
+Around the per-step draft graphs (draft/fast.py) a tree's growth is hundreds of small eager ops (top-k, gathers,
+masks). Here the growth of a chain, an EAGLE-2 dynamic tree or a static tree (greedy: top-k children; sampled:
+draws without replacement by an exponential race) is ONE function of static buffers (root [1], catch-up logits
+[Vd], state [H], committed length `base` []) whose shapes and host ints never depend on the committed length.
+Sampled growth reads Exp(1) noise ([k, Vd] for a chain, [1 + R, Vd] for a tree: row 0 the root's children, row
+1 + r tree row r's) that the proposer draws into TreeGraph.noise before the replay; the eager Proposer races over
+the same noise, so one seed gives the same trees.
 
     slots      base + r0 + arange(n) for tree rows r0..r0+n-1 (where the per-step path writes them)
     positions  base + depth - 1
-    mask       [n, span] over the first `span` static KV columns: the committed ones (cols < base), the
-               tree block (cols - base in 0..R-1) through the [R, R] tree-row visibility, every later
-               column hidden; span = committed + R rounded up to the runner's span_step (runner.span), the
-               one host int that depends on the committed length: one CUDA graph per (tree, span)
+    mask       [n, span]: committed columns (< base), the tree block through the [R, R] tree-row visibility,
+               later columns hidden; span = committed + R rounded up to span_step: one graph per (tree, span)
 
-The growth itself is the eager Proposer's (Proposer._grow over a DeviceTreeRows instead of proposer.TreeRows,
-tree.grow_dynamic_tree, Proposer.draft_dist) and each step is the drafter's own forward over StaticKV. It has
-no host sync (tests/test_tree_graph.py counts them); a dynamic tree's validation flags and a sampled static
-tree's keep mask (children outside q's support, with their subtrees, are dropped: a fixed-shape growth marks
-them, finish_tree prunes them with one host read) are outputs, used after the replay. On CPU the same function runs eagerly over the same buffers (what the CPU tests check); on
-CUDA it is captured on first use of each span on the StaticDraftRunner's KV and graph pool (warm-up on a side
-stream; every span's graph reads the same static inputs). A capture that raises warns once and that tree
-goes back to the per-step path; `tree_graphs=False` on the runner (enable_draft_graphs) turns the whole-tree
-graphs off.
+The growth is the eager Proposer's (Proposer._grow over DeviceTreeRows) and each step the drafter's own forward
+over StaticKV, with no host sync (tests/test_tree_graph.py counts them). A dynamic tree's validation flags and a
+sampled static tree's keep mask (children outside q's support, pruned by finish_tree with one host read) are
+outputs read after the replay. On CPU the function runs eagerly over the same buffers; on CUDA it is captured on
+first use of each span. A capture that raises warns once and that tree falls back to the per-step path.
 """
 
 from __future__ import annotations

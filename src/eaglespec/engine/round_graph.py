@@ -1,73 +1,45 @@
-"""One CUDA graph per speculative round (the fast target and a StaticDraftRunner; greedy, and opt-in sampled).
+"""The speculative round as one function of static buffers, captured once as a CUDA graph and replayed.
 
-On the H200 a static-tree round kept the GPU busy 1.61 ms of its ~2.8 ms (bench/RESULTS.md, session 7): the rest
-was the host launching ~250 small ops around the graphs it already had (the catch-up's staging, the tree graph,
-the verify staging and graph, acceptance, the KV commit, the next round's inputs). Here the whole round is ONE
-function of static buffers, captured once per (drafter span, target span) and replayed with one host sync:
+The same stages as SpeculativeEngine._eager_round, over a fast target and a StaticDraftRunner, with every shape
+fixed so that one round is one graph replay and one host sync:
 
     state_in  [4 + P] long: n (catch-up rows), dlen (drafter rows committed), tlen (target rows committed),
               root, then the catch-up rows' next tokens [P] (x_{t+1}, contract 4); P = tree depth + 1
     feats_in  [P, F]: the target features of the rows the drafter has not consumed (the first n)
 
-    1. catch-up: the drafter's P rows (n live; padding rows write stale KV slots past dlen + n that the tree
-       rows overwrite and no live row sees), the last live row's logits and state
-    2. the tree (Proposer._grow over draft/tree_graph.DeviceTreeRows, base = dlen + n)
-    3. verify: the target's step over the tree rows at slots tlen.. (positions tlen + depth)
-    4. greedy acceptance (verify.greedy_path_end), the path's rows first, padded to P
-    5. the target's KV commit: the path's rows moved to slots tlen..tlen+P-1 (rows past the path are stale)
-    6. the next round's state_out / feats_out / the ids after the round, and a result row for the host
+    1. draft: the drafter's catch-up over P rows (n live; padding rows write stale KV slots past dlen + n that the
+       tree rows overwrite and no live row sees), then the tree (Proposer.grow over DeviceTreeRows)
+    2. verify: the target's step over the tree rows at slots tlen.. (positions tlen + depth)
+    3. accept: the greedy walk, or lossless rejection sampling with the random numbers drawn before the replay
+       into static buffers (the drafter's race noise, the acceptance coins [T], the bonus's race noise [V])
+    4. publish: the path's KV rows moved to slots tlen..tlen+P-1, the next round's state_out / feats_out, the ids,
+       and a result row for the host (m, the bonus, the path, a dynamic tree's flags, the tree)
 
-The host reads the result (m, the bonus, the path, a dynamic tree's flags) in one copy, then copies state_out
-and feats_out into the inputs (two launches): no other host work per round. Every shape is fixed, so the
-function runs eagerly on CPU over the same buffers (the CPU tests: HF generate's tokens, the same trees as the
-per-phase path). --compile and catch-ups longer than P rows keep the per-phase path (SpeculativeEngine._phased_round).
+The host reads the result row in one copy, then copies state_out and feats_out into the inputs. On CPU the same
+function runs eagerly over the same buffers (what the CPU tests check against HF generate).
 
-Sampled rounds (chains, static and dynamic trees with sampled children; on by default since session 8, off with
-`sampled=False` / $EAGLESPEC_ROUND_GRAPHS_SAMPLED=0; measured on an H200 at T=1, MT-bench 20: chain 0.83x -> 1.13x,
-static tree 0.62x -> 1.09x plain decoding, the same tau): the random numbers are drawn before the replay into
-static buffers, in three generator calls (the drafter's race noise, the acceptance coins [T], the bonus's race
-noise [V]), and step 4 becomes verify.sibling_tests + verify.sampled_path (tree_rejection_sample's walk as tensor
-ops: the same path for the same coins) and the bonus an exponential race over the final residual. A sampled
-tree's children outside q's support are left out of the tests (as the per-phase path prunes them). The bonus is
-drawn by a race, not torch.multinomial: the same distribution, other draws than the per-phase path for one seed. A
-dynamic tree's sibling table is built every round from its parents (verify.sibling_table_of; since session 10,
-untimed on a GPU). Top-k children under a sampled target (greedy draft processors: no recorded q) take the
-point-mass scheme instead: verify.point_mass_tests and point_mass_residual (session 14; before, sibling_tests
-raised on such a round, seen on CPU; untimed on a GPU).
-
-Overlap (engine.overlap, $EAGLESPEC_OVERLAP; on by default for CUDA since session 12): every launch queues, behind
-the replay, its result row's copy into pinned memory (an event marks it), its logq's copy and the next round's
-inputs (state_out / feats_out into state_in / feats_in), so a round can be queued behind another the host has not
-read. While the stream goes on (engine._continues: no EOS, room left, no adaptive gate) the host keeps two rounds
-in flight: it reads round N (waiting for N only), then queues round N + 2 behind N + 1 and builds N's tree and
-telemetry while the GPU runs N + 1. Round N + 2 is launched from bounds of its inputs (N + 1 accepts at most P
-rows: the spans and room for n = P, tlen + P; the graph reads the real values from state_in), only while N + 1
-cannot end the stream by length, and only where it needs no capture and no growth of a KV or the ids (else it
-waits for the next call, one in flight). The next round() call of the same stream takes the launches if it hands
-back this round's ids and features (_mine); anything else drops them. Their writes lie past everything committed,
-so an unused launch (after an EOS, or a consumer that stops reading) changes nothing. On the H200 one round in
-flight took the host's turn out of the round's head and tail (0.2 -> 0 ms; bench/RESULTS.md, session 12); the
-device still idled ~0.14 ms between a dynamic round and the next, the host's read-to-launch turn (session 17,
-bench/round_gaps.py), which the second round in flight hides.
-
-engine.round_graph is a RoundGraphs: one RoundGraph per tree spec (an EagleSpec drafts requests with a temperature
-with another tree).
+Overlap: every launch queues, behind the replay, its result row's copy into pinned memory and the next round's
+inputs, so a round can be queued behind another the host has not read. While the stream goes on, the host keeps
+two rounds in flight: it reads round N (waiting for N only), then queues round N + 2 behind N + 1. Round N + 2 is
+launched from upper bounds of its inputs (N + 1 accepts at most P rows; the graph reads the real values from
+state_in), and only where it needs no capture and no growth of a KV or of the ids. Writes of an unused launch lie
+past everything committed, so dropping one (after an EOS) changes nothing.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from eaglespec.backends.fast import FastTarget, capture_graph
 from eaglespec.draft.fast import StaticDraftRunner, StaticKV
+from eaglespec.draft.proposer import Proposer
 from eaglespec.draft.tree_graph import DeviceTreeRows
-from eaglespec.engine.loop import HostRead, RoundStats
-from eaglespec.errors import EagleSpecError, env_switch
+from eaglespec.engine.state import GenerationResult, HostRead, RoundContext, RoundStats
+from eaglespec.errors import EagleSpecError
 from eaglespec.kernels import round_tail as round_kernels
 from eaglespec.kernels import sampled as sampled_kernels
 from eaglespec.kernels import tree as tree_kernels
@@ -85,41 +57,14 @@ from eaglespec.verify import (
     sibling_tests,
 )
 
-if TYPE_CHECKING:
-    from eaglespec.engine.loop import GenerationResult, SpeculativeEngine
 
-ENV = "EAGLESPEC_ROUND_GRAPHS"  # 0: off, 1: on (default: wanted())
-ENV_SAMPLED = "EAGLESPEC_ROUND_GRAPHS_SAMPLED"  # 0: greedy rounds only (default: sampled rounds too)
-ENV_TWO = "EAGLESPEC_TWO_IN_FLIGHT"  # 0: overlap keeps one round in flight (session 12's), unset or 1: two
-
-
-def wanted(device: torch.device | str, flag: bool | None = None) -> bool:
-    """Round graphs: `flag` (--round-graphs / --no-round-graphs) when given, else $EAGLESPEC_ROUND_GRAPHS=0/1, else on
-    CUDA (measured on an H200 in session 7: chain 1.37x -> 1.59x, static tree 1.40x -> 1.68x plain decoding, the
-    same tau, fp32 output identical to HF)."""
-    if flag is not None:
-        return flag
-    flag = os.environ.get(ENV)
-    if flag is not None:
-        return flag.strip() not in ("", "0", "false", "no")
-    return torch.device(device).type == "cuda"
-
-
-def wanted_sampled() -> bool:
-    """Sampled rounds as round graphs too, unless $EAGLESPEC_ROUND_GRAPHS_SAMPLED=0 (on by default: on the H200, session 8,
-    T=1: chain 0.83x -> 1.13x, static tree 0.62x -> 1.09x plain decoding)."""
-    return os.environ.get(ENV_SAMPLED, "1").strip() not in ("0", "false", "no")
-
-
-def unusable_reason(engine: SpeculativeEngine) -> str | None:
-    """Why `engine` cannot run its rounds as round graphs (None: it can)."""
-    target = getattr(engine.target, "_t", engine.target)  # bench's _Synced proxy
-    proposer = engine.proposer
+def unusable_reason(target, proposer: Proposer | None, spec: TreeSpec) -> str | None:
+    """Why rounds of this target, proposer and tree cannot run as round graphs (None: they can)."""
     if not isinstance(target, FastTarget):
         return "the target is not the fast backend"
     if target.compiled:
         return "the fast target is compiled (--compile)"
-    if proposer is None or not engine.spec.speculates:
+    if proposer is None or not spec.speculates:
         return "no drafter or no speculation"
     if not isinstance(proposer.runner, StaticDraftRunner):
         return "the drafter does not run on a StaticDraftRunner (draft graphs off)"
@@ -137,44 +82,55 @@ class _Launch(NamedTuple):
 
 
 class RoundGraphs:
-    """engine.round_graph: a RoundGraph per tree spec, made on first use (while the proposer drafts that spec)."""
+    """The round graphs of one target and proposer: a RoundGraph per tree spec, made on first use.
 
-    def __init__(self, engine: SpeculativeEngine, sampled: bool | None = None):
-        reason = unusable_reason(engine)
-        if reason is not None:
-            raise ValueError(f"round graphs: {reason}")
-        self.engine = engine
-        self.sampled = wanted_sampled() if sampled is None else sampled
+    sampled: rounds under a sampling temperature replay too (else only greedy rounds do).
+    overlap: keep up to two rounds launched ahead of the one the host reads."""
+
+    def __init__(self, target: FastTarget, proposer: Proposer, sampled: bool = True, overlap: bool = False):
+        self.target, self.proposer = target, proposer
+        self.sampled, self.overlap = sampled, overlap
         self.by_spec: dict[TreeSpec, RoundGraph] = {}
 
-    def get(self, spec: TreeSpec | None = None) -> RoundGraph:
-        spec = self.engine.spec if spec is None else spec
+    def get(self, spec: TreeSpec) -> RoundGraph:
         rg = self.by_spec.get(spec)
         if rg is None:
-            rg = self.by_spec[spec] = RoundGraph(self.engine, spec, self.sampled)
+            rg = self.by_spec[spec] = RoundGraph(self.target, self.proposer, spec, self.sampled, self.overlap)
         return rg
 
-    def round(self, ids: torch.Tensor, pending: torch.Tensor, result: GenerationResult):
-        """SpeculativeEngine._round's contract: the current spec's RoundGraph.round."""
-        return self.get().round(ids, pending, result)
+    def catch_up_rows(self, spec: TreeSpec) -> int:
+        """The most pending rows a round of `spec` catches up on (P = depth + 1)."""
+        return spec.depth + 1
+
+    def can_run(self, ctx: RoundContext, ids: torch.Tensor, pending: torch.Tensor) -> bool:
+        """Whether this round can replay: a graphable tree, greedy or sampled rounds allowed, no failed capture,
+        and a state the static inputs hold (1..P pending rows, the drafter caught up to the target but them)."""
+        if not ctx.spec.speculates or (ctx.sampling is not None and not self.sampled):
+            return False
+        rg = self.get(ctx.spec)
+        return not rg.failed and (rg.holds(ids, pending) or rg.stageable(ids, pending))
+
+    def replay(self, ctx: RoundContext, ids: torch.Tensor, pending: torch.Tensor, result: GenerationResult):
+        """The round as one graph replay: (emitted, ids, pending) as SpeculativeEngine._eager_round returns, or
+        None when the graph could not be captured (the engine runs the round stage by stage)."""
+        return self.get(ctx.spec).round(ctx, ids, pending, result)
 
 
 class RoundGraph:
     """Rounds of one engine and tree spec as one function (one CUDA graph per span pair and sampling setting on
     CUDA); see the module docstring."""
 
-    def __init__(self, engine: SpeculativeEngine, spec: TreeSpec, sampled: bool = False):
-        self.engine = engine
-        self.target: FastTarget = getattr(engine.target, "_t", engine.target)
-        self.proposer = engine.proposer
+    def __init__(self, target: FastTarget, proposer: Proposer, spec: TreeSpec, sampled: bool = False,
+                 overlap: bool = False):
+        self.target = target
+        self.proposer = proposer
+        self.overlap = overlap
         self.runner: StaticDraftRunner = self.proposer.runner
         dev = self.target.device
         self.device = dev
-        if self.proposer.spec != spec:
-            raise ValueError("a RoundGraph is made while the proposer drafts its spec")
         self.spec = spec  # the tree these buffers are sized for
         self.P = spec.depth + 1  # rows a round can accept: the path (<= depth + 1 rows)
-        self.R = self.proposer._tree_rows(self._draft_vocab())  # drafter rows of one tree after the catch-up
+        self.R = self.proposer.tree_rows(self._draft_vocab())  # drafter rows of one tree after the catch-up
         self.T = self._tree_size()  # verified rows per round, at most (fixed per spec)
         feat = self.target.hidden_size * len(self.target.feature_layer_ids)  # [F] of the target's features
         self.state_in = torch.zeros(4 + self.P, dtype=torch.long, device=dev)
@@ -198,14 +154,13 @@ class RoundGraph:
         if self.sampled:
             self.kids = None if parents is None else sibling_table(parents, dev)  # [T, K]
             vd = self._draft_vocab()
-            rows = spec.depth if spec.kind == "chain" else 1 + self.R  # Proposer._noise_rows when sampling
+            rows = spec.depth if spec.kind == "chain" else 1 + self.R  # Proposer.noise_rows when sampling
             self.draft_noise = torch.ones(rows, vd, device=dev) if rows else None
             self.coins = torch.zeros(self.T, device=dev)  # [T] uniform
             self.race = torch.ones(self.target.vocab_size, device=dev)  # [V] Exp(1): the bonus's draw
         self._pool = None
         self._cache_ptr = None
         self._flight: list[_Launch] = []  # overlap: rounds launched and not read yet (one stream), oldest first
-        self.two_in_flight = env_switch(ENV_TWO, "two rounds in flight") is not False
         self._reads: list[HostRead | None] = [None] * 3  # their result rows' host copies, in turn
         self._next_read = 0
         self.failed = False
@@ -236,7 +191,7 @@ class RoundGraph:
         last = (n - 1).reshape(1)
         base = dlen + n  # drafter rows committed after the catch-up: the tree rows follow
         # 2. the tree
-        tree, flags, keep = proposer._grow(root, logits.index_select(0, last)[0], states.index_select(0, last)[0],
+        tree, flags, keep = proposer.grow(root, logits.index_select(0, last)[0], states.index_select(0, last)[0],
                                            lambda part: DeviceTreeRows(runner, base, part, span_d),
                                            self.draft_noise if sampling is not None else None)
         # 3. verify
@@ -248,7 +203,7 @@ class RoundGraph:
         else:
             visible = self.visible
         tgt = self.target
-        out_logits, feats = tgt._step(tree.tokens, tlen + tree.depths, visible, tlen, tgt.cols[:span_t])
+        out_logits, feats = tgt.step(tree.tokens, tlen + tree.depths, visible, tlen, tgt.cols[:span_t])
         if sampling is None and tree_kernels.wanted(self.device, untimed=True):  # 4. greedy acceptance, 1 kernel
             # the target's argmax: per-chunk keys merged in accept_path (argmax_keys), or torch's
             nxt = (tree_kernels.argmax_keys(out_logits) if tree_kernels.wanted(self.device, argmax=True)
@@ -301,11 +256,15 @@ class RoundGraph:
         return sampled_path(visible, tree.depths, kids, r_at, q_at, self.coins, live), None, None
 
     # -- the host side ------------------------------------------------------------------------------
-    def _stage(self, ids: torch.Tensor, pending: torch.Tensor) -> bool:
-        """Load the engine's round state (contract 7) into the inputs; False when a round graph cannot take it."""
+    def stageable(self, ids: torch.Tensor, pending: torch.Tensor) -> bool:
+        """Whether the static inputs can hold this round state: 1..P pending rows, the drafter caught up to the
+        target but them, and ids [tlen + 1]."""
         n, dlen, tlen = pending.shape[0], self.proposer.committed, self.target.committed_len
-        if not 1 <= n <= self.P or dlen + n != tlen or ids.shape[0] != tlen + 1:
-            return False
+        return 1 <= n <= self.P and dlen + n == tlen and ids.shape[0] == tlen + 1
+
+    def _stage(self, ids: torch.Tensor, pending: torch.Tensor) -> None:
+        """Load the engine's round state (contract 7) into the static inputs (stageable(ids, pending) holds)."""
+        n, dlen, tlen = pending.shape[0], self.proposer.committed, self.target.committed_len
         self._grow_ids(tlen + 1 + self.P)
         self.ids[: tlen + 1].copy_(ids)
         self.feats_in[:n].copy_(pending)
@@ -315,7 +274,6 @@ class RoundGraph:
         self.state_in[1].fill_(dlen)
         self.state_in[2].fill_(tlen)
         self.n, self.dlen, self.tlen = n, dlen, tlen
-        return True
 
     def _drop_graphs(self) -> None:
         """Forget the captured rounds and their pool (a pool whose graphs are all freed takes no new capture)."""
@@ -329,8 +287,8 @@ class RoundGraph:
             self.ids = new
             self._drop_graphs()  # they write the old buffer
 
-    def _mine(self, ids: torch.Tensor, pending: torch.Tensor) -> bool:
-        """The engine handed back what the last round graph returned (nothing to stage)."""
+    def holds(self, ids: torch.Tensor, pending: torch.Tensor) -> bool:
+        """The engine handed back what the last round returned: the static inputs hold this state already."""
         return (ids.data_ptr() == self.ids.data_ptr() and ids.shape[0] == self.tlen + 1
                 and pending.data_ptr() == self.feats_in.data_ptr() and pending.shape[0] == self.n
                 and self.proposer.committed == self.dlen and self.target.committed_len == self.tlen)
@@ -369,15 +327,15 @@ class RoundGraph:
         graph.replay()
         return out
 
-    def _launch(self, sampling, n: int, dlen: int, tlen: int, ahead: bool = False) -> _Launch | None:
+    def _launch(self, ctx: RoundContext, n: int, dlen: int, tlen: int, ahead: bool = False) -> _Launch | None:
         """Queue one round from inputs whose host mirrors are (n, dlen, tlen), then its result's copy to the host,
         its logq's copy and the next round's inputs (state_out / feats_out into state_in / feats_in): no host sync.
-        None when the capture failed (self.failed: the per-phase path takes over).
+        None when the capture failed (self.failed: the engine runs rounds stage by stage).
 
         ahead: a round queued behind another one the host has not read (two in flight), from upper bounds of its
         inputs (n = P, tlen + P: the round before accepts at most P rows). It changes nothing the rounds in flight
         use: None (nothing queued) where it would grow the KV, the ids or need a capture."""
-        P = self.P
+        P, sampling = self.P, ctx.sampling
         rows_d, rows_t = max(P, n + self.R), max(P, self.T)  # KV rows past dlen / tlen this round
         if ahead and (dlen + rows_d > self.runner.max_len or tlen + rows_t > self.target.max_len
                       or self.ids.shape[0] < tlen + 1 + P):
@@ -391,7 +349,7 @@ class RoundGraph:
                                                      or self.target.cache.data_ptr() != self._cache_ptr):
             return None
         if sampling is not None:  # the round's random numbers, into the graph's static inputs
-            self._draw(self.engine._generator)
+            self._draw(ctx.generator)
         out = self._run(span_d, span_t, sampling, capture=not ahead)
         if out is None:
             return None
@@ -405,39 +363,36 @@ class RoundGraph:
         logq = logq.clone()
         self.state_in.copy_(self.state_out)  # the next round's inputs
         self.feats_in.copy_(self.feats_out)
-        return _Launch(self.engine._stream, read, logq)
+        return _Launch(ctx.stream, read, logq)
 
-    def _launch_next(self, sampling, flight: list[_Launch], emitted: list[int], result: GenerationResult
+    def _launch_next(self, ctx: RoundContext, flight: list[_Launch], emitted: list[int], done: int
                      ) -> list[_Launch]:
         """Overlap: top `flight` (the rounds launched and not read, after this one) up to two, while the stream
         goes on, so the GPU has the next round queued while the host reads one. The first from the mirrors (what
         this round left), the second from their bounds, and only while the round before it cannot end the
-        stream by length. A launch that raises (no room left) launches nothing: the next round() raises it."""
-        engine = self.engine
+        stream by length. A launch that raises (no room left) launches nothing: the next round raises it."""
         try:
-            if not flight and engine._continues(emitted, result):
-                launch = self._launch(sampling, self.n, self.dlen, self.tlen)
+            if not flight and ctx.goes_on(emitted, done, 0):
+                launch = self._launch(ctx, self.n, self.dlen, self.tlen)
                 flight = [launch] if launch is not None else []
-            if self.two_in_flight and len(flight) == 1 and engine._continues(emitted, result, then=self.P):
-                launch = self._launch(sampling, self.P, self.dlen + self.n, self.tlen + self.P, ahead=True)
+            if len(flight) == 1 and ctx.goes_on(emitted, done, self.P):
+                launch = self._launch(ctx, self.P, self.dlen + self.n, self.tlen + self.P, ahead=True)
                 flight = [*flight, launch] if launch is not None else flight
         except (EagleSpecError, RuntimeError):  # no room in the drafter's KV; out of memory growing the target's
             pass
         return flight
 
-    def round(self, ids: torch.Tensor, pending: torch.Tensor, result: GenerationResult):
-        """SpeculativeEngine._round's contract, as one round graph where it applies (else _phased_round)."""
-        engine = self.engine
-        sampling = engine._sampling  # None: greedy
+    def round(self, ctx: RoundContext, ids: torch.Tensor, pending: torch.Tensor, result: GenerationResult):
+        """One round as a replay (RoundGraphs.can_run holds): (emitted, ids, pending), or None when the capture
+        failed."""
         t0 = time.perf_counter()
         flight, self._flight = self._flight, []
-        if (self.failed or (sampling is not None and not self.sampled) or engine.spec != self.spec
-                or not (self._mine(ids, pending) or self._stage(ids, pending))):
-            return engine._phased_round(ids, pending, result)
-        if not (flight and flight[0].stream == engine._stream and self._mine(ids, pending)):
-            launch = self._launch(sampling, self.n, self.dlen, self.tlen)  # nothing launched for this round
+        if not (flight and flight[0].stream == ctx.stream and self.holds(ids, pending)):
+            if not self.holds(ids, pending):
+                self._stage(ids, pending)
+            launch = self._launch(ctx, self.n, self.dlen, self.tlen)  # nothing launched for this round
             if launch is None:
-                return engine._phased_round(ids, pending, result)
+                return None
             flight = [launch]
         this, flight = flight[0], flight[1:]
         snap = this.read.copy()  # the round's one host sync: waits for this round, not the one behind it (copied
@@ -448,11 +403,11 @@ class RoundGraph:
             check_dynamic_flags(torch.tensor(flags))
         n, dlen, tlen, P = self.n, self.dlen, self.tlen, self.P
         self.proposer.committed = self.runner.length = dlen + n  # the catch-up's rows; the tree rows stay stale
-        self.target.committed_len, self.target._pending = tlen + m, 0
+        self.target.set_committed(tlen + m)
         self.n, self.dlen, self.tlen = m, dlen + n, tlen + m
         emitted = [*vals[6 + P:6 + P + m][1:], bonus]  # the path past the root, then the bonus
-        if engine.overlap:
-            self._flight = self._launch_next(sampling, flight, emitted, result)
+        if self.overlap:
+            self._flight = self._launch_next(ctx, flight, emitted, len(result.token_ids))
         size, at = (len(vals) - 6 - 2 * P) // 3, 6 + 2 * P  # the tree's tokens, parents, depths from `at` on
         tree = DraftTree(tokens=snap[at:at + size], parents=snap[at + size:at + 2 * size],
                          depths=snap[at + 2 * size:], logq=this.logq, ordered=True)
@@ -464,7 +419,7 @@ class RoundGraph:
     def _draw(self, generator: torch.Generator | None) -> None:
         """A sampled round's random inputs: the drafter's race noise, the acceptance coins, the bonus's race noise."""
         if self.draft_noise is not None:
-            self.proposer._draft_noise(self.draft_noise.shape[1], self.draft_noise)
+            self.proposer.draft_noise(self.draft_noise.shape[1], self.draft_noise)
         self.coins.uniform_(generator=generator)
         exponential_noise(self.race, generator)
 
@@ -476,12 +431,3 @@ class RoundGraph:
         if spec.kind == "dynamic":
             return spec.budget + 1
         return len(spec.static_choices()) + 1
-
-
-def enable_round_graphs(engine: SpeculativeEngine, sampled: bool | None = None) -> RoundGraphs | None:
-    """Give `engine` round graphs (engine.round_graph); None (and nothing changed) when it cannot have them.
-    sampled: sampled rounds too (None: wanted_sampled(), on unless $EAGLESPEC_ROUND_GRAPHS_SAMPLED=0)."""
-    if unusable_reason(engine) is not None:
-        return None
-    engine.round_graph = RoundGraphs(engine, sampled)
-    return engine.round_graph

@@ -1,16 +1,14 @@
 """`eaglespec regenerate`: rewrite the assistant turns of a conversation file with the target itself.
 
-Training on the target's own outputs raises acceptance (EAGLE-1 ablation 3.62 -> 3.75 tau; EAGLE-3
-trains on regenerated data). Conversations are regenerated turn by turn (later user turns see the
-regenerated earlier answers), batched across conversations with left padding. The output is JSONL
-({"id", "messages"} in OpenAI form; each regenerated assistant turn also carries "token_ids", the ids the target
-generated up to its stop id, which training uses instead of the text tokenized again), appended one conversation
-at a time: an interrupted run is
-resumed by running the same command again (ids already written are skipped). `shard=(i, n)` takes every n-th
-conversation of the length-sorted file from the i-th on, so that n processes (one per GPU, each with its own output)
-split one file into parts of alike lengths; a resumed shard takes the same part. Each batch holds conversations of
-alike lengths (little padding), and the batches run in a seeded random order: a run cut short by a time limit has
-answered a sample of every length, not the shortest prompts (session 25's run answered only the shortest 60%).
+Training on the target's own outputs raises acceptance (EAGLE-1's ablation; EAGLE-3 trains on regenerated data).
+Conversations are regenerated turn by turn (later user turns see the regenerated earlier answers), batched across
+conversations with left padding. The output is JSONL ({"id", "messages"} in OpenAI form; each regenerated
+assistant turn also carries "token_ids", the ids the target generated up to its stop id, which training uses
+instead of tokenizing the text again), appended one conversation at a time: running the same command again
+resumes (ids already written are skipped). `shard=(i, n)` takes every n-th conversation of the length-sorted file
+from the i-th on, so n processes (one per GPU, each with its own output) split one file into parts of alike
+lengths; a resumed shard takes the same part. Each batch holds conversations of alike lengths (little padding), and the batches run in a seeded random
+order, so a job cut short by a time limit has answered a sample of every length, not only the shortest prompts.
 """
 
 from __future__ import annotations
@@ -83,7 +81,7 @@ def length_batches(convs: list[dict], batch_size: int, seed: int = 0) -> list[li
 @torch.no_grad()
 def generate_batch(model, tokenizer, chats: list[list[dict]], max_new_tokens: int, temperature: float,
                    max_prompt_tokens: int, decoder: BatchedDecoder | None = None) -> list[Answer]:
-    """One batched generation over chat prompts (left padded): HF generate, or `decoder` (target/batched.py);
+    """One batched generation over chat prompts (left padded): HF generate, or `decoder` (backends/batched.py);
     returns each answer's text and generated ids."""
     dev = next(model.parameters()).device
     prompts = []
@@ -146,7 +144,7 @@ def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_siz
     """Regenerate every conversation of `data` not yet in `out`; returns how many were written. `seed` seeds the
     sampling (temperature > 0): without it a fresh process starts from torch's fixed default state, so two sampled
     passes over the same prompts and batches would write the same answers. `decoder`: "hf" (HF generate), "static"
-    or "auto" (target/batched.py, where the model allows it). `time_budget` seconds: no batch is started that the
+    or "auto" (backends/batched.py, where the model allows it). `time_budget` seconds: no batch is started that the
     slowest one so far would not finish in time (a batch killed by an outer time limit is lost work)."""
     from tqdm import tqdm
 

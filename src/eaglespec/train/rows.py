@@ -1,4 +1,4 @@
-"""The soft-row compiler (DESIGN.md contract 4, issue 5 item 4).
+"""The soft-row compiler (contract 4, docs/contracts.md).
 
 Row t pairs the target feature f_t with the embedding of x_{t+1}; it is trained toward f_{t+1}
 (EAGLE-1/HASS) and q_{t+2}, the target distribution computed from f_{t+1} (logits row t+1).

@@ -104,7 +104,7 @@ def sample_queries(model, tokenizer, rows: int, *, max_new_tokens: int, temperat
                    seed: int, decoder: BatchedDecoder | None = None, starts: Sequence[str] = ()) -> list[str | None]:
     """`rows` queries sampled from the template's user prefix; None where the model did not end the turn. With
     `starts`, each query begins with one of them (drawn per row, seeded) and the model continues it. With `decoder`
-    (target/batched.py) instead of HF generate, unless the turn ends with a text marker (a stop string)."""
+    (backends/batched.py) instead of HF generate, unless the turn ends with a text marker (a stop string)."""
     prefix, end = query_prefix(tokenizer)
     stops, marker = stop_ids(tokenizer, end), text_marker(tokenizer, end)
     rng = random.Random(seed)

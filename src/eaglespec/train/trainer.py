@@ -165,12 +165,12 @@ def finish_distributed() -> None:
 
     Why: in torch 2.11-2.13, destroy_process_group() does not stop a gloo group (ProcessGroupGloo has no
     shutdown()); its worker threads (pt_gloo_runloop) and transport thread (gloo_tcp_loop) are joined only by
-    its destructor, i.e. when the last reference goes. Another reference (torch.distributed.nn.functional's
-    import-time `group=group.WORLD` defaults, pulled in by building the HF target after init) kept it alive
-    past destroy_process_group, so those threads were still running at interpreter exit and a rank could
-    abort in the teardown ("terminate called without an active exception", pytorch/pytorch#65231 and its fix
-    #65513: the gloo group must be destroyed before exit, not left to the GC at finalization). Here the pins
-    are dropped and our last reference released, so the destructor joins the threads now."""
+    its destructor, i.e. when the last reference goes. torch.distributed.nn.functional's import-time
+    `group=group.WORLD` defaults (imported when the HF target is built after init) hold another reference, so
+    without this the threads outlive destroy_process_group and a rank can abort at interpreter exit
+    ("terminate called without an active exception", pytorch/pytorch#65231 and #65513: the gloo group must be
+    destroyed before exit, not left to the GC at finalization). Here those references are dropped and ours
+    released, so the destructor joins the threads."""
     dist = _dist()
     if dist is None:
         return
@@ -370,8 +370,8 @@ class MicroBatches:
 
 # -- one micro-batch ----------------------------------------------------------------------------
 # Training attention has masks whose shapes change every step: cuDNN's SDPA rebuilds its plan for each
-# new shape (~50 ms of CPU per call on an H200, 80% of a step), so training uses the flash (CPU) or
-# memory-efficient (CUDA) kernels, falling back to math.
+# new shape (a large CPU cost per call), so training uses the flash (CPU) or memory-efficient (CUDA) kernels,
+# falling back to math.
 TRAIN_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

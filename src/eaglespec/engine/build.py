@@ -1,0 +1,56 @@
+"""The one place that turns an EngineConfig into a target backend and an engine.
+
+    target = build_target(model, config, drafter.feature_layer_ids)
+    engine = build_engine(target, drafter, spec, config)
+
+build_engine picks the drafter's runner (a StaticDraftRunner with CUDA graphs, or eager rows), the round graphs
+and the loop's switches from `config.resolve(device, fast)`; the engine is complete when it returns.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import nn
+
+from eaglespec.backends.base import TargetBackend
+from eaglespec.backends.fast import FastTarget, make_target
+from eaglespec.config import EngineConfig
+from eaglespec.draft.fast import StaticDraftRunner
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.sampling import SamplingConfig
+from eaglespec.tree.core import TreeSpec
+
+DEFAULT_DRAFT_MAX_LEN = 4096  # static drafter KV rows when neither the config nor the caller sizes it
+
+
+def build_target(model: nn.Module, config: EngineConfig, feature_layer_ids: tuple[int, ...] = (),
+                 max_len: int | None = None, compile: bool = False) -> TargetBackend:
+    """The target backend for `model` (already on its device and dtype): config.backend ("auto": the fast backend
+    where the architecture is supported), with the Triton kernels where config.kernels resolves on."""
+    device = next(model.parameters()).device
+    kw: dict = {"compile": compile} if compile else {}
+    if max_len is not None:
+        kw["max_len"] = max_len
+    if config.backend != "hf":
+        kw["fused_kernels"] = config.resolve(device, fast=True).kernels and not compile
+    return make_target(model, config.backend, tuple(feature_layer_ids), **kw)
+
+
+def build_engine(target: TargetBackend, drafter: nn.Module | None, spec: TreeSpec | None,
+                 config: EngineConfig | None = None, draft_max_len: int | None = None,
+                 sampling: SamplingConfig | None = None) -> SpeculativeEngine:
+    """An engine over `target` drafting with `drafter` (None: plain decoding) and tree `spec`, as `config` says."""
+    config = config or EngineConfig()
+    spec = spec or TreeSpec()
+    inner = getattr(target, "inner", target)  # a wrapper (e.g. bench's synchronizing proxy) exposes `inner`
+    device = getattr(inner, "device", torch.device("cpu"))
+    fast = isinstance(inner, FastTarget)
+    switches = config.resolve(device, fast)
+    runner = None
+    if drafter is not None and switches.draft_graphs:
+        runner = partial(StaticDraftRunner, max_len=config.draft_max_len or draft_max_len or DEFAULT_DRAFT_MAX_LEN)
+    return SpeculativeEngine(target, drafter, spec, sampling, draft_runner=runner,
+                             round_graphs=switches.round_graphs, adaptive=config.adaptive, overlap=switches.overlap,
+                             chunked_prefill=switches.chunked_prefill)
