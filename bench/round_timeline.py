@@ -52,7 +52,7 @@ def instrument(engine, sync_before_verify: bool = True) -> None:
     """Wrap this engine instance's round, propose, verify forward and commit, and eaglespec.engine.loop's
     acceptance functions, in record_function ranges (idempotent for the module functions)."""
     proxy = engine.target
-    inner = proxy._t if isinstance(proxy, _Synced) else proxy
+    inner = proxy.inner if isinstance(proxy, _Synced) else proxy
     verify = _labelled("rt:verify", inner.forward)
     if isinstance(proxy, _Synced) and sync_before_verify:
         dev = inner.device

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Triton's interpreter for the kernel tests on CPU, for the whole session: triton reads it when it is first imported
+# (its own jitted library functions are compiled or interpreted by it), so it is set before anything imports triton
+os.environ["TRITON_INTERPRET"] = "1"
+
 import pytest
 import torch
 
@@ -23,9 +29,11 @@ def _one_thread():
 
 @pytest.fixture(autouse=True)
 def _no_gc_freeze(monkeypatch):
-    """api.settle_heap (bench's timed loops, serve) off: a frozen heap would outlive the test that froze it
-    (tests that want it set EAGLESPEC_GC_FREEZE=1)."""
-    monkeypatch.setenv("EAGLESPEC_GC_FREEZE", "0")
+    """gc.freeze (api.settle_heap: bench's timed loops, serve) does nothing in tests: a frozen heap would outlive
+    the test that froze it."""
+    import gc
+
+    monkeypatch.setattr(gc, "freeze", lambda: None)
 
 
 def tiny_target(arch: str = "llama", seed: int = 0, attn: str = "sdpa", vocab: int = VOCAB, layers: int = 4):

@@ -184,9 +184,10 @@ def test_cuda_graphs_need_cuda():
 
 def test_api_and_cli_default_to_graphs_only_with_the_fast_backend_on_cuda():
     """Default (None): on only where the target runs the fast backend on CUDA, so off here (CPU);
-    EagleSpec(draft_graphs=True) / --draft-graphs switch the proposer's runner, --no-draft-graphs keeps it eager."""
+    EngineConfig(draft_graphs=True) / --draft-graphs switch the proposer's runner, --no-draft-graphs keeps it eager."""
     from eaglespec import EagleSpec
     from eaglespec.cli.main import build_parser
+    from eaglespec.config import EngineConfig
 
     from conftest import BYTE_VOCAB, byte_tokenizer
 
@@ -195,7 +196,8 @@ def test_api_and_cli_default_to_graphs_only_with_the_fast_backend_on_cuda():
     drafter = tiny_drafter(model)
     plain = EagleSpec(model, tok, drafter)
     assert isinstance(plain.engine.proposer.runner, EagerRows)
-    es = EagleSpec(model, tok, drafter, TreeSpec("dynamic", depth=3, top_k=4, budget=10), draft_graphs=True)
+    es = EagleSpec(model, tok, drafter, TreeSpec("dynamic", depth=3, top_k=4, budget=10),
+                   config=EngineConfig(draft_graphs=True))
     runner = es.engine.proposer.runner
     assert isinstance(runner, StaticDraftRunner) and runner.max_len == min(es.context_length, 8192) + 512
     assert es.generate("hi", 8, raw=True).token_ids == plain.generate("hi", 8, raw=True).token_ids
@@ -204,12 +206,3 @@ def test_api_and_cli_default_to_graphs_only_with_the_fast_backend_on_cuda():
         assert build_parser().parse_args(base).draft_graphs is None
         assert build_parser().parse_args([*base, "--draft-graphs"]).draft_graphs is True
         assert build_parser().parse_args([*base, "--no-draft-graphs"]).draft_graphs is False
-    from types import SimpleNamespace
-
-    from eaglespec.api import use_draft_graphs
-
-    assert not use_draft_graphs(None, plain.target)  # CPU
-    assert use_draft_graphs(None, SimpleNamespace(name="fast", device=torch.device("cuda")))
-    assert not use_draft_graphs(None, SimpleNamespace(name="hf", device=torch.device("cuda")))
-    assert not use_draft_graphs(False, SimpleNamespace(name="fast", device=torch.device("cuda")))
-    assert use_draft_graphs(True, plain.target)

@@ -1,27 +1,21 @@
-"""Programmatic dependent launch (target/kernels.pdl, EAGLESPEC_PDL), under Triton's CPU interpreter
-(TRITON_INTERPRET=1): the switch is on by default for sm90+ CUDA tensors only, stays off on the interpreter (which
-cannot run griddepcontrol) and refuses other values in one line. The tree, round-tail and sampled kernels
-(tree_kernels.py, round_kernels.py, sampled_kernels.py) take USE_GDC and wait first thing; the target's and drafter's
-kernels (target/kernels.py, attn_kernels.py, skinny.py) read only weights before their wait and store nothing (the
-source, parsed); every launch passes **pdl_kwargs(kernels.pdl of one of its inputs) (the source, and
-the tree / round / sampled launchers run with the kernels spied on); the results are the same with the switch on.
-PDL itself needs an sm90 GPU: bench/ab.py checks there that it changes no token."""
+"""Programmatic dependent launch (eaglespec.kernels.pdl) under Triton's CPU interpreter (TRITON_INTERPRET=1, set by
+conftest): on for sm90+ CUDA tensors only, off on CPU and under the interpreter (which cannot run griddepcontrol).
+The tree, round-tail and sampled kernels take USE_GDC and wait first thing; the step, attention and skinny kernels
+read only weights before their wait and store nothing (the source, parsed); every launch passes
+**pdl_kwargs(pdl of one of its inputs) (the source, and the tree / round / sampled launchers run with the kernels
+spied on); the results are the same with PDL asked for. PDL itself needs an sm90 GPU."""
 
 from __future__ import annotations
 
 import ast
-import os
 from types import SimpleNamespace
-
-# Triton's interpreter: set before the kernels are jitted (on their first use), and stays set for the session.
-os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from eaglespec.errors import EagleSpecError
+from eaglespec import kernels
 from eaglespec.kernels import attention as attn_kernels
 from eaglespec.kernels import round_tail as RK
 from eaglespec.kernels import sampled as SK
@@ -51,35 +45,17 @@ def _calls(node: ast.AST, name: str) -> list[ast.Call]:
     return [c for c in ast.walk(node) if isinstance(c, ast.Call) and ast.unparse(c.func) == name]
 
 
-# -- the switch -----------------------------------------------------------------------------------------------
-def test_pdl_is_off_on_the_interpreter_and_refuses_other_values(monkeypatch):
-    t = torch.zeros(3)
-    for value in (None, "", "0", "1"):
-        if value is None:
-            monkeypatch.delenv(K.PDL_ENV, raising=False)
-        else:
-            monkeypatch.setenv(K.PDL_ENV, value)
-        assert K.pdl(t) is False  # CPU / the interpreter: never (it cannot run gdc_wait)
-    for value in ("2", "on", " 1"):
-        monkeypatch.setenv(K.PDL_ENV, value)
-        with pytest.raises(EagleSpecError, match=f"EAGLESPEC_PDL={value!r}: expected 0 or 1") as err:
-            K.pdl(t)
-        assert "\n" not in str(err.value)  # the project's one-line refusal
-
-
-def test_pdl_is_on_by_default_for_sm90_cuda_tensors_unless_0(monkeypatch):
+# -- where PDL is on --------------------------------------------------------------------------------------------
+def test_pdl_is_on_for_sm90_cuda_tensors_only(monkeypatch):
+    assert kernels.pdl(torch.zeros(3)) is False  # CPU / the interpreter: never (it cannot run gdc_wait)
     cuda = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))  # a CUDA tensor's stand-in
-    monkeypatch.setattr(K, "_interpreted", lambda: False)
+    assert kernels.pdl(cuda) is False  # the interpreter is on
+    monkeypatch.setattr(kernels, "interpreted", lambda: False)
     hopper = {"yes": True}
-    monkeypatch.setattr(K, "_hopper_or_later", lambda index: hopper["yes"])
-    monkeypatch.delenv(K.PDL_ENV, raising=False)
-    assert K.pdl(cuda) is True
-    monkeypatch.setenv(K.PDL_ENV, "0")
-    assert K.pdl(cuda) is False
-    monkeypatch.setenv(K.PDL_ENV, "1")
-    assert K.pdl(cuda) is True
+    monkeypatch.setattr(kernels, "_hopper_or_later", lambda index: hopper["yes"])
+    assert kernels.pdl(cuda) is True
     hopper["yes"] = False
-    assert K.pdl(cuda) is False  # before Hopper: no griddepcontrol, even when asked
+    assert kernels.pdl(cuda) is False  # before Hopper: no griddepcontrol
 
 
 # -- the source: every kernel waits first, every launch passes the flags ---------------------------------------
@@ -104,12 +80,12 @@ def test_every_kernel_takes_use_gdc_and_waits_before_any_access(module):
 
 
 def test_pdl_kwargs_name_nothing_when_off_and_a_triton_without_pdl_never_gets_it(monkeypatch):
-    assert K.pdl_kwargs(False) == {}  # an older Triton refuses launch_pdl even when False
-    assert K.pdl_kwargs(True) == {"USE_GDC": True, "launch_pdl": True}
+    assert kernels.pdl_kwargs(False) == {}  # an older Triton refuses launch_pdl even when False
+    assert kernels.pdl_kwargs(True) == {"USE_GDC": True, "launch_pdl": True}
     from triton.language.extra import cuda
 
     monkeypatch.delattr(cuda, "gdc_wait")
-    assert K._hopper_or_later.__wrapped__(0) is False  # no gdc_wait: no PDL, whatever the GPU
+    assert kernels._hopper_or_later.__wrapped__(0) is False  # no gdc_wait: no PDL, whatever the GPU
 
 
 def _runs_before(body: list[ast.stmt], call: ast.Call) -> list[ast.stmt] | None:
@@ -162,14 +138,14 @@ def test_the_before_the_wait_check_sees_each_branch():
 
 
 @pytest.mark.parametrize("module", [*MODULES, *TARGET_MODULES], ids=lambda m: m.__name__.rsplit(".", 1)[1])
-def test_every_launch_passes_pdl_kwargs_of_the_switch(module):
-    """Each launch passes `**pdl_kwargs(v)`, v assigned from kernels.pdl(<a tensor>) in the launcher; no launch
-    names USE_GDC or launch_pdl itself (a Triton without PDL refuses launch_pdl even when it is False)."""
+def test_every_launch_passes_pdl_kwargs_of_pdl(module):
+    """Each launch passes `**pdl_kwargs(v)`, v assigned from pdl(<a tensor>) in the launcher; no launch names
+    USE_GDC or launch_pdl itself (a Triton without PDL refuses launch_pdl even when it is False)."""
     launched = []
     for fn in (n for n in _tree(module).body if isinstance(n, ast.FunctionDef)):
         switches = {a.targets[0].id for a in ast.walk(fn) if isinstance(a, ast.Assign) and len(a.targets) == 1
                     and isinstance(a.targets[0], ast.Name) and isinstance(a.value, ast.Call)
-                    and ast.unparse(a.value.func) in ("K.pdl", "kernels.pdl", "pdl") and len(a.value.args) == 1}
+                    and ast.unparse(a.value.func) == "pdl" and len(a.value.args) == 1}
         for call in ast.walk(fn):
             if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Subscript)
                     and ast.unparse(call.func.value).endswith("_kernel")):
@@ -177,7 +153,7 @@ def test_every_launch_passes_pdl_kwargs_of_the_switch(module):
             name = ast.unparse(call.func.value)
             named = {k.arg for k in call.keywords}
             spread = [k.value for k in call.keywords if k.arg is None and isinstance(k.value, ast.Call)
-                      and ast.unparse(k.value.func) in ("K.pdl_kwargs", "kernels.pdl_kwargs", "pdl_kwargs")]
+                      and ast.unparse(k.value.func) == "pdl_kwargs"]
             assert not named & {"USE_GDC", "launch_pdl"}, (fn.name, name)
             assert len(spread) == 1 and ast.unparse(spread[0].args[0]) in switches, (fn.name, name)
             launched.append(name)
@@ -188,7 +164,7 @@ def test_every_launch_passes_pdl_kwargs_of_the_switch(module):
         assert len(launched) == MODULES[module]
 
 
-# -- the launchers: K.pdl's answer reaches every launch; the switch changes no result ---------------------------
+# -- the launchers: pdl's answer reaches every launch; it changes no result ------------------------------------
 class _Spy:
     """A jitted kernel whose launches are logged (name, USE_GDC, launch_pdl), then run without PDL."""
 
@@ -324,10 +300,10 @@ LAUNCHERS = {  # launcher -> the kernels it launches, in order
 
 
 @pytest.mark.parametrize("launcher", list(LAUNCHERS))
-def test_launchers_hand_pdl_to_every_launch_and_the_switch_changes_nothing(launcher, monkeypatch):
-    """Off (unset), then EAGLESPEC_PDL=1 (still off on the interpreter: the same results, bitwise), then kernels.pdl
-    made to say yes (the kernels spied on and run without PDL): every launch gets USE_GDC = launch_pdl = True (and
-    no PDL keyword at all while off), and kernels.pdl is asked about an input tensor of the launch."""
+def test_launchers_hand_pdl_to_every_launch_and_it_changes_nothing(launcher, monkeypatch):
+    """Off (the interpreter), then pdl made to say yes (the kernels spied on and run without PDL): every launch gets
+    USE_GDC = launch_pdl = True (and no PDL keyword at all while off), pdl is asked about an input tensor of the
+    launch, and the results are the same, bitwise."""
     run, expected = LAUNCHERS[launcher]
     for module in MODULES:
         module._load()
@@ -336,16 +312,11 @@ def test_launchers_hand_pdl_to_every_launch_and_the_switch_changes_nothing(launc
         for name in module._JITTED:
             if name.endswith("_kernel"):
                 monkeypatch.setattr(module, name, _Spy(getattr(module, name), name, log))
-    monkeypatch.delenv(K.PDL_ENV, raising=False)
     want = run()
     assert log == [(name, None, None) for name in expected]
-    monkeypatch.setenv(K.PDL_ENV, "1")
-    log.clear()
-    got = run()
-    assert log == [(name, None, None) for name in expected]
-    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     asked = []
-    monkeypatch.setattr(K, "pdl", lambda t: asked.append(t) or True)
+    for module in MODULES:
+        monkeypatch.setattr(module, "pdl", lambda t: asked.append(t) or True)
     log.clear()
     got = run()
     assert log == [(name, True, True) for name in expected]

@@ -40,14 +40,14 @@ def first3(engine, params: SamplingParams, runs: int, draft: SamplingParams | No
     """(first 3 tokens [runs, 3], drafts accepted, rounds run as round graphs, trees with children pruned: outside
     q's support, left out of the acceptance tests)."""
     bodies = count_bodies(engine.graphs.get(engine.spec))
-    grow, pruned = engine.proposer._grow, []
+    grow, pruned = engine.proposer.grow, []
 
     def watched(*args):
         tree, flags, keep = grow(*args)
         pruned.append(keep is not None and not bool(keep.all()))  # a test-only host read (CPU, eager)
         return tree, flags, keep
 
-    engine.proposer._grow = watched
+    engine.proposer.grow = watched
     tokens, accepted = [], 0
     for seed in range(runs):
         out = engine.generate(PROMPT, 3, sampling=SamplingConfig(params, draft=draft, seed=seed))

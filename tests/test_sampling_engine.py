@@ -176,7 +176,8 @@ def test_temperature_zero_takes_the_greedy_path(sharp_target, kind):
 def test_cli_sampling_flags():
     from transformers import GenerationConfig
 
-    from eaglespec.cli.main import build_parser, sampling_options
+    from eaglespec.cli.args import sampling_options
+    from eaglespec.cli.main import build_parser
 
     parse = build_parser().parse_args
     args = parse(["generate", "--prompt", "x", "--top-k", "4", "--temperature", "0.7", "--sample-top-k", "5",

@@ -77,7 +77,7 @@ def test_train_init_end_to_end_and_refusals(tmp_path, capsys):
     assert (a.manifest["hyperparameters"]["ttt_decay"], b.manifest["hyperparameters"]["ttt_decay"]) == (0.8, 1.0)
     capsys.readouterr()
     assert main([*common, "--out", str(tmp_path / "c"), "--init", str(tmp_path / "a"), "--draft-vocab", "30"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]  # (after the target's loading bar)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("eaglespec: error: ") and "config.json: draft_vocab_size 40 is above --draft-vocab 30" in err
     assert not (tmp_path / "c").exists()
     assert main([*common, "--out", str(tmp_path / "g"), "--init", str(tmp_path / "a"), "--draft-vocab", "50"]) == 0

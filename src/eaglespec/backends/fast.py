@@ -16,16 +16,14 @@ step eagerly, which is what the CPU tests compare against HFTarget. Rope comes f
 tabulated once per slot position (_rope_table). GQA without repeating the KV: the G query heads of kv head j (HF
 head j*G + r) become G query rows per token (row t*G + r), so each token's attention output is contiguous in
 (r, j, d) order and feeds o_proj with no copy, its weight columns permuted once to that order (_grouped_o_weight).
-fused_kernels=True (make_target's default on CUDA where triton imports; EAGLESPEC_FUSED_KERNELS=0/1 forces it
-off/on) runs RMSNorm, rope + KV write and silu * up as Triton kernels (kernels/step.py, the same rounding) and the
-attention as kernels.attention.masked_attention (EAGLESPEC_ATTN_KERNEL=0: SDPA), which stops at base + B; it needs
-triton and a CUDA target (or TRITON_INTERPRET=1). gemm_kernels (EAGLESPEC_GEMM_KERNELS=1; kernels/gemm.py) also
-folds each RMSNorm into the GEMM after it and silu * up into the down GEMM.
+fused_kernels=True (make_target's default on CUDA where triton imports) runs RMSNorm, rope + KV write and silu * up
+as Triton kernels (kernels/step.py, the same rounding), the attention as kernels.attention.masked_attention, which
+stops at base + B, and few-row projections through kernels/skinny.py where it applies; it needs triton and a CUDA
+target (or TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -38,11 +36,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from eaglespec.backends.base import TargetOutput
 from eaglespec.backends.capture import decoder_layers
 from eaglespec.errors import EagleSpecError
-from eaglespec.kernels import onednn, skinny
-from eaglespec.kernels.gemm import wanted as gemm_wanted
-from eaglespec.kernels.step import FUSED_KERNELS_ENV, block_mask_ref, wanted
+from eaglespec.kernels import available, on_by_default, onednn, skinny
+from eaglespec.kernels.step import block_mask_ref
 
-__all__ = ["FUSED_KERNELS_ENV", "FastTarget", "fused_by_default", "make_target", "unsupported_reason"]
+__all__ = ["FastTarget", "fused_by_default", "make_target", "unsupported_reason"]
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -147,39 +144,28 @@ def _unpacked(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                inplace: bool = False) -> torch.Tensor:
+                inplace: bool = False, kernels: bool = True) -> torch.Tensor:
     """The residual h + x @ weight.T (+ bias). Without a bias one addmm (one GEMM kernel, the add in its epilogue)
     instead of a GEMM then an add: the same in exact arithmetic; in bf16/fp16 the sum is rounded once instead of
     twice (HF rounds the projection to the model dtype, then the sum), a last-bit difference that contract 1
     allows (bf16 near-ties); fp32 differs by accumulation order only. `inplace`: accumulate into h (addmm_), for an
     h nothing else holds; an out-of-place addmm first copies h into its result (a device copy per call on CUDA).
     On CPU in fp32 the projection goes through oneDNN
-    (eaglespec.kernels.onednn), then one add."""
+    (eaglespec.kernels.onednn), then one add; with `kernels`, few-row CUDA ones through kernels/skinny.py."""
     if onednn.applies(x, weight, bias):
         y = onednn.project(x, weight, bias)
         return h.add_(y) if inplace else h + y
-    if bias is None and skinny.applies(x, weight):  # the add in the skinny GEMM's epilogue, as addmm's
+    if bias is None and kernels and skinny.applies(x, weight):  # the add in the skinny GEMM's epilogue, as addmm's
         return skinny.linear(x, weight, residual=h, inplace=inplace)
     if bias is None:
         return h.addmm_(x, weight.t()) if inplace else torch.addmm(h, x, weight.t())
     return h + F.linear(x, weight, bias)
 
 
-SDPA_ENV = "EAGLESPEC_CUDNN_SDPA"  # "1": eager steps may use cuDNN's attention too (default: not)
-
-
-def _eager_sdpa_backends() -> list[SDPBackend]:
-    """The SDPA backends of the eager steps (a prefill, or a tree past the buckets, at its exact size): all but
-    cuDNN's unless $EAGLESPEC_CUDNN_SDPA=1 (read at import). cuDNN's attention builds a graph per new shape, a cost
-    each new prompt length would pay. The CUDA-graph steps (fixed shapes, captured
-    once) keep torch's own choice."""
-    allowed = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-    if os.environ.get(SDPA_ENV, "").strip() == "1":
-        allowed.append(SDPBackend.CUDNN_ATTENTION)
-    return allowed
-
-
-EAGER_SDPA_BACKENDS = _eager_sdpa_backends()
+# the SDPA backends of the eager steps (a prefill, or a tree past the buckets, at its exact size): all but cuDNN's,
+# whose attention builds a graph per new shape, a cost each new prompt length would pay. The CUDA-graph steps
+# (fixed shapes, captured once) keep torch's own choice.
+EAGER_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def _grouped_o_weight(w: torch.Tensor, n_kv: int, head_dim: int) -> torch.Tensor:
@@ -261,8 +247,7 @@ class FastTarget:
 
     def __init__(self, model: nn.Module, feature_layer_ids: tuple[int, ...] = (), max_len: int = 2048,
                  buckets: tuple[int, ...] = DEFAULT_BUCKETS, cuda_graphs: bool | None = None,
-                 compile: bool = False, span_step: int = SPAN_STEP, fused_kernels: bool = False,
-                 gemm_kernels: bool | None = None):
+                 compile: bool = False, span_step: int = SPAN_STEP, fused_kernels: bool = False):
         reason = unsupported_reason(model)
         if reason is not None:
             raise EagleSpecError(f"the fast backend cannot run this target: {reason} (use backend='hf')")
@@ -302,7 +287,7 @@ class FastTarget:
         if fused_kernels:
             from eaglespec.kernels import step as kernels
 
-            if not kernels.available(self.device):
+            if not available(self.device):
                 raise EagleSpecError("fused_kernels=True needs triton and the target on CUDA (or TRITON_INTERPRET=1)")
             if compile:
                 raise EagleSpecError("fused_kernels=True cannot be combined with compile=True")
@@ -312,20 +297,12 @@ class FastTarget:
         if fused_kernels:
             from eaglespec.kernels import attention as attn_kernels
 
-            self._attn = attn_kernels if attn_kernels.wanted() else None
-        # kernels/gemm.py with the fused kernels: RMSNorm + GEMM and silu*up + GEMM + residual, one kernel each
-        self._gemm = None
-        if gemm_kernels and not fused_kernels:
-            raise EagleSpecError("gemm_kernels=True needs fused_kernels=True")
-        if fused_kernels and (gemm_wanted() if gemm_kernels is None else gemm_kernels):
-            from eaglespec.kernels import gemm
-
-            self._gemm = gemm
+            self._attn = attn_kernels
         # on CPU in fp32, the projections in oneDNN's packed layout (eaglespec.kernels.onednn.pack), not for the GEMM kernels
         # or torch.compile, which read the weights themselves. qkv and gate/up (and o where GQA reorders its columns)
         # replace FastTarget's own copies; lm_head and down are the model's own weights, so packing them adds copies
         # (~40% of SmolLM2's weights): only where half the available memory holds them
-        packs = (not compile and self._gemm is None and self.device.type == "cpu" and self.dtype == torch.float32
+        packs = (not compile and self.device.type == "cpu" and self.dtype == torch.float32
                  and onednn.packing_available())
         self._pack = onednn.pack if packs else _unpacked
         self._pack_copy = onednn.pack if packs and onednn.affordable(
@@ -445,9 +422,10 @@ class FastTarget:
         b, span = tokens.shape[0], cols.shape[0]
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
         g = hq // hk
-        fused, gemm, attn = self._kernels, self._gemm, self._attn  # None: the torch code
-        # [B, span]: the prefix, visible rows; one kernel unless EAGLESPEC_NEW_KERNELS=0
-        mask_of = fused.block_mask if fused is not None and fused.new_wanted() else block_mask_ref
+        fused, attn = self._kernels, self._attn  # None: the torch code
+        use_triton = fused is not None  # the skinny GEMM too, where it applies
+        # [B, span]: the prefix, visible rows; one kernel with the kernels
+        mask_of = fused.block_mask if fused is not None else block_mask_ref
         allowed = mask_of(visible, base, cols)
         if attn is None:
             mask = _grouped_mask(allowed, g, self._open, self._shut)  # [1, 1, B*G, span]: the grouped query rows
@@ -456,10 +434,8 @@ class FastTarget:
         norm = _rms if fused is None else fused.rms_norm_weight
 
         def norm_linear(x: torch.Tensor, norm_w: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-            """F.linear(norm(x), weight, bias): one kernel with gemm_kernels (the norm in the GEMM's prologue)."""
-            if gemm is not None:
-                return gemm.rms_norm_linear(x, norm_w, self.eps, weight, bias)
-            return onednn.linear(norm(x, norm_w, self.eps), weight, bias)  # F.linear; oneDNN on CPU
+            """F.linear(norm(x), weight, bias)."""
+            return onednn.linear(norm(x, norm_w, self.eps), weight, bias, kernels=use_triton)  # F.linear; oneDNN on CPU
         if fused is None:
             slots = base + cols[:b]  # [B]: this step's cache slots (cols[:b] = 0..b-1)
             rope = self.rope_table[positions][None]  # [1, B, 2, 2, D/2]: broadcast over head-major [heads, B, D]
@@ -493,17 +469,14 @@ class FastTarget:
                 o = attn.masked_attention(_grouped_queries(q), kc[None], vc[None], allowed, self.scaling, kv_len)
             o = _grouped_output(o, b)  # [B, Hq*D], columns (r, j, d): a view of BMHK memory
             # residuals accumulate in place, except into the h that feats[i] holds (the layer's input)
-            h = _add_linear(h, o, w.o_w, w.o_b, inplace=i not in wanted)
+            h = _add_linear(h, o, w.o_w, w.o_b, inplace=i not in wanted, kernels=use_triton)
             gate_up = norm_linear(h, w.post_norm, w.gate_up_w, w.gate_up_b)  # [B, 2I]
-            if gemm is not None and _is_silu(w.act) and w.down_b is None:  # h += silu(gate) * up @ down.T: 1 kernel
-                h = gemm.silu_mul_linear_(h, gate_up, w.down_w)
-                continue
             if fused is not None and _is_silu(w.act):
                 act = fused.silu_mul(gate_up)  # [B, I]
             else:
                 gate, up = gate_up.chunk(2, dim=-1)
                 act = w.act(gate) * up
-            h = _add_linear(h, act, w.down_w, w.down_b, inplace=True)
+            h = _add_linear(h, act, w.down_w, w.down_b, inplace=True, kernels=use_triton)
         if self.num_layers in wanted:
             feats[self.num_layers] = h
         logits = norm_linear(h, self.final_norm, self.lm_w, self.lm_b)  # [B, V]
@@ -617,19 +590,15 @@ class FastTarget:
 
 
 def fused_by_default(device: torch.device, compile: bool = False) -> bool:
-    """make_target's fused_kernels: kernels.wanted(device), but off when compiling unless EAGLESPEC_FUSED_KERNELS
-    asks for it (torch.compile makes its own kernels; FastTarget refuses the pair)."""
-    if compile and os.environ.get(FUSED_KERNELS_ENV, "") == "":
-        return False
-    return wanted(device)
+    """make_target's fused_kernels: on CUDA where triton imports (kernels.on_by_default), but not when compiling
+    (torch.compile makes its own kernels; FastTarget refuses the pair)."""
+    return not compile and on_by_default(device)
 
 
 def make_target(model: nn.Module, backend: str = "auto", feature_layer_ids: tuple[int, ...] = (), **fast_kw):
     """The target backend for `model`: "fast" (static cache + CUDA graphs), "hf", or "auto" (fast when the
     architecture is supported, on CUDA and on CPU, where its projections run through oneDNN; else the generic HF
-    backend). A fast backend gets
-    fused_kernels from kernels.wanted (EAGLESPEC_FUSED_KERNELS 0 or 1; unset: on CUDA where triton imports, unless
-    compiling) unless fast_kw names it."""
+    backend). A fast backend gets fused_kernels from fused_by_default unless fast_kw names it."""
     from eaglespec.backends.hf import HFTarget
 
     if backend not in ("auto", "fast", "hf"):

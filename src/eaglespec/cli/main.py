@@ -25,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.add_parser(sub)
+    for name, p in sub.choices.items():
+        p.epilog = f"Quiet by default; eaglespec -v {name} ... (-v before the subcommand) prints more."
     return parser
 
 

@@ -47,13 +47,14 @@ def add_parser(subparsers) -> None:
     t.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     t.add_argument("--dtype", default=None, help="target dtype (default: bf16 on GPU, fp32 on CPU)")
     t.add_argument("--limit", type=int, default=None, help="use only the first N conversations")
-    t.add_argument("--seed", type=int, default=None)
-    t.add_argument("--weight-decay", type=float, default=None)
-    t.add_argument("--warmup-steps", type=int, default=None)
+    t.add_argument("--seed", type=int, default=None, help="random seed of the initialisation and data order (0)")
+    t.add_argument("--weight-decay", type=float, default=None, help="AdamW weight decay (0.0)")
+    t.add_argument("--warmup-steps", type=int, default=None,
+                   help="linear learning-rate warmup steps before the cosine decay (default: 5% of the steps)")
     t.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (0: at the end)")
     t.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (0: at the end)")
     t.add_argument("--eval-fraction", type=float, default=None, help="held-out fraction of the data, split by prompt (0.02)")
-    t.add_argument("--log-every", type=int, default=None)
+    t.add_argument("--log-every", type=int, default=None, help="print a training line every N steps (10)")
     t.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="fit the schedule (warmup + cosine) into this many seconds of training steps, timed over "
                         "the first steps (never more steps than --steps / --epochs give)")
@@ -80,7 +81,7 @@ def add_parser(subparsers) -> None:
     r.add_argument("--data", required=True, help="conversations: ShareGPT or OpenAI form, JSON or JSONL")
     r.add_argument("--out", required=True, help="output JSONL (appended; rerun to resume)")
     r.add_argument("--batch-size", type=int, default=32, help="conversations generated together (32)")
-    r.add_argument("--max-new-tokens", type=int, default=512)
+    r.add_argument("--max-new-tokens", type=int, default=512, help="longest regenerated turn in tokens (512)")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     r.add_argument("--max-turns", type=int, default=None, help="regenerate at most N assistant turns each")
     r.add_argument("--limit", type=int, default=None, help="only the first N conversations")
@@ -93,8 +94,8 @@ def add_parser(subparsers) -> None:
                    help=DECODER_HELP + "; default auto")
     r.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="start no batch that the slowest one so far would not finish within SECONDS (rerun resumes)")
-    r.add_argument("--device", default=None)
-    r.add_argument("--dtype", default=None)
+    r.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    r.add_argument("--dtype", default=None, help="target dtype (default: bf16 on GPU, fp32 on CPU)")
     r.set_defaults(func=cmd_regenerate)
 
     s = subparsers.add_parser("synth-prompts", help="user queries written by the target itself (Magpie), for "
@@ -115,8 +116,8 @@ def add_parser(subparsers) -> None:
     s.add_argument("--starts", default="", metavar="LIST",
                    help="words a query begins with, one drawn per query, comma-separated (e.g. Write,Explain,Imagine; "
                         "default: none, the model starts the query itself)")
-    s.add_argument("--device", default=None)
-    s.add_argument("--dtype", default=None)
+    s.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    s.add_argument("--dtype", default=None, help="target dtype (default: bf16 on GPU, fp32 on CPU)")
     s.set_defaults(func=cmd_synth_prompts)
 
 

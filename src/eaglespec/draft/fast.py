@@ -32,7 +32,7 @@ from eaglespec.draft.eagle1 import Eagle1Drafter
 from eaglespec.draft.fused import FusedEagle1Step, FusedEagle3Step, unfusable_reason
 from eaglespec.draft.layers import Attention
 from eaglespec.errors import EagleSpecError
-from eaglespec.kernels import step as kernels
+from eaglespec.kernels import on_by_default
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 T = TypeVar("T")
@@ -79,13 +79,13 @@ class StaticDraftRunner:
     crop(n). A graph replay runs the same kernels on the same buffers as the eager step.
     span_step: steps attend over the first span(length + rows) KV slots (a multiple of span_step).
     fused: step with draft/fused.py's FusedEagle3Step or FusedEagle1Step, by the drafter's type (None: on CUDA
-    when the drafter allows it), with the Triton kernels when kernels.step.wanted(device)
-    (EAGLESPEC_FUSED_KERNELS).
+    when the drafter allows it). kernels: the Triton kernels in that step and in the tree rows' masks
+    (draft/tree_graph.py), or the torch code (None: kernels.on_by_default(device)).
     """
 
     def __init__(self, drafter: nn.Module, max_len: int = 4096, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
                  cuda_graphs: bool | None = None, tree_graphs: bool = True, span_step: int = SPAN_STEP,
-                 fused: bool | None = None):
+                 fused: bool | None = None, kernels: bool | None = None):
         if max_len < 1:
             raise EagleSpecError(f"draft max_len must be >= 1, got {max_len}")
         if span_step < 1:
@@ -105,6 +105,7 @@ class StaticDraftRunner:
                   for a in attn]
         self.v = [torch.zeros_like(k) for k in self.k]
         self.cols = torch.arange(self.size, device=self.device)
+        self.kernels = on_by_default(self.device) if kernels is None else kernels
         reason = unfusable_reason(drafter)
         if fused and reason is not None:
             raise EagleSpecError(f"fused draft step: {reason}")
@@ -114,7 +115,7 @@ class StaticDraftRunner:
         self.forward = drafter
         if fused:
             step = FusedEagle1Step if isinstance(drafter, Eagle1Drafter) else FusedEagle3Step
-            self.forward = step(drafter, self.size, kernels=kernels.wanted(self.device))
+            self.forward = step(drafter, self.size, kernels=self.kernels)
         self.use_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise EagleSpecError("draft cuda_graphs=True needs the drafter on a CUDA device")

@@ -45,8 +45,7 @@ from eaglespec.draft.eagle1 import Eagle1Drafter
 from eaglespec.draft.eagle3 import Eagle3Drafter
 from eaglespec.draft.layers import MLP, Attention
 from eaglespec.kernels import attention as A
-from eaglespec.kernels import gemm as G
-from eaglespec.kernels import onednn
+from eaglespec.kernels import available, onednn
 from eaglespec.kernels import step as K
 
 
@@ -119,18 +118,15 @@ class _Block:
 class _FusedStep:
     """What the fused steps share: the switches, the norms and one decoder layer's attention + MLP (`_layer`)."""
 
-    def _setup(self, weight: torch.Tensor, eps: float, kernels: bool, gemm: bool | None) -> None:
+    def _setup(self, weight: torch.Tensor, eps: float, kernels: bool) -> None:
         """weight: any of the drafter's weights (device, dtype)."""
         self.eps = eps
         self._open = torch.zeros((), device=weight.device, dtype=weight.dtype)
         self._shut = torch.full((), torch.finfo(weight.dtype).min, device=weight.device, dtype=weight.dtype)
         self.kernels = kernels
         # kernels/attention.py with the kernels: the attention reads the [B, span] bool mask itself (_mask)
-        self.attn = A if kernels and A.wanted() else None
-        # kernels/gemm.py with the kernels (None: $EAGLESPEC_GEMM_KERNELS): post-norm + gate_up, the MLP tail
-        # (silu * up, down, residual) and final norm + lm_head, one kernel each
-        self.gemm = G if kernels and (G.wanted() if gemm is None else gemm) else None
-        if kernels and not K.available(weight.device):
+        self.attn = A if kernels else None
+        if kernels and not available(weight.device):
             raise ValueError("kernels=True needs triton and a CUDA drafter (or TRITON_INTERPRET=1)")
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -138,10 +134,8 @@ class _FusedStep:
 
     def _norm_linear(self, x: torch.Tensor, norm_w: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None) -> torch.Tensor:
-        """F.linear(norm(x), weight, bias): one kernel with gemm_kernels (the norm in the GEMM's prologue)."""
-        if self.gemm is not None:
-            return self.gemm.rms_norm_linear(x, norm_w, self.eps, weight, bias)
-        return onednn.linear(self._norm(x, norm_w), weight, bias)
+        """F.linear(norm(x), weight, bias)."""
+        return onednn.linear(self._norm(x, norm_w), weight, bias, kernels=self.kernels)
 
     def _mask(self, visible: torch.Tensor, blk: _Block) -> torch.Tensor:
         """visible [B, span] bool -> the additive mask [1, 1, B*G, span] of the grouped query rows (visible itself
@@ -169,17 +163,14 @@ class _FusedStep:
         else:  # mask: the [B, span] bool visible (_mask)
             o = self.attn.masked_attention(_grouped_queries(q), kc[None, :, :span], vc[None, :, :span], mask)
         o = _grouped_output(o, b)  # [B, Hq*D], columns (r, j, d)
-        h = _add_linear(residual, o, blk.o_w, blk.o_b, inplace=inplace)
-        gemm = self.gemm
+        h = _add_linear(residual, o, blk.o_w, blk.o_b, inplace=inplace, kernels=self.kernels)
         gate_up = self._norm_linear(h, blk.post_norm, blk.gate_up_w, blk.gate_up_b)  # [B, 2I]
-        if gemm is not None and blk.down_b is None:
-            return gemm.silu_mul_linear_(h, gate_up, blk.down_w)  # [B, H]: h += silu(gate) * up @ down.T
         if self.kernels:
             act = K.silu_mul(gate_up)
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.silu(gate) * up
-        return _add_linear(h, act, blk.down_w, blk.down_b, inplace=True)  # [B, H]
+        return _add_linear(h, act, blk.down_w, blk.down_b, inplace=True, kernels=self.kernels)  # [B, H]
 
 
 class FusedEagle3Step(_FusedStep):
@@ -187,7 +178,7 @@ class FusedEagle3Step(_FusedStep):
     `slots` are consecutive (both users: StaticDraftRunner.run and tree_graph.DeviceTreeRows) and `visible`
     a full [B, span] bool mask. Positions must be below `max_positions`."""
 
-    def __init__(self, drafter: Eagle3Drafter, max_positions: int, kernels: bool = False, gemm: bool | None = None):
+    def __init__(self, drafter: Eagle3Drafter, max_positions: int, kernels: bool = False):
         reason = unfusable_reason(drafter) if isinstance(drafter, Eagle3Drafter) else "not an EAGLE-3 drafter"
         if reason is not None:
             raise ValueError(f"cannot fuse this drafter's step: {reason}")
@@ -198,7 +189,7 @@ class FusedEagle3Step(_FusedStep):
         self.final_norm = drafter.norm.weight.detach()
         self.block = _Block.of(layer.self_attn, layer.post_attention_layernorm, layer.mlp, max_positions)
         self.lm_w = drafter.lm_head.weight.detach()
-        self._setup(self.block.qkv_w, layer.input_layernorm.eps, kernels, gemm)
+        self._setup(self.block.qkv_w, layer.input_layernorm.eps, kernels)
         self.dtype = drafter.fc.weight.dtype  # the model dtype (drafter.embed casts the target's embedding to it)
         # eagle3_input's normalised halves are in state's dtype; the torch path's `w * rms(x)` promotes to the
         # weights' dtype: the one kernel only where they agree
@@ -246,14 +237,11 @@ class FusedEagle3Step(_FusedStep):
         (logits over the draft vocab [B, Vd], next state [B, H])."""
         blk = self.block
         x, residual = self._input(state, tokens)  # [B, 2H], [B, H]
-        qkv = onednn.linear(x, blk.qkv_w, blk.qkv_b)  # [B, (Hq + 2 Hkv) D]
+        qkv = onednn.linear(x, blk.qkv_w, blk.qkv_b, kernels=self.kernels)  # [B, (Hq + 2 Hkv) D]
         # out of place: the residual may be the caller's state (or a view of x)
         out = self._layer(blk, qkv, residual, positions, cache[0], self._mask(visible, blk), inplace=False)
-        gemm = self.gemm
-        if gemm is not None and not self.norm_output:  # the normed output is not a result: norm + lm_head at once
-            return gemm.rms_norm_linear(out, self.final_norm, self.eps, self.lm_w), out
         normed = self._norm(out, self.final_norm)
-        return onednn.linear(normed, self.lm_w), (normed if self.norm_output else out)
+        return onednn.linear(normed, self.lm_w, kernels=self.kernels), (normed if self.norm_output else out)
 
 
 class FusedEagle1Step(_FusedStep):
@@ -261,7 +249,7 @@ class FusedEagle1Step(_FusedStep):
     StaticKV per layer, their `slots` consecutive, and `visible` a full [B, span] bool mask. Positions must be
     below `max_positions`. The drafter must be wired to its target (set_target_head, an embedding)."""
 
-    def __init__(self, drafter: Eagle1Drafter, max_positions: int, kernels: bool = False, gemm: bool | None = None):
+    def __init__(self, drafter: Eagle1Drafter, max_positions: int, kernels: bool = False):
         reason = unfusable_reason(drafter) if isinstance(drafter, Eagle1Drafter) else "not an EAGLE-1 drafter"
         if reason is not None:
             raise ValueError(f"cannot fuse this drafter's step: {reason}")
@@ -273,19 +261,20 @@ class FusedEagle1Step(_FusedStep):
         self.blocks = [_Block.of(layer.self_attn, layer.post_attention_layernorm, layer.mlp, max_positions)
                        for layer in drafter.layers]
         self.lm_head = drafter._head()[1]  # the target's (a module: a bias or a tied weight as the drafter's)
-        self._setup(self.fc_w, drafter.layers[0].post_attention_layernorm.eps, kernels, gemm)
+        self._setup(self.fc_w, drafter.layers[0].post_attention_layernorm.eps, kernels)
 
     def __call__(self, state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache: list,
                  visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """state [B, H], tokens [B] target ids, positions [B], cache [StaticKV per layer], visible [B, span] bool
         -> (logits over the target vocab [B, V], next state [B, H])."""
-        x = onednn.linear(torch.cat([self.drafter.embed(tokens), state], dim=-1), self.fc_w, self.fc_b)  # [B, H]: ours
+        x = torch.cat([self.drafter.embed(tokens), state], dim=-1)
+        x = onednn.linear(x, self.fc_w, self.fc_b, kernels=self.kernels)  # [B, H]: ours
         mask = self._mask(visible, self.blocks[0])  # every layer has the same heads (one config): one mask per step
         for in_norm, blk, kv in zip(self.in_norms, self.blocks, cache):
             if in_norm is None:
-                qkv = onednn.linear(x, blk.qkv_w, blk.qkv_b)  # [B, (Hq + 2 Hkv) D]
+                qkv = onednn.linear(x, blk.qkv_w, blk.qkv_b, kernels=self.kernels)  # [B, (Hq + 2 Hkv) D]
             else:
                 qkv = self._norm_linear(x, in_norm, blk.qkv_w, blk.qkv_b)
             x = self._layer(blk, qkv, x, positions, kv, mask, inplace=True)  # x: the step's own, not the caller's
         lm_head = self.lm_head
-        return onednn.apply(lm_head, x.to(lm_head.weight.dtype)), x
+        return onednn.apply(lm_head, x.to(lm_head.weight.dtype), kernels=self.kernels), x

@@ -15,6 +15,7 @@ from torch import nn
 
 from eaglespec.draft.fast import StaticDraftRunner
 from eaglespec.draft.tree_graph import MaskRows, NewRows, TreeGraph, finish_tree
+from eaglespec.kernels import on_by_default
 from eaglespec.kernels import tree as tree_kernels
 from eaglespec.sampling import (
     SamplingParams,
@@ -99,10 +100,12 @@ class Proposer:
     sampling: SamplingParams | None = None
     generator: torch.Generator | None = None
 
-    def __init__(self, drafter: nn.Module, spec: TreeSpec, runner=None):
+    def __init__(self, drafter: nn.Module, spec: TreeSpec, runner=None, kernels: bool | None = None):
         self.drafter = drafter
         self.spec = spec
         self.runner = runner if runner is not None else EagerRows(drafter)  # runs the drafter rows
+        # the tree kernels (kernels/tree.py) or the torch code for the growth (None: kernels.on_by_default)
+        self.kernels = on_by_default(self.device) if kernels is None else kernels
         self.reset()
 
     def reset(self) -> None:
@@ -175,10 +178,10 @@ class Proposer:
         return self.sampling is not None and not self.sampling.greedy
 
     def _kernel_children(self, draft_vocab: int, k: int) -> bool:
-        """Children by tree_kernels on a device where tree_kernels.wanted: greedy drafting by children (softmax, top-k
-        and log value in two kernels) instead of draft_dist + draft_topk; sampled drafting by race_children (q's top-k
-        and the exponential race's draws in two kernels) over draft_dist's q instead of two draft_topk."""
-        return tree_kernels.fits(draft_vocab, k) and tree_kernels.wanted(self.device)
+        """Children by tree_kernels with the kernels on: greedy drafting by children (softmax, top-k and log value in
+        two kernels) instead of draft_dist + draft_topk; sampled drafting by race_children (q's top-k and the
+        exponential race's draws in two kernels) over draft_dist's q instead of two draft_topk."""
+        return self.kernels and tree_kernels.fits(draft_vocab, k)
 
     def _tree_graph(self, draft_vocab: int) -> TreeGraph | None:
         """The whole-tree graph (draft/tree_graph.py) for this spec and draft processors, where the runner is
@@ -377,7 +380,8 @@ class Proposer:
                                                 sorted_children=True, distinct_children=True,
                                                 token_map=None if kernel else self.drafter.to_target_ids,
                                                 token_table=table, with_chosen=True,
-                                                root_logv=root_logv[0][0] if root_logv else None, buffers=buffers)
+                                                root_logv=root_logv[0][0] if root_logv else None, buffers=buffers,
+                                                kernels=self.kernels)
         if not sampled:
             return tree, flags, None
         # each node's q: its expansion's row (the root's is row 0), else a zero row (a leaf: no children)

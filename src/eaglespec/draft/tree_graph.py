@@ -30,7 +30,6 @@ import torch
 
 from eaglespec.draft.fast import StaticDraftRunner, StaticKV
 from eaglespec.kernels import step as K
-from eaglespec.kernels import tree as tree_kernels
 from eaglespec.tree.core import DraftTree, check_dynamic_flags
 
 
@@ -98,7 +97,7 @@ class DeviceTreeRows(MaskRows):
         if not r:
             self.mask = tree_part.new_zeros(0, span)
         else:  # [R, span]: the committed columns, then the tree block; one kernel with the kernels
-            mask_of = K.block_mask if tree_kernels.wanted(runner.device, new=True) else K.block_mask_ref
+            mask_of = K.block_mask if runner.kernels else K.block_mask_ref
             self.mask = mask_of(tree_part, base, runner.cols[:span])
         self._at = base + runner.cols[:r]  # [R]: base + arange(R), the runner's arange (no kernel for it)
 

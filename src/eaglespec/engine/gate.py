@@ -1,24 +1,17 @@
 """Adaptive speculation: per round, draft or take one plain target step, whichever has cost less time per emitted
-token lately (SpeculativeEngine(adaptive=True), `--adaptive`).
+token lately (EngineConfig.adaptive, `--adaptive`).
 
-Speculation pays only when tokens per round outgrow the round's cost over a plain step. With a weak drafter that is
-not so (on an H200 at T=1 the shipped SmolLM2 drafter ran at 0.60-0.70x plain decoding; on 2 CPU cores even at T=0):
-then a plain step is the faster choice, and both choices emit exactly the target's tokens (greedy) or its
-distribution (sampling), so switching between them per round is lossless. The gate measures both in place:
-
+Speculation pays only when tokens per round outgrow the round's cost over a plain step; with a weak drafter (high
+temperatures, a CPU) a plain step can be the faster choice. Both choices emit exactly the target's tokens (greedy)
+or its distribution (sampling), so switching per round is lossless. The gate measures both in place:
     start drafting; after `warmup` timed rounds, probe plain steps for `probe` rounds; then keep the mode with the
     lower seconds per token over each mode's last `window` rounds, and probe the other one for `probe` rounds
-    after `interval` settled rounds (the drafter's distribution and the costs change along a text)
-
+    after `interval` settled rounds
     backoff: `interval` starts at `every`; a probe that confirms the settled mode doubles it (up to `max_every`),
     a probe that flips the mode resets it to `every`
-
-A probe that loses is not free: a drafting probe after plain steps starts with the drafter's catch-up over every
-token the plain steps emitted, and its rounds are slower per token than the settled mode. The backoff keeps a mode
-that keeps winning (a weak drafter at T=1: plain steps) from paying that every `every` rounds, while a change in
-the costs still shows within a bounded number of rounds (`max_every`), and after a flip the gate probes at the
-base rate again. The first round after a switch is not timed (the catch-up above, a one-off cost). Round times are
-host wall times; each round ends in a host sync (the accepted tokens are read), so they include the device work.
+The first round after a switch is not timed (a drafting round after plain steps first catches the drafter up on
+every token they emitted). Round times are host wall times; each round ends in a host sync, so they include the
+device work.
 """
 
 from __future__ import annotations

@@ -85,17 +85,22 @@ class RoundGraphs:
     """The round graphs of one target and proposer: a RoundGraph per tree spec, made on first use.
 
     sampled: rounds under a sampling temperature replay too (else only greedy rounds do).
-    overlap: keep up to two rounds launched ahead of the one the host reads."""
+    overlap: keep up to two rounds launched ahead of the one the host reads.
+    kernels: the round's bookkeeping in the Triton kernels (kernels/tree.py, sampled.py, round_tail.py) or in torch
+    (None: as the proposer's growth, proposer.kernels)."""
 
-    def __init__(self, target: FastTarget, proposer: Proposer, sampled: bool = True, overlap: bool = False):
+    def __init__(self, target: FastTarget, proposer: Proposer, sampled: bool = True, overlap: bool = False,
+                 kernels: bool | None = None):
         self.target, self.proposer = target, proposer
         self.sampled, self.overlap = sampled, overlap
+        self.kernels = proposer.kernels if kernels is None else kernels
         self.by_spec: dict[TreeSpec, RoundGraph] = {}
 
     def get(self, spec: TreeSpec) -> RoundGraph:
         rg = self.by_spec.get(spec)
         if rg is None:
-            rg = self.by_spec[spec] = RoundGraph(self.target, self.proposer, spec, self.sampled, self.overlap)
+            rg = self.by_spec[spec] = RoundGraph(self.target, self.proposer, spec, self.sampled, self.overlap,
+                                                 self.kernels)
         return rg
 
     def catch_up_rows(self, spec: TreeSpec) -> int:
@@ -121,10 +126,11 @@ class RoundGraph:
     CUDA); see the module docstring."""
 
     def __init__(self, target: FastTarget, proposer: Proposer, spec: TreeSpec, sampled: bool = False,
-                 overlap: bool = False):
+                 overlap: bool = False, kernels: bool = False):
         self.target = target
         self.proposer = proposer
         self.overlap = overlap
+        self.kernels = kernels  # the Triton kernels for the round's bookkeeping, or the torch code
         self.runner: StaticDraftRunner = self.proposer.runner
         dev = self.target.device
         self.device = dev
@@ -196,7 +202,7 @@ class RoundGraph:
                                            self.draft_noise if sampling is not None else None)
         # 3. verify
         if self.visible is None:  # a dynamic tree: no node deeper than the spec's depth
-            if tree_kernels.wanted(self.device, new=True):  # one kernel instead of ~11
+            if self.kernels:  # one kernel instead of ~11
                 visible = tree_kernels.ancestry(tree.parents, self.spec.depth)  # [T, T]
             else:
                 visible = ancestry(tree.parents, check=False, max_depth=self.spec.depth)  # [T, T]
@@ -204,10 +210,8 @@ class RoundGraph:
             visible = self.visible
         tgt = self.target
         out_logits, feats = tgt.step(tree.tokens, tlen + tree.depths, visible, tlen, tgt.cols[:span_t])
-        if sampling is None and tree_kernels.wanted(self.device, untimed=True):  # 4. greedy acceptance, 1 kernel
-            # the target's argmax: per-chunk keys merged in accept_path (argmax_keys), or torch's
-            nxt = (tree_kernels.argmax_keys(out_logits) if tree_kernels.wanted(self.device, argmax=True)
-                   else out_logits.argmax(dim=-1))
+        if sampling is None and self.kernels:  # 4. greedy acceptance, 1 kernel
+            nxt = tree_kernels.argmax_keys(out_logits)  # the target's argmax as per-chunk keys, merged in accept_path
             best, bonus, m, order = tree_kernels.accept_path(tree.tokens, tree.parents, tree.depths, visible, nxt, P)
         else:
             if sampling is None:  # 4. greedy acceptance (verify.greedy_accept's path, without its host read)
@@ -223,7 +227,7 @@ class RoundGraph:
                     best, m, order = self._walk(tree, kids, live, visible, r_at, q_at)
                     final = point_mass_residual(p, tree.tokens, kids, live, best)  # [1, V]
                 else:  # children drawn from q: real q (on CUDA: sampled_kernels, K + 2 launches)
-                    fast = sampled_kernels.wanted(self.device) and sampled_kernels.fits(p.shape[1], kids.shape[1])
+                    fast = self.kernels and sampled_kernels.fits(p.shape[1], kids.shape[1])
                     tests = sampled_kernels.sibling_tests if fast else sibling_tests
                     r_at, q_at, residuals = tests(tree.tokens, kids, p, tree.draft_probs, live)
                     best, m, order = self._walk(tree, kids, live, visible, r_at, q_at)
@@ -238,7 +242,7 @@ class RoundGraph:
                 order = path_first(on_path)[:P]  # path rows first, in depth order
         # 5. commit: the path's KV rows to slots tlen..tlen+P-1; 6. the next round's inputs (x_{t+1} of each
         # accepted row: the next path token, the bonus after the last), the ids and the result row (one kernel)
-        tail = round_kernels.round_tail if round_kernels.wanted(self.device) else round_kernels.round_tail_ref
+        tail = round_kernels.round_tail if self.kernels else round_kernels.round_tail_ref
         result = tail(tgt.cache, self.ids, self.state_out, self.feats_out, feats, tree.tokens, tree.parents,
                       tree.depths, self.no_flags if flags is None else flags, m, bonus, order, tlen, base,
                       (i, self.ahead, self.next_row))
@@ -249,7 +253,7 @@ class RoundGraph:
         """A sampled round's walk over the sibling tests: (best [1], m [], order [P]) in one kernel where the tree
         kernels run (tree_kernels.sampled_accept_path: in place of ~6 kernels per sibling rank), else (best, None,
         None) from verify.sampled_path (body then takes the path's length and order as a greedy round does)."""
-        if (tree_kernels.wanted(self.device, walk=True) and kids.shape[1] <= tree_kernels.MAX_K
+        if (self.kernels and kids.shape[1] <= tree_kernels.MAX_K
                 and kids.shape[0] <= tree_kernels.MAX_ROWS):
             return tree_kernels.sampled_accept_path(tree.parents, kids, live, r_at, q_at, self.coins, visible,
                                                     tree.depths, self.P)

@@ -8,9 +8,8 @@ straight-line PTX (a runtime loop counts once), and the cubin's size. TRITON_INT
 
 from __future__ import annotations
 
-import os
-
 from eaglespec.errors import EagleSpecError
+from eaglespec.kernels import interpreted
 
 P, L, U8 = "*fp32", "*i64", "*u8"
 RANK_SIG = dict(R="i32", tok_ptr=L, kids_ptr=L, live_ptr=U8, p_ptr=P, q_ptr=P, rq_ptr=P, ps_ptr=P, pm_ptr=P,
@@ -52,7 +51,7 @@ def compile_round_kernels(arch: int = 90) -> list[dict]:
     """Compile a greedy round's argmax_keys, children (chunk top-k + merge) and accept_path kernels and the
     sampled round's sibling-test kernels (left, rank, final) at the shapes the default drafter uses; one row
     per kernel: {"kernel", "K", **compile_stats}."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreted():
         raise EagleSpecError("TRITON_INTERPRET=1 is set: the interpreter's kernels cannot be compiled")
     from eaglespec.kernels import sampled as SK
     from eaglespec.kernels import tree as TK

@@ -1,98 +1,61 @@
-"""A Triton attention kernel for the fast target's step (fast.py `_step`) and the drafter's fused step
-(draft/fused.py `_layer`), in place of F.scaled_dot_product_attention with the grouped additive mask.
-
-Why: the problems are tiny (SmolLM2-135M: 3 KV heads of 3 query heads each, head dim 64, 1..~128 tree rows, a span
-of 256..2048 cache slots) and on an H200 cuDNN's SDPA costs ~7.6 us a call plus a ~0.85 us memset kernel. Here:
+"""A Triton masked-attention kernel for the fast target's step (backends/fast.py) and the fused drafter's step
+(draft/fused.py), in place of F.scaled_dot_product_attention with the grouped additive mask:
 
     masked_attention(q [1, Hkv, M, D], k / v [1, Hkv, span, D], allowed [B, span] bool, scale, kv_len)
-        -> o [1, Hkv, M, D], M = B*G: query row t*G + r of KV head j is HF head j*G + r of token t (fast.py's
-        _grouped_queries) and sees column c iff allowed[t, c] (and c < kv_len): the mask is read by row // G,
-        never expanded to [M, span]
+        -> o [1, Hkv, M, D], M = B*G: query row t*G + r of KV head j is HF head j*G + r of token t (the
+        grouped layout) and sees column c iff allowed[t, c] (and c < kv_len): the mask is read by row // G,
+        never expanded
 
 Flash-attention style: program (KV head, block of BLOCK_M query rows) streams the columns in tiles of BLOCK_N,
-scores and the online softmax in fp32 (exp2, the scale folded with log2(e)), the G query rows of a token sharing
-the KV head's tiles. With `splits` > 1 (flash-decoding), program (head, block, s) takes the s-th share of the
-column tiles and writes its unnormalised partial output and (max, sum) in fp32, and a second kernel combines the
-shares per row: one kernel at span 256, two above (default_config). kv_len (a 1-element long device tensor, read inside
-the kernel: no host sync) ends the column loop at min(span, kv_len): the tiles past it are never read, so
-whatever the cache holds there (garbage, NaN) cannot matter. A row with no allowed column gets zeros (SDPA with
-the finite additive mask would average over all columns instead; the step never has such a row).
+scores and the online softmax in fp32 (exp2, the scale folded with log2(e)), the G query rows of a token
+sharing the KV head's tiles. With `splits` > 1 (flash-decoding), program (head, block, s) takes the s-th share
+of the column tiles and writes its unnormalised partial output and (max, sum) in fp32, and a second kernel
+combines the shares per row. kv_len (a 1-element long tensor on the device: no host sync) ends the column loop
+at min(span, kv_len): the tiles past it are never read, so whatever the cache holds there cannot matter. A row
+with no allowed column gets zeros (SDPA with the finite additive mask would average over all columns; the step
+never has one).
 
-Numerics: fp32 inputs take IEEE fp32 dots (input_precision="ieee": no TF32, as the fp32 identity checks run);
-bf16 / fp16 inputs take dots in the input dtype with fp32 accumulation (the probabilities rounded to the input
-dtype for the P @ V dot, as the flash / cuDNN kernels do); the output is cast to the input dtype. Not bitwise
-equal to SDPA (another summation order and exp2): fp32 agrees to ~1e-6.
-
-Measured on an H200 (bench/attn_check.py: bf16, 100 calls in one CUDA graph, kv_len = span - 100), us per call,
-SDPA (cuDNN + memset: 2 kernels) -> masked_attention with kv_len: B = 1: 8.1 -> 4.5 (span 256), 19.5 -> 4.8
-(1024), 34.3 -> 6.1 (2048); B = 121 tree rows: 9.5 -> 5.1 (256), 21.3 -> 11.3 (1024), 36.8 -> 16.5 (2048). Max
-abs diff against an fp64 reference no larger than SDPA's (bf16), ~1e-7..1e-6 in fp32 (TF32 off). End to end (session 14,
-bench/RESULTS.md; SmolLM2 + the shipped drafter, MT-bench 40, one lease): plain decoding 865 -> 1023 tok/s, the static
-tree 1965 -> 2287, the dynamic 7/20/120 tree 2093 -> 2128; fp32 output identical to HF generate.
-
-The output is returned as the transposed view of [1, M, Hkv, D] memory (BMHK), as SDPA's CUDA kernels return it
-for the step's BMHK query, so fast._grouped_output stays a view.
-
-Conventions as target/kernels.py: triton is imported and the kernels jitted on first use (_load), the kernels call
-triton builtins only (tl.reduce with a jitted combine function, tl.full; never tl.sum / tl.max / tl.zeros, see
-kernels._load), and the interpreter (TRITON_INTERPRET=1, the CPU tests) is fixed at that moment; under it bf16
-arithmetic does not work, so only fp32 runs there. `masked_attention_ref` is the SDPA call it replaces.
+Numerics: fp32 inputs take IEEE fp32 dots (no TF32); bf16 / fp16 inputs take dots in the input dtype with fp32
+accumulation (the probabilities rounded to the input dtype for the P @ V dot, as flash attention does). Not
+bitwise SDPA's (another summation order and exp2): fp32 agrees to ~1e-6. The interpreter has no bf16
+arithmetic: there a 16-bit call takes masked_attention_ref. The output is the transposed view of [1, M, Hkv,
+D] memory (BMHK), the layout SDPA's CUDA kernels return for the step's query, so the step's reshape of it
+stays a view.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
-from eaglespec.errors import env_switch
-from eaglespec.kernels import step as kernels
-from eaglespec.kernels.step import _interpreted, _pow2
-
-ATTN_KERNEL_ENV = "EAGLESPEC_ATTN_KERNEL"  # "0": SDPA even with the fused kernels; "1" or unset: this kernel
+from eaglespec.kernels import interpreted, jit, pdl, pdl_kwargs, pow2
 
 _LOG2E = 1.4426950408889634
 MAX_SPLITS = 16  # flash-decoding shares of the columns at most (the combine kernel holds them in one block)
 
 
-def wanted() -> bool:
-    """Whether a step that runs the fused kernels (target/kernels.py) attends with masked_attention: yes unless
-    EAGLESPEC_ATTN_KERNEL=0 (the step's own kernels decide the device: this switch only opts out)."""
-    return env_switch(ATTN_KERNEL_ENV, "on with the fused kernels") is not False
-
-
 # -- the plain-torch reference (the code of fast.py the kernel replaces) ---------------------------------------
 def masked_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
                          scale: float | None = None, kv_len: torch.Tensor | None = None) -> torch.Tensor:
-    """F.scaled_dot_product_attention(q, k, v, attn_mask=fast._grouped_mask(allowed), scale=scale): q [1, Hkv, M, D]
-    (M = B*G), k / v [1, Hkv, span, D], allowed [B, span] bool (AND cols < kv_len where given) -> [1, Hkv, M, D]."""
-    from eaglespec.backends.fast import _grouped_mask
-
+    """The SDPA call the kernel replaces: q [1, Hkv, M, D] (M = B*G), k / v [1, Hkv, span, D], allowed [B,
+    span] bool (AND cols < kv_len where given) -> [1, Hkv, M, D], row t*G + r masked by allowed[t] as an
+    additive mask (0 where allowed, the dtype's min elsewhere)."""
     b, span = allowed.shape
     if kv_len is not None:
         allowed = allowed & (torch.arange(span, device=allowed.device) < kv_len.reshape(()))
-    open_ = torch.zeros((), dtype=q.dtype, device=q.device)
-    shut = torch.full((), torch.finfo(q.dtype).min, dtype=q.dtype, device=q.device)
-    mask = _grouped_mask(allowed, q.shape[2] // b, open_, shut)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    rows = allowed.repeat_interleave(q.shape[2] // b, dim=0)  # [M, span]
+    mask = torch.zeros(rows.shape, dtype=q.dtype, device=q.device)
+    mask.masked_fill_(~rows, torch.finfo(q.dtype).min)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], scale=scale)
 
 
 # -- the Triton kernels (plain functions here; _load() jits them on first use) --------------------------------
 # Annotations are not evaluated (from __future__ import annotations): this module imports without triton.
-def _max(a, b):
-    return tl.maximum(a, b)
-
-
-def _add(a, b):
-    return a + b
-
-
 def _tile(q, k_base, v_base, mask_ptr, tok, in_m, start, lo, hi, m_i, l_i, acc, k_s2, v_s2, mask_s0, qk_scale,
           D: tl.constexpr, DP: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
     """The online softmax over columns start..start+BLOCK_N-1 (those outside [lo, hi) masked and not read):
-    (running max m_i [BLOCK_M], sum l_i [BLOCK_M], output acc [BLOCK_M, DP]) -> the updated three. DP: D padded to
-    a power of two >= 16 (the padding columns load as 0)."""
+    (running max m_i [BLOCK_M], sum l_i [BLOCK_M], output acc [BLOCK_M, DP]) -> the updated three. DP: D
+    padded to a power of two >= 16 (the padding columns load as 0)."""
     d = tl.arange(0, DP)
     cols = start + tl.arange(0, BLOCK_N)
     in_n = (cols >= lo) & (cols < hi)
@@ -120,7 +83,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, len_ptr, o_ptr, part_ptr, stat_p
     min(SPAN, kv_len), online softmax in base 2. SPLITS == 1: o = acc / l (0 where no column was allowed);
     else the partial acc -> part [share, head, row, DP] and (max, sum) -> stat [share, head, row, 2], fp32."""
     _dependents(USE_GDC)
-    _wait(USE_GDC)  # q, the cache, the mask and kv_len are all written in the step (kernels.pdl's rule)
+    _wait(USE_GDC)  # q, the cache, the mask and kv_len are all written in the step
     head = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     share = tl.program_id(2)
@@ -143,7 +106,8 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, len_ptr, o_ptr, part_ptr, stat_p
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, DP], 0.0, tl.float32)
-    if LOOP_SPAN > 0:  # the interpreter: every tile, those outside [lo, hi) fully masked (see _load)
+    if LOOP_SPAN > 0:  # the interpreter (no loop bound held in a tensor): every tile, those outside [lo, hi)
+        # fully masked
         for start in range(0, LOOP_SPAN, BLOCK_N):
             m_i, l_i, acc = _tile(q, k_base, v_base, mask_ptr, tok, in_m, start, lo, hi, m_i, l_i, acc, k_s2, v_s2,
                                   mask_s0, qk_scale, D, DP, PRECISION, BLOCK_N)
@@ -185,38 +149,20 @@ def _combine_kernel(part_ptr, stat_ptr, o_ptr, o_s1, o_s2, M, HKV, SPLITS: tl.co
     tl.store(o_ptr + head * o_s1 + row * o_s2 + d, out.to(o_ptr.dtype.element_ty), mask=d < D)
 
 
-_JITTED = ("_max", "_add", "_tile", "_attn_kernel", "_combine_kernel")
+_JITTED = ("_tile", "_attn_kernel", "_combine_kernel")
 
 
-@functools.cache
 def _load() -> None:
-    """Import triton and jit the kernels above (as target/kernels._load). Under the interpreter the reductions'
-    combine functions are triton's own max / sum ones instead: the interpreter runs a user combine function
-    per element in Python (~0.2 s per reduction of a 16 x 64 tile), theirs as one numpy call, recognised by
-    identity and never called (so it does not matter in which mode triton jitted them: see kernels._load). And
-    the attention kernel's column loop runs over the whole span there, a constexpr (LOOP_SPAN; the tiles outside
-    the program's columns fully masked, so still never read): triton 3.6's interpreter takes no loop bound held
-    in a tensor (its int() of a 1-element array is a TypeError with NumPy 2.5)."""
-    global triton, tl, _dependents, _wait
-    import triton
-    import triton.language as tl
-
-    kernels._load()
-    _dependents, _wait = kernels._dependents, kernels._wait  # PDL (kernels.pdl)
-    g = globals()
-    for name in _JITTED:
-        g[name] = triton.jit(g[name])
-    if _interpreted():
-        g["_max"], g["_add"] = tl.standard._elementwise_max, tl.standard._sum_combine
+    """Jit the kernels above (eaglespec.kernels.jit also puts triton, tl and the shared helpers here)."""
+    global triton, tl, _add, _max, _dependents, _wait
+    jit(globals(), _JITTED)
 
 
 # -- the launcher ------------------------------------------------------------------------------------------
 def default_config(m: int, span: int, hk: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, splits) for M query rows per KV head over `span` columns, hk KV heads. Measured on the
-    H200 (bench/attn_check.py --sweep: bf16, kv_len = span - 100, B = 1..121 tokens of G = 3 rows, span
-    256..2048): tiles of 16 query rows (the smallest tl.dot takes) and 64 columns with 4 warps were the fastest
-    or within ~0.5 us at every shape; span 256 is best unsplit, longer spans in shares of down to one tile (64
-    columns) while the grid stays <= 288 programs (B = 1: 16 shares at span 1024, 5.1 us; B = 121: 4 shares)."""
+    """(BLOCK_M, BLOCK_N, splits) for M query rows per KV head over `span` columns, hk KV heads: tiles of 16
+    query rows (the smallest tl.dot takes) and 64 columns; span 256 in one share, longer spans in shares of
+    down to one tile while the grid stays within 288 programs."""
     block_m, block_n = 16, 64
     programs = hk * -(-m // block_m)
     splits = 1
@@ -231,11 +177,11 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
                      block_m: int | None = None, block_n: int | None = None, splits: int | None = None,
                      num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """masked_attention_ref in one kernel (two with splits > 1). q [1, Hkv, M, D] (M = B*G; any strides with a
-    contiguous last dim: the step's is a transposed view), k / v [1, Hkv, span, D] (views of the cache, last dim
-    contiguous), allowed [B, span] bool (last dim contiguous), scale (None: D**-0.5, SDPA's default), kv_len [1]
-    or [] long on q's device: columns >= kv_len masked and never read -> o [1, Hkv, M, D] in q's dtype, the
-    transposed view of [1, M, Hkv, D] memory. Any D (the tiles pad it to a power of two >= 16). block_m / block_n /
-    splits / num_warps / num_stages override default_config and Triton's defaults (for bench/attn_check.py)."""
+    contiguous last dim: the step's is a transposed view), k / v [1, Hkv, span, D] (views of the cache, last
+    dim contiguous), allowed [B, span] bool (last dim contiguous), scale (None: D**-0.5, SDPA's default),
+    kv_len [1] or [] long on q's device: columns >= kv_len masked and never read -> o [1, Hkv, M, D] in q's
+    dtype, the transposed view of [1, M, Hkv, D] memory. Any D (the tiles pad it to a power of two >= 16).
+    block_m / block_n / splits / num_warps / num_stages override default_config and Triton's defaults."""
     _load()
     one, hk, m, d = q.shape
     span = k.shape[2]
@@ -246,7 +192,7 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
         raise ValueError(f"allowed {tuple(allowed.shape)} {allowed.dtype} for {m} query rows over {span} columns")
     if not (k.dtype == v.dtype == q.dtype):
         raise ValueError(f"dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if _interpreted() and q.dtype != torch.float32:  # the interpreter does no bf16 / fp16 arithmetic (see above)
+    if interpreted() and q.dtype != torch.float32:  # the interpreter does no bf16 / fp16 arithmetic
         return masked_attention_ref(q, k, v, allowed, scale, kv_len)
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -261,7 +207,7 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
     block_n = block_n or cfg[1]
     splits = max(1, min(splits or cfg[2], MAX_SPLITS, -(-span // block_n)))
     scale = d ** -0.5 if scale is None else scale
-    dp = max(16, _pow2(d))  # the tiles' head dim (tl.dot takes >= 16)
+    dp = max(16, pow2(d))  # the tiles' head dim (tl.dot takes >= 16)
     out = torch.empty(1, m, hk, d, dtype=q.dtype, device=q.device).transpose(1, 2)  # BMHK memory
     if splits > 1:
         part = torch.empty(splits, hk, m, dp, dtype=torch.float32, device=q.device)
@@ -274,14 +220,14 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
     if num_stages is not None:
         launch["num_stages"] = num_stages
     grid = (hk, triton.cdiv(m, block_m), splits)
-    gdc = kernels.pdl(q)
+    gdc = pdl(q)
     _attn_kernel[grid](q, k, v, allowed, allowed if kv_len is None else kv_len, out, part, stat,
                        q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
                        out.stride(1), out.stride(2), allowed.stride(0), m, span, hk, scale * _LOG2E,
                        G=m // b, D=d, DP=dp, HAS_LEN=kv_len is not None, SPLITS=splits,
-                       PRECISION="ieee", LOOP_SPAN=span if _interpreted() else 0, BLOCK_M=block_m, BLOCK_N=block_n,
-                       **kernels.pdl_kwargs(gdc), **launch)
+                       PRECISION="ieee", LOOP_SPAN=span if interpreted() else 0, BLOCK_M=block_m, BLOCK_N=block_n,
+                       **pdl_kwargs(gdc), **launch)
     if splits > 1:
         _combine_kernel[(hk, m)](part, stat, out, out.stride(1), out.stride(2), m, hk, SPLITS=splits,
-                                 SP=_pow2(splits), D=d, DP=dp, **kernels.pdl_kwargs(gdc))
+                                 SP=pow2(splits), D=d, DP=dp, **pdl_kwargs(gdc))
     return out

@@ -1,23 +1,16 @@
 """y = x @ W.T + b for inference on CPU through oneDNN (PyTorch's mkldnn backend) instead of the BLAS behind
-F.linear.
+F.linear, and through the skinny Triton GEMM (skinny.py) for few-row CUDA inference where that applies.
 
-On the development machine (AMD EPYC, 2 cores, torch 2.13, fp32) F.linear took 6.97 ms for SmolLM2's lm_head and
-one row, oneDNN 1.87 ms; with four rows 12.2 vs 1.7 ms (bench/RESULTS.md, session 9). `linear` takes the oneDNN
-op only where it applies (CPU, fp32 input and weight, a contiguous weight, no autograd needed, not inside
-torch.compile, $EAGLESPEC_ONEDNN not "0") and where a one-time probe found it working and equal to F.linear; everywhere
-else, and on GPUs, it is F.linear. The two differ by float summation order only (fp32 rounding).
-
-`pack` puts a weight into oneDNN's blocked layout once (an opaque CPU tensor that `linear` / `project` take, a
-copy): then a few rows cost about what one does (gate/up of SmolLM2, 4 rows: 0.115 -> 0.058 ms; 8 rows 0.142 ->
-0.080 ms; 1 row unchanged), which is what a chain's or a small tree's verification needs. FastTarget packs its
-projections and lm_head on CPU (bench/RESULTS.md, session 11, 2 cores: a 4-row verify 31 -> 18.5 ms, the chain k=3
-45-47 -> 66-68 tok/s); $EAGLESPEC_ONEDNN_PACK = "0" keeps the plain layout (no copy).
+`linear` takes the oneDNN op only where it applies (CPU, fp32 input and weight, a contiguous weight, no
+autograd needed, not inside torch.compile) and where a one-time probe found it working and equal to F.linear;
+the two differ by float summation order only (fp32 rounding). `pack` puts a weight into oneDNN's blocked
+layout once (an opaque CPU tensor that `linear` / `project` take, a copy), in which a few rows cost about what
+one does: what a chain's or a small tree's verification needs.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +18,6 @@ from torch import nn
 
 from eaglespec.kernels import skinny
 
-ENV = "EAGLESPEC_ONEDNN"  # "0": F.linear everywhere
-PACK_ENV = "EAGLESPEC_ONEDNN_PACK"  # "0": `pack` returns the weight itself
 PACK_ROWS = 8  # the row count oneDNN's blocked layout is chosen for (it serves any count)
 
 
@@ -34,18 +25,22 @@ def _onednn(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     return torch.ops.mkldnn._linear_pointwise(x2d, weight, bias, "none", [], "")
 
 
-@functools.cache
-def available() -> bool:
-    """The oneDNN linear exists here, runs, and matches F.linear on a probe (read once per process)."""
-    if os.environ.get(ENV, "").strip() == "0" or not torch.backends.mkldnn.is_available():
-        return False
+def _probe(pack: bool) -> bool:
+    """The oneDNN linear (on a packed weight when `pack`) runs and matches F.linear on a small input."""
     try:
         g = torch.Generator().manual_seed(0)
         x, w, b = torch.randn(3, 40, generator=g), torch.randn(24, 40, generator=g), torch.randn(24, generator=g)
-        return all(torch.allclose(_onednn(x, w, bias), F.linear(x, w, bias), rtol=1e-4, atol=1e-5)
+        weight = _pack(w) if pack else w
+        return all(torch.allclose(_onednn(x, weight, bias), F.linear(x, w, bias), rtol=1e-4, atol=1e-5)
                    for bias in (None, b))
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
+
+
+@functools.cache
+def available() -> bool:
+    """The oneDNN linear exists here, runs, and matches F.linear on a probe (read once per process)."""
+    return torch.backends.mkldnn.is_available() and _probe(pack=False)
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -53,27 +48,20 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def packing_available() -> bool:
-    """`available`, $EAGLESPEC_ONEDNN_PACK not "0", and a packed probe runs and matches F.linear (read once)."""
+    """`available`, and a packed probe runs and matches F.linear (read once)."""
     return available() and _packed_probe()
 
 
 @functools.cache
 def _packed_probe() -> bool:
-    if os.environ.get(PACK_ENV, "").strip() == "0":
-        return False
-    try:
-        g = torch.Generator().manual_seed(0)
-        x, w, b = torch.randn(3, 40, generator=g), torch.randn(24, 40, generator=g), torch.randn(24, generator=g)
-        return all(torch.allclose(_onednn(x, _pack(w), bias), F.linear(x, w, bias), rtol=1e-4, atol=1e-5)
-                   for bias in (None, b))
-    except (RuntimeError, AttributeError, NotImplementedError):
-        return False
+    return _probe(pack=True)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """weight [out, in] in oneDNN's blocked layout (a packed copy, the same values) where `linear` would take the
-    oneDNN op for it (CPU, fp32, 2-d) and packing is available; else the weight itself. For inference only: a
-    packed weight has no autograd and no F.linear fallback, so use it only where `applies` holds for the input."""
+    """weight [out, in] in oneDNN's blocked layout (a packed copy, the same values) where `linear` would take
+    the oneDNN op for it (CPU, fp32, 2-d) and packing is available; else the weight itself. For inference
+    only: a packed weight has no autograd and no F.linear fallback, so use it only where `applies` holds for
+    the input."""
     if (weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2
             or torch.compiler.is_compiling() or not packing_available()):
         return weight
@@ -81,8 +69,8 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def affordable(nbytes: int, meminfo: str = "/proc/meminfo") -> bool:
-    """Can `nbytes` more be held? False when they exceed half of the memory the OS reports available (MemAvailable);
-    True where that is unknown. For packed copies that add to a model's weights."""
+    """Can `nbytes` more be held? False when they exceed half of the memory the OS reports available
+    (MemAvailable); True where that is unknown. For packed copies that add to a model's weights."""
     try:
         with open(meminfo) as f:
             kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
@@ -92,7 +80,8 @@ def affordable(nbytes: int, meminfo: str = "/proc/meminfo") -> bool:
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Would `linear` take the oneDNN op for these tensors? (A packed weight: whenever x is a CPU fp32 input.)"""
+    """Would `linear` take the oneDNN op for these tensors? (A packed weight: whenever x is a CPU fp32
+    input.)"""
     if weight.is_mkldnn:
         return x.device.type == "cpu" and x.dtype == torch.float32
     return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
@@ -107,19 +96,20 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     return _onednn(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias): x [..., in], weight [out, in], bias [out] -> [..., out]; oneDNN where it applies,
-    target/skinny.py's GEMM for few-row CUDA inference where that applies."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           kernels: bool = True) -> torch.Tensor:
+    """F.linear(x, weight, bias): x [..., in], weight [out, in], bias [out] -> [..., out]; oneDNN where it
+    applies, the skinny Triton GEMM where `kernels` and it applies (few-row CUDA inference)."""
     if applies(x, weight, bias):
         return project(x, weight, bias)
-    if skinny.applies(x, weight):
+    if kernels and skinny.applies(x, weight):
         return skinny.linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
-def apply(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """module(x), through `linear` when the module is a plain nn.Linear without hooks (a subclass may compute
-    otherwise; a hook must see the call)."""
+def apply(module: nn.Module, x: torch.Tensor, kernels: bool = True) -> torch.Tensor:
+    """module(x), through `linear` (with `kernels`) when the module is a plain nn.Linear without hooks (a
+    subclass may compute otherwise; a hook must see the call)."""
     if type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks):
-        return linear(x, module.weight, module.bias)
+        return linear(x, module.weight, module.bias, kernels)
     return module(x)

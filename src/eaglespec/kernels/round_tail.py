@@ -1,56 +1,35 @@
-"""A round graph's tail in one Triton kernel: after the acceptance, the target's KV commit, the next round's inputs and
-the result row the host reads (round_graph.RoundGraph.body's steps 5 and 6).
+"""A round graph's tail in one Triton kernel (engine/round_graph.py, after the acceptance): the target's KV
+commit, the next round's inputs and the result row the host reads.
 
-The torch code (round_tail_ref) launches ~16 small kernels for it every round: the path's tokens (an index), the
-commit (two index adds, an index_select and an index_copy_ of the cache), the next rows' tokens (a compare, an index,
-a where), state_out (an add and a cat), feats_out (an index_select), the ids (an add and an index_copy_), the flags'
-cast and the result row (a cat). On the H200 each costs ~2 us with its gap inside the graph (bench/RESULTS.md,
-session 17), and a round is bound by its kernel count. round_tail does all of it in one launch: one program per
-(layer, k/v, head) block of the cache moves the path's P rows (every row read before any is written, as
-index_select's copy does), and one more program writes the small outputs and feats_out. Only copies and integer
-arithmetic: the outputs are bitwise the torch code's (cache and features are moved as raw bits).
-
-Used by round graphs where tree_kernels.wanted(device) and not EAGLESPEC_TAIL_KERNEL=0 (the A/B switch).
-
-PDL (target/kernels.pdl: on sm90+ GPUs unless EAGLESPEC_PDL=0): every kernel here takes USE_GDC, which its launcher
-passes with launch_pdl (kernels.pdl_kwargs); the kernel lets the next one launch first thing, then waits (_wait) for
-the kernels before it before any load or store: all of its inputs are written by earlier kernels of the graph,
-nothing to prefetch.
+The torch code (round_tail_ref) is ~16 small kernels: the path's tokens (an index), the commit (two index
+adds, an index_select and an index_copy_ of the cache), the next rows' tokens (a compare, an index, a where),
+state_out (an add and a cat), feats_out (an index_select), the ids (an add and an index_copy_), the flags'
+cast and the result row (a cat). round_tail does all of it in one launch: one program per (layer, k/v, head)
+block of the cache moves the path's P rows (every row read before any is written, as index_select's copy
+does), and one more program writes the small outputs and feats_out. Only copies and integer arithmetic: the
+outputs are bitwise the torch code's (cache and features are moved as raw bits).
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from eaglespec.errors import env_switch
-from eaglespec.kernels import step as K
-from eaglespec.kernels import tree as tree_kernels
-
-TAIL_KERNEL_ENV = "EAGLESPEC_TAIL_KERNEL"  # "0": the torch tail; unset or "1": the kernel, with the tree kernels
-
-
-def wanted(device: torch.device | str) -> bool:
-    """The kernel where the tree kernels run (tree_kernels.wanted), unless $EAGLESPEC_TAIL_KERNEL=0."""
-    if env_switch(TAIL_KERNEL_ENV, "with the tree kernels") is False:
-        return False
-    return tree_kernels.wanted(device)
+from eaglespec.kernels import jit, pdl, pdl_kwargs, pow2
 
 
 def round_tail_ref(cache: torch.Tensor, ids: torch.Tensor, state_out: torch.Tensor, feats_out: torch.Tensor,
                    feats: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
                    flags: torch.Tensor, m: torch.Tensor, bonus: torch.Tensor, order: torch.Tensor, tlen: torch.Tensor,
                    base: torch.Tensor, steps: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """The tail in torch. cache [L, 2, Hkv, S, D]; ids [N] long; state_out [4 + P] long; feats_out [P, F]; feats
-    [T, F] (the verified rows' features); tokens / parents / depths [T] long; flags [4] (bool or long); m [] long
-    (the path's rows); bonus [1]; order [P] (the path's rows in depth order, then other rows); tlen [], base []
-    long; steps: (arange [P], arange + 1, (arange + 1).clamp(max=P - 1)), kept by the caller.
+    """The tail in torch. cache [L, 2, Hkv, S, D]; ids [N] long; state_out [4 + P] long; feats_out [P, F];
+    feats [T, F] (the verified rows' features); tokens / parents / depths [T] long; flags [4] (bool or long);
+    m [] long (the path's rows); bonus [1]; order [P] (the path's rows in depth order, then other rows); tlen
+    [], base [] long; steps: (arange [P], arange + 1, (arange + 1).clamp(max=P - 1)), kept by the caller.
 
-    Writes the commit (cache slots tlen + j <- tlen + order[j], j < P), state_out (m, base, tlen + m, bonus, then the
-    next token of each accepted row: the next path token, the bonus after the last), feats_out (feats[order]) and
-    ids[tlen + 1 + j] (the next tokens); returns the result row [6 + 2P + 3T] long (m, bonus, flags, order, the
-    path's tokens, tokens, parents, depths)."""
+    Writes the commit (cache slots tlen + j <- tlen + order[j], j < P), state_out (m, base, tlen + m, bonus,
+    then the next token of each accepted row: the next path token, the bonus after the last), feats_out
+    (feats[order]) and ids[tlen + 1 + j] (the next tokens); returns the result row [6 + 2P + 3T] long (m,
+    bonus, flags, order, the path's tokens, tokens, parents, depths)."""
     i, ahead, next_row = steps
     path = tokens[order]  # [P] (past m: other rows)
     cache.index_copy_(3, tlen + i, cache.index_select(3, tlen + order))
@@ -115,18 +94,10 @@ def _round_tail_kernel(cache, ids, state, feats_out, feats, tokens, parents, dep
 _JITTED = ("_round_tail_kernel",)
 
 
-@functools.cache
 def _load() -> None:
-    """Import triton and jit the kernel above (as target/kernels._load); its PDL helpers are target/kernels'."""
+    """Jit the kernel above (eaglespec.kernels.jit also puts triton, tl and the shared helpers here)."""
     global triton, tl, _dependents, _wait
-    K._load()
-    import triton
-    import triton.language as tl
-
-    _dependents, _wait = K._dependents, K._wait  # the PDL helpers (target/kernels.pdl)
-    g = globals()
-    for name in _JITTED:
-        g[name] = triton.jit(g[name])
+    jit(globals(), _JITTED)
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
@@ -153,10 +124,10 @@ def round_tail(cache: torch.Tensor, ids: torch.Tensor, state_out: torch.Tensor, 
     g = layers * two * hkv
     flags = flags.view(torch.uint8) if flags.dtype == torch.bool else flags
     f = feats.shape[1]
-    gdc = K.pdl(tokens)  # (g: the cache blocks)
+    gdc = pdl(tokens)  # (g: the cache blocks)
     _round_tail_kernel[(g + 1,)](_bits(cache), ids, state_out, _bits(feats_out), _bits(feats), tokens.contiguous(),
                                  parents.contiguous(), depths.contiguous(), flags.contiguous(), m, bonus, order, tlen,
                                  base, result, slots * d, feats.stride(0), feats_out.stride(0), f, t, g, P=p,
-                                 PB=max(2, K._pow2(p)), D=d, DB=max(16, K._pow2(d)), FB=min(1024, max(16, K._pow2(f))),
-                                 TB=max(16, K._pow2(t)), num_warps=4, **K.pdl_kwargs(gdc))
+                                 PB=max(2, pow2(p)), D=d, DB=max(16, pow2(d)), FB=min(1024, max(16, pow2(f))),
+                                 TB=max(16, pow2(t)), num_warps=4, **pdl_kwargs(gdc))
     return result

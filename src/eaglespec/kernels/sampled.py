@@ -1,99 +1,58 @@
-"""Triton kernels for a sampled round's sibling tests (round_graph.py step 4, children drawn from q): the values of
-verify.sibling_tests in K + 1 launches parallel over the vocab, and the bonus distribution at the node where the
-walk ends in one more.
+"""Triton kernels for a sampled round's sibling tests (engine/round_graph.py, children drawn from q): the
+values of verify.sibling_tests in K + 1 launches parallel over the vocab, and the bonus distribution at the
+node where the walk ends in one more.
 
-Why: verify.sibling_tests keeps every parent's residual r and its q left as [T, V] fp32 arrays and updates them
-once per sibling rank: ~260 torch ops over [61, 49152] per dynamic 7/10/60 round, ~1 ms on an H200 (1023 us in
-bench/sibling_check.py), more than the rest of the round. Yet only T scalars per tested node and ONE residual row
-(the node `best` where the walk ends: race_argmax's input) are ever read. Per parent, the residual after rejecting
-its live children of ranks < i has a closed form in two scalars (a, beta) and the few tokens removed so far:
+verify.sibling_tests keeps every parent's residual r and its q as [T, V] arrays and updates them once per
+sibling rank, yet only T scalars per tested node and ONE residual row (the node `best` where the walk ends)
+are ever read. Per parent, the residual after rejecting its live children of ranks < i has a closed form in
+two scalars (a, beta) and the few tokens removed so far:
 
     r_i(v) = a * max(0, p(v) - beta * q(v))   for v not removed (an earlier live sibling's token)
     r_i(x_s) = c_s                             for the removed tokens x_s (scalars)
 
-since with q_i = q(v) / S_i (S_i: q's mass left) a rejection gives
-max(0, a max(0, p - beta q) - q / S_i) = a max(0, p - (beta + 1 / (a S_i)) q) on the tokens not removed (q >= 0),
-and max(0, c_s - 0) = c_s on the removed ones; normalising by the mass M divides a and every c_s by M, and the
-token x_i then joins the removed ones with c_i = its residual value. Where M <= 1e-12 nothing changes but the
-removal (as verify._rejected_residual keeps r). r_0 = p: a = 1, beta = 0, nothing removed. Keeping the ratio beta
-(not a * beta) bounds it: a >= ~1 (each M <= 1, the residual summing to 1), so beta grows by at most
-1 / S_i <= 1e30 per rank (S_i clamped as verify._normalised does; q = 0 off the removed tokens then).
+since with q_i = q(v) / S_i (S_i: q's mass left) a rejection gives max(0, a max(0, p - beta q) - q / S_i) = a
+max(0, p - (beta + 1 / (a S_i)) q) on the tokens not removed (q >= 0), and max(0, c_s - 0) = c_s on the
+removed ones; normalising by the mass M divides a and every c_s by M, and the token x_i then joins the removed
+ones with c_i = its residual value. Where M <= 1e-12 nothing changes but the removal (as verify keeps r). r_0
+= p: a = 1, beta = 0, nothing removed. Keeping the ratio beta (not a * beta) bounds it: a >= ~1, so beta grows
+by at most 1 / S_i <= 1e30 per rank (S_i clamped as verify does).
 
 So a parent's state after rank i needs only two sums over its row: M_i = a * sum_v max(0, p - beta' q) (v not
-removed) + sum_s c_s, and S_{i+1} = sum of q off the removed tokens and x_i. Both split over chunks of the row.
-
-The first version ran one program per parent (grid [T]), streaming the row once per live rank: 1743 us per call
-against 1023 us for the torch path on the H200 (T=61, V=49152, K=10, 60 live children under 33 parents, 10 at the
-root), since the root's 11 passes in sequence over 2 x 49152 floats ran on ONE SM (~155 us a pass), and it lost
-~4% end to end in a sampled chain (K=1) too. Now every pass is spread over the row's chunks (grid [T, S],
-S = cdiv(V, CHUNK)); the ranks still run in order (each needs the last's M and S, and there is no grid-wide barrier
-but a launch's end), one launch each. K + 2 launches of ~T * S small programs in all (12 of ~1.5k for the case above:
-88 us on the H200 against the torch path's 1027 us, bench/RESULTS.md session 15; sampled dynamic 7/10/60 at T=1 +41%
-end to end, static +15-18%, the chain of 3 +2%):
+removed) + sum_s c_s, and S_{i+1} = sum of q off the removed tokens and x_i. Both split over chunks of the row
+(grid [T, S], S = cdiv(V, CHUNK)); the ranks run in order, one launch each (each needs the last one's sums):
 
     launch 0, grid [T, S]: pS[0, t, c] = sum of q over chunk c of row t (rows with a live child only).
     launch 1 + i (i = 0..K-1), grid [T, S]: program (t, 0) of every parent t with a live child takes t's state
-        before rank i (a, beta, S_i, removed tokens and values) ONE recursion step (_step) from the state rank
-        i - 1's launch stored and that rank's partial sums (_carried), and stores it for the next launch
-        (Residuals.states / .removed [i, t]); where live[t, i], every program (t, c) takes the same state, then
-        over chunk c (not removed):
-        pM[i, t, c] = sum max(0, p - beta' q), beta' = beta + 1 / (a max(S_i, 1e-30)), and pS[i + 1, t, c] = sum
-        of q off x_i. Program c = 0 writes child i's r_at / q_at (scalars: (a, beta, S_i, the removed list) and
-        the two entries p(x_i), q(x_i)).
-    final_residual, grid over blocks of V: node best's state after all K ranks (one step from the last launch's
-        store, read on the device), then its normalised row.
+        before rank i (a, beta, S_i, removed tokens and values) one recursion step (_step) from the state rank
+        i - 1's launch stored and that rank's partial sums (_carried), and stores it for the next launch;
+        where live[t, i], every program (t, c) takes the same state, then over chunk c (not removed):
+        pM[i, t, c] = sum max(0, p - beta' q), beta' = beta + 1 / (a max(S_i, 1e-30)), and
+        pS[i + 1, t, c] = sum of q off x_i. Program c = 0 writes child i's r_at / q_at (from the state and
+        p(x_i), q(x_i)).
+    final_residual, grid over blocks of V: node best's state after all K ranks (one step from the last
+        launch's store, read on the device), then its row.
 
-    sibling_tests(tokens, kids, p, q, live) -> (r_at [T], q_at [T], Residuals): the K + 1 launches above (and a
-        memset of r_at / q_at). p, q: [T, V], never written. Residuals holds the partial sums (pS [K + 1, T, S],
-        pM [K, T, S]), the carried states and the tree (tokens, kids, live) that _carried() reads again. Only
-        entries that are read are written: pS[0] and pM / pS of the ranks that are live at a parent (_carried()
-        masks the others' loads).
-    final_residual(p, q, Residuals, best [1]) -> [1, V]: the normalised residual of node best, the same row (and
-        scale) as verify.sibling_tests' third output at best, up to fp32 rounding (p itself without live child).
-
-Carried states (session 30, default since session 31): until then every program rebuilt its parent's state from
-the partial sums of ALL ranks before R (a serial loop of small reductions), so launch R cost O(R) register work: on
-the H200 a fitted tree with 12 children at the root paid 13.2 us per rank launch against 7.9 us with EAGLE-1's 4.
-Carrying it cut sibling_tests + final_residual from 103 to 84 us per call on that tree (K = 12), 80 to 68 us on a
-dynamic-like one (K = 10) and 27.9 to 26.2 us on the default depth-3 tree (K = 4), and the fitted 60-node tree's
-rounds from 1.312 to 1.281 ms of GPU time (bench/RESULTS.md, session 31).
+    sibling_tests(tokens, kids, p, q, live) -> (r_at [T], q_at [T], Residuals): the K + 1 launches above.
+    final_residual(p, q, Residuals, best [1]) -> [1, V]: verify.sibling_tests' third output at best (the same
+        row and scale, p itself at a node without live child).
 
 Values: the same recursion in fp32, another summation order, and each entry computed from p and q in one step
-instead of K rounded steps: equal within ~1e-6 relative where no cancellation hits (tests/test_sampled_kernels.py),
-and (up to rounding) independent of CHUNK. A mass within rounding of the 1e-12 threshold could be decided the other
-way (only where rejecting is that unlikely). Non-live nodes and node 0 get r_at = q_at = 0 (sampled_path masks
-them). Zero host syncs, fixed grids: graph-capturable.
-
-Used where `wanted(device)` (tree_kernels.wanted: EAGLESPEC_TREE_KERNELS; and EAGLESPEC_SAMPLED_KERNELS=0 turns
-just these off, the A/B switch) and `fits(vocab, k)`; otherwise round_graph keeps verify.sibling_tests. Kernels
-call triton builtins only (target/kernels.py's _load says why); their reductions pass tl.standard's combine
-functions (_sum_combine, _elementwise_max) to the builtin tl.reduce, as tl.sum / tl.max do: the interpreter
-recognises them and reduces in numpy without calling them (with a combine function of ours it calls it once per
-element, in Python: 3-8x slower tests), and compiled code inlines them. They call tl.reduce in place, not through
-a jitted helper of ours: the interpreter spends ~1 ms on every such call (_partials, _step and _carried are the
-exceptions).
-Tested under Triton's interpreter (TRITON_INTERPRET=1); timed on the H200 (session 15, 55a5b4d: max abs difference
-to the torch path 1.8e-12 / 7.5e-9 / 1.5e-8 for r_at / q_at / the final rows); bench/sibling_check.py times them
-against the torch path on a GPU (--sweep: CHUNK x num_warps, not run yet).
-
-PDL (target/kernels.pdl: on sm90+ GPUs unless EAGLESPEC_PDL=0): every kernel here takes USE_GDC, which its launcher
-passes with launch_pdl (kernels.pdl_kwargs); the kernel lets the next one launch first thing, then waits (_wait) for
-the kernels before it before any load or store: all of its inputs are written by earlier kernels of the graph,
-nothing to prefetch.
+instead of K rounded steps: equal within ~1e-6 relative where no cancellation hits, and (up to rounding)
+independent of CHUNK. A mass within rounding of the 1e-12 threshold could be decided the other way (only where
+rejecting is that unlikely). Non-live nodes and node 0 get r_at = q_at = 0. Only entries that are read are
+written. No host sync, fixed grids: graph-capturable. The reductions are written out in the kernels rather
+than in jitted helpers (_partials, _step and _carried aside): the interpreter pays for every call of a jitted
+function.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 
-from eaglespec.errors import env_switch
-from eaglespec.kernels import step as K
-from eaglespec.kernels import tree as tree_kernels
+from eaglespec.kernels import jit, pdl, pdl_kwargs, pow2
 
-SAMPLED_KERNELS_ENV = "EAGLESPEC_SAMPLED_KERNELS"  # "0": not these (unset, "" or "1": with the tree kernels)
 MAX_K = 32  # the most children per node (one launch per rank)
 MAX_VOCAB = 1 << 24  # the widest row (offsets are int64; this bounds S, the chunks per row)
 _CHUNK = 2048  # sibling_tests: elements of a row per program (S = cdiv(V, CHUNK) programs per row and rank)
@@ -103,8 +62,9 @@ _SUMS = 4096  # the most partial sums _partials() adds in one step (over its KP 
 
 
 class Residuals(NamedTuple):
-    """What final_residual needs to rebuild any node's residual once all its live children are rejected (_carried()):
-    the partial sums of every live rank, the states the rank launches stored and the tree they belong to."""
+    """What final_residual needs to rebuild any node's residual once all its live children are rejected
+    (_carried()): the partial sums of every live rank, the states the rank launches stored and the tree they
+    belong to."""
 
     tokens: torch.Tensor  # [T] long: each node's token (sibling_tests' input)
     kids: torch.Tensor  # [T, K] long: the sibling table (sibling_tests' input)
@@ -116,13 +76,6 @@ class Residuals(NamedTuple):
     states: torch.Tensor  # [K, T, 3 + KP] fp32, [R, t] = parent t's (a, beta, S_R, removed tokens' values [KP])
     #                     after its ranks < R (written by rank R's launch, program c = 0, where t has a live child)
     removed: torch.Tensor  # [K, T, KP] long, [R, t] = those removed tokens (-1 padded)
-
-
-def wanted(device: torch.device | str) -> bool:
-    """Whether a sampled round on `device` should use these kernels (see the module docstring); fits() too."""
-    if env_switch(SAMPLED_KERNELS_ENV, "with the tree kernels") is False:
-        return False
-    return tree_kernels.wanted(device)
 
 
 def fits(vocab: int, k: int) -> bool:
@@ -143,9 +96,10 @@ def _partials(ptr, stride, S, use, KP: tl.constexpr, SB: tl.constexpr):
 
 
 def _step(a, beta, left, n, rem, val, slot, on, x, px, qx, mass_j, left_j):
-    """One rank j of the recursion (the module docstring): the state after ranks < j (a, beta, S_j = left, n removed
-    tokens rem / their values val) -> after ranks <= j, given whether rank j is live (on), its token x, p(x), q(x),
-    and its row sums mass_j (pM[j, t] summed) and left_j (pS[j + 1, t] summed). Not live: unchanged."""
+    """One rank j of the recursion (the module docstring): the state after ranks < j (a, beta, S_j = left, n
+    removed tokens rem / their values val) -> after ranks <= j, given whether rank j is live (on), its token
+    x, p(x), q(x), and its row sums mass_j (pM[j, t] summed) and left_j (pS[j + 1, t] summed). Not live:
+    unchanged."""
     hit = tl.reduce((rem == x).to(tl.int32), 0, tl.standard._elementwise_max) > 0  # x already removed
     beta2 = beta + 1.0 / (a * tl.maximum(left, 1e-30))  # verify._normalised's clamp
     mass = a * mass_j + tl.reduce(val, 0, tl.standard._sum_combine)  # M off the removed tokens, and on them
@@ -164,10 +118,10 @@ def _step(a, beta, left, n, rem, val, slot, on, x, px, qx, mass_j, left_j):
 
 def _carried(t, R, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, st_ptr, rm_ptr, T, S, K: tl.constexpr,
              KP: tl.constexpr, SB: tl.constexpr):
-    """Parent t's residual after rejecting its live children of ranks < R: (a, beta, S_R (q's mass left), removed
-    tokens [KP] (-1 padded, in removal order), their values [KP]), one step of the recursion (_step) from the state
-    after ranks < R - 1 that launch R - 1 stored (st / rm [R - 1, t]) and rank R - 1's row sums. R = 0, or no live
-    child: the start (a = 1, beta = 0, S_0 = q's mass, nothing removed)."""
+    """Parent t's residual after rejecting its live children of ranks < R: (a, beta, S_R (q's mass left),
+    removed tokens [KP] (-1 padded, in removal order), their values [KP]), one step of the recursion (_step)
+    from the state after ranks < R - 1 that launch R - 1 stored (st / rm [R - 1, t]) and rank R - 1's row
+    sums. R = 0, or no live child: the start (a = 1, beta = 0, S_0 = q's mass, nothing removed)."""
     slot = tl.arange(0, KP)
     lv = tl.load(live_ptr + t * K + slot, mask=slot < K, other=0) != 0  # [KP]
     any_live = tl.reduce(lv.to(tl.int32), 0, tl.standard._elementwise_max) > 0
@@ -180,7 +134,7 @@ def _carried(t, R, tok_ptr, kids_ptr, live_ptr, prow, qrow, ps_ptr, pm_ptr, st_p
     start = tl.reduce(_partials(ps_ptr + t * S, T * S, S, (slot == 0) & any_live & (r == 0), KP, SB), 0,
                       tl.standard._sum_combine)  # S_0 (pS[0] is written where any_live)
     left = tl.where(back, tl.load(st_ptr + row + 2, mask=back, other=0.0), start)
-    backs = (tl.zeros([KP], tl.int32) + back.to(tl.int32)) > 0  # [KP] (a 0-d mask broadcast trips the interpreter)
+    backs = (tl.full([KP], 0, tl.int32) + back.to(tl.int32)) > 0  # [KP] (a 0-d mask broadcast trips the interpreter)
     val = tl.load(st_ptr + row + 3 + slot, mask=backs, other=0.0)  # [KP]
     rem = tl.load(rm_ptr + (j * T + t) * KP + slot, mask=backs, other=-1)  # [KP]
     n = tl.reduce((rem >= 0).to(tl.int32), 0, tl.standard._sum_combine)
@@ -214,8 +168,8 @@ def _rank_kernel(R, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, rq_ptr, ps_ptr, p
                  p_stride, q_stride, K: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr, SB: tl.constexpr,
                  USE_GDC: tl.constexpr = False):
     """Program (t, c), where parent t's child of rank R is live: pM[R, t, c] and pS[R + 1, t, c] (the module
-    docstring); program c = 0 also writes that child's r_at (rq[0]) and q_at (rq[1]), and, for every parent with a
-    live child, stores its state before rank R (_carried) for launch R + 1."""
+    docstring); program c = 0 also writes that child's r_at (rq[0]) and q_at (rq[1]), and, for every parent
+    with a live child, stores its state before rank R (_carried) for launch R + 1."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     t = tl.program_id(0).to(tl.int64)
@@ -267,8 +221,8 @@ def _rank_kernel(R, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, rq_ptr, ps_ptr, p
 def _final_kernel(best_ptr, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, ps_ptr, pm_ptr, st_ptr, rm_ptr, out_ptr, V, T,
                   S, p_stride, q_stride, K: tl.constexpr, KP: tl.constexpr, SB: tl.constexpr, BLOCK: tl.constexpr,
                   USE_GDC: tl.constexpr = False):
-    """Program j: out[j*BLOCK : (j+1)*BLOCK] = node best's final residual (the state after all K ranks: one step
-    from what the last rank launch stored)."""
+    """Program j: out[j*BLOCK : (j+1)*BLOCK] = node best's final residual (the state after all K ranks: one
+    step from what the last rank launch stored)."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     b = tl.load(best_ptr).to(tl.int64)
@@ -289,19 +243,11 @@ def _final_kernel(best_ptr, tok_ptr, kids_ptr, live_ptr, p_ptr, q_ptr, ps_ptr, p
 _JITTED = ("_partials", "_step", "_carried", "_left_kernel", "_rank_kernel", "_final_kernel")
 
 
-@functools.cache
 def _load() -> None:
-    """Import triton and jit the kernels above (as target/kernels._load); the rank R is not specialised on (one
-    compiled _rank_kernel for every rank)."""
+    """Jit the kernels above (eaglespec.kernels.jit also puts triton, tl and the shared helpers here); the
+    rank R is not specialised on (one compiled _rank_kernel for every rank)."""
     global triton, tl, _dependents, _wait
-    K._load()
-    import triton
-    import triton.language as tl
-
-    _dependents, _wait = K._dependents, K._wait  # the PDL helpers (target/kernels.pdl)
-    g = globals()
-    for name in _JITTED:
-        g[name] = triton.jit(g[name], do_not_specialize=["R"] if name == "_rank_kernel" else None)
+    jit(globals(), _JITTED, do_not_specialize={"_rank_kernel": ["R"]})
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -310,17 +256,17 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 def _sums(s: int, kp: int) -> int:
     """_partials' step over S: a [KP, SB] tile of at most _SUMS partial sums."""
-    return min(max(16, K._pow2(s)), max(16, _SUMS // kp))
+    return min(max(16, pow2(s)), max(16, _SUMS // kp))
 
 
 # -- the launchers -----------------------------------------------------------------------------------------
 def sibling_tests(tokens: torch.Tensor, kids: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
                   live: torch.Tensor, chunk: int | None = None, num_warps: int = _WARPS
                   ) -> tuple[torch.Tensor, torch.Tensor, Residuals]:
-    """verify.sibling_tests in K + 1 launches: tokens [T] long, kids [T, K] long (sibling_table), target_probs /
-    draft_probs [T, V] (any float dtype, rows contiguous; read only), live [T, K] bool (a live child has kid > 0)
-    -> (r_at [T] fp32, q_at [T] fp32: 0 at non-live nodes and node 0, the Residuals final_residual reads).
-    chunk: elements of a row per program (a power of 2, at most the row's; default _CHUNK)."""
+    """verify.sibling_tests in K + 1 launches: tokens [T] long, kids [T, K] long (sibling_table), target_probs
+    / draft_probs [T, V] (any float dtype, rows contiguous; read only), live [T, K] bool (a live child has kid
+    > 0) -> (r_at [T] fp32, q_at [T] fp32: 0 at non-live nodes and node 0, the Residuals final_residual
+    reads). chunk: elements of a row per program (a power of 2, at most the row's; default _CHUNK)."""
     _load()
     t, k = kids.shape
     v = target_probs.shape[1]
@@ -329,8 +275,8 @@ def sibling_tests(tokens: torch.Tensor, kids: torch.Tensor, target_probs: torch.
                          f"{tuple(draft_probs.shape)} (at most {MAX_K} ranks, rows of {MAX_VOCAB})")
     p, q = _rows(target_probs), _rows(draft_probs)
     dev = p.device
-    kp = max(2, K._pow2(k))
-    ck = min(K._pow2(chunk or _CHUNK), max(16, K._pow2(v)))
+    kp = max(2, pow2(k))
+    ck = min(pow2(chunk or _CHUNK), max(16, pow2(v)))
     s = triton.cdiv(v, ck)
     rq = torch.zeros(2, t, dtype=torch.float32, device=dev)  # [r_at; q_at]
     state = Residuals(tokens.contiguous(), kids.contiguous(), live.contiguous().view(torch.uint8),
@@ -338,29 +284,30 @@ def sibling_tests(tokens: torch.Tensor, kids: torch.Tensor, target_probs: torch.
                       torch.empty(k, t, s, dtype=torch.float32, device=dev),
                       torch.empty(k, t, 3 + kp, dtype=torch.float32, device=dev),
                       torch.empty(k, t, kp, dtype=torch.long, device=dev))
-    g = K.pdl(p)
+    g = pdl(p)
     _left_kernel[(t, s)](state.live, q, state.left, v, s, q.stride(0), K=k, KP=kp, CHUNK=ck, num_warps=num_warps,
-                         **K.pdl_kwargs(g))
+                         **pdl_kwargs(g))
     for i in range(k):
         _rank_kernel[(t, s)](i, state.tokens, state.kids, state.live, p, q, rq, state.left, state.mass, state.states,
                              state.removed, v, t, s, p.stride(0), q.stride(0), K=k, KP=kp, CHUNK=ck, SB=_sums(s, kp),
-                             num_warps=num_warps, **K.pdl_kwargs(g))
+                             num_warps=num_warps, **pdl_kwargs(g))
     return rq[0], rq[1], state
 
 
 def final_residual(target_probs: torch.Tensor, draft_probs: torch.Tensor, state: Residuals, best: torch.Tensor,
                    block: int = _FINAL_BLOCK) -> torch.Tensor:
-    """The bonus distribution where the walk ends at node best [1] long (read on the device): verify.sibling_tests'
-    third output row best, normalised as it is (p itself at a node with no live child). -> [1, V] fp32."""
+    """The bonus distribution where the walk ends at node best [1] long (read on the device):
+    verify.sibling_tests' third output row best, normalised as it is (p itself at a node with no live child).
+    -> [1, V] fp32."""
     _load()
     p, q = _rows(target_probs), _rows(draft_probs)
     t, v = p.shape
     k, s = state.kids.shape[1], state.left.shape[2]
-    kp = max(2, K._pow2(k))
+    kp = max(2, pow2(k))
     out = torch.empty(1, v, dtype=torch.float32, device=p.device)
-    blk = min(block, max(16, K._pow2(v)))
-    g = K.pdl(p)
+    blk = min(block, max(16, pow2(v)))
+    g = pdl(p)
     _final_kernel[(triton.cdiv(v, blk),)](best, state.tokens, state.kids, state.live, p, q, state.left, state.mass,
                                           state.states, state.removed, out, v, t, s, p.stride(0), q.stride(0),
-                                          K=k, KP=kp, SB=_sums(s, kp), BLOCK=blk, num_warps=4, **K.pdl_kwargs(g))
+                                          K=k, KP=kp, SB=_sums(s, kp), BLOCK=blk, num_warps=4, **pdl_kwargs(g))
     return out

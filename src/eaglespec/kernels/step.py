@@ -1,134 +1,48 @@
-"""Triton kernels for the fast target's step (FastTarget(fused_kernels=True); make_target and the drafter's fused
-step (draft/fused.py) use them on CUDA unless EAGLESPEC_FUSED_KERNELS=0): fewer kernels per decoder layer, the
-same values as the torch code they replace.
+"""Triton kernels of a decoder layer's step (backends/fast.py's FastTarget(fused_kernels=True) and
+draft/fused.py's steps with kernels=True): each does in one launch what the torch code does in several, with
+its rounding.
 
-    rms_norm_weight   HF LlamaRMSNorm in one kernel (F.rms_norm + the weight product: 2 kernels)
-    rope_qk_kv_write  rope of q and k, q written in the grouped layout [B, G, Hkv, D] the attention reads (fast.py's
-                      _grouped_queries), k and v written into the KV cache at slots base..base+B-1 in one kernel
-                      (_rope's 2 kernels + 2 index_copy_ + the copy of q into that layout)
-    silu_mul          silu(gate) * up in one kernel (2 kernels)
-    eagle3_input      the EAGLE-3 drafter's layer input (draft/fused.py): embedding gather (+ cast), both
-                      RMSNorms and the concatenation in one kernel (4 kernels, 5 with the cast)
-    block_mask        a step's [B, span] attention mask (every committed slot below `base`, then the [B, B] block
-                      of the pending rows) in one kernel (fast._step's 7 ops; draft/tree_graph.DeviceTreeRows' too).
-                      Written in session 16, timed in session 17 with tree_kernels.ancestry (on by default since;
-                      EAGLESPEC_NEW_KERNELS=0 turns both off)
+    rms_norm_weight   HF's LlamaRMSNorm: round(round(x * rsqrt(mean(x^2) + eps)) * w), statistics in fp32
+    rope_qk_kv_write  rope of q and k from the rope table, q written in the grouped layout [B, G, Hkv, D] the
+                      attention reads, k and v written into the KV cache at slots base..base+B-1
+    silu_mul          round(round(silu(gate)) * up)
+    eagle3_input      the EAGLE-3 drafter's layer input: the embedding rows (cast to the state's dtype), both
+                      RMSNorms and the concatenation
+    block_mask        a step's [B, span] attention mask: every committed slot below `base`, then the [B, B]
+                      block of the pending rows
 
-so a layer of a step launches 7 fewer kernels (11 -> 4 for these parts), and the step 3 fewer outside the layers
-(the final norm, the slots and the rope-table gather): 213 per step of SmolLM2-135M (30 layers). Each kernel
-rounds where the torch code rounds: the arithmetic is fp32 and every intermediate the torch code stores in the
-model's dtype is rounded to that dtype (round to nearest even) in place, by _round below. bf16 is rounded with
-integer bit operations, not a cast, because Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) stores bf16
-as uint16, truncates fp32 -> bf16 casts and cannot do bf16 arithmetic at all; with every value pre-rounded, the
-final cast to bf16 for the store is exact in both. NaN payloads are not preserved (a NaN may round to inf); the
-model never feeds one. Launches pass enable_fp_fusion=False: torch's unfused products and sums, no FMA
-contraction.
-
-What cannot be bitwise on a GPU: a reduction's order (the RMSNorm's sum of squares) and rsqrt's last bit
-differ from torch's own kernel, so fp32 RMSNorm outputs may differ by an ulp; elementwise parts (rope, the KV
-write, silu with libdevice's expf and an IEEE division, the products) reproduce torch's CUDA arithmetic.
-Each kernel has a plain-torch reference beside it (*_ref): the code of fast.py it replaces.
-
-Triton is imported lazily (the first kernel call), and the kernels are jitted then: the interpreter mode is
-fixed by TRITON_INTERPRET at that moment. `available(device)` says whether they can run.
+Elementwise parts (rope, the KV write, silu with libdevice's expf and an IEEE division, the products)
+reproduce torch's CUDA arithmetic bitwise: every value the torch code stores in the model's dtype is rounded
+to it (eaglespec.kernels' `_round`) and launches pass enable_fp_fusion=False (no FMA contraction). A
+reduction's order and rsqrt's last bit differ from torch's own kernels, so an RMSNorm may differ by an ulp.
+Under the interpreter silu takes numpy's exp (no libdevice there). Each kernel's `*_ref` is the torch code it
+replaces.
 """
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 import torch.nn.functional as F
 
-from eaglespec.errors import env_switch
-
-FUSED_KERNELS_ENV = "EAGLESPEC_FUSED_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
-NEW_KERNELS_ENV = "EAGLESPEC_NEW_KERNELS"  # "0": not block_mask and tree_kernels.ancestry; unset or "1": them too
-PDL_ENV = "EAGLESPEC_PDL"  # "0": no programmatic dependent launch; unset or "1": where the GPU has it (pdl())
+from eaglespec.kernels import interpreted, jit, pdl, pdl_kwargs, pow2
 
 
-def new_wanted() -> bool:
-    """Session 16's kernels (block_mask here, tree_kernels.ancestry) where the other kernels run, unless
-    $EAGLESPEC_NEW_KERNELS=0 (the A/B switch). Timed on an H200 in session 17 (bench/RESULTS.md): a dynamic 7/10/60
-    round on MT-bench 40 2566 / 2599 -> 2675 / 2666 tok/s on two GPUs (+3-4%), plain decoding within noise."""
-    return env_switch(NEW_KERNELS_ENV, "on") is not False
-
-
-def wanted(device: torch.device | str) -> bool:
-    """Whether a fast step on `device` should use these kernels: EAGLESPEC_FUSED_KERNELS=1 (they must be
-    available), =0 (never), unset or empty: on a CUDA device where triton imports. Measured on an H200 (bf16,
-    SmolLM2-135M, bench/RESULTS.md session 6): a 1-row target step 1.49 -> 1.10 ms, 498 -> 315 kernels."""
-    env = env_switch(FUSED_KERNELS_ENV, "on where available on CUDA")
-    if env is None:
-        return torch.device(device).type == "cuda" and available(device)
-    return env
-
-
-def available(device: torch.device | str) -> bool:
-    """Triton imports, and `device` is CUDA or TRITON_INTERPRET=1 is set (the interpreter: any device)."""
-    if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-@functools.cache
-def _hopper_or_later(index: int) -> bool:
-    """Compute capability >= 9 (griddepcontrol), and a Triton that has PDL (gdc_wait and launch_pdl: 3.4 on)."""
-    try:
-        from triton.language.extra import cuda
-    except ImportError:
-        return False
-    return hasattr(cuda, "gdc_wait") and torch.cuda.get_device_capability(index)[0] >= 9
-
-
-def pdl(t: torch.Tensor) -> bool:
-    """Launch a kernel on t's device with programmatic dependent launch (PDL, Hopper's griddepcontrol)? Yes when t
-    is on a CUDA device of compute capability 9 or more with a Triton that has PDL, not under the interpreter,
-    unless $EAGLESPEC_PDL=0. The launchers pass it through pdl_kwargs() as both USE_GDC (the kernel lets the next
-    kernel launch at its start and waits in _wait() for the kernels before it) and launch_pdl (this launch may begin
-    before the previous kernel ends). Every kernel that takes USE_GDC obeys one rule: before _wait() it reads only what no kernel of the graph writes (weights, constant
-    tables) and writes nothing; so PDL changes no value (bench/ab.py's "same tokens": 1.00 on MT-bench 20).
-    Measured on an H200 (session 19, bench/RESULTS.md): in a CUDA graph of 200 dependent kernels
-    (bench/pdl_check.py) a one-row RMSNorm 1.01 -> 0.68 us per kernel, a one-row 576 x 576 GEMM 3.30 -> 2.02 us
-    with its weights loaded before the wait; in one process (bench/ab.py, MT-bench 20) plain decoding 1052 -> 1033
-    tok/s with PDL alone (the cuBLAS GEMMs between the kernels launch as before) and 1240 with PDL and the skinny
-    GEMM (target/skinny.py, on with PDL by default)."""
-    if env_switch(PDL_ENV, "on where the GPU has it") is False or not t.is_cuda or _interpreted():
-        return False
-    return _hopper_or_later(t.device.index if t.device.index is not None else torch.cuda.current_device())
-
-
-def pdl_kwargs(on: bool) -> dict[str, bool]:
-    """A launch's PDL keywords: USE_GDC and launch_pdl when `on` (pdl()), none otherwise (the kernels' USE_GDC
-    defaults to False, and a Triton without PDL refuses the launch_pdl keyword even when it is False)."""
-    return {"USE_GDC": True, "launch_pdl": True} if on else {}
-
-
-# -- plain-torch references (the code of fast.py each kernel replaces) ---------------------------------------
+# -- plain-torch references (the code of backends/fast.py each kernel replaces) ---------------------------
 def rms_norm_weight_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """fast._rms: weight * F.rms_norm(x) (normalised in fp32, cast back, scaled in x's dtype)."""
+    """weight * F.rms_norm(x): normalised in fp32, cast back, scaled in x's dtype."""
     return w * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 def rope_qk_kv_write_ref(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
                          base: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-    """fast._step's rope and KV write: returns q [B, G, Hkv, D] contiguous, q[t, r, j] = rotated HF head j*G + r
-    of token t (the grouped layout: fast._grouped_queries); writes k and v into the caches at base + 0..B-1."""
-    from eaglespec.backends.fast import _rope
-
-    b, hk, d = v.shape[0], v.shape[1], v.shape[2]
+    """The rope and KV write in torch: returns q [B, G, Hkv, D] contiguous, q[t, r, j] = rotated HF head j*G +
+    r of token t; writes k and v into the caches at base + 0..B-1. The rope with table [S, 2, 2, D/2]
+    (backends/fast.py's _rope_table): output half i = x_1 * table[i, 0] + x_2 * table[i, 1], HF's x * cos +
+    rotate_half(x) * sin."""
+    b, hk, d = v.shape
     hq = qk.shape[1] - hk
-    heads = qk.new_empty(hq + hk, b, d)
-    _rope(qk.transpose(0, 1), table[positions][None], out=heads)  # [Hq + Hkv, B, D]
+    pairs = qk.transpose(0, 1).unflatten(-1, (1, 2, d // 2)) * table[positions]  # [Hq + Hkv, B, 2, 2, D/2]
+    heads = pairs.sum(dim=-2).flatten(-2)  # [Hq + Hkv, B, D]
     slots = base + torch.arange(b, device=qk.device)
     k_cache.index_copy_(1, slots, heads[hq:])
     v_cache.index_copy_(1, slots, v.transpose(0, 1))
@@ -142,9 +56,8 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def block_mask_ref(visible: torch.Tensor, base: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """A step's mask (fast._step, draft/tree_graph.DeviceTreeRows): visible [B, B] bool (B >= 1), base [] long, cols
-    [span] = 0..span-1 -> [B, span] bool: slot x is seen by row r when x < base (committed) or x - base < B and
-    visible[r, x - base] (the pending block)."""
+    """visible [B, B] bool (B >= 1), base [] long, cols [span] = 0..span-1 -> [B, span] bool: slot x is seen
+    by row r when x < base (committed) or x - base < B and visible[r, x - base] (the pending block)."""
     b = visible.shape[0]
     rel = cols - base  # [span]: slot index relative to the first pending slot
     return (visible[:, rel.clamp(0, b - 1)] & (rel < b)) | (rel < 0)
@@ -152,43 +65,14 @@ def block_mask_ref(visible: torch.Tensor, base: torch.Tensor, cols: torch.Tensor
 
 def eagle3_input_ref(tokens: torch.Tensor, embed_w: torch.Tensor, state: torch.Tensor, in_norm: torch.Tensor,
                      hidden_norm: torch.Tensor, eps: float) -> torch.Tensor:
-    """draft/fused.py's layer input: cat([in_norm * rms(embed(tokens)), hidden_norm * rms(state)], -1) [B, 2H],
-    the embedding rows cast to state's dtype first (Eagle3Drafter.embed's cast of the target's embedding)."""
+    """cat([in_norm * rms(embed(tokens)), hidden_norm * rms(state)], -1) [B, 2H], the embedding rows cast to
+    state's dtype first (Eagle3Drafter.embed's cast of the target's embedding)."""
     e = F.embedding(tokens, embed_w).to(state.dtype)
     return torch.cat([rms_norm_weight_ref(e, in_norm, eps), rms_norm_weight_ref(state, hidden_norm, eps)], dim=-1)
 
 
 # -- the Triton kernels (plain functions here; _load() jits them on first use) --------------------------------
 # Annotations are not evaluated (from __future__ import annotations): this module imports without triton.
-def _round(x, dtype: tl.constexpr):
-    """fp32 x -> the fp32 value of x rounded to dtype (nearest even)."""
-    if dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
-    elif dtype == tl.float16:
-        return x.to(tl.float16).to(tl.float32)
-    else:
-        return x
-
-
-def _add(a, b):
-    return a + b
-
-
-def _dependents(USE_GDC: tl.constexpr):
-    """PDL (pdl()): the next kernel may launch now; it waits in its own _wait() for this one to finish."""
-    if USE_GDC:
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-def _wait(USE_GDC: tl.constexpr):
-    """PDL (pdl()): wait until the kernels before this one have finished and their writes show. Before it a kernel
-    reads only what no kernel of the graph writes, and stores nothing."""
-    if USE_GDC:
-        tl.extra.cuda.gdc_wait()
-
-
 def _rms_norm_weight_kernel(x_ptr, w_ptr, out_ptr, x_row_stride, eps, N: tl.constexpr, BLOCK: tl.constexpr,
                             USE_GDC: tl.constexpr = False):
     """One program per row: out = round(round(x * rsqrt(mean(x^2) + eps)) * w), statistics in fp32."""
@@ -205,15 +89,15 @@ def _rms_norm_weight_kernel(x_ptr, w_ptr, out_ptr, x_row_stride, eps, N: tl.cons
 
 def _rms_weight(x, w, eps, N: tl.constexpr, dtype: tl.constexpr):
     """fp32 row x (zeros past N), weight w -> round(round(x * rsqrt(mean(x^2) + eps)) * w) as fp32 values."""
-    mean_sq = tl.reduce(x * x, 0, _add) / N  # tl.sum's reduction (not tl.sum: see _load)
+    mean_sq = tl.reduce(x * x, 0, _add) / N
     y = _round(x * tl.math.rsqrt(mean_sq + eps), dtype)  # F.rms_norm's output, in x's dtype
     return _round(y * w, dtype)
 
 
 def _eagle3_input_kernel(tok_ptr, emb_ptr, state_ptr, in_w_ptr, hid_w_ptr, out_ptr, tok_stride, emb_row_stride,
                          state_row_stride, eps, N: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """Program (row, half): half 0 -> out[row, :N] = in_norm-RMSNorm of the embedding row tokens[row] (rounded to
-    out's dtype first: the cast), half 1 -> out[row, N:] = hidden_norm-RMSNorm of state[row]."""
+    """Program (row, half): half 0 -> out[row, :N] = in_norm-RMSNorm of the embedding row tokens[row] (rounded
+    to out's dtype first: the cast), half 1 -> out[row, N:] = hidden_norm-RMSNorm of state[row]."""
     dtype = out_ptr.dtype.element_ty
     _dependents(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
@@ -238,9 +122,8 @@ def _rope_kv_kernel(qk_ptr, v_ptr, table_ptr, pos_ptr, base_ptr, q_ptr, kc_ptr, 
                     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
                     USE_GDC: tl.constexpr = False):
     """Program (t, h): head h of token t. h < HQ: rotated q -> q[t, h % G, h // G] (q [B, G, Hkv, D]: HF head
-    j*G + r at [t, r, j]); h < HQ + HKV: rotated k -> k cache [h - HQ, base + t]; else v -> v cache
-    [h - HQ - HKV, base + t]. Rope as _rope: output half i = round(round(x_1 * table[i, 0]) + round(x_2 *
-    table[i, 1]))."""
+    j*G + r at [t, r, j]); h < HQ + HKV: rotated k -> k cache [h - HQ, base + t]; else v -> v cache [h - HQ -
+    HKV, base + t]. Rope: output half i = round(round(x_1 * table[i, 0]) + round(x_2 * table[i, 1]))."""
     dtype = q_ptr.dtype.element_ty
     _dependents(USE_GDC)
     _wait(USE_GDC)  # positions and base are written by the round before this step: nothing to read before it
@@ -304,28 +187,14 @@ def _block_mask_kernel(vis_ptr, base_ptr, out_ptr, B, X, XB: tl.constexpr, USE_G
     tl.store(out_ptr + r * X + x, ((rel < 0) | (block & (v != 0))).to(tl.uint8), mask=x < X)
 
 
-_JITTED = ("_round", "_add", "_dependents", "_wait", "_rms_weight", "_rms_norm_weight_kernel", "_eagle3_input_kernel", "_rope_kv_kernel",
+_JITTED = ("_rms_weight", "_rms_norm_weight_kernel", "_eagle3_input_kernel", "_rope_kv_kernel",
            "_silu_mul_kernel", "_block_mask_kernel")
 
 
-@functools.cache
 def _load() -> None:
-    """Import triton and jit the kernels above (replacing the plain functions in this module's namespace, where
-    the kernels look each other up). The kernels call triton's builtins only, none of its own jitted library
-    functions (tl.sum, tl.cdiv, ...): those are jitted when triton is first imported, in the mode TRITON_INTERPRET
-    said then, and a compiled-mode one cannot run in the interpreter (torch._dynamo imports triton early)."""
-    global triton, tl, libdevice
-    import triton
-    import triton.language as tl
-    from triton.language.extra import libdevice
-
-    g = globals()
-    for name in _JITTED:
-        g[name] = triton.jit(g[name])
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
+    """Jit the kernels above (eaglespec.kernels.jit also puts triton, tl and the shared helpers here)."""
+    global triton, tl, libdevice, _add, _round, _dependents, _wait
+    jit(globals(), _JITTED)
 
 
 # -- the launchers -----------------------------------------------------------------------------------------
@@ -338,15 +207,16 @@ def rms_norm_weight(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tenso
         x2 = x2.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     g = pdl(x)
-    _rms_norm_weight_kernel[(x2.shape[0],)](x2, w, out, x2.stride(0), eps, N=n, BLOCK=_pow2(n), **pdl_kwargs(g), enable_fp_fusion=False)
+    _rms_norm_weight_kernel[(x2.shape[0],)](x2, w, out, x2.stride(0), eps, N=n, BLOCK=pow2(n), **pdl_kwargs(g),
+                                            enable_fp_fusion=False)
     return out
 
 
 def eagle3_input(tokens: torch.Tensor, embed_w: torch.Tensor, state: torch.Tensor, in_norm: torch.Tensor,
                  hidden_norm: torch.Tensor, eps: float) -> torch.Tensor:
-    """eagle3_input_ref in one kernel: tokens [B] long (in range: not checked), embed_w [V, H] (any float dtype,
-    last dim contiguous), state [B, H], in_norm / hidden_norm [H] contiguous -> x [B, 2H] in state's dtype,
-    x[:, :H] the normalised embeddings, x[:, H:] the normalised state."""
+    """eagle3_input_ref in one kernel: tokens [B] long (in range: not checked), embed_w [V, H] (any float
+    dtype, last dim contiguous), state [B, H], in_norm / hidden_norm [H] contiguous -> x [B, 2H] in state's
+    dtype, x[:, :H] the normalised embeddings, x[:, H:] the normalised state."""
     _load()
     b, n = state.shape
     if embed_w.dim() != 2 or embed_w.shape[1] != n or embed_w.stride(1) != 1:
@@ -360,17 +230,17 @@ def eagle3_input(tokens: torch.Tensor, embed_w: torch.Tensor, state: torch.Tenso
     out = torch.empty(b, 2 * n, dtype=state.dtype, device=state.device)
     g = pdl(state)
     _eagle3_input_kernel[(b, 2)](tokens, embed_w, state, in_norm, hidden_norm, out, tokens.stride(0),
-                                 embed_w.stride(0), state.stride(0), eps, N=n, BLOCK=_pow2(n), **pdl_kwargs(g), enable_fp_fusion=False)
+                                 embed_w.stride(0), state.stride(0), eps, N=n, BLOCK=pow2(n), **pdl_kwargs(g),
+                                 enable_fp_fusion=False)
     return out
 
 
 def rope_qk_kv_write(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
                      base: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
     """rope_qk_kv_write_ref in one kernel. qk [B, Hq + Hkv, D] and v [B, Hkv, D] (any strides but a contiguous
-    last dim: views of the qkv projection), table [S, 2, 2, D/2] contiguous (fast._rope_table), positions [B]
-    long, base [] long, k_cache / v_cache [Hkv, S', D] (last dim contiguous) -> q [B, G, Hkv, D] contiguous,
-    rotated, HF head j*G + r of token t at q[t, r, j] (the layout fast._grouped_queries views as the attention's
-    query rows); rotated k and v written into the caches at slots base + 0..B-1."""
+    last dim: views of the qkv projection), table [S, 2, 2, D/2] contiguous, positions [B] long, base [] long,
+    k_cache / v_cache [Hkv, S', D] (last dim contiguous) -> q [B, G, Hkv, D] contiguous, rotated, HF head j*G
+    + r of token t at q[t, r, j]; rotated k and v written into the caches at slots base + 0..B-1."""
     _load()
     b, hqk, d = qk.shape
     hk = v.shape[1]
@@ -386,7 +256,7 @@ def rope_qk_kv_write(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor, pos
     _rope_kv_kernel[(b, hqk + hk)](qk, v, table, positions, base, q, k_cache, v_cache,
                                    qk.stride(0), qk.stride(1), v.stride(0), v.stride(1),
                                    k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-                                   HQ=hq, HKV=hk, G=hq // hk, HALF=d // 2, BLOCK=_pow2(d // 2),
+                                   HQ=hq, HKV=hk, G=hq // hk, HALF=d // 2, BLOCK=pow2(d // 2),
                                    **pdl_kwargs(g), enable_fp_fusion=False)
     return q
 
@@ -398,21 +268,21 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if gate_up.stride(-1) != 1:
         gate_up = gate_up.contiguous()
     out = torch.empty(rows, n, dtype=gate_up.dtype, device=gate_up.device)
-    block = min(1024, _pow2(n))
+    block = min(1024, pow2(n))
     g = pdl(gate_up)
-    _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, gate_up.stride(0), n,
-                                                    PRECISE_EXP=not _interpreted(), BLOCK=block, **pdl_kwargs(g), enable_fp_fusion=False)
+    _silu_mul_kernel[(rows, -(-n // block))](gate_up, out, gate_up.stride(0), n, PRECISE_EXP=not interpreted(),
+                                             BLOCK=block, **pdl_kwargs(g), enable_fp_fusion=False)
     return out
 
 
 def block_mask(visible: torch.Tensor, base: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """block_mask_ref in one kernel: visible [B, B] bool, base [] long, cols [span] (only its length is read; base + B
-    <= span) -> [B, span] bool."""
+    """block_mask_ref in one kernel: visible [B, B] bool, base [] long, cols [span] (only its length is read;
+    base + B <= span) -> [B, span] bool."""
     _load()
     b, span = visible.shape[0], cols.shape[0]
     out = torch.empty(b, span, dtype=torch.bool, device=visible.device)
-    xb = min(1024, _pow2(span))
+    xb = min(1024, pow2(span))
     g = pdl(visible)
-    _block_mask_kernel[(b, triton.cdiv(span, xb))](visible.contiguous().view(torch.uint8), base.reshape(1),
-                                                  out.view(torch.uint8), b, span, XB=xb, **pdl_kwargs(g))
+    _block_mask_kernel[(b, -(-span // xb))](visible.contiguous().view(torch.uint8), base.reshape(1),
+                                            out.view(torch.uint8), b, span, XB=xb, **pdl_kwargs(g))
     return out

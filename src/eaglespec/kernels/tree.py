@@ -1,128 +1,52 @@
-"""Triton kernels for a tree's bookkeeping (Proposer._dynamic / _static, tree._grow, tree.select_nodes,
-tree._select) and a greedy round's acceptance (round_graph.py): fewer, cheaper kernels per depth inside the
-whole-tree CUDA graph (draft/tree_graph.py) and the round graph.
+"""Triton kernels for a draft tree's growth (draft/proposer.py, tree/core.py) and a round's acceptance
+(engine/round_graph.py): fewer, cheaper kernels per depth inside the whole-tree and round CUDA graphs.
 
-Why: a profiled dynamic 7/10/60 round on the H200 (bench/RESULTS.md, session 13) is 672 kernels in ~2.6 ms, each
-costing ~3.8 us (run + gap) whatever its size; per depth the children of the newest nodes took a softmax, two
-torch.topk stages (gatherTopK + bitonic sort each: ~12 us of device time per topk), a chunk-offset add and a gather,
-the log value a clamp and a log, and the next expansion's pick a stable radix sort. Here:
+    children(logits [n, Vd], k) -> (conf [n, k] fp32, tok [n, k] long, log conf [n, k] fp32) in TWO kernels:
+        per chunk of _CHUNK logits (one program each) the softmax's max and sum and k rounds of argmax (ties
+        to the lower id), then per row the merge of the chunks' sorted lists: conf = exp(x - max) / sum, log
+        conf = log(max(conf, floor)) (+ the parent's value); with `out`, written straight into a dynamic
+        tree's preallocated candidates (tree.core.CandidateBuffers), their parents too
+    race_children(q [n, V], E, k) -> the same for a sampled tree: q's top-k values (a dynamic tree values its
+        i-th draw by q's i-th largest) and the k draws without replacement, the exponential race's top-k of
+        q / E, in draw order
+    rank_top(v [M], k, desc) -> (values [k], indices [k] long): the first k of a stable sort of v, by ranks:
+        rank(i) = #{j: v_j before v_i}, written at rank (rank_top_ids: + an offset)
+    expand_rows(...) -> an expansion's inputs: the expanded nodes' states (their parents' drafter outputs),
+        target ids (through d2t) and mask rows (their parents' OR-ed in)
+    select_tree(...) -> the final tree from the chosen candidates (tree.core's assembly: tokens through d2t,
+        parent nodes by a searchsorted, depths, log values, the closure flag) and, given the candidates'
+        confidences, the growth's input checks: a greedy dynamic tree's [4] flags
+    ancestry(parents, depth) -> a dynamic tree's [T, T] visibility (a row sees itself and its ancestors), each
+        row walking up at most `depth` parents
+    argmax_keys(logits [T, V]) -> the target's argmax as per-chunk keys [T, S] (value, then the lower id),
+        which accept_path merges
+    accept_path(...) -> a greedy round's acceptance: the deepest row whose root path matches the target's
+        argmax, the bonus, the path's length and the rows' order (path first)
+    sampled_accept_path(...) -> a sampled round's walk (verify.sampled_path: the first accepted child under
+        each node, from the sibling tests' values and the coins), the path's length and order
 
-    children(logits [n, Vd], k)  -> (conf [n, k] fp32, tok [n, k] long, log conf [n, k] fp32): TWO kernels: per
-                                    chunk of 256 logits (one program each) the softmax's max and sum and k
-                                    rounds of argmax (ties to the lower id), then per row the merge (k steps over
-                                    the chunks' sorted lists): conf = exp(x - max) / sum, log conf =
-                                    log(max(conf, 1e-12)); with `out`, written
-                                    straight into a dynamic tree's preallocated candidates (tree.CandidateBuffers),
-                                    their parents too: the growth joins no layers
-    race_children(q [n, V], E, k) -> (conf [n, k], tok [n, k], log conf [n, k]): a SAMPLED tree's children in TWO
-                                    kernels (as children): q's top-k values (a dynamic tree values its i-th draw
-                                    by q's i-th largest) and the k draws without replacement, the exponential
-                                    race's top-k of q / E (E: the growth's Exp(1) noise rows), in draw order, in
-                                    place of two chunked torch.topk and a division
-    rank_top(v [M], k, desc)     -> (values [k], indices [k] long): ONE kernel, the first k of a stable sort of v
-                                    (descending: ties to the lower index, as sort(descending=True, stable=True);
-                                    ascending likewise), by ranks: rank(i) = #{j: v_j before v_i}, written at rank
-    select_tree(...)             -> the final tree from the chosen candidates in ONE kernel (tree._select: their
-                                    tokens through d2t, parent nodes by a searchsorted, depths, log values and the
-                                    closure flag), in place of ~20 gathers, cats and compares; given the candidates'
-                                    confidences, also the growth's input checks (tree._child_flags: 7 ops and a
-                                    stack before), so a greedy dynamic tree's [4] flags are its output
-    accept_path(...)             -> a greedy round's acceptance in ONE kernel (round_graph.RoundGraph.body): the
-                                    deepest matching row, the bonus, the path length and the rows' order (path
-                                    first), in place of ~18 kernels, among them a radix-sorting argsort
-    argmax_keys(logits [T, V])   -> the target's argmax as per-chunk keys [T, S] in ONE kernel, which accept_path
-                                    merges (session 32: torch's argmax, 13.1 us a round on the H200, -> 3.6 us
-                                    plus 0.9 in accept_path)
-    sampled_accept_path(...)     -> a sampled round's walk in ONE kernel (session 21): verify.sampled_path (the
-                                    first accepted child under each node, ~6 kernels per sibling rank) and the
-                                    path's length and order, from sibling_tests' values and the coins
-    expand_rows(...)             -> an expansion's inputs in ONE kernel: the expanded nodes' states (gathered from
-                                    their parents' drafter outputs), target ids (through d2t) and mask rows (their
-                                    parents' OR-ed in), in place of a division, two gathers, the d2t gather, an
-                                    index_select and an OR
-    ancestry(parents, depth)     -> a dynamic tree's [T, T] visibility (tree.ancestry: a row sees itself and its
-                                    ancestors) in ONE kernel, each row walking up at most `depth` parents, in place
-                                    of the squarings' ~11 kernels (the compares, the cast, 3 matmuls and clamps);
-                                    session 16, timed in session 17; EAGLESPEC_NEW_KERNELS=0 turns it off
-
-Values: children's conf is the softmax's within fp32 rounding (another summation order and exp), not bitwise; the
-order of exactly tied logits is by lower id (torch.topk's tie order is unspecified). Drafts are proposals checked
-by the target: this can move which token is proposed at a near-tie, never what is emitted. Every path that must
-build the same tree (the eager proposer, the whole-tree graph) calls the same function on the same device.
-rank_top is exact (comparisons only).
-
-select_tree and accept_path (session 13's last two) were written and tested under the interpreter after that
-session's GPU time ran out; session 14 turned them on with the others and timed them (bench/RESULTS.md).
-EAGLESPEC_TREE_KERNELS_UNTIMED=0 turns just these two off (the A/B switch).
-
-Used where `wanted(device)`: EAGLESPEC_TREE_KERNELS=1 (triton must be importable; on CPU also TRITON_INTERPRET=1),
-=0 never, unset: on CUDA where triton imports. Rows wider than MAX_VOCAB, or more than MAX_K children, take the
-torch path. Kernels call triton builtins only (target/kernels.py's _load says why).
-
-Sampled drafting (session 15): race_children's values are exact (comparisons, and q / E by IEEE division as
-torch's); its log values are tl.log's (a last-bit difference from torch's can move a near-tie in the selection, as
-for children). With it a sampled dynamic tree takes expand_rows and select_tree too (the growth is the same; only
-the children differ): sampled dynamic 7/10/60 at T=1 +19% on the H200 (RESULTS.md, session 15).
-
-Measured on the H200 (bench/RESULTS.md, session 13; SmolLM2 + the shipped drafter, MT-bench 40, T=0, off -> on in
-one lease): at b27757d (children, rank_top, expand_rows) dynamic 7/10/60 1640 -> 1892 tok/s and static 1766 -> 1898,
-a round 672 -> 560 kernels. The first children kernel (59e909f: one program per row) took ~21 us per depth, hence
-the chunked two kernels (~7 us). Session 14, select_tree and accept_path on vs off in one lease (MT-bench 40): the same
-tau, static 2182 -> 2287 tok/s, dynamic 7/20/120 unchanged within noise; a 7/20/120 round 560 -> 519 kernels with
-the attention kernel. Session 32 (bench/RESULTS.md): the merges over sorted chunk lists in one warp, chunks of
-256, argmax_keys (each not slower in bench/ab.py; together ~1% within the turns' noise); a kernel doing a depth's
-merge, rank and expansion in one launch (2 fewer a depth) did the three kernels' work in the same time and, with
-PDL, made rounds 21 us busier (0.983x): removed.
-
-PDL (target/kernels.pdl: on sm90+ GPUs unless EAGLESPEC_PDL=0): every kernel here takes USE_GDC, which its launcher
-passes with launch_pdl (kernels.pdl_kwargs); the kernel lets the next one launch first thing, then waits (_wait) for
-the kernels before it before any load or store: all of its inputs are written by earlier kernels of the graph,
-nothing to prefetch.
+Values: children's conf is the softmax's within fp32 rounding (another summation order and exp), not bitwise,
+and its log values are tl.log's; exactly tied logits go to the lower id (torch.topk's tie order is
+unspecified). Drafts are proposals the target checks: this can move which token is proposed at a near-tie,
+never what is emitted. Every path that must build the same tree (the eager proposer, the whole-tree graph)
+calls the same function on the same device. race_children's values and draws (q / E by IEEE division, as
+torch's), rank_top, select_tree, ancestry and the acceptance kernels are exact (comparisons, gathers and
+integer arithmetic). Rows wider than MAX_VOCAB, or more than MAX_K children, are the caller's to route to
+torch (`fits`).
 """
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 
-from eaglespec.errors import EagleSpecError, env_switch
-from eaglespec.kernels import step as K
+from eaglespec.kernels import jit, pdl, pdl_kwargs, pow2
 
-TREE_KERNELS_ENV = "EAGLESPEC_TREE_KERNELS"  # "1" on, "0" off, unset or "": on where available on CUDA
-UNTIMED_ENV = "EAGLESPEC_TREE_KERNELS_UNTIMED"  # "0": not select_tree / accept_path (unset or "1": with the others)
-WALK_ENV = "EAGLESPEC_SAMPLED_WALK_KERNEL"  # "0": not sampled_accept_path (unset or "1": with the others)
-ARGMAX_ENV = "EAGLESPEC_ARGMAX_KERNEL"  # "0": torch's argmax before accept_path (unset or "1": argmax_keys)
 MAX_VOCAB = 262144  # children(): the widest draft vocab (its merge holds a head per chunk: vocab / chunk per row)
 MAX_K = 32  # children(): the most children per row (the kernels unroll a loop per child)
 MAX_ROWS = 512  # accept_path(): the most tree rows (one program holds a [rows, rows] tile)
-_CHUNK = 256  # children() / race_children(): logits per program of their first kernel (1024 before session 32)
-CHUNK_ENV = "EAGLESPEC_TOPK_CHUNK"  # a power of two in 64..4096: _CHUNK for this process (the A/B switch)
+_CHUNK = 256  # children() / race_children(): logits per program of their first kernel
 _RANK_TILE = 64  # rank_top: at most this many rows per program, and columns per step
 _ARGMAX_CHUNK = 2048  # argmax_keys: logits per program
-
-
-def wanted(device: torch.device | str, untimed: bool = False, new: bool = False, walk: bool = False,
-           argmax: bool = False) -> bool:
-    """Whether the tree bookkeeping on `device` should use these kernels (see the module docstring). `untimed`:
-    select_tree or accept_path, also off where EAGLESPEC_TREE_KERNELS_UNTIMED=0; `new`: session 16's ancestry, also
-    off where EAGLESPEC_NEW_KERNELS=0 (target/kernels.new_wanted); `walk`: sampled_accept_path, also off where
-    EAGLESPEC_SAMPLED_WALK_KERNEL=0; `argmax`: argmax_keys, also off where EAGLESPEC_ARGMAX_KERNEL=0."""
-    if untimed and env_switch(UNTIMED_ENV, "on with the others") is False:
-        return False
-    if walk and env_switch(WALK_ENV, "on with the others") is False:
-        return False
-    if argmax and env_switch(ARGMAX_ENV, "on with the others") is False:
-        return False
-    if new and not K.new_wanted():
-        return False
-    env = env_switch(TREE_KERNELS_ENV, "on where available on CUDA")
-    if env is None:
-        return torch.device(device).type == "cuda" and K.available(device)
-    if env and not K.available(device):
-        raise ValueError(f"{TREE_KERNELS_ENV}=1 needs triton and a CUDA device (or TRITON_INTERPRET=1)")
-    return env
 
 
 def fits(vocab: int, k: int) -> bool:
@@ -134,10 +58,11 @@ def fits(vocab: int, k: int) -> bool:
 def children_ref(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None,
                  out: tuple[torch.Tensor, ...] | None = None, parent: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """softmax(logits) in fp32, its top-k (values sorted descending, ids), and log(max(values, floor)), plus base
-    [n] fp32 per row when given (a dynamic tree's children valued on their parents' values). `out`: (conf, tok,
-    log conf, parents) [n, k] to write (and return the first three of): a dynamic tree's candidate rows
-    (tree.CandidateBuffers.layer), parents = `parent` [n] (the rows' candidate ids) per row, or -1 without one."""
+    """softmax(logits) in fp32, its top-k (values sorted descending, ids), and log(max(values, floor)), plus
+    base [n] fp32 per row when given (a dynamic tree's children valued on their parents' values). `out`:
+    (conf, tok, log conf, parents) [n, k] to write (and return the first three of): a dynamic tree's candidate
+    rows (tree.core.CandidateBuffers.layer), parents = `parent` [n] (the rows' candidate ids) per row, or -1
+    without one."""
     conf, tok = torch.softmax(logits, dim=-1, dtype=torch.float32).topk(k, dim=-1)
     res = conf, tok, _plus(base, conf.clamp(min=floor).log())
     if out is None:
@@ -155,10 +80,9 @@ def _plus(base: torch.Tensor | None, logc: torch.Tensor) -> torch.Tensor:
 
 def race_children_ref(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A sampled tree's children (Proposer._dynamic / _static under sampling): q [n, V] (the processed draft
-    distribution), noise [n, V] Exp(1) -> (q's top-k values [n, k] fp32 descending, the k draws without replacement
-    [n, k] long: the exponential race's top-k of q / noise, in draw order, log(max(values, floor)) [n, k], plus base
-    [n] per row when given)."""
+    """A sampled tree's children: q [n, V] (the processed draft distribution), noise [n, V] Exp(1) -> (q's
+    top-k values [n, k] fp32 descending, the k draws without replacement [n, k] long: the exponential race's
+    top-k of q / noise, in draw order, log(max(values, floor)) [n, k], plus base [n] per row when given)."""
     conf = q.float().topk(k, dim=-1).values
     return conf, (q.float() / noise).topk(k, dim=-1).indices, _plus(base, conf.clamp(min=floor).log())
 
@@ -170,14 +94,15 @@ def rank_top_ref(v: torch.Tensor, k: int, descending: bool = True) -> tuple[torc
 
 
 def rank_top_ids_ref(v: torch.Tensor, k: int, offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """rank_top_ref (descending) and the indices plus `offset` [k] (a dynamic tree's expanded candidate ids)."""
+    """rank_top_ref (descending) and the indices plus `offset` [k] (a dynamic tree's expanded candidate
+    ids)."""
     vals, idx = rank_top_ref(v, k)
     return vals, idx, idx + offset
 
 
 def expand_rows_ref(local: torch.Tensor, k: int, prev: torch.Tensor, newest: torch.Tensor, table: torch.Tensor | None,
                     mask: torch.Tensor, r0: int, p0: int, inherit: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Proposer._dynamic's inputs of an expansion: the expanded nodes' states (their parents' drafter outputs)
+    """A dynamic tree's inputs of an expansion: the expanded nodes' states (their parents' drafter outputs)
     and target ids, and (inherit) their mask rows OR-ed with their parents' (MaskRows.inherit)."""
     slot = local // k if inherit else torch.zeros_like(local)  # [n] parent row in prev
     if inherit:
@@ -190,12 +115,12 @@ def select_tree_ref(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Ten
                     depths: torch.Tensor, logv: torch.Tensor, table: torch.Tensor | None,
                     conf: torch.Tensor | None = None, max_mass: float = 1.0
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """tree._select's assembly: root [1], chosen [B] candidate ids ascending, the candidates' parents / tokens /
-    depths / log values [M] -> (ids [3, B+1] long: the tree's tokens (target ids through `table`; the root's as
-    given), parent nodes (-1 at the root) and depths; logq [B+1] fp32; flags [4] bool: tree._child_flags of `conf`
-    (the candidates' confidences by parent, [R, C]: not finite or outside [0, 1], a duplicate token (never checked:
-    False), a row's sum above `max_mass`; all False without conf), then not closed: a chosen node's parent is
-    neither the root (-1) nor chosen)."""
+    """tree.core's assembly of the selected tree: root [1], chosen [B] candidate ids ascending, the
+    candidates' parents / tokens / depths / log values [M] -> (ids [3, B+1] long: the tree's tokens (target
+    ids through `table`; the root's as given), parent nodes (-1 at the root) and depths; logq [B+1] fp32;
+    flags [4] bool: the checks of tree.core._child_flags on `conf` (the candidates' confidences by parent, [R,
+    C]: not finite or outside [0, 1], a duplicate token (never checked: False), a row's sum above `max_mass`;
+    all False without conf), then not closed: a chosen node's parent is neither the root (-1) nor chosen)."""
     parent_ids = parents[chosen]
     nodes = torch.searchsorted(chosen, parent_ids, right=True)  # [B]: chosen[j] is node j + 1, the root node 0
     not_closed = (torch.cat([chosen.new_full((1,), -1), chosen])[nodes] != parent_ids).any()
@@ -212,64 +137,17 @@ def select_tree_ref(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Ten
     return ids, torch.cat([logv.new_zeros(1), logv[chosen]]).float(), torch.stack([*checks, not_closed])
 
 
-def accept_path_ref(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, visible: torch.Tensor,
-                    target_next: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """round_graph's greedy acceptance (verify.matching_path_end, then the path's rows): tree tokens / parents /
-    depths [T], ancestry visible [T, T] bool, the target's argmax at every row [T] -> (best [1]: the deepest row
-    whose root path matches, the bonus [1] after it, m []: the path's rows, order [min(T, p)]: the path's rows in
-    depth order, then the other rows in order)."""
-    from eaglespec.tree.core import FlatTree
-    from eaglespec.verify import matching_path_end, path_first
-
-    best, bonus = matching_path_end(FlatTree(tokens=tokens, depths=depths, parents=parents, visible=visible),
-                                    target_next)
-    on_path = visible.index_select(0, best)[0]  # [T]
-    return best, bonus, on_path.sum(), path_first(on_path)[:p]
-
-
 def key_argmax_ref(keys: torch.Tensor) -> torch.Tensor:
     """argmax_keys' keys [T, S] -> the rows' argmax ids [T] long (the id held by each row's largest key)."""
     return 0x7FFFFFFF - (keys.max(dim=-1).values & 0x7FFFFFFF)
 
 
-def sampled_accept_path_ref(parents: torch.Tensor, kids: torch.Tensor, live: torch.Tensor, r_at: torch.Tensor,
-                            q_at: torch.Tensor, coins: torch.Tensor, visible: torch.Tensor, depths: torch.Tensor,
-                            p: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """round_graph's sampled acceptance walk (verify.sampled_path, then the path's rows): parents / depths [T] long,
-    kids [T, K] long and live [T, K] bool (sibling_tests'), the tests' r_at / q_at and the coins [T] fp32, visible
-    [T, T] bool -> (best [1]: the deepest node of the accepted path, m []: the path's rows, order [min(T, p)]: the
-    path's rows in depth order, then the other rows in order). `parents` is unused here (the kernel finds each
-    node's siblings through it)."""
-    from eaglespec.verify import path_first, sampled_path
-
-    best = sampled_path(visible, depths, kids, r_at, q_at, coins, live)
-    on_path = visible.index_select(0, best)[0]  # [T]
-    return best, on_path.sum(), path_first(on_path)[:p]
-
-
 # -- the Triton kernels (plain functions here; _load() jits them on first use) --------------------------------
-def ancestry_ref(parents: torch.Tensor, depth: int) -> torch.Tensor:
-    """tree.ancestry(parents, check=False, max_depth=depth): [T, T] bool, row i = i and its ancestors."""
-    from eaglespec.tree.core import ancestry as squarings
-
-    return squarings(parents, check=False, max_depth=depth)
-
-
-def _max(a, b):
-    return tl.maximum(a, b)
-
-
-def _min(a, b):
-    return tl.minimum(a, b)
-
-
-def _add(a, b):
-    return a + b
-
-
+# Annotations are not evaluated (from __future__ import annotations): this module imports without triton.
 def _key(x, cols):
-    """fp32 x [B] and ids [B] -> int64 keys ordered as (x, then the lower id): the float's bits made monotone as a
-    signed int32 (negative floats: the magnitude bits flipped) in the high word, 2^31 - 1 - id in the low."""
+    """fp32 x [B] and ids [B] -> int64 keys ordered as (x, then the lower id): the float's bits made monotone
+    as a signed int32 (negative floats: the magnitude bits flipped) in the high word, 2^31 - 1 - id in the
+    low."""
     bits = x.to(tl.int32, bitcast=True)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
     return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - cols).to(tl.int64)
@@ -296,9 +174,9 @@ def _store_top_keys(key, out_ptr, K: tl.constexpr):
 
 
 def _heads(key_ptr, row, S, K: tl.constexpr, SP: tl.constexpr):
-    """The merge's start over a row's S sorted chunk lists (each chunk's K keys, from _store_top_keys): at [SP] (each
-    list's first key's address), pos [SP] (their next positions: 0), head [SP] (their first keys; padding past S:
-    int64 min), valid [SP] (a list is there) -> _pop_head's state."""
+    """The merge's start over a row's S sorted chunk lists (each chunk's K keys, from _store_top_keys): at
+    [SP] (each list's first key's address), pos [SP] (their next positions: 0), head [SP] (their first keys;
+    padding past S: int64 min), valid [SP] (a list is there) -> _pop_head's state."""
     s = tl.arange(0, SP)
     at = key_ptr + (row * S + s) * K
     valid = s < S
@@ -307,10 +185,10 @@ def _heads(key_ptr, row, S, K: tl.constexpr, SP: tl.constexpr):
 
 
 def _pop_head(head, at, pos, valid, K: tl.constexpr):
-    """One step of merging sorted key lists (each chunk's K keys, descending, from _store_top_keys): heads [SP] (the
-    lists' next keys), at [SP] (the lists' first key's address), pos [SP] (their next positions), valid [SP] (a list
-    is there) -> (the largest head, the heads and positions with its list advanced). Keys are distinct (they hold
-    the id); when only padding is left every list 'advances' and stays padding."""
+    """One step of merging sorted key lists (each chunk's K keys, descending, from _store_top_keys): heads
+    [SP] (the lists' next keys), at [SP] (the lists' first key's address), pos [SP] (their next positions),
+    valid [SP] (a list is there) -> (the largest head, the heads and positions with its list advanced). Keys
+    are distinct (they hold the id); when only padding is left every list 'advances' and stays padding."""
     best = tl.reduce(head, 0, _max)
     take = (head == best) & valid
     pos += take.to(tl.int32)
@@ -319,7 +197,8 @@ def _pop_head(head, at, pos, valid, K: tl.constexpr):
 
 
 def _chunk_cols(V, CHUNK: tl.constexpr):
-    """A chunk kernel's program (row, s): its row (int64), chunk s, columns s*CHUNK + [0, CHUNK) and which are < V."""
+    """A chunk kernel's program (row, s): its row (int64), chunk s, columns s*CHUNK + [0, CHUNK) and which are
+    < V."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     cols = s * CHUNK + tl.arange(0, CHUNK)
@@ -328,8 +207,8 @@ def _chunk_cols(V, CHUNK: tl.constexpr):
 
 def _chunk_top_kernel(x_ptr, key_ptr, stat_ptr, x_row_stride, V, S, K: tl.constexpr, CHUNK: tl.constexpr,
                       USE_GDC: tl.constexpr = False):
-    """Program (row, s) over x[row, s*CHUNK : (s+1)*CHUNK]: its max and sum(exp(x - max)) -> stat[row, s, 0:2], and
-    the keys of its K largest (by value, then lower id; padding: int64 min) -> key[row, s, :K]."""
+    """Program (row, s) over x[row, s*CHUNK : (s+1)*CHUNK]: its max and sum(exp(x - max)) -> stat[row, s,
+    0:2], and the keys of its K largest (by value, then lower id; padding: int64 min) -> key[row, s, :K]."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     row, s, cols, inside = _chunk_cols(V, CHUNK)
@@ -343,8 +222,8 @@ def _chunk_top_kernel(x_ptr, key_ptr, stat_ptr, x_row_stride, V, S, K: tl.conste
 
 
 def _argmax_chunk_kernel(x_ptr, key_ptr, x_row_stride, V, S, CHUNK: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """Program (row, s) over x[row, s*CHUNK : (s+1)*CHUNK] -> key[row, s]: the key of its largest (by value, then
-    the lower id; a NaN as torch.argmax takes it: above everything; padding int64 min)."""
+    """Program (row, s) over x[row, s*CHUNK : (s+1)*CHUNK] -> key[row, s]: the key of its largest (by value,
+    then the lower id; a NaN as torch.argmax takes it: above everything; padding int64 min)."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     row, s, cols, inside = _chunk_cols(V, CHUNK)
@@ -357,12 +236,11 @@ def _argmax_chunk_kernel(x_ptr, key_ptr, x_row_stride, V, S, CHUNK: tl.constexpr
 def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, par_ptr, parent_ptr, S, floor,
                       K: tl.constexpr, KB: tl.constexpr, SP: tl.constexpr, BASE: tl.constexpr,
                       PARENTS: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """Program row: the softmax statistics of its S chunks combined, then the K largest of its chunk keys -> conf =
-    exp(x - max) / sum, the id, log(max(conf, floor)) (BASE: plus base[row]); PARENTS 1: par[row, :] = -1, 2:
-    par[row, :] = parent[row] (0: nothing); KB = K rounded up to a power of 2. Each chunk's K keys are sorted
-    (descending): the row's j-th largest is the largest of the chunks' heads, so K steps over S heads, not over all
-    S*K keys (H200, PDL off, a 7/10/60 round's 7 calls: 24.2 us over all keys in session 31; over heads in one warp
-    19.8 us at chunks of 1024, 23.4 us at 256 in session 32)."""
+    """Program row: the softmax statistics of its S chunks combined, then the K largest of its chunk keys ->
+    conf = exp(x - max) / sum, the id, log(max(conf, floor)) (BASE: plus base[row]); PARENTS 1: par[row, :] =
+    -1, 2: par[row, :] = parent[row] (0: nothing); KB = K rounded up to a power of 2. Each chunk's K keys are
+    sorted (descending): the row's j-th largest is the largest of the chunks' heads, so K steps over S heads,
+    not over all S*K keys."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
@@ -392,8 +270,9 @@ def _merge_top_kernel(key_ptr, stat_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, 
 
 def _race_chunk_kernel(q_ptr, e_ptr, vkey_ptr, rkey_ptr, q_row_stride, e_row_stride, V, S, K: tl.constexpr,
                        CHUNK: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """Program (row, s) over q[row, s*CHUNK : (s+1)*CHUNK]: the keys of its K largest q -> vkey[row, s, :K], and of
-    its K largest q / e (IEEE division, as torch's) -> rkey[row, s, :K] (by value, then lower id; padding: int64 min)."""
+    """Program (row, s) over q[row, s*CHUNK : (s+1)*CHUNK]: the keys of its K largest q -> vkey[row, s, :K],
+    and of its K largest q / e (IEEE division, as torch's) -> rkey[row, s, :K] (by value, then lower id;
+    padding: int64 min)."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     row, s, cols, inside = _chunk_cols(V, CHUNK)
@@ -406,8 +285,9 @@ def _race_chunk_kernel(q_ptr, e_ptr, vkey_ptr, rkey_ptr, q_row_stride, e_row_str
 
 def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr, S, floor, K: tl.constexpr,
                        SP: tl.constexpr, BASE: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """Program row: the K largest of its chunk keys of each kind (merged over the chunks' sorted lists, _pop_head) ->
-    conf = the value, log(max(conf, floor)) (BASE: plus base[row]); tok = the race's ids, in order."""
+    """Program row: the K largest of its chunk keys of each kind (merged over the chunks' sorted lists,
+    _pop_head) -> conf = the value, log(max(conf, floor)) (BASE: plus base[row]); tok = the race's ids, in
+    order."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
@@ -426,8 +306,8 @@ def _race_merge_kernel(vkey_ptr, rkey_ptr, conf_ptr, tok_ptr, logc_ptr, base_ptr
 
 def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, ids_ptr, M, K, offset, DESC: tl.constexpr, IDS: tl.constexpr,
                      TILE: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """Program p ranks v[p*TILE : (p+1)*TILE] against all of v; rank < K is written at its rank (IDS: also the index
-    plus offset)."""
+    """Program p ranks v[p*TILE : (p+1)*TILE] against all of v; rank < K is written at its rank (IDS: also the
+    index plus offset)."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     i = tl.program_id(0) * TILE + tl.arange(0, TILE)
@@ -454,8 +334,9 @@ def _rank_top_kernel(v_ptr, vals_ptr, idx_ptr, ids_ptr, M, K, offset, DESC: tl.c
 def _expand_rows_kernel(local_ptr, prev_ptr, newest_ptr, table_ptr, states_ptr, tokens_ptr, mask_ptr, prev_stride,
                         mask_stride, k, r0, p0, H, X, INHERIT: tl.constexpr, MAP: tl.constexpr, HB: tl.constexpr,
                         XB: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """Program i: expanded node local[i] -> states[i] = prev[its parent slot], tokens[i] = (table of) newest[local[i]],
-    and (INHERIT) mask row r0 + i |= mask row p0 + slot (a parent's row precedes its children's: no overlap)."""
+    """Program i: expanded node local[i] -> states[i] = prev[its parent slot], tokens[i] = (table of)
+    newest[local[i]], and (INHERIT) mask row r0 + i |= mask row p0 + slot (a parent's row precedes its
+    children's: no overlap)."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     i = tl.program_id(0)
@@ -482,10 +363,10 @@ def _select_tree_kernel(root_ptr, chosen_ptr, parents_ptr, tokens_ptr, depths_pt
                         ids_ptr, logq_ptr, flag_ptr, B, R, C, max_mass, MAP: tl.constexpr, CONF: tl.constexpr,
                         BB: tl.constexpr, RB: tl.constexpr, CB: tl.constexpr, USE_GDC: tl.constexpr = False):
     """One program: node 1 + j is candidate chosen[j]; its parent node = #{i: chosen[i] <= its parent id} (a
-    searchsorted over the ascending ids), and the selection is closed iff every parent id is -1 or chosen. CONF:
-    the checks of the confidences conf [R, C] (RB rows at a time) -> flag[0] (one not >= 0 and <= 1: NaN compares
-    false) and flag[2] (a row's sum above max_mass: a NaN sum compares false, as torch's); flag[1] (a duplicate
-    token) is never checked."""
+    searchsorted over the ascending ids), and the selection is closed iff every parent id is -1 or chosen.
+    CONF: the checks of the confidences conf [R, C] (RB rows at a time) -> flag[0] (one not >= 0 and <= 1: NaN
+    compares false) and flag[2] (a row's sum above max_mass: a NaN sum compares false, as torch's); flag[1] (a
+    duplicate token) is never checked."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     bad = tl.full([RB], 0, tl.int32)
@@ -527,8 +408,8 @@ def _select_tree_kernel(root_ptr, chosen_ptr, parents_ptr, tokens_ptr, depths_pt
 
 def _ancestry_kernel(par_ptr, vis_ptr, T, DEPTH: tl.constexpr, RB: tl.constexpr, TB: tl.constexpr,
                      USE_GDC: tl.constexpr = False):
-    """Rows RB * program .. of the [T, T] visibility: each row sets its own column, then walks up DEPTH parents
-    (a parent of -1 ends the walk: masked loads keep it at -1) and sets each one's column."""
+    """Rows RB * program .. of the [T, T] visibility: each row sets its own column, then walks up DEPTH
+    parents (a parent of -1 ends the walk: masked loads keep it at -1) and sets each one's column."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     rows = tl.program_id(0) * RB + tl.arange(0, RB)
@@ -543,8 +424,9 @@ def _ancestry_kernel(par_ptr, vis_ptr, T, DEPTH: tl.constexpr, RB: tl.constexpr,
 
 
 def _store_path(ok, dep, i, inside, vis_ptr, best_ptr, m_ptr, order_ptr, T, P, TB: tl.constexpr):
-    """The two acceptance kernels' end: best = the first deepest ok row (stored, and returned); its ancestry row is
-    the path, whose length m is stored and whose rows go first in `order` (in row order), then the others."""
+    """The two acceptance kernels' end: best = the first deepest ok row (stored, and returned); its ancestry
+    row is the path, whose length m is stored and whose rows go first in `order` (in row order), then the
+    others."""
     score = tl.where(ok, dep, -1)
     top = tl.reduce(score, 0, _max)
     best = tl.reduce(tl.where(inside & (score == top), i, TB), 0, _min)
@@ -572,9 +454,9 @@ def _next_ids(next_ptr, rows, inside, S, KEYS: tl.constexpr, SB: tl.constexpr):
 def _accept_path_kernel(tok_ptr, par_ptr, dep_ptr, vis_ptr, next_ptr, best_ptr, bonus_ptr, m_ptr, order_ptr, T, P, S,
                         TB: tl.constexpr, KEYS: tl.constexpr, SB: tl.constexpr, USE_GDC: tl.constexpr = False):
     """One program over the T tree rows: a row is ok when every visible row matches (its token is the target's
-    argmax at its parent row, or it is the root); best = the first deepest ok row; its ancestry row is the path,
-    whose rows go first in `order` (in row order), then the others (in row order). The argmax: next [T], or (KEYS)
-    from argmax_keys' keys [T, S]."""
+    argmax at its parent row, or it is the root); best = the first deepest ok row; its ancestry row is the
+    path, whose rows go first in `order` (in row order), then the others (in row order). The argmax: next [T],
+    or (KEYS) from argmax_keys' keys [T, S]."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     i = tl.arange(0, TB)
@@ -596,10 +478,10 @@ def _accept_path_kernel(tok_ptr, par_ptr, dep_ptr, vis_ptr, next_ptr, best_ptr, 
 def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_ptr, vis_ptr, dep_ptr, best_ptr,
                                 m_ptr, order_ptr, T, K, P, TB: tl.constexpr, KB: tl.constexpr,
                                 USE_GDC: tl.constexpr = False):
-    """One program over the T tree rows: node c passes its test when coin_c * q_c < r_c, and is its parent's first
-    accepted child when it passes, takes part (live) and no sibling of a lower rank (its place in the parent's
-    kids row) takes part and passes; a row is ok when every visible row is such a child (or the root); then best,
-    the path's length and the rows' order as _accept_path_kernel's."""
+    """One program over the T tree rows: node c passes its test when coin_c * q_c < r_c, and is its parent's
+    first accepted child when it passes, takes part (live) and no sibling of a lower rank (its place in the
+    parent's kids row) takes part and passes; a row is ok when every visible row is such a child (or the
+    root); then best, the path's length and the rows' order as _accept_path_kernel's."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     i = tl.arange(0, TB)
@@ -627,35 +509,27 @@ def _sampled_accept_path_kernel(par_ptr, kids_ptr, live_ptr, r_ptr, q_ptr, coin_
                 TB)
 
 
-_JITTED = ("_max", "_min", "_add", "_key", "_key_value", "_key_id", "_store_top_keys", "_heads", "_pop_head",
-           "_chunk_cols", "_chunk_top_kernel", "_argmax_chunk_kernel", "_merge_top_kernel", "_race_chunk_kernel",
+_JITTED = ("_key", "_key_value", "_key_id", "_store_top_keys", "_heads", "_pop_head", "_chunk_cols",
+           "_chunk_top_kernel", "_argmax_chunk_kernel", "_merge_top_kernel", "_race_chunk_kernel",
            "_race_merge_kernel", "_rank_top_kernel", "_expand_rows_kernel", "_select_tree_kernel", "_store_path",
            "_next_ids", "_accept_path_kernel", "_sampled_accept_path_kernel", "_ancestry_kernel")
 
 
-@functools.cache
 def _load() -> None:
-    """Import triton and jit the kernels above (as target/kernels._load)."""
-    global triton, tl, _dependents, _wait
-    K._load()
-    import triton
-    import triton.language as tl
-
-    _dependents, _wait = K._dependents, K._wait  # the PDL helpers (target/kernels.pdl)
-    g = globals()
-    for name in _JITTED:
-        g[name] = triton.jit(g[name])
+    """Jit the kernels above (eaglespec.kernels.jit also puts triton, tl and the shared helpers here)."""
+    global triton, tl, _add, _max, _min, _dependents, _wait
+    jit(globals(), _JITTED)
 
 
 # -- the launchers -----------------------------------------------------------------------------------------
 def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None,
              out: tuple[torch.Tensor, ...] | None = None, parent: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """children_ref in two kernels: logits [n, V] (V <= MAX_VOCAB, k <= V) -> conf [n, k] fp32 descending,
-    tok [n, k] long, log conf [n, k] fp32. The first kernel takes each row in chunks of _CHUNK, one program each
-    (its softmax statistics and top-k keys), the second merges a row's chunks (one program per row). `out` (conf,
-    tok, log conf, parents: contiguous [n, k] views of a dynamic tree's preallocated candidates) is written by the
-    merge, the parents column too (`parent` [n] long, or -1): the growth joins no layers."""
+    """children_ref in two kernels: logits [n, V] (V <= MAX_VOCAB, k <= V) -> conf [n, k] fp32 descending, tok
+    [n, k] long, log conf [n, k] fp32. The first kernel takes each row in chunks of _CHUNK, one program each
+    (its softmax statistics and top-k keys), the second merges a row's chunks (one program per row). `out`
+    (conf, tok, log conf, parents: contiguous [n, k] views of a dynamic tree's preallocated candidates) is
+    written by the merge, the parents column too (`parent` [n] long, or -1): the growth joins no layers."""
     _load()
     n, v = logits.shape
     if not fits(v, k):
@@ -679,45 +553,36 @@ def children(logits: torch.Tensor, k: int, floor: float, base: torch.Tensor | No
                              "long, log conf fp32, parents long")
         conf, tok, logc, par = out
         parents = 1
-    g = K.pdl(logits)
+    g = pdl(logits)
     _chunk_top_kernel[(n, splits)](logits, keys, stats, logits.stride(0), v, splits, K=k, CHUNK=chunk,
-                                   num_warps=_chunk_warps(chunk), **K.pdl_kwargs(g))
+                                   num_warps=_chunk_warps(chunk), **pdl_kwargs(g))
     if parent is not None:
         if out is None or parent.shape != (n,) or parent.dtype != torch.long:
             raise ValueError(f"tree kernels: children's parent must be [{n}] long, with out")
         parent, parents = parent.contiguous(), 2
     _merge_top_kernel[(n,)](keys, stats, conf, tok, logc, _base(base, n, logc), par,
-                            parent if parent is not None else par, splits, floor, K=k, KB=K._pow2(k),
-                            SP=K._pow2(splits), BASE=base is not None, PARENTS=parents,
-                            num_warps=1, **K.pdl_kwargs(g))  # one warp: a head per chunk (47 at 12,000 ids)
+                            parent if parent is not None else par, splits, floor, K=k, KB=pow2(k),
+                            SP=pow2(splits), BASE=base is not None, PARENTS=parents,
+                            num_warps=1, **pdl_kwargs(g))  # one warp: a head per chunk (47 at 12,000 ids)
     return conf, tok, logc
 
 
 def _chunk_len(v: int) -> int:
-    """The top-k kernels' chunk for rows of v: _CHUNK, or $EAGLESPEC_TOPK_CHUNK (a power of two in 64..4096), at
-    most v rounded up to a power of two. 256 since session 32 (H200, bench/ab.py, MT-bench 80, 4 turns, against
-    1024: T=0 dynamic 7/10/60 1.003x, its round's chunk kernels 27.6 -> 20.9 us and merges 19.8 -> 23.4 us with PDL
-    off; T=1 static depth 3 1.012x; the same tokens; 512 0.995x)."""
-    env = os.environ.get(CHUNK_ENV, "").strip()
-    chunk = _CHUNK
-    if env:
-        if not env.isdigit() or int(env) not in {1 << i for i in range(6, 13)}:
-            raise EagleSpecError(f"{CHUNK_ENV}={env!r}: expected a power of two from 64 to 4096 (or unset: {_CHUNK})")
-        chunk = int(env)
-    return min(chunk, K._pow2(v))
+    """The top-k kernels' chunk for rows of v: _CHUNK, at most v rounded up to a power of two."""
+    return min(_CHUNK, pow2(v))
 
 
 def _chunk_warps(chunk: int) -> int:
-    """Warps for a chunk kernel's program: one per 256 logits, 1 to 4 (a chunk of 256 reduces within one warp, with
-    no barrier)."""
+    """Warps for a chunk kernel's program: one per 256 logits, 1 to 4 (a chunk of 256 reduces within one warp,
+    with no barrier)."""
     return max(1, min(4, chunk // 256))
 
 
 def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float, base: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """race_children_ref in two kernels (as children): q, noise [n, V] (V <= MAX_VOCAB, k <= V) -> conf [n, k] fp32
-    descending, tok [n, k] long, log conf [n, k] fp32. The values are exact (comparisons and torch's division);
-    among exactly tied keys the lower id wins (torch.topk's order there is unspecified)."""
+    """race_children_ref in two kernels (as children): q, noise [n, V] (V <= MAX_VOCAB, k <= V) -> conf [n, k]
+    fp32 descending, tok [n, k] long, log conf [n, k] fp32. The values are exact (comparisons and torch's
+    division); among exactly tied keys the lower id wins (torch.topk's order there is unspecified)."""
     _load()
     n, v = q.shape
     if not fits(v, k) or noise.shape != q.shape:
@@ -732,12 +597,12 @@ def race_children(q: torch.Tensor, noise: torch.Tensor, k: int, floor: float, ba
     conf = torch.empty(n, k, dtype=torch.float32, device=dev)
     tok = torch.empty(n, k, dtype=torch.long, device=dev)
     logc = torch.empty(n, k, dtype=torch.float32, device=dev)
-    g = K.pdl(q)
+    g = pdl(q)
     _race_chunk_kernel[(n, splits)](q, noise, vkeys, rkeys, q.stride(0), noise.stride(0), v, splits, K=k, CHUNK=chunk,
-                                    num_warps=_chunk_warps(chunk), **K.pdl_kwargs(g))
+                                    num_warps=_chunk_warps(chunk), **pdl_kwargs(g))
     _race_merge_kernel[(n,)](vkeys, rkeys, conf, tok, logc, _base(base, n, logc), splits, floor, K=k,
-                             SP=K._pow2(splits), BASE=base is not None, num_warps=1,
-                             **K.pdl_kwargs(g))  # one warp: a head per chunk
+                             SP=pow2(splits), BASE=base is not None, num_warps=1,
+                             **pdl_kwargs(g))  # one warp: a head per chunk
     return conf, tok, logc
 
 
@@ -752,7 +617,8 @@ def _base(base: torch.Tensor | None, n: int, like: torch.Tensor) -> torch.Tensor
 
 def _rank(v: torch.Tensor, k: int, descending: bool, offset: int | None
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The ranking kernel's launch: (values [k], indices [k], the indices plus offset [k], or None without one)."""
+    """The ranking kernel's launch: (values [k], indices [k], the indices plus offset [k], or None without
+    one)."""
     _load()
     m = v.numel()
     if v.dim() != 1 or not 0 < k <= m:
@@ -761,15 +627,16 @@ def _rank(v: torch.Tensor, k: int, descending: bool, offset: int | None
     vals = torch.empty(k, dtype=v.dtype, device=v.device)
     idx = torch.empty(k, dtype=torch.long, device=v.device)
     ids = None if offset is None else torch.empty(k, dtype=torch.long, device=v.device)
-    tile = min(_RANK_TILE, max(16, K._pow2(m)))
-    g = K.pdl(v)
+    tile = min(_RANK_TILE, max(16, pow2(m)))
+    g = pdl(v)
     _rank_top_kernel[(triton.cdiv(m, tile),)](v, vals, idx, idx if ids is None else ids, m, k, offset or 0,
-                                              DESC=descending, IDS=ids is not None, TILE=tile, **K.pdl_kwargs(g))
+                                              DESC=descending, IDS=ids is not None, TILE=tile, **pdl_kwargs(g))
     return vals, idx, ids
 
 
 def rank_top(v: torch.Tensor, k: int, descending: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """rank_top_ref in one kernel: v [M] (any real dtype, contiguous), 0 < k <= M -> (values [k], indices [k])."""
+    """rank_top_ref in one kernel: v [M] (any real dtype, contiguous), 0 < k <= M -> (values [k], indices
+    [k])."""
     vals, idx, _ = _rank(v, k, descending, None)
     return vals, idx
 
@@ -783,8 +650,9 @@ def expand_rows(local: torch.Tensor, k: int, prev: torch.Tensor, newest: torch.T
                 mask: torch.Tensor, r0: int, p0: int, inherit: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """expand_rows_ref in one kernel: local [n] long (the expanded nodes' indices in the newest layer, whose
     parent is prev row local // k; row 0 when not `inherit`: the root's children), prev [m, H] (last dim
-    contiguous), newest [M] long (the newest layer's draft ids), table [Vd] long or None (draft -> target ids),
-    mask [R, X] bool (contiguous rows; written in place when `inherit`) -> (states [n, H], target ids [n])."""
+    contiguous), newest [M] long (the newest layer's draft ids), table [Vd] long or None (draft -> target
+    ids), mask [R, X] bool (contiguous rows; written in place when `inherit`) -> (states [n, H], target ids
+    [n])."""
     _load()
     n, h = local.shape[0], prev.shape[1]
     if prev.stride(-1) != 1 or mask.stride(-1) != 1 or mask.dtype != torch.bool:
@@ -792,11 +660,11 @@ def expand_rows(local: torch.Tensor, k: int, prev: torch.Tensor, newest: torch.T
     states = torch.empty(n, h, dtype=prev.dtype, device=prev.device)
     tokens = torch.empty(n, dtype=torch.long, device=prev.device)
     x = mask.shape[1]
-    g = K.pdl(prev)
+    g = pdl(prev)
     _expand_rows_kernel[(n,)](local, prev, newest, table if table is not None else newest, states, tokens,
                               mask.view(torch.uint8), prev.stride(0), mask.stride(0), k, r0, p0, h, x,
-                              INHERIT=inherit, MAP=table is not None, HB=K._pow2(h),
-                              XB=min(1024, K._pow2(x)), num_warps=4, **K.pdl_kwargs(g))
+                              INHERIT=inherit, MAP=table is not None, HB=pow2(h),
+                              XB=min(1024, pow2(x)), num_warps=4, **pdl_kwargs(g))
     return states, tokens
 
 
@@ -805,8 +673,9 @@ def select_tree(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Tensor,
                 conf: torch.Tensor | None = None, max_mass: float = 1.0
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """select_tree_ref in one kernel (root [1] long, chosen [B >= 1] long ascending, the candidate fields [M]
-    contiguous: parents / tokens / depths long, logv float; conf [R, C] float or None). The confidences' checks ride
-    along (a few hundred values in the one program) in place of tree._child_flags' ops and the flags' stack."""
+    contiguous: parents / tokens / depths long, logv float; conf [R, C] float or None). The confidences'
+    checks ride along (a few hundred values in the one program) in place of tree.core._child_flags' ops and
+    the flags' stack."""
     _load()
     b = chosen.numel()
     if b < 1 or root.numel() != 1 or (conf is not None and conf.dim() != 2):
@@ -817,36 +686,40 @@ def select_tree(root: torch.Tensor, chosen: torch.Tensor, parents: torch.Tensor,
     logq = torch.empty(b + 1, dtype=torch.float32, device=dev)
     flags = torch.empty(4, dtype=torch.bool, device=dev)
     r, c = conf.shape if conf is not None else (0, 0)
-    g = K.pdl(chosen)
+    g = pdl(chosen)
     _select_tree_kernel[(1,)](root, chosen, parents.contiguous(), tokens.contiguous(), depths.contiguous(),
                               logv.contiguous(), table if table is not None else tokens,
                               conf.contiguous() if conf is not None else logq, ids, logq, flags.view(torch.uint8), b,
-                              r, c, max_mass, MAP=table is not None, CONF=conf is not None, BB=max(16, K._pow2(b)),
-                              RB=16, CB=max(2, K._pow2(c)), num_warps=4, **K.pdl_kwargs(g))
+                              r, c, max_mass, MAP=table is not None, CONF=conf is not None, BB=max(16, pow2(b)),
+                              RB=16, CB=max(2, pow2(c)), num_warps=4, **pdl_kwargs(g))
     return ids, logq, flags
 
 
 def argmax_keys(logits: torch.Tensor) -> torch.Tensor:
-    """logits [T, V] -> keys [T, S] int64 (one kernel, a program per row and chunk of _ARGMAX_CHUNK): each chunk's
-    largest as a _key (value, then the lower id), for accept_path, which takes each row's largest key's id: the row's
-    torch.argmax (the first of tied maxima; a NaN above everything). key_argmax_ref reads them on the host side."""
+    """logits [T, V] -> keys [T, S] int64 (one kernel, a program per row and chunk of _ARGMAX_CHUNK): each
+    chunk's largest as a _key (value, then the lower id), for accept_path, which takes each row's largest
+    key's id: the row's torch.argmax (the first of tied maxima; a NaN above everything). key_argmax_ref reads
+    them on the host side."""
     _load()
     t, v = logits.shape
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
-    chunk = min(_ARGMAX_CHUNK, K._pow2(v))
+    chunk = min(_ARGMAX_CHUNK, pow2(v))
     splits = -(-v // chunk)
     keys = torch.empty(t, splits, dtype=torch.long, device=logits.device)
-    g = K.pdl(logits)
+    g = pdl(logits)
     _argmax_chunk_kernel[(t, splits)](logits, keys, logits.stride(0), v, splits, CHUNK=chunk, num_warps=4,
-                                      **K.pdl_kwargs(g))
+                                      **pdl_kwargs(g))
     return keys
 
 
 def accept_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, visible: torch.Tensor,
                 target_next: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """accept_path_ref in one kernel (tokens / parents / depths [T] long, visible [T, T] bool); target_next: the
-    target's argmax [T] long, or argmax_keys' keys [T, S] (the argmax merged here: no torch.argmax kernel)."""
+    """A greedy round's acceptance (verify.matching_path_end, then the path's rows) in one kernel: tree tokens
+    / parents / depths [T] long, ancestry visible [T, T] bool, target_next the target's argmax at every row
+    [T] long or argmax_keys' keys [T, S] (the argmax merged here) -> (best [1]: the deepest row whose root
+    path matches, the bonus [1] after it, m []: the path's rows, order [min(T, p)]: the path's rows in depth
+    order, then the other rows in order)."""
     _load()
     t = tokens.numel()
     if visible.shape != (t, t) or visible.dtype != torch.bool or not 0 < t <= MAX_ROWS:
@@ -861,19 +734,22 @@ def accept_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     bonus = torch.empty(1, dtype=torch.long, device=dev)
     m = torch.empty((), dtype=torch.long, device=dev)
     order = torch.empty(min(t, p), dtype=torch.long, device=dev)
-    g = K.pdl(tokens)
+    g = pdl(tokens)
     _accept_path_kernel[(1,)](tokens.contiguous(), parents.contiguous(), depths.contiguous(),
                               visible.contiguous().view(torch.uint8), target_next.contiguous(), best, bonus, m,
-                              order, t, min(t, p), splits, TB=max(16, K._pow2(t)), KEYS=target_next.dim() == 2,
-                              SB=K._pow2(splits), num_warps=8, **K.pdl_kwargs(g))
+                              order, t, min(t, p), splits, TB=max(16, pow2(t)), KEYS=target_next.dim() == 2,
+                              SB=pow2(splits), num_warps=8, **pdl_kwargs(g))
     return best, bonus, m, order
 
 
 def sampled_accept_path(parents: torch.Tensor, kids: torch.Tensor, live: torch.Tensor, r_at: torch.Tensor,
                         q_at: torch.Tensor, coins: torch.Tensor, visible: torch.Tensor, depths: torch.Tensor, p: int
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """sampled_accept_path_ref in one kernel (parents / depths [T] long, kids [T, K] long, live [T, K] bool, r_at /
-    q_at / coins [T] fp32, visible [T, T] bool)."""
+    """A sampled round's acceptance walk (verify.sampled_path, then the path's rows) in one kernel: parents /
+    depths [T] long, kids [T, K] long and live [T, K] bool (the sibling table and its live children), the
+    tests' r_at / q_at and the coins [T] fp32, visible [T, T] bool -> (best [1]: the deepest node of the
+    accepted path, m []: the path's rows, order [min(T, p)]: the path's rows in depth order, then the other
+    rows in order)."""
     _load()
     t, k = kids.shape
     if (visible.shape != (t, t) or visible.dtype != torch.bool or live.shape != (t, k) or live.dtype != torch.bool
@@ -886,24 +762,24 @@ def sampled_accept_path(parents: torch.Tensor, kids: torch.Tensor, live: torch.T
     m = torch.empty((), dtype=torch.long, device=dev)
     order = torch.empty(min(t, p), dtype=torch.long, device=dev)
     f32 = [x.contiguous() if x.dtype == torch.float32 else x.float() for x in (r_at, q_at, coins)]
-    g = K.pdl(kids)
+    g = pdl(kids)
     _sampled_accept_path_kernel[(1,)](parents.contiguous(), kids.contiguous(), live.contiguous().view(torch.uint8),
                                       *f32, visible.contiguous().view(torch.uint8), depths.contiguous(), best, m,
-                                      order, t, k, min(t, p), TB=max(16, K._pow2(t)), KB=max(2, K._pow2(k)),
-                                      num_warps=8, **K.pdl_kwargs(g))
+                                      order, t, k, min(t, p), TB=max(16, pow2(t)), KB=max(2, pow2(k)),
+                                      num_warps=8, **pdl_kwargs(g))
     return best, m, order
 
 
 def ancestry(parents: torch.Tensor, depth: int) -> torch.Tensor:
-    """ancestry_ref in one kernel: parents [T] long (parents[i] < i, -1 at the root; no node deeper than `depth`)
-    -> visible [T, T] bool."""
+    """tree.core.ancestry(parents, check=False, max_depth=depth) in one kernel: parents [T] long (parents[i] <
+    i, -1 at the root; no node deeper than `depth`) -> visible [T, T] bool, row i = i and its ancestors."""
     _load()
     t = parents.numel()
     if not 0 < t <= MAX_ROWS:
         raise ValueError(f"tree kernels: ancestry over {t} rows (at most {MAX_ROWS})")
     visible = torch.empty(t, t, dtype=torch.bool, device=parents.device)
     rb = 16
-    g = K.pdl(parents)
+    g = pdl(parents)
     _ancestry_kernel[(triton.cdiv(t, rb),)](parents.contiguous(), visible.view(torch.uint8), t, DEPTH=max(depth, 1),
-                                            RB=rb, TB=max(16, K._pow2(t)), **K.pdl_kwargs(g))
+                                            RB=rb, TB=max(16, pow2(t)), **pdl_kwargs(g))
     return visible

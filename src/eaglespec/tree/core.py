@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -202,8 +201,7 @@ def flatten(tree: DraftTree) -> FlatTree:
 # -- top-k of draft distributions ------------------------------------------------------------------
 
 TOPK_CHUNK = 512  # two-stage top-k: the least chunk length
-# device types that take the two-stage top-k (on CPU torch.topk is faster); EAGLESPEC_TOPK_SPLIT=0: none (to time it)
-TOPK_SPLIT_DEVICES = ("cuda",) if os.environ.get("EAGLESPEC_TOPK_SPLIT", "1").strip() != "0" else ()
+TOPK_SPLIT_DEVICES = ("cuda",)  # device types that take the two-stage top-k (on CPU torch.topk is faster)
 
 
 @functools.cache
@@ -417,12 +415,13 @@ def _top(values: torch.Tensor, k: int) -> torch.Tensor:
     return values.sort(dim=-1, descending=True, stable=True).indices[..., :k]
 
 
-def top_nodes(values: torch.Tensor, k: int, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def top_nodes(values: torch.Tensor, k: int, start: int, kernels: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """values [M] -> (the min(k, M) largest [k'], their indices [k'], the indices plus `start`: the newest layer's
-    expanded candidate ids), descending, ties to the lower index: one kernel (tree_kernels.rank_top_ids) where
-    tree_kernels.wanted, else a stable sort and an add."""
+    expanded candidate ids), descending, ties to the lower index: one kernel (tree_kernels.rank_top_ids) with the
+    `kernels`, else a stable sort and an add."""
     k = min(k, values.numel())
-    if tree_kernels.wanted(values.device):
+    if kernels:
         return tree_kernels.rank_top_ids(values, k, start)
     return tree_kernels.rank_top_ids_ref(values, k, start)
 
@@ -465,7 +464,8 @@ def _check_layer(buffers: CandidateBuffers, d: int, conf: torch.Tensor, tokens: 
 
 def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, top_k: int, depth: int,
           sorted_children: bool, distinct_children: bool = False, root_logv: torch.Tensor | None = None,
-          buffers: CandidateBuffers | None = None) -> tuple[Candidates, list[torch.Tensor] | None]:
+          buffers: CandidateBuffers | None = None, kernels: bool = False
+          ) -> tuple[Candidates, list[torch.Tensor] | None]:
     """grow_dynamic without reading anything back: (candidates, 3 0-dim bool validation flags on the device, or
     None with `buffers`: the caller checks buffers.conf_rows, e.g. in tree_kernels.select_tree).
 
@@ -496,7 +496,7 @@ def _grow(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Expand, to
     cand.levels = levels
     for d in range(1, depth):
         # [n] the highest-value nodes of depth d: their values, indices within the layer, candidate ids
-        values, cand.newest, layer = top_nodes(newest_logv.reshape(-1), top_k, cand.start)
+        values, cand.newest, layer = top_nodes(newest_logv.reshape(-1), top_k, cand.start, kernels)
         cand.newest_values = values
         cand.expanded.append(layer)
         ctok, cconf, *logv = expand(layer, cand, d)  # [n, c] (from a kernel, also their log values)
@@ -531,24 +531,25 @@ def grow_dynamic(root_tokens: torch.Tensor, root_conf: torch.Tensor, expand: Exp
     return cand, flag_list
 
 
-def select_nodes(cand: Candidates, budget: int) -> torch.Tensor:
+def select_nodes(cand: Candidates, budget: int, kernels: bool = False) -> torch.Tensor:
     """Global top-`budget` by (-log value, depth, node id) -> candidate ids in depth order.
 
     Candidate ids are in depth order, so a stable sort on -logv realises the full key.
     """
     b = min(budget, cand.size)
-    if b > 0 and tree_kernels.wanted(cand.logv.device):
+    if b > 0 and kernels:  # two rankings (tree_kernels.rank_top)
         return tree_kernels.rank_top(tree_kernels.rank_top(cand.logv, b)[1], b, descending=False)[0]
     return _top(cand.logv, b).sort().values
 
 
 def _select(root: int | torch.Tensor, cand: Candidates, budget: int,
             token_map: Callable[[torch.Tensor], torch.Tensor] | None = None, token_table: torch.Tensor | None = None,
-            conf: torch.Tensor | None = None) -> tuple[DraftTree, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+            conf: torch.Tensor | None = None, kernels: bool = False
+            ) -> tuple[DraftTree, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """select_tree without reading anything back: (tree, 0-dim bool "NOT ancestor-closed" on the device, the chosen
     candidate ids [N-1] of tree nodes 1.., all four flags or None). token_map, or the table token_table [Vd] (one of
     them): applied to the chosen candidates' tokens (not the root's), e.g. draft -> target ids. Without a token_map
-    the assembly is one kernel (tree_kernels.select_tree) where tree_kernels.wanted(untimed=True); given `conf`
+    the assembly is one kernel (tree_kernels.select_tree) with the `kernels`; given `conf`
     [R, C] (the candidates' confidences by row: CandidateBuffers.conf_rows, distinct children), that kernel also
     checks them: the fourth output is then grow_dynamic_tree's [4] flags (the duplicate flag False), else None."""
     dev = cand.tokens.device
@@ -557,8 +558,8 @@ def _select(root: int | torch.Tensor, cand: Candidates, budget: int,
         tree = chain_tree(root_t, cand.tokens[:0])
         tree.logq = torch.zeros(1, device=dev)
         return tree, torch.zeros((), dtype=torch.bool, device=dev), cand.tokens[:0], None
-    chosen = select_nodes(cand, budget)  # [B] candidate ids, ascending
-    if token_map is None and tree_kernels.wanted(dev, untimed=True):
+    chosen = select_nodes(cand, budget, kernels)  # [B] candidate ids, ascending
+    if token_map is None and kernels:
         ids, logq, flags = tree_kernels.select_tree(root_t.reshape(1), chosen, cand.parents, cand.tokens, cand.depths,
                                                     cand.logv, token_table, conf, 1 + MASS_EPS)
         tree = DraftTree(tokens=ids[0], parents=ids[1], depths=ids[2], logq=logq, stats={"candidates": cand.size},
@@ -599,7 +600,8 @@ def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_
                       distinct_children: bool = False,
                       token_map: Callable[[torch.Tensor], torch.Tensor] | None = None,
                       with_chosen: bool = False, token_table: torch.Tensor | None = None,
-                      root_logv: torch.Tensor | None = None, buffers: CandidateBuffers | None = None
+                      root_logv: torch.Tensor | None = None, buffers: CandidateBuffers | None = None,
+                      kernels: bool = False
                       ) -> tuple[DraftTree, torch.Tensor] | tuple[DraftTree, torch.Tensor, torch.Tensor]:
     """dynamic_tree without reading anything back (CUDA-graph capturable when `expand` is):
     (tree, [4] bool flags on the device: invalid input x3, not ancestor-closed). check_dynamic_flags reads them.
@@ -611,6 +613,7 @@ def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_
     children's log values, when the caller has them. `buffers` (sorted, distinct children): the candidates are
     written in place (see _grow and CandidateBuffers) and, where the assembly is the select_tree kernel, it checks
     their confidences too: the flags are its output (no flag ops); else _child_flags over buffers.conf_rows.
+    `kernels`: the ranking and the assembly in the tree kernels (kernels/tree.py), else in torch.
     """
     _check_int("width (top-k)", top_k, 1)
     _check_int("depth", depth, 0)
@@ -620,9 +623,9 @@ def grow_dynamic_tree(root: int | torch.Tensor, root_tokens: torch.Tensor, root_
         flags = torch.zeros(4, dtype=torch.bool, device=root_tokens.device)
         return (tree, flags, root_tokens.new_empty(0).long()) if with_chosen else (tree, flags)
     cand, flags = _grow(root_tokens, root_conf, expand, top_k, depth, sorted_children, distinct_children, root_logv,
-                        buffers)
+                        buffers, kernels)
     conf = None if buffers is None else buffers.conf_rows
-    tree, not_closed, chosen, checked = _select(root, cand, budget, token_map, token_table, conf)
+    tree, not_closed, chosen, checked = _select(root, cand, budget, token_map, token_table, conf, kernels)
     if checked is None:
         if flags is None:  # buffers, assembled in torch: their confidences checked in place (no join)
             flags = _child_flags(None, conf)
