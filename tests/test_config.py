@@ -7,7 +7,6 @@ import argparse
 
 import pytest
 import torch
-from conftest import reference_greedy, tiny_drafter, tiny_target
 
 from eaglespec.backends.fast import FastTarget
 from eaglespec.backends.hf import HFTarget
@@ -17,6 +16,8 @@ from eaglespec.draft.proposer import EagerRows
 from eaglespec.engine.build import build_engine, build_target
 from eaglespec.errors import EagleSpecError
 from eaglespec.tree.core import TreeSpec
+
+from conftest import reference_greedy, tiny_drafter, tiny_target
 
 
 def test_defaults_follow_the_device():

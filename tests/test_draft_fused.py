@@ -270,7 +270,7 @@ def test_round_graphs_with_the_fused_eagle1_step():
         engine = SpeculativeEngine(FastTarget(model, max_len=128), drafter, SPECS[kind])
         runner = enable_draft_graphs(engine, max_len=128, fused=True)
         assert isinstance(runner.forward, FusedEagle1Step)
-        seen = count_body_host_ops(enable_round_graphs(engine).get())
+        seen = count_body_host_ops(enable_round_graphs(engine).get(engine.spec))
         for prompt in PROMPTS:
             assert engine.generate(prompt, 24).token_ids == reference_greedy(model, prompt, 24)
         assert seen and all(c.syncs == 0 and c.h2d == 0 for _, c in seen), kind

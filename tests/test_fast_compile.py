@@ -20,8 +20,8 @@ def test_compiled_step_equals_eager_step_and_generate():
     eager = FastTarget(model, ids, max_len=64, buckets=(1, 8))
     compiled = FastTarget(model, ids, max_len=64, buckets=(1, 8), compile=True)
     calls = []
-    step = compiled._step
-    compiled._step = lambda *a: calls.append(a[0].shape[0]) or step(*a)  # the eager path (prefill)
+    step = compiled.step
+    compiled.step = lambda *a: calls.append(a[0].shape[0]) or step(*a)  # the eager path (prefill)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, 90, (11,), generator=gen)
     parents = torch.tensor([-1, 0, 0, 1, 2, 4])

@@ -50,12 +50,12 @@ class EngineConfig:
 
     def resolve(self, device: torch.device | str, fast: bool) -> Resolved:
         """The concrete switches for an engine on `device` whose target is the fast backend (`fast`)."""
-        from eaglespec.kernels import available
+        from eaglespec.kernels import on_by_default
 
         cuda = torch.device(device).type == "cuda"
         draft_graphs = _pick(self.draft_graphs, fast and cuda)
         return Resolved(
-            kernels=_pick(self.kernels, cuda and available(device)),
+            kernels=_pick(self.kernels, on_by_default(device)),
             draft_graphs=draft_graphs,
             round_graphs=_pick(self.round_graphs, cuda) and draft_graphs,
             overlap=_pick(self.overlap, fast and cuda),

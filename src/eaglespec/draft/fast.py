@@ -1,5 +1,5 @@
 """Static drafter rows for CUDA graphs: the drafting path when the target runs the fast backend on CUDA
-(EngineConfig.draft_graphs; `enable_draft_graphs(engine)`). Capture and replay mirror backends/fast.py; the tree
+(EngineConfig.draft_graphs). Capture and replay mirror backends/fast.py; the tree
 growth after the catch-up runs as one CUDA graph per tree (draft/tree_graph.py; `tree_graphs=False`: one run()
 per depth).
 
@@ -247,17 +247,3 @@ class StaticDraftRunner:
             logits, states = self._step(rows)
         self.length = start + n
         return logits[:n], states[:n]
-
-
-def enable_draft_graphs(engine, max_len: int = 4096, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
-                        cuda_graphs: bool | None = None, tree_graphs: bool = True,
-                        span_step: int = SPAN_STEP, fused: bool | None = None) -> StaticDraftRunner | None:
-    """Switch `engine`'s proposer to a StaticDraftRunner. None without a drafter."""
-    proposer = getattr(engine, "proposer", None)
-    if proposer is None:
-        return None
-    runner = StaticDraftRunner(proposer.drafter, max_len=max_len, buckets=buckets, cuda_graphs=cuda_graphs,
-                               tree_graphs=tree_graphs, span_step=span_step, fused=fused)
-    proposer.runner = runner
-    proposer.reset()
-    return runner

@@ -50,7 +50,8 @@ def build_engine(target: TargetBackend, drafter: nn.Module | None, spec: TreeSpe
     switches = config.resolve(device, fast)
     runner = None
     if drafter is not None and switches.draft_graphs:
-        runner = partial(StaticDraftRunner, max_len=config.draft_max_len or draft_max_len or DEFAULT_DRAFT_MAX_LEN)
-    return SpeculativeEngine(target, drafter, spec, sampling, draft_runner=runner,
-                             round_graphs=switches.round_graphs, adaptive=config.adaptive, overlap=switches.overlap,
+        runner = partial(StaticDraftRunner, max_len=config.draft_max_len or draft_max_len or DEFAULT_DRAFT_MAX_LEN,
+                         kernels=switches.kernels)
+    return SpeculativeEngine(target, drafter, spec, sampling, draft_runner=runner, round_graphs=switches.round_graphs,
+                             kernels=switches.kernels, adaptive=config.adaptive, overlap=switches.overlap,
                              chunked_prefill=switches.chunked_prefill)

@@ -91,6 +91,7 @@ class SpeculativeEngine:
     draft_runner: makes the runner of the drafter's rows, once the drafter is attached to the target (None: eager
     rows; e.g. functools.partial(StaticDraftRunner, max_len=...): static KV and CUDA graphs).
     round_graphs: replay a whole round as one graph (engine/round_graph.py) where the round allows it.
+    kernels: the Triton kernels for tree growth, acceptance and the round's tail (None: on CUDA where triton imports).
     overlap: queue the next round (or plain step) before the host reads this one's tokens.
     chunked_prefill: prefill a prompt longer than the fast target's largest bucket in chunks of that bucket.
     adaptive: per round, draft or take a plain step, whichever has cost less time per token (engine/gate.py).
@@ -98,8 +99,8 @@ class SpeculativeEngine:
 
     def __init__(self, target: TargetBackend, drafter: nn.Module | None = None, spec: TreeSpec | None = None,
                  sampling: SamplingConfig | None = None, *, draft_runner: Callable[[nn.Module], Any] | None = None,
-                 round_graphs: bool = False,
-                 adaptive: bool = False, overlap: bool = False, chunked_prefill: bool = False):
+                 round_graphs: bool = False, kernels: bool | None = None, adaptive: bool = False, overlap: bool = False,
+                 chunked_prefill: bool = False):
         self.target = target
         self.spec = spec or TreeSpec()
         self.drafter = drafter
@@ -107,7 +108,7 @@ class SpeculativeEngine:
         if drafter is not None:
             attach_drafter(target, drafter)
             runner = draft_runner(drafter) if draft_runner is not None else None
-            self.proposer = Proposer(drafter, self.spec, runner)
+            self.proposer = Proposer(drafter, self.spec, runner, kernels=kernels)
         self.sampling = sampling  # None or temperature 0: the exact greedy path
         self.adaptive = adaptive
         self.overlap = overlap
@@ -115,7 +116,7 @@ class SpeculativeEngine:
         self.graphs: RoundGraphs | None = None
         inner = getattr(target, "inner", target)  # a wrapper (e.g. bench's synchronizing proxy) exposes `inner`
         if round_graphs and unusable_reason(inner, self.proposer, self.spec) is None:
-            self.graphs = RoundGraphs(inner, self.proposer, overlap=overlap)
+            self.graphs = RoundGraphs(inner, self.proposer, overlap=overlap, kernels=kernels)
         self.gate: SpeculationGate | None = None  # the last stream's gate (adaptive), readable after it
         self._ctx: RoundContext | None = None  # the current stream() call's RoundContext
         self._streams = 0
