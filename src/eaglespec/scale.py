@@ -14,7 +14,7 @@ EAGLE-3 drafter shaped for it. measure_shape() times, on one device:
                POLICIES and for plain decoding through the same engine (depth 0): elapsed time after the first
                round / the rounds after it; ratio of each policy's round to the engine's plain step
     speedup    implied speedup of a policy for an acceptance profile: tau / (round ms / plain step ms)
-    memory     peak allocated device memory while measuring (CUDA)
+    memory     peak allocated device memory while measuring, the built weights and caches included (CUDA)
 
 A random drafter accepts almost nothing, so each round catches the drafter up on one row and emits one token: the
 round costs are those of drafting and verifying the policy's full tree, which acceptance does not change beyond
