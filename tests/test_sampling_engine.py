@@ -119,6 +119,7 @@ def test_engine_first_three_tokens_match_target(sharp_target, spec, params, runs
     assert p_other < 1e-3, "the check has no power: it cannot tell two processor settings apart"
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("broken", [False, True], ids=["rank-valued", "negative-control-own-q"])
 def test_sampled_dynamic_tree_keeps_its_first_draws(sharp_target, broken, monkeypatch):
     """A sampled dynamic tree (children drawn without replacement, real-q rejection sampling) whose budget keeps

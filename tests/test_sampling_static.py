@@ -47,7 +47,7 @@ def _run(engine, params: SamplingParams, runs: int) -> tuple[torch.Tensor, int, 
 
 @pytest.mark.parametrize("params,runs", [
     (SamplingParams(temperature=1.0), 1200),
-    (SamplingParams(temperature=0.7, top_p=0.9), 1200),
+    pytest.param(SamplingParams(temperature=0.7, top_p=0.9), 1200, marks=pytest.mark.soak),
 ], ids=["T1", "T0.7-top_p0.9"])
 def test_static_sampled_children_match_target(sharp_target, engine, params, runs):  # noqa: F811
     emitted, accepted, pruned = _run(engine, params, runs)

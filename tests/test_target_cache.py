@@ -108,6 +108,7 @@ def test_train_resolves_the_target_before_init_distributed(tmp_path, monkeypatch
     monkeypatch.setattr(loading, "resolve_target", resolve)
     monkeypatch.setattr(loading, "load_target", load)
     monkeypatch.setattr(trainer, "init_distributed", init)
+    (tmp_path / "d.jsonl").write_text('{"conversations": [{"role": "user", "content": "hi"}]}\n')
     args = build_parser().parse_args(["train", "--data", str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "o"),
                                       "--device", "cpu"])
     with pytest.raises(Stop):

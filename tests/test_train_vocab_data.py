@@ -126,6 +126,7 @@ def test_bad_token_ids_are_one_clear_error(tmp_path, turn):
         read_conversations(p)
 
 
+@pytest.mark.xdist_group("smollm2")
 def test_smollm2_template_mask_if_available():
     import importlib.util
     from pathlib import Path

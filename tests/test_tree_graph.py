@@ -358,6 +358,7 @@ def test_sampled_static_children_race_their_noise_rows(sampling):
     assert shifted == other_seed == 4
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)],
                          ids=["T1", "T0.7-top_p0.9"])
 def test_sampled_static_graph_engine_is_lossless(sharp_target, params, restore_grow, monkeypatch):  # noqa: F811
