@@ -200,6 +200,17 @@ def set_threads(config: EngineConfig, verbose: bool = False) -> None:
         log(f"eaglespec: {n} CPU thread{'s' if n != 1 else ''}")
 
 
+def load_eaglespec(args: argparse.Namespace, config: EngineConfig):
+    """Set the CPU threads, then load the target and drafter the flags name (the drafter in use said with -v)."""
+    from eaglespec.api import EagleSpec
+
+    set_threads(config, args.verbose)
+    es = EagleSpec.from_args(args, config=config)
+    if args.verbose:
+        log(f"eaglespec: {es.draft_note}")
+    return es
+
+
 def check_module(module: str, extra: str, what: str) -> None:
     """Refuse, with the install command for `extra`, when `module` is not installed."""
     if importlib.util.find_spec(module) is None:

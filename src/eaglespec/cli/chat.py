@@ -15,10 +15,9 @@ from eaglespec.cli.args import (
     add_sampling_args,
     add_tree_args,
     check_model_inputs,
-    log,
+    load_eaglespec,
     non_negative,
     sampling_options,
-    set_threads,
 )
 from eaglespec.errors import EagleSpecError
 
@@ -100,14 +99,10 @@ def chat_loop(es, stdin, stdout, stderr, system: str | None = None, max_new_toke
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from eaglespec.api import EagleSpec
 
     non_negative(args, "max_new_tokens")
     config = check_model_inputs(args)
-    set_threads(config, args.verbose)
-    es = EagleSpec.from_args(args, config=config)
-    if args.verbose:
-        log(f"eaglespec: {es.draft_note}")
+    es = load_eaglespec(args, config)
     chat_loop(es, sys.stdin, sys.stdout, sys.stderr, args.system, args.max_new_tokens, args.quiet,
               **sampling_options(args, getattr(es.model, "generation_config", None)))
     return 0

@@ -15,10 +15,10 @@ from eaglespec.cli.args import (
     add_sampling_args,
     add_tree_args,
     check_model_inputs,
+    load_eaglespec,
     log,
     non_negative,
     sampling_options,
-    set_threads,
 )
 from eaglespec.errors import EagleSpecError
 
@@ -50,15 +50,12 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from eaglespec.api import EagleSpec, tree_label
+    from eaglespec.api import tree_label
 
     non_negative(args, "max_new_tokens")
     config = check_model_inputs(args)
     prompt = read_prompt(args)
-    set_threads(config, args.verbose)
-    es = EagleSpec.from_args(args, config=config)
-    if args.verbose:
-        log(f"eaglespec: {es.draft_note}")
+    es = load_eaglespec(args, config)
     opts = sampling_options(args, getattr(es.model, "generation_config", None))
     out = es.generate(prompt, args.max_new_tokens, raw=args.raw, **opts)
     if args.json:

@@ -13,10 +13,10 @@ from eaglespec.cli.args import (
     add_tree_args,
     check_model_inputs,
     check_module,
+    load_eaglespec,
     log,
     non_negative,
     sampling_options,
-    set_threads,
 )
 from eaglespec.errors import EagleSpecError
 
@@ -83,15 +83,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.from_json:
         summary = read_summary(args.from_json)
     else:
-        from eaglespec.api import EagleSpec
 
         non_negative(args, "max_new_tokens", "limit")
         config = check_model_inputs(args)
         prompts = report_prompts(args)
-        set_threads(config, args.verbose)
-        es = EagleSpec.from_args(args, config=config)
-        if args.verbose:
-            log(f"eaglespec: {es.draft_note}")
+        es = load_eaglespec(args, config)
         summary = run_report(es, prompts, args.max_new_tokens, raw=args.raw, progress=args.verbose,
                              **sampling_options(args, getattr(es.model, "generation_config", None)))
     print(format_report(summary))

@@ -11,8 +11,8 @@ from eaglespec.cli.args import (
     add_tree_args,
     check_model_inputs,
     check_module,
+    load_eaglespec,
     log,
-    set_threads,
 )
 from eaglespec.errors import EagleSpecError
 
@@ -58,14 +58,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from eaglespec.api import EagleSpec, settle_heap
+    from eaglespec.api import settle_heap
     from eaglespec.backends.loading import DEFAULT_TARGET
     from eaglespec.server import create_app
 
-    set_threads(config, args.verbose)
-    es = EagleSpec.from_args(args, config=config)
-    if args.verbose:
-        log(f"eaglespec: {es.draft_note}")
+    es = load_eaglespec(args, config)
     name = args.model_name or (Path(args.target).name if args.target else DEFAULT_TARGET)
     key = args.api_key or os.environ.get("EAGLESPEC_API_KEY") or None
     app = create_app(es, name, key, args.max_tokens_limit, args.default_max_tokens, args.max_queue)
