@@ -27,7 +27,7 @@ from eaglespec.errors import EagleSpecError
 from eaglespec.sampling import SamplingParams
 from eaglespec.train.data import read_resumable
 
-MARKER = "EAGLESPEC_QUERY_7f3c"  # stands in for the user's text when the template is rendered
+MARKER = "<<eaglespec-query-7f3c>>"  # stands in for the user's text when the template is rendered
 NGRAM = 13  # words in a run shared with an excluded text (GPT-3's decontamination length)
 MIN_CHARS, MAX_CHARS = 8, 1500  # make_prompts.py's bounds for ShareGPT user turns
 STALL = 3  # batches in a row without a kept query before giving up
