@@ -20,7 +20,7 @@ import torch
 
 from eaglespec.backends.loading import DEFAULT_TARGET, eos_ids, load_target
 from eaglespec.checkpoint.config import DraftConfig, default_aux_layer_ids
-from eaglespec.checkpoint.drafter import build_drafter, load_drafter
+from eaglespec.checkpoint.drafter import build_drafter, check_draft_dir, load_drafter
 from eaglespec.checkpoint.manifest import check_manifest
 from eaglespec.config import EngineConfig
 from eaglespec.engine.build import build_engine, build_target
@@ -245,9 +245,8 @@ class EagleSpec:
         target. `tree`: tree_spec's knobs ({"tree": "dynamic", "depth": None, ...}), resolved against the
         drafter's recommended shapes (tree_defaults) when `spec` is None; with no tree named and a manifest that
         recommends one for sampling (tree_defaults.sampled), requests with a temperature draft that tree."""
-        config = (config or EngineConfig()).replace(**engine) if engine else (config or EngineConfig())
-        if draft is not None and not Path(draft).exists():
-            raise EagleSpecError(f"--draft {draft}: no such directory")
+        config = (config or EngineConfig()).replace(**engine)
+        check_draft_dir(draft, "draft")
         model, tok = load_target(target, device=config.device, dtype=config.dtype)
         if draft is None and target in (None, DEFAULT_TARGET) and DEFAULT_DRAFT.is_dir():
             draft = str(DEFAULT_DRAFT)

@@ -27,7 +27,7 @@ from eaglespec.checkpoint.config import (
     speculators_config_dict,
 )
 from eaglespec.checkpoint.io import load_state_dict, save_state_dict, weights_file
-from eaglespec.errors import CheckpointError
+from eaglespec.errors import CheckpointError, EagleSpecError
 
 MANIFEST = "eaglespec_manifest.json"
 
@@ -74,6 +74,18 @@ def _check_against_target(cfg: DraftConfig, path: Path, target_hidden: int | Non
     if target_vocab is not None and cfg.vocab_size != target_vocab:
         raise CheckpointError(cfile, f"field 'vocab_size' ({cfg.vocab_size}) does not match the target's "
                                      f"vocabulary size {target_vocab}")
+
+
+def check_draft_dir(draft: str | Path | None, flag: str = "--draft") -> None:
+    """Before anything loads: a draft checkpoint directory must exist and hold a config.json object and a weights
+    file (one-line errors naming `flag` and the path)."""
+    if draft is None:
+        return
+    path = Path(draft)
+    if not path.is_dir():
+        raise EagleSpecError(f"{flag} {draft}: no such directory")
+    read_json(path / "config.json")
+    weights_file(path)
 
 
 def load_drafter(

@@ -157,20 +157,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig.from_args(args)
 
 
-def check_draft_dir(draft: str | None, flag: str = "--draft") -> None:
-    """A draft checkpoint directory must exist and hold a config.json object and a weights file."""
-    if draft is None:
-        return
-    from eaglespec.checkpoint.config import read_json
-    from eaglespec.checkpoint.io import weights_file
-
-    path = Path(draft)
-    if not path.is_dir():
-        raise EagleSpecError(f"{flag} {draft}: no such directory")
-    read_json(path / "config.json")
-    weights_file(path)
-
-
 def check_target(target: str | None) -> None:
     """A --target that names a local path must exist (a hub id is checked when it loads)."""
     if target is None or Path(target).exists():
@@ -182,6 +168,7 @@ def check_target(target: str | None) -> None:
 def check_model_inputs(args: argparse.Namespace) -> EngineConfig:
     """Validate the model and engine flags without loading anything; returns the EngineConfig they name."""
     from eaglespec.backends.loading import resolve_device, resolve_dtype
+    from eaglespec.checkpoint.drafter import check_draft_dir
 
     config = engine_config(args)
     check_target(getattr(args, "target", None))

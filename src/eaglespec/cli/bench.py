@@ -35,11 +35,11 @@ from typing import Any
 
 import torch
 
+from eaglespec.checkpoint.drafter import check_draft_dir
 from eaglespec.cli.args import (
     add_draft_temperature,
     add_model_args,
     add_tree_args,
-    check_draft_dir,
     check_model_inputs,
     check_module,
     log,
