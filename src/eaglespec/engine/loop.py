@@ -124,10 +124,6 @@ class SpeculativeEngine:
         self._plain_ahead: tuple[torch.Tensor, TargetOutput] | None = None  # (root, its forward), launched ahead
         self._host_read: HostRead | None = None  # the plain step's token, read past the step launched ahead
 
-    @property
-    def speculating(self) -> bool:
-        return self.proposer is not None and self.spec.speculates
-
     def stream(self, prompt_ids: Sequence[int], max_new_tokens: int = 128, eos_token_ids: Sequence[int] = (),
                result: GenerationResult | None = None, sampling: SamplingConfig | None = None,
                spec: TreeSpec | None = None) -> Iterator[list[int]]:
