@@ -1,0 +1,262 @@
+"""Continuous batching: many sequences advance together, one speculative round for all of them per step.
+
+Each step (BatchEngine.step):
+    1. leave    cancelled requests give their batch row back (their KV freed at once)
+    2. join     waiting requests are prefilled, at most `prefill_chunk` prompt tokens per step while other rows
+                decode, and join the batch (up to `max_batch` rows); a joined request's first token is emitted
+    3. round    every live row drafts its own tree (its proposer: drafter KV, sampling, random stream), one target
+                forward verifies all the trees (backends/hf_batch.py: ragged rows, per-row positions, ancestry
+                mask and KV slots), then acceptance and publish per row, exactly as the one-sequence engine does
+    4. finish   rows that reached EOS or max_new_tokens leave
+
+A row's round depends on its own state only: its tokens equal what the one-sequence engine emits for it alone,
+and a sampled row draws from its own generator, so its tokens do not depend on its batch companions.
+A row drafts while the live batch is at most `speculate_up_to` rows; above it every row takes plain steps (one
+tree row), and its drafter catches up on those rows at its next drafted round.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
+from eaglespec.draft.proposer import Proposer, shifted_tokens
+from eaglespec.engine.loop import attach_drafter
+from eaglespec.engine.state import GenerationResult, RoundStats
+from eaglespec.sampling import SamplingConfig, process_logits, sample
+from eaglespec.tree.core import DraftTree, TreeSpec, chain_tree, flatten
+from eaglespec.verify import greedy_accept, sample_accept
+
+
+@dataclass(eq=False)
+class BatchRequest:
+    """One sequence: what to generate, and its state while it runs. `result` fills as it goes."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int = 128
+    eos_token_ids: Sequence[int] = ()
+    sampling: SamplingConfig | None = None  # None or temperature 0: greedy
+    spec: TreeSpec | None = None  # None: the engine's tree
+    result: GenerationResult = field(init=False)
+    cancelled: bool = False
+    done: bool = False
+    # running state (the engine's)
+    prefilled: Prefilled | None = field(default=None, repr=False)
+    ids: torch.Tensor | None = field(default=None, repr=False)  # [N+1] every token; the last is the root
+    pending: torch.Tensor | None = field(default=None, repr=False)  # [n, F] features the drafter has not consumed
+    proposer: Proposer | None = field(default=None, repr=False)
+    generator: torch.Generator | None = field(default=None, repr=False)
+    started: float = 0.0
+
+    def __post_init__(self):
+        if not self.prompt_ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        self.result = GenerationResult(list(self.prompt_ids), [])
+        self.eos = frozenset(int(t) for t in self.eos_token_ids)
+        if self.sampling is not None and self.sampling.greedy:
+            self.sampling = None
+
+    @property
+    def room(self) -> int:
+        return self.max_new_tokens - len(self.result.token_ids)
+
+
+class BatchEngine:
+    """Speculative decoding of many sequences at once over an HFBatchTarget (see the module docstring)."""
+
+    def __init__(self, target: HFBatchTarget, drafter: nn.Module | None = None, spec: TreeSpec | None = None, *,
+                 max_batch: int = 8, prefill_chunk: int = 512, speculate_up_to: int | None = None,
+                 kernels: bool | None = None):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.target, self.drafter = target, drafter
+        self.spec = spec or TreeSpec()
+        self.max_batch, self.prefill_chunk = max_batch, prefill_chunk
+        self.speculate_up_to = speculate_up_to
+        self.kernels = kernels
+        if drafter is not None:
+            attach_drafter(target, drafter)
+        self.waiting: deque[BatchRequest] = deque()
+        self.live: list[BatchRequest] = []  # live[b] is the target's batch row b
+        self.target.reset()
+
+    # -- the queue ------------------------------------------------------------------------------
+    def submit(self, request: BatchRequest) -> BatchRequest:
+        """Queue a request; it joins the batch at a later step."""
+        request.started = time.perf_counter()
+        self.waiting.append(request)
+        return request
+
+    def cancel(self, request: BatchRequest) -> None:
+        """Stop a request at the next step (its batch row freed then)."""
+        request.cancelled = True
+
+    @property
+    def idle(self) -> bool:
+        return not self.live and not self.waiting
+
+    def generate(self, requests: Iterable[BatchRequest]) -> list[GenerationResult]:
+        """Run requests to the end, batched; results in the order given."""
+        reqs = [self.submit(r) for r in requests]
+        while not all(r.done for r in reqs):
+            self.step()
+        return [r.result for r in reqs]
+
+    # -- one step -------------------------------------------------------------------------------
+    def step(self) -> list[tuple[BatchRequest, list[int]]]:
+        """Leave, join, one round for every live row, finish. Returns (request, tokens it emitted this step) for
+        every request that emitted; a request is finished when its `done` is set."""
+        self._leave()
+        events = self._join()
+        if self.live:
+            events += self._round()
+        self._finish()
+        return events
+
+    def _leave(self) -> None:
+        """Cancelled requests leave the queue and the batch."""
+        for r in [r for r in self.waiting if r.cancelled]:
+            self.waiting.remove(r)
+            self._close(r, "cancelled")
+        gone = [b for b, r in enumerate(self.live) if r.cancelled]
+        if gone:
+            self.target.drop(gone)
+            for b in reversed(gone):
+                self._close(self.live.pop(b), "cancelled")
+
+    def _join(self) -> list[tuple[BatchRequest, list[int]]]:
+        """Prefill waiting requests, in order, while the batch has room: `prefill_chunk` prompt tokens a step when
+        rows are decoding, whole prompts when none is. A request whose prompt is in joins the batch and emits its
+        first token."""
+        events = []
+        budget = self.prefill_chunk if self.live else None
+        while self.waiting and len(self.live) < self.max_batch and (budget is None or budget > 0):
+            r = self.waiting[0]
+            if r.prefilled is None:
+                self._start(r)
+            n = len(r.prompt_ids) - r.prefilled.length
+            take = n if budget is None else min(n, budget)
+            chunk = torch.tensor(r.prompt_ids[r.prefilled.length: r.prefilled.length + take], device=self.device)
+            logits, feats = self.target.prefill(r.prefilled, chunk)
+            r.pending = feats if r.pending is None else torch.cat([r.pending, feats])
+            if budget is not None:
+                budget -= take
+            if r.prefilled.length < len(r.prompt_ids):
+                break  # the rest of this prompt in the next step
+            self.waiting.popleft()
+            events.append((r, self._enter(r, logits[-1])))
+        return events
+
+    def _start(self, r: BatchRequest) -> None:
+        """The request's prefill state, random stream and proposer."""
+        r.prefilled = Prefilled()
+        r.generator = r.sampling.generator(self.device) if r.sampling is not None else None
+        if self.drafter is not None:
+            spec = r.spec or self.spec
+            r.proposer = Proposer(self.drafter, spec, kernels=self.kernels)
+            r.proposer.sampling = r.sampling.draft_params if r.sampling is not None else None
+            r.proposer.generator = r.generator
+
+    def _enter(self, r: BatchRequest, logits: torch.Tensor) -> list[int]:
+        """The first token from the prompt's last logits [V]; the request joins the batch with the prompt's KV
+        when it goes on after that token, else it is done."""
+        first: list[int] = []
+        if r.max_new_tokens > 0:
+            if r.sampling is None:
+                root = logits.argmax(-1, keepdim=True)
+            else:
+                root = sample(process_logits(logits, r.sampling.target), r.generator).reshape(1)
+            r.ids = torch.cat([torch.tensor(r.prompt_ids, device=self.device), root])
+            first = self._emit(r, [int(root)])
+        if r.result.finish_reason == "stop" or r.room <= 0:
+            self._close(r, None)
+        else:
+            self.target.join(r.prefilled)
+            r.prefilled = None  # the KV now lives in the batch cache
+            self.live.append(r)
+        return first
+
+    # -- the round ------------------------------------------------------------------------------
+    def _round(self) -> list[tuple[BatchRequest, list[int]]]:
+        """One round for every live row: draft per row, one batched verify, accept and publish per row."""
+        t0 = time.perf_counter()
+        drafting = self.speculate_up_to is None or len(self.live) <= self.speculate_up_to
+        trees = [self._draft(r, drafting) for r in self.live]
+        flats = [flatten(t) for t in trees]
+        t1 = time.perf_counter()
+        out = self.target.forward([f.tokens for f in flats], [f.depths for f in flats], [f.visible for f in flats])
+        accs = []
+        for b, (r, tree, flat) in enumerate(zip(self.live, trees, flats)):
+            logits = out.logits[b, : flat.tokens.shape[0]]  # [T_b, V]
+            if r.sampling is None:
+                accs.append(greedy_accept(flat, logits))
+            else:
+                p = process_logits(logits, r.sampling.target)
+                accs.append(sample_accept(flat, p, tree.draft_probs, r.generator))
+        t2 = time.perf_counter()
+        self.target.commit([a.rows for a in accs])
+        events = []
+        for b, (r, tree, acc) in enumerate(zip(self.live, trees, accs)):
+            if r.proposer is not None:  # the accepted rows' features reseed the drafter
+                feats = out.features[b].index_select(0, acc.rows)
+                r.pending = feats if r.pending is None else torch.cat([r.pending, feats])
+            r.ids = torch.cat([r.ids, acc.path_tokens[1:], acc.bonus_token])
+            r.result.rounds.append(RoundStats(drafted=tree.size - 1, accepted=acc.accepted, emitted=0,
+                                              draft_s=t1 - t0, verify_s=t2 - t1))
+            emitted = self._emit(r, [*acc.tokens[1:], acc.bonus])
+            r.result.rounds[-1].emitted = len(emitted)
+            events.append((r, emitted))
+        t3 = time.perf_counter()
+        for r in self.live:
+            r.result.rounds[-1].commit_s = t3 - t2
+        return events
+
+    def _draft(self, r: BatchRequest, drafting: bool) -> DraftTree:
+        """Row r's tree: its proposer catches up on the rows it has not consumed and grows the tree below the
+        root; without drafting, the root alone (a plain step: its features stay pending)."""
+        root = r.ids[-1:]
+        if not drafting or r.proposer is None or not r.proposer.spec.speculates:
+            return chain_tree(root, root.new_zeros(0))
+        pending, r.pending = r.pending, None
+        next_tokens = shifted_tokens(r.ids, r.proposer.committed, pending.shape[0])  # x_{t+1}, contract 4
+        return r.proposer.propose(root, pending, next_tokens)
+
+    # -- finishing ------------------------------------------------------------------------------
+    def _emit(self, r: BatchRequest, tokens: list[int]) -> list[int]:
+        """Cut tokens as HF generate stops (at the first EOS, kept, or at max_new_tokens) and record them."""
+        out = tokens[: r.room]
+        for i, tok in enumerate(out):
+            if tok in r.eos:
+                out = out[: i + 1]
+                r.result.finish_reason = "stop"
+                break
+        r.result.token_ids.extend(out)
+        return out
+
+    def _finish(self) -> None:
+        """Rows that stopped or reached max_new_tokens leave the batch."""
+        gone = [b for b, r in enumerate(self.live) if r.result.finish_reason == "stop" or r.room <= 0]
+        if gone:
+            self.target.drop(gone)
+            for b in reversed(gone):
+                self._close(self.live.pop(b), None)
+
+    def _close(self, r: BatchRequest, reason: str | None) -> None:
+        if reason is not None:
+            r.result.finish_reason = reason
+        r.result.seconds = time.perf_counter() - r.started
+        r.result.backend = self.target.name
+        r.done = True
+        r.proposer = r.prefilled = r.pending = r.ids = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device

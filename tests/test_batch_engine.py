@@ -1,0 +1,172 @@
+"""Batched rounds (engine/batch.py, backends/hf_batch.py): every row emits exactly what it emits alone.
+
+Greedy rows equal HF generate (fp32) with mixed prompt lengths, chunked prefills, requests joining and leaving
+mid-run and one cancelled; sampled rows draw the same tokens alone, batched, and in the one-sequence engine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglespec.backends.hf import HFTarget
+from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
+from eaglespec.engine.batch import BatchEngine, BatchRequest
+from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.sampling import SamplingConfig, SamplingParams
+from eaglespec.tree.core import TreeSpec
+
+from _agree import fit_drafter, greedy_sequences
+from conftest import reference_greedy, tiny_drafter, tiny_target
+
+pytestmark = pytest.mark.xdist_group("batch_engine")  # one worker builds the fitted drafter once
+
+TREES = {
+    "chain": TreeSpec("chain", depth=4),
+    "dynamic": TreeSpec("dynamic", depth=5, top_k=4, budget=16),
+    "static": TreeSpec("static"),
+}
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    """A tiny llama target and a drafter that agrees with it often (long accepted paths, ragged trees)."""
+    model = tiny_target("llama", seed=0)
+    drafter = fit_drafter(model, tiny_drafter(model, seed=1), steps=60, n_seqs=8, length=32)
+    return model, drafter
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """Prompts of lengths 3..n+2 from the target's own continuations (the drafter's training data)."""
+    model = tiny_target("llama", seed=0)
+    return [s[: 3 + i].tolist() for i, s in enumerate(greedy_sequences(model, n, 3 + n, seed=seed))]
+
+
+@pytest.mark.parametrize("tree", sorted(TREES))
+def test_greedy_rows_equal_generate(fitted, tree):
+    model, drafter = fitted
+    engine = BatchEngine(HFBatchTarget(model), drafter, TREES[tree], max_batch=4, prefill_chunk=4)
+    prompts = _prompts(6)
+    lengths = [16 + 3 * i for i in range(6)]  # rows leave at different rounds; the queue joins as they do
+    results = engine.generate([BatchRequest(p, n) for p, n in zip(prompts, lengths)])
+    for p, n, r in zip(prompts, lengths, results):
+        assert r.token_ids == reference_greedy(model, p, n)
+    assert max(r.tau for r in results) > 1.5  # real accepted paths, not only bonus tokens
+    assert engine.idle and engine.target.batch == 0
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "mistral"])
+def test_greedy_rows_equal_generate_other_archs(arch):
+    model = tiny_target(arch, seed=3)
+    engine = BatchEngine(HFBatchTarget(model), tiny_drafter(model, seed=1), TREES["dynamic"], max_batch=3)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 90, (int(torch.randint(1, 14, (1,), generator=gen)),), generator=gen).tolist()
+               for _ in range(4)]
+    results = engine.generate([BatchRequest(p, 12) for p in prompts])
+    assert [r.token_ids for r in results] == [reference_greedy(model, p, 12) for p in prompts]
+
+
+def test_join_mid_run_and_cancel(fitted):
+    model, drafter = fitted
+    engine = BatchEngine(HFBatchTarget(model), drafter, TREES["dynamic"], max_batch=4, prefill_chunk=3)
+    prompts = _prompts(5)
+    first = [engine.submit(BatchRequest(p, 24)) for p in prompts[:3]]
+    for _ in range(3):
+        engine.step()
+    later = [engine.submit(BatchRequest(p, 20)) for p in prompts[3:]]
+    engine.step()
+    victim = first[1]
+    engine.cancel(victim)
+    rows_before = engine.target.batch
+    engine.step()
+    assert victim.done and victim.result.finish_reason == "cancelled"
+    assert engine.target.batch <= rows_before  # its row was freed (and no other row lost)
+    while not engine.idle:
+        engine.step()
+    for r in first + later:
+        if r is not victim:
+            assert r.result.token_ids == reference_greedy(model, r.prompt_ids, r.max_new_tokens)
+    assert victim.result.token_ids == reference_greedy(model, victim.prompt_ids, 24)[: len(victim.result.token_ids)]
+
+
+def test_eos_and_length_edges(fitted):
+    model, drafter = fitted
+    prompts = _prompts(3)
+    free = reference_greedy(model, prompts[0], 20)
+    eos = free[5]
+    engine = BatchEngine(HFBatchTarget(model), drafter, TREES["chain"], max_batch=3)
+    reqs = [BatchRequest(prompts[0], 20, eos_token_ids=[eos]), BatchRequest(prompts[1], 1),
+            BatchRequest(prompts[2], 0)]
+    out = engine.generate(reqs)
+    assert out[0].token_ids == reference_greedy(model, prompts[0], 20, eos=eos) and out[0].finish_reason == "stop"
+    assert out[1].token_ids == reference_greedy(model, prompts[1], 1) and out[1].finish_reason == "length"
+    assert out[2].token_ids == []
+    with pytest.raises(ValueError, match="empty"):
+        BatchRequest([], 4)
+    with pytest.raises(ValueError, match="max_batch"):
+        BatchEngine(HFBatchTarget(model), drafter, max_batch=0)
+
+
+def test_no_speculation_above_the_batch_limit(fitted):
+    model, drafter = fitted
+    prompts = _prompts(4)
+    engine = BatchEngine(HFBatchTarget(model), drafter, TREES["dynamic"], max_batch=4, speculate_up_to=2)
+    results = engine.generate([BatchRequest(p, 8 + 4 * i) for i, p in enumerate(prompts)])
+    for i, (p, r) in enumerate(zip(prompts, results)):
+        assert r.token_ids == reference_greedy(model, p, 8 + 4 * i)
+    # four rows: plain steps; once two have left, the rest draft (catching up on the plain steps' rows)
+    drafted = [[rnd.drafted for rnd in r.rounds] for r in results]
+    assert all(d[0] == 0 for d in drafted) and any(x > 0 for x in drafted[-1])
+
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+def test_sampled_rows_do_not_depend_on_companions(fitted, tree):
+    model, drafter = fitted
+    spec = TREES[tree]
+    prompts = _prompts(4)
+
+    def cfg(i):
+        return SamplingConfig(SamplingParams(temperature=0.8, top_p=0.9), seed=100 + i)
+
+    batched = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=4).generate(
+        [BatchRequest(p, 16, sampling=cfg(i)) for i, p in enumerate(prompts)])
+    single = SpeculativeEngine(HFTarget(model), drafter, spec)
+    for i, (p, r) in enumerate(zip(prompts, batched)):
+        alone = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=1).generate(
+            [BatchRequest(p, 16, sampling=cfg(i))])[0]
+        assert r.token_ids == alone.token_ids == single.generate(p, 16, sampling=cfg(i)).token_ids
+
+
+def test_batch_rows_do_not_leak(fitted):
+    """Rows with holes (kept paths of different lengths) and after compaction: each row's logits equal its
+    sequence's alone."""
+    model, _ = fitted
+    batch, solo = HFBatchTarget(model), [HFTarget(model), HFTarget(model)]
+    prompts = [[5, 9, 11, 40, 2], [7, 3, 60]]
+    for p, t in zip(prompts, solo):
+        state = Prefilled()
+        batch.prefill(state, torch.tensor(p[:2]))
+        batch.prefill(state, torch.tensor(p[2:]))
+        batch.join(state)
+        t.forward(torch.tensor(p))
+        t.commit(torch.arange(len(p)))
+    gen = torch.Generator().manual_seed(0)
+    for step in range(6):
+        width = [3, 1] if step % 2 else [1, 4]
+        tokens = [torch.randint(3, 90, (w,), generator=gen) for w in width]
+        depths = [torch.arange(w) for w in width]
+        visible = [torch.ones(w, w, dtype=torch.bool).tril() for w in width]
+        out = batch.forward(tokens, depths, visible)
+        keeps = [torch.arange(1 + (step + b) % w) for b, w in enumerate(width)]
+        for b, t in enumerate(solo):
+            ref = t.forward(tokens[b], depths[b], visible[b])
+            torch.testing.assert_close(out.logits[b, : width[b]], ref.logits, rtol=1e-4, atol=1e-4)
+            t.commit(keeps[b])
+        batch.commit(keeps)
+    assert batch.lengths == [t.committed_len for t in solo]
+    batch.compact()
+    assert batch.valid.all(dim=1).any()  # the longest row has no hole left
+    out = batch.forward([torch.tensor([8]), torch.tensor([8])], [torch.zeros(1, dtype=torch.long)] * 2,
+                        [torch.ones(1, 1, dtype=torch.bool)] * 2)
+    for b, t in enumerate(solo):
+        torch.testing.assert_close(out.logits[b, :1], t.forward(torch.tensor([8])).logits, rtol=1e-4, atol=1e-4)
