@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _agree import fit_drafter, greedy_sequences
 from eaglespec.backends.hf import HFTarget
 from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
 from eaglespec.engine.batch import BatchEngine, BatchRequest
@@ -16,7 +17,6 @@ from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.tree.core import TreeSpec
 
-from _agree import fit_drafter, greedy_sequences
 from conftest import reference_greedy, tiny_drafter, tiny_target
 
 pytestmark = pytest.mark.xdist_group("batch_engine")  # one worker builds the fitted drafter once

@@ -23,7 +23,8 @@ from eaglespec.checkpoint.config import DraftConfig, default_aux_layer_ids
 from eaglespec.checkpoint.drafter import build_drafter, check_draft_dir, load_drafter
 from eaglespec.checkpoint.manifest import check_manifest
 from eaglespec.config import EngineConfig
-from eaglespec.engine.build import build_engine, build_target
+from eaglespec.engine.batch import BatchEngine, BatchRequest
+from eaglespec.engine.build import build_batch_engine, build_engine, build_target
 from eaglespec.engine.loop import GenerationResult
 from eaglespec.errors import EagleSpecError
 from eaglespec.tree.core import TreeSpec, static_layout
@@ -233,6 +234,7 @@ class EagleSpec:
         draft_max_len = min(self.context_length, 8192) + 512
         self.engine = build_engine(self.target, drafter, self.spec, config, draft_max_len=draft_max_len)
         self._owner: Stream | None = None  # the generation using the engine (one sequence at a time)
+        self._batch: BatchEngine | None = None  # the batched engine, built on first use
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, config: EngineConfig | None = None,
@@ -303,18 +305,9 @@ class EagleSpec:
                        sampling: dict[str, Any]) -> Iterator[list[int]]:
         """The engine's per-round token lists. Sampling options (temperature, top_p, top_k, seed, ...)
         pass straight through to the engine; all None / temperature 0 means greedy."""
-        opts = {k: v for k, v in sampling.items() if v is not None}
-        if not opts.get("temperature"):  # no temperature or 0: greedy (top_p / top_k / seed need one)
+        cfg = sampling_config(sampling)
+        if cfg is None:
             return self.engine.stream(ids, max_new_tokens, self.eos_ids(), result)
-        from eaglespec.sampling import SamplingConfig, SamplingParams, draft_processors
-
-        seed = opts.pop("seed", None)
-        draft = draft_processors(opts.pop("draft_temperature", None))  # the drafter's own (0: top-k children)
-        try:
-            cfg = SamplingConfig(SamplingParams(**opts), seed=seed, draft=draft)
-        except TypeError:
-            raise EagleSpecError(f"unknown sampling options {sorted(opts)} (temperature, top_k, top_p, min_p, seed, "
-                                 "draft_temperature)") from None
         return self._sampled_stream(ids, max_new_tokens, result, cfg)
 
     def _sampled_stream(self, ids: list[int], max_new_tokens: int, result: GenerationResult,
@@ -345,6 +338,83 @@ class EagleSpec:
         for _ in st:
             pass
         return st.output()
+
+
+    # -- batched generation ---------------------------------------------------------------------
+    @property
+    def batch_engine(self) -> BatchEngine:
+        """The batched engine (engine/batch.py) over the same model and drafter, built on first use."""
+        if self._batch is None:
+            self._batch = build_batch_engine(self.model, self.drafter, self.spec, self.config)
+        return self._batch
+
+    def request(self, prompt, max_new_tokens: int = 128, raw: bool = False, stop: str | Sequence[str] | None = None,
+                **sampling) -> BatchText:
+        """One prompt as a request for the batched engine (not yet submitted), with its text stream."""
+        ids = self.encode(prompt, raw)
+        self.check_length(len(ids), max_new_tokens)
+        cfg = sampling_config(sampling)
+        spec = self.tree_for(cfg.target.temperature if cfg is not None else None)
+        req = BatchRequest(ids, max_new_tokens, self.eos_ids(), cfg, spec)
+        return BatchText(req, TextStream(self.tokenizer, stop))
+
+    def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, raw: bool = False,
+                       stop: str | Sequence[str] | None = None, **sampling) -> list[Output]:
+        """Generate for many prompts at once (config.max_batch sequences advance together; the rest queue).
+        Outputs in the order of `prompts`; greedy ones are the target's own greedy text (token for token in fp32),
+        sampled ones draw from the request's own seed whatever its batch companions."""
+        texts = [self.request(p, max_new_tokens, raw, stop, **sampling) for p in prompts]
+        engine = self.batch_engine
+        by_request = {id(t.request): t for t in texts}
+        for t in texts:
+            engine.submit(t.request)
+        while not all(t.request.done for t in texts):
+            for req, tokens in engine.step():
+                t = by_request[id(req)]
+                t.push(tokens)
+                if t.detok.stopped:
+                    engine.cancel(req)
+        return [t.output() for t in texts]
+
+
+class BatchText:
+    """A batched request and its text: push() each step's tokens, output() once the request is done."""
+
+    def __init__(self, request: BatchRequest, detok: TextStream):
+        self.request, self.detok = request, detok
+
+    def push(self, tokens: Sequence[int]) -> str:
+        """The newly final text after these tokens ("" if none)."""
+        return self.detok.push(tokens)
+
+    def flush(self) -> str:
+        return self.detok.flush()
+
+    @property
+    def finish_reason(self) -> str:
+        return "stop" if self.detok.stopped else self.request.result.finish_reason
+
+    def output(self) -> Output:
+        self.flush()
+        r = self.request.result
+        return Output(self.detok.text, list(r.token_ids), list(r.prompt_ids), r.stats(), r, self.finish_reason)
+
+
+def sampling_config(sampling: dict[str, Any]):
+    """Request sampling options (temperature, top_p, top_k, min_p, seed, draft_temperature) -> a SamplingConfig,
+    or None for greedy (no temperature or 0: top_p / top_k / seed need one)."""
+    from eaglespec.sampling import SamplingConfig, SamplingParams, draft_processors
+
+    opts = {k: v for k, v in sampling.items() if v is not None}
+    if not opts.get("temperature"):
+        return None
+    seed = opts.pop("seed", None)
+    draft = draft_processors(opts.pop("draft_temperature", None))  # the drafter's own (0: top-k children)
+    try:
+        return SamplingConfig(SamplingParams(**opts), seed=seed, draft=draft)
+    except TypeError:
+        raise EagleSpecError(f"unknown sampling options {sorted(opts)} (temperature, top_k, top_p, min_p, seed, "
+                             "draft_temperature)") from None
 
 
 class TextStream:

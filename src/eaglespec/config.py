@@ -36,14 +36,19 @@ class EngineConfig:
     adaptive: bool = False  # per round, draft or take a plain step, whichever has cost less per token
     draft_max_len: int | None = None  # rows of the static drafter KV (None: from the context length)
     threads: int | None = None  # CPU threads for torch (None: the cores free for this process)
+    max_batch: int = 8  # sequences the batched engine (generate_batch, serve) advances together
+    prefill_chunk: int = 512  # prompt tokens a joining sequence prefills per batched step while others decode
+    speculate_up_to: int | None = None  # the batched engine drafts while at most this many rows are live (None: always)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise EagleSpecError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.draft_max_len is not None and self.draft_max_len < 1:
             raise EagleSpecError(f"draft_max_len must be >= 1, got {self.draft_max_len}")
-        if self.threads is not None and self.threads < 1:
-            raise EagleSpecError(f"threads must be >= 1, got {self.threads}")
+        for name in ("threads", "max_batch", "prefill_chunk", "speculate_up_to"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise EagleSpecError(f"{name} must be >= 1, got {value}")
 
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)

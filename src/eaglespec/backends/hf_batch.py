@@ -235,7 +235,7 @@ class HFBatchTarget:
         """Cut trailing slots no row uses."""
         used = self.valid.any(dim=0).nonzero()
         L = int(used[-1]) + 1 if used.numel() else 0
-        if L < self.valid.shape[1]:
+        if self.valid.shape[1] > L:
             self.keys = [k[:, :, :L] for k in self.keys]
             self.values = [v[:, :, :L] for v in self.values]
             self.valid, self.pos = self.valid[:, :L], self.pos[:, :L]

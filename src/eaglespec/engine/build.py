@@ -2,6 +2,7 @@
 
     target = build_target(model, config, drafter.feature_layer_ids)
     engine = build_engine(target, drafter, spec, config)
+    batched = build_batch_engine(model, drafter, spec, config)   # many sequences at once (engine/batch.py)
 
 build_engine picks the drafter's runner (a StaticDraftRunner with CUDA graphs, or eager rows), the round graphs
 and the loop's switches from `config.resolve(device, fast)`; the engine is complete when it returns.
@@ -16,8 +17,10 @@ from torch import nn
 
 from eaglespec.backends.base import TargetBackend
 from eaglespec.backends.fast import FastTarget, make_target
+from eaglespec.backends.hf_batch import HFBatchTarget
 from eaglespec.config import EngineConfig
 from eaglespec.draft.fast import StaticDraftRunner
+from eaglespec.engine.batch import BatchEngine
 from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig
 from eaglespec.tree.core import TreeSpec
@@ -55,3 +58,14 @@ def build_engine(target: TargetBackend, drafter: nn.Module | None, spec: TreeSpe
     return SpeculativeEngine(target, drafter, spec, sampling, draft_runner=runner, round_graphs=switches.round_graphs,
                              kernels=switches.kernels, adaptive=config.adaptive, overlap=switches.overlap,
                              chunked_prefill=switches.chunked_prefill)
+
+
+def build_batch_engine(model: nn.Module, drafter: nn.Module | None, spec: TreeSpec | None,
+                       config: EngineConfig | None = None) -> BatchEngine:
+    """The batched engine over `model` (HFBatchTarget) drafting with `drafter`, sized as `config` says."""
+    config = config or EngineConfig()
+    ids = tuple(drafter.feature_layer_ids) if drafter is not None else ()
+    target = HFBatchTarget(model, ids)
+    kernels = config.resolve(target.device, fast=False).kernels
+    return BatchEngine(target, drafter, spec, max_batch=config.max_batch, prefill_chunk=config.prefill_chunk,
+                       speculate_up_to=config.speculate_up_to, kernels=kernels)
