@@ -36,7 +36,7 @@ class EngineConfig:
     adaptive: bool = False  # per round, draft or take a plain step, whichever has cost less per token
     draft_max_len: int | None = None  # rows of the static drafter KV (None: from the context length)
     threads: int | None = None  # CPU threads for torch (None: the cores free for this process)
-    max_batch: int = 8  # sequences the batched engine (generate_batch, serve) advances together
+    max_batch: int | None = None  # sequences served together (None: 8 on a CPU, 1 on a GPU; see batch_size)
     prefill_chunk: int = 512  # prompt tokens a joining sequence prefills per batched step while others decode
     speculate_up_to: int | None = None  # the batched engine drafts while at most this many rows are live (None: always)
 
@@ -66,6 +66,13 @@ class EngineConfig:
             overlap=_pick(self.overlap, fast and cuda),
             chunked_prefill=_pick(self.chunked_prefill, cuda),
         )
+
+    def batch_size(self, device: torch.device | str) -> int:
+        """Sequences the server advances together: max_batch, else 8 on a CPU (the batched engine) and 1 on a
+        GPU (the one-sequence fast path: the batched engine runs the model's own forward)."""
+        if self.max_batch is not None:
+            return self.max_batch
+        return 1 if torch.device(device).type == "cuda" else 8
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **overrides) -> EngineConfig:

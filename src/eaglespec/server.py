@@ -4,11 +4,13 @@ Endpoints: POST /v1/chat/completions, POST /v1/completions (server-sent events w
 true), GET /v1/models, GET /health, GET /metrics (Prometheus). With an API key, /v1/* needs
 `Authorization: Bearer KEY` (401 otherwise); /health and /metrics stay open.
 
-The engine decodes one sequence at a time, so every request becomes a Job on one FIFO queue
-served by one worker thread: requests never share engine state. A job whose client went away
-(a closed stream, or a non-streaming client that disconnected) is cancelled: the worker stops
-it after the current round, or skips it if it has not started. Bad requests get an OpenAI-style
-error body `{"error": {"message", "type", "param", "code"}}` with a 4xx status.
+Every request becomes a Job on one FIFO queue served by one worker thread that owns the engine. With
+max_batch > 1 (EngineConfig.batch_size) the BatchWorker runs the batched engine (engine/batch.py): jobs join
+between rounds and leave when finished, and each gets its text as its rounds are accepted; with max_batch 1 the
+Worker runs one job at a time on the one-sequence engine (the fast path on a GPU). A job whose client went away
+(a closed stream, or a non-streaming client that disconnected) is cancelled: its sequence stops after the current
+round (its KV freed), or is skipped if it has not started. More than max_queue waiting jobs get 429. Bad requests
+get an OpenAI-style error body `{"error": {"message", "type", "param", "code"}}` with a 4xx status.
 
 Sampling fields (temperature, top_p, top_k, seed) pass straight through to EagleSpec.stream;
 an omitted or zero temperature means greedy decoding (unlike OpenAI's default of 1).
@@ -103,6 +105,9 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+RATE_WINDOW_S = 10.0  # eaglespec_tokens_per_second counts the requests finished in this many seconds
+
+
 # -- the worker ---------------------------------------------------------------------------------
 @dataclass
 class Job:
@@ -121,7 +126,7 @@ class Job:
 
 
 class Worker:
-    """One thread owns the engine and runs the queued jobs in order."""
+    """One thread owns the one-sequence engine and runs the queued jobs in order."""
 
     def __init__(self, es, telemetry: Telemetry, max_queue: int = 256):
         self.es, self.telemetry, self.max_queue = es, telemetry, max_queue
@@ -129,12 +134,17 @@ class Worker:
         self.thread = threading.Thread(target=self._run, name="eaglespec-worker", daemon=True)
         self.thread.start()
 
+    @property
+    def waiting(self) -> int:
+        """Jobs not yet started."""
+        return self.jobs.qsize()
+
     def submit(self, job: Job) -> None:
-        if self.jobs.qsize() >= self.max_queue:
-            raise APIError(503, f"the server is busy: {self.max_queue} requests are queued; retry later",
+        if self.waiting >= self.max_queue:
+            raise APIError(429, f"the server is busy: {self.max_queue} requests are queued; retry later",
                            code="server_busy", kind="server_error")
         self.jobs.put(job)
-        self.telemetry.queue_depth.set(self.jobs.qsize())
+        self.telemetry.queue_depth.set(self.waiting)
 
     def stop(self) -> None:
         self.jobs.put(None)
@@ -153,8 +163,7 @@ class Worker:
             except EagleSpecError as exc:
                 job.send("error", APIError(400, str(exc)))
             except Exception as exc:  # keep serving: report the failure to this request only
-                job.send("error", APIError(500, f"generation failed: {type(exc).__name__}: {exc}",
-                                           kind="server_error"))
+                job.send("error", _failed(exc))
 
     def _generate(self, job: Job) -> None:
         self.telemetry.running.set(1)
@@ -170,6 +179,95 @@ class Worker:
             job.send("done", st.output())
         finally:
             self.telemetry.running.set(0)
+
+
+class BatchWorker(Worker):
+    """One thread owns the batched engine: between steps it admits new jobs and cancels the ones whose client went
+    away; each step advances every live sequence by one round and sends each job its newly final text."""
+
+    def __init__(self, es, telemetry: Telemetry, max_queue: int = 256):
+        self.engine = es.batch_engine
+        self.running: dict[int, tuple[Job, Any]] = {}  # id(request) -> (job, its BatchText)
+        super().__init__(es, telemetry, max_queue)
+
+    @property
+    def waiting(self) -> int:
+        return self.jobs.qsize() + len(self.engine.waiting)
+
+    def _run(self) -> None:
+        while True:
+            if not self._admit(block=self.engine.idle):
+                return
+            for job, text in self.running.values():
+                if job.cancelled.is_set():
+                    self.engine.cancel(text.request)
+            try:
+                events = self.engine.step()
+            except Exception as exc:  # keep serving: the jobs in the engine fail, the queue goes on
+                self._fail_all(exc)
+                continue
+            for req, tokens in events:
+                job, text = self.running[id(req)]
+                piece = text.push(tokens)
+                if piece:
+                    job.send("text", piece)
+                if text.detok.stopped:  # a stop string: the text is complete
+                    self.engine.cancel(req)
+            self._finish()
+
+    def _admit(self, block: bool) -> bool:
+        """Move queued jobs into the engine (waiting for one when `block`); False once stop() was called."""
+        while True:
+            try:
+                job = self.jobs.get(block=block)
+            except queue.Empty:
+                break
+            block = False
+            if job is None:
+                return False
+            if job.cancelled.is_set():
+                self.telemetry.cancelled.inc()
+                continue
+            try:
+                text = self.es.request(job.prompt_ids, job.max_tokens, stop=job.stop, **job.sampling)
+            except EagleSpecError as exc:
+                job.send("error", APIError(400, str(exc)))
+                continue
+            self.engine.submit(text.request)
+            self.running[id(text.request)] = (job, text)
+        self._gauges()
+        return True
+
+    def _finish(self) -> None:
+        """Jobs whose sequence is done get their output (or nothing, when their client went away)."""
+        for key, (job, text) in list(self.running.items()):
+            if not text.request.done:
+                continue
+            del self.running[key]
+            if job.cancelled.is_set() and not text.detok.stopped:
+                self.telemetry.cancelled.inc()
+            else:
+                piece = text.flush()  # the held-back tail (an incomplete character, a partial stop string)
+                if piece:
+                    job.send("text", piece)
+                self.telemetry.observe(text.request.result)
+                job.send("done", text.output())
+        self._gauges()
+
+    def _fail_all(self, exc: Exception) -> None:
+        for job, _ in self.running.values():
+            job.send("error", _failed(exc))
+        self.running.clear()
+        self.engine.abort()
+        self._gauges()
+
+    def _gauges(self) -> None:
+        self.telemetry.queue_depth.set(self.waiting)
+        self.telemetry.running.set(len(self.engine.live))
+
+
+def _failed(exc: Exception) -> APIError:
+    return APIError(500, f"generation failed: {type(exc).__name__}: {exc}", kind="server_error")
 
 
 class Telemetry:
@@ -194,11 +292,24 @@ class Telemetry:
                                  buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
         self.cancelled = Counter("eaglespec_cancelled_requests", "requests whose client went away", registry=r)
         self.queue_depth = Gauge("eaglespec_queue_depth", "requests waiting for the engine", registry=r)
-        self.running = Gauge("eaglespec_running", "requests being generated (0 or 1)", registry=r)
+        self.running = Gauge("eaglespec_running", "requests being generated (the live batch)", registry=r)
+        self.tokens_per_second = Gauge("eaglespec_tokens_per_second",
+                                       "tokens generated per second, over the requests finished lately", registry=r)
+        self.tau = Gauge("eaglespec_mean_acceptance_length",
+                         "tokens emitted per verification, over every finished request", registry=r)
+        self._recent: list[tuple[float, int]] = []  # (finish time, tokens) of requests finished lately
+        self._emitted = self._verifications = 0
 
     def observe(self, result) -> None:
         self.prompt_tokens.inc(len(result.prompt_ids))
         self.generation_tokens.inc(len(result.token_ids))
+        now = time.perf_counter()
+        self._recent = [(t, n) for t, n in self._recent if now - t < RATE_WINDOW_S] + [(now, len(result.token_ids))]
+        self.tokens_per_second.set(sum(n for _, n in self._recent) / RATE_WINDOW_S)
+        self._emitted += sum(r.emitted for r in result.rounds)
+        self._verifications += len(result.rounds)
+        if self._verifications:
+            self.tau.set(self._emitted / self._verifications)
         for rnd in result.rounds:
             self.rounds.inc()
             self.drafted.inc(rnd.drafted)
@@ -236,7 +347,8 @@ def create_app(es, model_name: str = "eaglespec", api_key: str | None = None, ma
     if FastAPI is None:
         raise EagleSpecError("the server needs fastapi, uvicorn and prometheus-client (the eaglespec[server] extra)")
     telemetry = Telemetry()
-    worker = Worker(es, telemetry, max_queue)
+    batched = es.config.batch_size(es.model.device) > 1
+    worker = (BatchWorker if batched else Worker)(es, telemetry, max_queue)
     context = es.context_length
     limit = max_tokens_limit or context
     vocab = es.target.vocab_size
@@ -367,7 +479,7 @@ def create_app(es, model_name: str = "eaglespec", api_key: str | None = None, ma
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": model_name, "queued": worker.jobs.qsize(),
+        return {"status": "ok", "model": model_name, "queued": worker.waiting,
                 "worker_alive": worker.thread.is_alive()}
 
     @app.get("/metrics")

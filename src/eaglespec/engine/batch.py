@@ -99,6 +99,13 @@ class BatchEngine:
         """Stop a request at the next step (its batch row freed then)."""
         request.cancelled = True
 
+    def abort(self) -> None:
+        """Drop every request (after a failed step): the live and waiting ones end as "error", the KV is freed."""
+        for r in [*self.live, *self.waiting]:
+            self._close(r, "error")
+        self.live, self.waiting = [], deque()
+        self.target.reset()
+
     @property
     def idle(self) -> bool:
         return not self.live and not self.waiting

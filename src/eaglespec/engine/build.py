@@ -25,6 +25,7 @@ from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig
 from eaglespec.tree.core import TreeSpec
 
+DEFAULT_MAX_BATCH = 8  # the batched engine's rows when the config does not size it
 DEFAULT_DRAFT_MAX_LEN = 4096  # static drafter KV rows when neither the config nor the caller sizes it
 
 
@@ -62,10 +63,10 @@ def build_engine(target: TargetBackend, drafter: nn.Module | None, spec: TreeSpe
 
 def build_batch_engine(model: nn.Module, drafter: nn.Module | None, spec: TreeSpec | None,
                        config: EngineConfig | None = None) -> BatchEngine:
-    """The batched engine over `model` (HFBatchTarget) drafting with `drafter`, sized as `config` says."""
+    """The batched engine over `model` (HFBatchTarget) drafting with `drafter`: config.max_batch rows (default 8)."""
     config = config or EngineConfig()
     ids = tuple(drafter.feature_layer_ids) if drafter is not None else ()
     target = HFBatchTarget(model, ids)
     kernels = config.resolve(target.device, fast=False).kernels
-    return BatchEngine(target, drafter, spec, max_batch=config.max_batch, prefill_chunk=config.prefill_chunk,
-                       speculate_up_to=config.speculate_up_to, kernels=kernels)
+    return BatchEngine(target, drafter, spec, max_batch=config.max_batch or DEFAULT_MAX_BATCH,
+                       prefill_chunk=config.prefill_chunk, speculate_up_to=config.speculate_up_to, kernels=kernels)
