@@ -78,6 +78,8 @@ def no_loading(monkeypatch):
     (["generate", "--prompt", "x", "--max-new-tokens", "-1"], "--max-new-tokens must be >= 0"),
     (["generate", "--prompt", "x", "--k", "-2"], "--k must be >= 0"),
     (["generate", "--prompt", "x", "--threads", "0"], "threads must be >= 1"),
+    (["generate", "--prompt", "x", "--max-batch", "0"], "max_batch must be >= 1"),
+    (["serve", "--prefill-chunk", "0"], "prefill_chunk must be >= 1"),
     (["generate", "--prompt", "x", "--dtype", "int8"], "--dtype 'int8'"),
     (["generate", "--prompt", "x", "--target", "./no/such/model"], "--target ./no/such/model: no such directory"),
     (["chat", "--draft", "/nonexistent/drafter"], "no such directory"),
@@ -93,6 +95,34 @@ def test_bad_input_is_refused_before_the_target_loads(argv, message, no_loading,
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("eaglespec: error: ") and message in err[0], err
+
+
+@pytest.mark.parametrize("lines, message", [
+    ('"ok"\nnot json\n', "line 2 is not JSON"),
+    ('{"text": "x"}\n', 'line 1 is not a prompt string or an object with a "prompt" string'),
+    ("\n\n", "no prompts"),
+])
+def test_bad_prompt_lines_are_refused_before_the_target_loads(lines, message, no_loading, tmp_path, capsys):
+    f = tmp_path / "prompts.jsonl"
+    f.write_text(lines)
+    assert main(["generate", "--prompt-file", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_generate_over_a_prompt_file_is_batched(model_dir, tmp_path, capsys):
+    """A .jsonl prompt file: one JSON line per prompt, in order, from the batched engine, each the text that
+    prompt gives alone."""
+    prompts = ["ab", "xyz", "q"]
+    f = tmp_path / "prompts.jsonl"
+    f.write_text('"ab"\n{"prompt": "xyz"}\n\n"q"\n')
+    argv = ["generate", "--target", str(model_dir), "--device", "cpu", "--prompt-file", str(f), "--raw",
+            "--max-new-tokens", "5", "--max-batch", "2", "--json", "--threads", "1"]
+    assert main(argv) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    es = EagleSpec.from_pretrained(str(model_dir), device="cpu")
+    assert [line["text"] for line in lines] == [es.generate(p, 5, raw=True).text for p in prompts]
+    assert {line["stats"]["backend"] for line in lines} == {"hf-batch"}
 
 
 def test_generate_is_quiet_unless_verbose(model_dir):

@@ -86,9 +86,12 @@ def add_tree_args(p: argparse.ArgumentParser, policy: bool = True) -> None:
     """Tree flags. A flag left out takes the drafter's recommended shape (tree_defaults in its
     eaglespec_manifest.json), else the generic default in the help. policy=False leaves out --tree."""
     if policy:
-        p.add_argument("--tree", default=None, choices=["chain", "static", "dynamic"],
-                       help="draft tree policy (default: the drafter's recommendation where its manifest has one: "
-                            "tree_defaults.cuda on a GPU, tree_defaults.sampled with a temperature; else chain)")
+        p.add_argument("--tree", default=None, choices=["chain", "static", "dynamic", "auto"],
+                       help="draft tree policy; auto: the shape with the most predicted tokens/s for the drafter's "
+                            "measured acceptance (its manifest's acceptance_profile) and this device's measured "
+                            "costs (default: auto on a GPU when the drafter's manifest has an acceptance profile; else "
+                            "its recommendation where its manifest has one: tree_defaults.cuda on a GPU, "
+                            "tree_defaults.sampled with a temperature; else chain)")
     p.add_argument("--k", type=int, default=None,
                    help="chain length (default: the drafter's recommendation, else 5; 0 = plain decoding)")
     p.add_argument("--top-k", type=int, default=None,
@@ -98,6 +101,16 @@ def add_tree_args(p: argparse.ArgumentParser, policy: bool = True) -> None:
     p.add_argument("--budget", type=int, default=None,
                    help="draft tokens verified per round (default: the drafter's recommendation, else 60; "
                         "0 = plain decoding)")
+
+
+def add_batch_args(p: argparse.ArgumentParser, default: str) -> None:
+    """The batched engine's flags (EngineConfig.max_batch, prefill_chunk, speculate_up_to)."""
+    p.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help=f"sequences advanced together by the batched engine (default: {default})")
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="prompt tokens a joining sequence prefills per step while others decode (default 512)")
+    p.add_argument("--speculate-up-to", type=int, default=None, metavar="N",
+                   help="draft while at most N sequences are live, plain batched steps above (default: always)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

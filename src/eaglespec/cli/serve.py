@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from eaglespec.cli.args import (
+    add_batch_args,
     add_model_args,
     add_tree_args,
     check_model_inputs,
@@ -23,9 +24,11 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "serve", help="run an OpenAI-compatible HTTP server (chat/completions, streaming, /metrics)",
         description="OpenAI-compatible server: POST /v1/chat/completions and /v1/completions (SSE streaming), "
-                    "GET /v1/models, /health, /metrics. Requests are queued and run one at a time.")
+                    "GET /v1/models, /health, /metrics. Up to --max-batch requests are generated together (continuous "
+                    "batching: requests join between rounds and leave when done); the rest wait in a queue.")
     add_model_args(p)
     add_tree_args(p)
+    add_batch_args(p, "8 on a CPU; 1 on a GPU, where the one-sequence fast path runs")
     p.add_argument("--host", default="127.0.0.1",
                    help="interface to bind (default 127.0.0.1: this machine only; 0.0.0.0 = every interface)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
@@ -39,7 +42,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--default-max-tokens", type=int, default=256,
                    help="max_tokens when a request omits it (default 256, cut to the context left)")
     p.add_argument("--max-queue", type=int, default=256,
-                   help="requests that may wait for the engine; more get 503 (default 256)")
+                   help="requests that may wait for the engine; more get 429 (default 256)")
     p.add_argument("--log-level", default=None, choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default: warning; info with -v, which logs every request)")
     p.set_defaults(func=cmd_serve)
