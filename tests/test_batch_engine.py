@@ -119,6 +119,18 @@ def test_no_speculation_above_the_batch_limit(fitted):
     assert all(d[0] == 0 for d in drafted) and any(x > 0 for x in drafted[-1])
 
 
+def test_adaptive_batches_stay_exact(fitted):
+    """Per batch-size gates switch between drafted rounds and plain steps; every row is still exact."""
+    model, drafter = fitted
+    prompts = _prompts(3)
+    engine = BatchEngine(HFBatchTarget(model), drafter, TREES["chain"], max_batch=3, adaptive=True)
+    results = engine.generate([BatchRequest(p, 30) for p in prompts])
+    for p, r in zip(prompts, results):
+        assert r.token_ids == reference_greedy(model, p, 30)
+    drafted = [rnd.drafted for rnd in results[0].rounds]
+    assert 0 in drafted and any(drafted) and 4 in engine.gates
+
+
 @pytest.mark.parametrize("tree", ["chain", "dynamic"])
 def test_sampled_rows_do_not_depend_on_companions(fitted, tree):
     model, drafter = fitted

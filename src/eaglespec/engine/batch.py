@@ -11,8 +11,10 @@ Each step (BatchEngine.step):
 
 A row's round depends on its own state only: its tokens equal what the one-sequence engine emits for it alone,
 and a sampled row draws from its own generator, so its tokens do not depend on its batch companions.
-A row drafts while the live batch is at most `speculate_up_to` rows; above it every row takes plain steps (one
-tree row), and its drafter catches up on those rows at its next drafted round.
+Speculation that fits the batch: a round drafts while the live batch is at most `speculate_up_to` rows; above it
+every row takes a plain step (one tree row), and its drafter catches up on those rows at its next drafted round.
+With `adaptive`, each batch-size bucket (1, 2, 4, 8, ...) has its own SpeculationGate (engine/gate.py) that times
+drafted rounds against plain steps at that size and keeps the one with more tokens per second; both are lossless.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torch import nn
 
 from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
 from eaglespec.draft.proposer import Proposer, shifted_tokens
+from eaglespec.engine.gate import SpeculationGate
 from eaglespec.engine.loop import attach_drafter
 from eaglespec.engine.state import GenerationResult, RoundStats
 from eaglespec.sampling import SamplingConfig, process_logits, sample
@@ -72,7 +75,7 @@ class BatchEngine:
 
     def __init__(self, target: HFBatchTarget, drafter: nn.Module | None = None, spec: TreeSpec | None = None, *,
                  max_batch: int = 8, prefill_chunk: int = 512, speculate_up_to: int | None = None,
-                 kernels: bool | None = None):
+                 adaptive: bool = False, kernels: bool | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if prefill_chunk < 1:
@@ -81,6 +84,8 @@ class BatchEngine:
         self.spec = spec or TreeSpec()
         self.max_batch, self.prefill_chunk = max_batch, prefill_chunk
         self.speculate_up_to = speculate_up_to
+        self.adaptive = adaptive
+        self.gates: dict[int, SpeculationGate] = {}  # batch-size bucket -> its gate (adaptive)
         self.kernels = kernels
         if drafter is not None:
             attach_drafter(target, drafter)
@@ -195,7 +200,9 @@ class BatchEngine:
     def _round(self) -> list[tuple[BatchRequest, list[int]]]:
         """One round for every live row: draft per row, one batched verify, accept and publish per row."""
         t0 = time.perf_counter()
-        drafting = self.speculate_up_to is None or len(self.live) <= self.speculate_up_to
+        gate = self._gate()
+        drafting = (self.speculate_up_to is None or len(self.live) <= self.speculate_up_to) and (
+            gate is None or gate.draft())
         trees = [self._draft(r, drafting) for r in self.live]
         flats = [flatten(t) for t in trees]
         t1 = time.perf_counter()
@@ -224,7 +231,16 @@ class BatchEngine:
         t3 = time.perf_counter()
         for r in self.live:
             r.result.rounds[-1].commit_s = t3 - t2
+        if gate is not None:
+            gate.record(drafting, sum(len(e) for _, e in events), t3 - t0)
         return events
+
+    def _gate(self) -> SpeculationGate | None:
+        """The gate of the live batch's size bucket (adaptive, with a drafter), else None."""
+        if not self.adaptive or self.drafter is None:
+            return None
+        bucket = 1 << (len(self.live) - 1).bit_length()  # 1, 2, 4, 8, ...
+        return self.gates.setdefault(bucket, SpeculationGate())
 
     def _draft(self, r: BatchRequest, drafting: bool) -> DraftTree:
         """Row r's tree: its proposer catches up on the rows it has not consumed and grows the tree below the

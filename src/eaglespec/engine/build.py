@@ -69,4 +69,5 @@ def build_batch_engine(model: nn.Module, drafter: nn.Module | None, spec: TreeSp
     target = HFBatchTarget(model, ids)
     kernels = config.resolve(target.device, fast=False).kernels
     return BatchEngine(target, drafter, spec, max_batch=config.max_batch or DEFAULT_MAX_BATCH,
-                       prefill_chunk=config.prefill_chunk, speculate_up_to=config.speculate_up_to, kernels=kernels)
+                       prefill_chunk=config.prefill_chunk, speculate_up_to=config.speculate_up_to,
+                       adaptive=config.adaptive, kernels=kernels)

@@ -1,0 +1,182 @@
+"""Batched serving: aggregate tokens/s and per-request latency, plain batched vs speculative batched decoding.
+
+    python bench/batch.py [--batches 1,4,16,64] [--limit 64] [--max-new-tokens 128] [--device cuda]
+        [--dtype bfloat16] [--draft DIR] [--tree dynamic] [--json OUT]
+    python bench/batch.py --serve [--requests 8] [--max-new-tokens 32]     # the HTTP server, CPU fp32
+
+Engine mode: for each batch size B, the first --limit MT-bench first turns go to the batched engine (engine/
+batch.py) with max_batch B, all submitted at once (continuous batching: a request joins when a row frees), once
+without a drafter (plain batched decoding), once with it, and once with it under the per-batch-size gates
+(adaptive: drafted rounds or plain steps, whichever is faster at that size). Reported per (B, method): aggregate tokens/s, p50/p99
+time to first token and time per output token (per request: (finish - first token) / (tokens - 1)), tau; and the
+one-sequence engine (EagleSpec.generate, the fast path) over the same prompts, one after another, as the batch-1
+baseline. Ratios are against plain batched decoding at the same B, measured in the same run.
+
+Serve mode: `create_app` under uvicorn on a loopback port (as `eaglespec serve`), --requests chat requests
+sent one after another, then the same requests at once: wall seconds of each and their ratio, with the texts
+compared (greedy: they must be equal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from eaglespec.api import EagleSpec
+from eaglespec.datasets import load_prompts
+from eaglespec.engine.batch import BatchEngine, BatchRequest
+from eaglespec.engine.build import build_batch_engine
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))] if values else 0.0
+
+
+def run_engine(engine: BatchEngine, prompts: list[list[int]], max_new_tokens: int, eos: list[int]) -> dict:
+    """All prompts submitted at once; per-request first-token and finish times from the step events."""
+    sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    reqs = [engine.submit(BatchRequest(p, max_new_tokens, eos)) for p in prompts]
+    first: dict[int, float] = {}
+    done: dict[int, float] = {}
+    while not all(r.done for r in reqs):
+        events = engine.step()
+        now = time.perf_counter()
+        for r, tokens in events:
+            if tokens:
+                first.setdefault(id(r), now)
+        for r in reqs:
+            if r.done and id(r) not in done:
+                done[id(r)] = now
+    sync()
+    wall = time.perf_counter() - t0
+    n = sum(len(r.result.token_ids) for r in reqs)
+    ttft = [first[id(r)] - t0 for r in reqs]
+    tpot = [(done[id(r)] - first[id(r)]) / (len(r.result.token_ids) - 1) for r in reqs
+            if len(r.result.token_ids) > 1]
+    rounds = sum(len(r.result.rounds) for r in reqs)
+    emitted = sum(rd.emitted for r in reqs for rd in r.result.rounds)
+    return {"tokens": n, "seconds": wall, "tokens_per_s": n / wall, "ttft_p50": _pct(ttft, 0.5),
+            "ttft_p99": _pct(ttft, 0.99), "tpot_p50": _pct(tpot, 0.5), "tpot_p99": _pct(tpot, 0.99),
+            "tau": emitted / rounds if rounds else 0.0, "outputs": [r.result.token_ids for r in reqs]}
+
+
+def engine_mode(args: argparse.Namespace) -> dict:
+    es = EagleSpec.from_pretrained(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype,
+                                   tree={"tree": args.tree})
+    prompts = [es.encode(p) for p in load_prompts(args.dataset, args.limit)]
+    eos = es.eos_ids()
+    dev = es.model.device
+    log(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, device {dev}, tree {args.tree}")
+    t0 = time.perf_counter()
+    solo = [es.generate(p, args.max_new_tokens) for p in prompts]  # the one-sequence fast path, one at a time
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    solo_s = time.perf_counter() - t0
+    solo_n = sum(len(o.token_ids) for o in solo)
+    out = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+           "one_sequence": {"tokens_per_s": solo_n / solo_s, "tau": statistics.mean(o.stats["tau"] for o in solo)},
+           "rows": []}
+    log(f"one-sequence engine, one request at a time: {solo_n / solo_s:.1f} tok/s")
+    for B in args.batches:
+        cfg = es.config.replace(max_batch=B)
+        row = {"batch": B}
+        for name, drafter, adaptive in (("plain", None, False), ("speculative", es.drafter, False),
+                                        ("adaptive", es.drafter, True)):
+            engine = build_batch_engine(es.model, drafter, es.spec, cfg.replace(adaptive=adaptive))
+            run_engine(engine, prompts[: min(B, 2)], 8, eos)  # warm-up
+            r = run_engine(engine, prompts, args.max_new_tokens, eos)
+            same = sum(a == b.token_ids for a, b in zip(r.pop("outputs"), solo))
+            row[name] = {**r, "same_as_one_sequence": same}
+        row["speedup"] = row["speculative"]["tokens_per_s"] / row["plain"]["tokens_per_s"]
+        row["adaptive_speedup"] = row["adaptive"]["tokens_per_s"] / row["plain"]["tokens_per_s"]
+        out["rows"].append(row)
+        p, s = row["plain"], row["speculative"]
+        log(f"B={B:3d} plain {p['tokens_per_s']:8.1f} tok/s (ttft p50 {p['ttft_p50']:.3f}s, tpot p50 "
+            f"{p['tpot_p50'] * 1e3:.1f} ms) | speculative {s['tokens_per_s']:8.1f} tok/s (ttft p50 "
+            f"{s['ttft_p50']:.3f}s, tpot p50 {s['tpot_p50'] * 1e3:.1f} ms, tau {s['tau']:.2f}) | "
+            f"{row['speedup']:.2f}x (adaptive {row['adaptive_speedup']:.2f}x) | same tokens {p['same_as_one_sequence']}/{s['same_as_one_sequence']} of "
+            f"{len(prompts)}")
+    base = out["rows"][0]["plain"]["tokens_per_s"] if out["rows"] else 0
+    for row in out["rows"]:
+        row["plain_vs_plain_b1"] = row["plain"]["tokens_per_s"] / base if base else 0.0
+    return out
+
+
+def serve_mode(args: argparse.Namespace) -> dict:
+    import httpx
+    import uvicorn
+
+    from eaglespec.server import create_app
+
+    es = EagleSpec.from_pretrained(target=args.target, draft=args.draft, device=args.device or "cpu",
+                                   dtype=args.dtype or "float32", max_batch=args.requests)
+    prompts = load_prompts(args.dataset, args.requests)
+    server = uvicorn.Server(uvicorn.Config(create_app(es, "bench"), host="127.0.0.1", port=args.port,
+                                           log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{args.port}/v1/chat/completions"
+
+    def ask(prompt: str) -> str:
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": args.max_new_tokens}
+        return httpx.post(url, json=body, timeout=600).json()["choices"][0]["message"]["content"]
+
+    ask(prompts[0])  # warm-up
+    t0 = time.perf_counter()
+    one_by_one = [ask(p) for p in prompts]
+    seq_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(ask, prompts))
+    conc_s = time.perf_counter() - t0
+    server.should_exit = True
+    out = {"requests": len(prompts), "max_new_tokens": args.max_new_tokens, "one_by_one_s": seq_s,
+           "concurrent_s": conc_s, "ratio": conc_s / seq_s, "same_text": sum(a == b for a, b in
+                                                                              zip(one_by_one, together))}
+    log(f"{len(prompts)} requests: one after another {seq_s:.2f}s, at once {conc_s:.2f}s "
+        f"({conc_s / seq_s:.2f}x the time); same text {out['same_text']}/{len(prompts)}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=None)
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--dataset", default="mtbench")
+    ap.add_argument("--tree", default="dynamic", choices=["chain", "static", "dynamic"])
+    ap.add_argument("--batches", default="1,4,16,64", help="comma-separated batch sizes")
+    ap.add_argument("--limit", type=int, default=64, help="prompts (engine mode)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--serve", action="store_true", help="serve mode: the HTTP server, one by one vs at once")
+    ap.add_argument("--requests", type=int, default=8, help="requests (serve mode)")
+    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args()
+    args.batches = [int(b) for b in args.batches.split(",") if b]
+    torch.manual_seed(0)
+    out = serve_mode(args) if args.serve else engine_mode(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
