@@ -69,7 +69,10 @@ def run_engine(engine: BatchEngine, prompts: list[list[int]], max_new_tokens: in
             if len(r.result.token_ids) > 1]
     rounds = sum(len(r.result.rounds) for r in reqs)
     emitted = sum(rd.emitted for r in reqs for rd in r.result.rounds)
-    return {"tokens": n, "seconds": wall, "tokens_per_s": n / wall, "ttft_p50": _pct(ttft, 0.5),
+    every = [rd for r in reqs for rd in r.result.rounds]  # a step's times, once per row in it
+    draft_ms = 1e3 * statistics.mean(rd.draft_s for rd in every) if every else 0.0
+    verify_ms = 1e3 * statistics.mean(rd.verify_s + rd.commit_s for rd in every) if every else 0.0
+    return {"draft_ms": draft_ms, "verify_ms": verify_ms, "tokens": n, "seconds": wall, "tokens_per_s": n / wall, "ttft_p50": _pct(ttft, 0.5),
             "ttft_p99": _pct(ttft, 0.99), "tpot_p50": _pct(tpot, 0.5), "tpot_p99": _pct(tpot, 0.99),
             "tau": emitted / rounds if rounds else 0.0, "outputs": [r.result.token_ids for r in reqs]}
 
@@ -87,7 +90,10 @@ def engine_mode(args: argparse.Namespace) -> dict:
         torch.cuda.synchronize()
     solo_s = time.perf_counter() - t0
     solo_n = sum(len(o.token_ids) for o in solo)
+    import transformers
+
     out = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+           "transformers": transformers.__version__, "commit": args.commit,
            "one_sequence": {"tokens_per_s": solo_n / solo_s, "tau": statistics.mean(o.stats["tau"] for o in solo)},
            "rows": []}
     log(f"one-sequence engine, one request at a time: {solo_n / solo_s:.1f} tok/s")
@@ -107,7 +113,8 @@ def engine_mode(args: argparse.Namespace) -> dict:
         p, s = row["plain"], row["speculative"]
         log(f"B={B:3d} plain {p['tokens_per_s']:8.1f} tok/s (ttft p50 {p['ttft_p50']:.3f}s, tpot p50 "
             f"{p['tpot_p50'] * 1e3:.1f} ms) | speculative {s['tokens_per_s']:8.1f} tok/s (ttft p50 "
-            f"{s['ttft_p50']:.3f}s, tpot p50 {s['tpot_p50'] * 1e3:.1f} ms, tau {s['tau']:.2f}) | "
+            f"{s['ttft_p50']:.3f}s, tpot p50 {s['tpot_p50'] * 1e3:.1f} ms, tau {s['tau']:.2f}; a step: draft "
+            f"{s['draft_ms']:.1f} ms, verify {s['verify_ms']:.1f} ms) | "
             f"{row['speedup']:.2f}x (adaptive {row['adaptive_speedup']:.2f}x) | same tokens {p['same_as_one_sequence']}/{s['same_as_one_sequence']} of "
             f"{len(prompts)}")
     base = out["rows"][0]["plain"]["tokens_per_s"] if out["rows"] else 0
@@ -168,6 +175,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=8, help="requests (serve mode)")
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--commit", default="", help="the commit measured (recorded in --json)")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",") if b]
     torch.manual_seed(0)
