@@ -149,6 +149,27 @@ def test_sampled_rows_do_not_depend_on_companions(fitted, tree):
         assert r.token_ids == alone.token_ids == single.generate(p, 16, sampling=cfg(i)).token_ids
 
 
+def test_chained_and_sampled_rows_together(fitted):
+    """Greedy rows draft their chains in one drafter call per step (draft/batch.py); a sampled row in the same batch
+    drafts with its own proposer. Each is what it is alone."""
+    model, drafter = fitted
+    spec = TREES["chain"]
+    prompts = _prompts(5)
+    sampled = SamplingConfig(SamplingParams(temperature=0.9), seed=7)
+    engine = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=5, prefill_chunk=6)
+    assert engine.chains is not None
+    reqs = [BatchRequest(p, 24, sampling=sampled if i == 2 else None) for i, p in enumerate(prompts)]
+    results = engine.generate(reqs)
+    assert [r.chained for r in reqs] == [True, True, False, True, True]
+    for i, (p, r) in enumerate(zip(prompts, results)):
+        if i != 2:
+            assert r.token_ids == reference_greedy(model, p, 24)
+    alone = SpeculativeEngine(HFTarget(model), drafter, spec).generate(prompts[2], 24, sampling=sampled)
+    assert results[2].token_ids == alone.token_ids
+    assert max(r.tau for r in results) > 2  # the chained drafts are accepted (the drafter's KV is right)
+    assert engine.chains.batch == 0
+
+
 def test_batch_rows_do_not_leak(fitted):
     """Rows with holes (kept paths of different lengths) and after compaction: each row's logits equal its
     sequence's alone."""

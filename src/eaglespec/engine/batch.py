@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
+from eaglespec.draft.batch import BatchChains, supports_batched_chains
 from eaglespec.draft.proposer import Proposer, shifted_tokens
 from eaglespec.engine.gate import SpeculationGate
 from eaglespec.engine.loop import attach_drafter
@@ -53,7 +54,8 @@ class BatchRequest:
     prefilled: Prefilled | None = field(default=None, repr=False)
     ids: torch.Tensor | None = field(default=None, repr=False)  # [N+1] every token; the last is the root
     pending: torch.Tensor | None = field(default=None, repr=False)  # [n, F] features the drafter has not consumed
-    proposer: Proposer | None = field(default=None, repr=False)
+    proposer: Proposer | None = field(default=None, repr=False)  # its own drafter rows (None: none, or chains)
+    chained: bool = False  # drafts the engine's greedy chain with the other chained rows, in one call per step
     generator: torch.Generator | None = field(default=None, repr=False)
     started: float = 0.0
 
@@ -89,6 +91,9 @@ class BatchEngine:
         self.kernels = kernels
         if drafter is not None:
             attach_drafter(target, drafter)
+        # greedy chains of every row in one drafter call per step (draft/batch.py), where the drafter allows it
+        chains = self.spec.kind == "chain" and self.spec.speculates and supports_batched_chains(drafter)
+        self.chains = BatchChains(drafter, self.spec.depth) if chains else None
         self.waiting: deque[BatchRequest] = deque()
         self.live: list[BatchRequest] = []  # live[b] is the target's batch row b
         self.target.reset()
@@ -110,6 +115,8 @@ class BatchEngine:
             self._close(r, "error")
         self.live, self.waiting = [], deque()
         self.target.reset()
+        if self.chains is not None:
+            self.chains = BatchChains(self.drafter, self.spec.depth)
 
     @property
     def idle(self) -> bool:
@@ -140,7 +147,7 @@ class BatchEngine:
             self._close(r, "cancelled")
         gone = [b for b, r in enumerate(self.live) if r.cancelled]
         if gone:
-            self.target.drop(gone)
+            self._drop(gone)
             for b in reversed(gone):
                 self._close(self.live.pop(b), "cancelled")
 
@@ -171,8 +178,9 @@ class BatchEngine:
         """The request's prefill state, random stream and proposer."""
         r.prefilled = Prefilled()
         r.generator = r.sampling.generator(self.device) if r.sampling is not None else None
-        if self.drafter is not None:
-            spec = r.spec or self.spec
+        spec = r.spec or self.spec
+        r.chained = self.chains is not None and r.sampling is None and spec == self.spec
+        if self.drafter is not None and not r.chained:
             r.proposer = Proposer(self.drafter, spec, kernels=self.kernels)
             r.proposer.sampling = r.sampling.draft_params if r.sampling is not None else None
             r.proposer.generator = r.generator
@@ -193,6 +201,8 @@ class BatchEngine:
         else:
             self.target.join(r.prefilled)
             r.prefilled = None  # the KV now lives in the batch cache
+            if self.chains is not None:
+                self.chains.join()
             self.live.append(r)
         return first
 
@@ -203,7 +213,7 @@ class BatchEngine:
         gate = self._gate()
         drafting = (self.speculate_up_to is None or len(self.live) <= self.speculate_up_to) and (
             gate is None or gate.draft())
-        trees = [self._draft(r, drafting) for r in self.live]
+        trees = self._draft_all(drafting)
         flats = [flatten(t) for t in trees]
         t1 = time.perf_counter()
         out = self.target.forward([f.tokens for f in flats], [f.depths for f in flats], [f.visible for f in flats])
@@ -219,7 +229,7 @@ class BatchEngine:
         self.target.commit([a.rows for a in accs])
         events = []
         for b, (r, tree, acc) in enumerate(zip(self.live, trees, accs)):
-            if r.proposer is not None:  # the accepted rows' features reseed the drafter
+            if r.proposer is not None or r.chained:  # the accepted rows' features reseed the drafter
                 feats = out.features[b].index_select(0, acc.rows)
                 r.pending = feats if r.pending is None else torch.cat([r.pending, feats])
             r.ids = torch.cat([r.ids, acc.path_tokens[1:], acc.bonus_token])
@@ -241,6 +251,20 @@ class BatchEngine:
             return None
         bucket = 1 << (len(self.live) - 1).bit_length()  # 1, 2, 4, 8, ...
         return self.gates.setdefault(bucket, SpeculationGate())
+
+    def _draft_all(self, drafting: bool) -> list[DraftTree]:
+        """Every live row's tree: the chained rows' in one drafter call per step, the others' row by row."""
+        trees = [self._draft(r, drafting) for r in self.live]
+        rows = [b for b, r in enumerate(self.live) if r.chained and drafting]
+        if rows:
+            reqs = [self.live[b] for b in rows]
+            pending = [r.pending for r in reqs]
+            nxt = [shifted_tokens(r.ids, self.chains.committed[b], p.shape[0]) for b, r, p in zip(rows, reqs, pending)]
+            chains = self.chains.propose(rows, [r.ids[-1:] for r in reqs], pending, nxt)
+            for b, r, tree in zip(rows, reqs, chains):
+                r.pending = None
+                trees[b] = tree
+        return trees
 
     def _draft(self, r: BatchRequest, drafting: bool) -> DraftTree:
         """Row r's tree: its proposer catches up on the rows it has not consumed and grows the tree below the
@@ -268,9 +292,15 @@ class BatchEngine:
         """Rows that stopped or reached max_new_tokens leave the batch."""
         gone = [b for b, r in enumerate(self.live) if r.result.finish_reason == "stop" or r.room <= 0]
         if gone:
-            self.target.drop(gone)
+            self._drop(gone)
             for b in reversed(gone):
                 self._close(self.live.pop(b), None)
+
+    def _drop(self, rows: list[int]) -> None:
+        """Free batch rows in the target and the chains."""
+        self.target.drop(rows)
+        if self.chains is not None:
+            self.chains.drop(rows)
 
     def _close(self, r: BatchRequest, reason: str | None) -> None:
         if reason is not None:
