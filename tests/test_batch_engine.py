@@ -89,6 +89,19 @@ def test_join_mid_run_and_cancel(fitted):
     assert victim.result.token_ids == reference_greedy(model, victim.prompt_ids, 24)[: len(victim.result.token_ids)]
 
 
+def test_token_bound_limits_the_live_batch(fitted):
+    model, drafter = fitted
+    prompts = _prompts(4)  # 3..6 tokens, 10 new each: two fit in 32, three do not
+    engine = BatchEngine(HFBatchTarget(model), drafter, TREES["chain"], max_batch=4, max_tokens=32)
+    reqs = [engine.submit(BatchRequest(p, 10)) for p in prompts]
+    most = 0
+    while not engine.idle:
+        engine.step()
+        most = max(most, len(engine.live))
+    assert most == 2
+    assert [r.result.token_ids for r in reqs] == [reference_greedy(model, p, 10) for p in prompts]
+
+
 def test_eos_and_length_edges(fitted):
     model, drafter = fitted
     prompts = _prompts(3)

@@ -39,13 +39,14 @@ class EngineConfig:
     max_batch: int | None = None  # sequences served together (None: 8 on a CPU, 1 on a GPU; see batch_size)
     prefill_chunk: int = 512  # prompt tokens a joining sequence prefills per batched step while others decode
     speculate_up_to: int | None = None  # the batched engine drafts while at most this many rows are live (None: always)
+    max_batch_tokens: int | None = None  # bound on the live rows' prompts + max_new_tokens (None: max_batch only)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise EagleSpecError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.draft_max_len is not None and self.draft_max_len < 1:
             raise EagleSpecError(f"draft_max_len must be >= 1, got {self.draft_max_len}")
-        for name in ("threads", "max_batch", "prefill_chunk", "speculate_up_to"):
+        for name in ("threads", "max_batch", "prefill_chunk", "speculate_up_to", "max_batch_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise EagleSpecError(f"{name} must be >= 1, got {value}")

@@ -109,6 +109,9 @@ def add_batch_args(p: argparse.ArgumentParser, default: str) -> None:
                    help=f"sequences advanced together by the batched engine (default: {default})")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="prompt tokens a joining sequence prefills per step while others decode (default 512)")
+    p.add_argument("--max-batch-tokens", type=int, default=None, metavar="N",
+                   help="a request joins only while the live requests' prompts + max tokens, with its own, stay "
+                        "within N (a bound on the KV memory; default: no bound beyond --max-batch)")
     p.add_argument("--speculate-up-to", type=int, default=None, metavar="N",
                    help="draft while at most N sequences are live, plain batched steps above (default: always)")
 

@@ -3,7 +3,9 @@
 Each step (BatchEngine.step):
     1. leave    cancelled requests give their batch row back (their KV freed at once)
     2. join     waiting requests are prefilled, at most `prefill_chunk` prompt tokens per step while other rows
-                decode, and join the batch (up to `max_batch` rows); a joined request's first token is emitted
+                decode, and join the batch (up to `max_batch` rows, and while the rows' prompts plus max_new_tokens
+                stay within `max_tokens`: a bound on the KV the batch may come to hold); a joined request's first
+                token is emitted
     3. round    every live row drafts its own tree (its proposer: drafter KV, sampling, random stream), one target
                 forward verifies all the trees (backends/hf_batch.py: ragged rows, per-row positions, ancestry
                 mask and KV slots), then acceptance and publish per row, exactly as the one-sequence engine does
@@ -77,7 +79,7 @@ class BatchEngine:
 
     def __init__(self, target: HFBatchTarget, drafter: nn.Module | None = None, spec: TreeSpec | None = None, *,
                  max_batch: int = 8, prefill_chunk: int = 512, speculate_up_to: int | None = None,
-                 adaptive: bool = False, kernels: bool | None = None):
+                 adaptive: bool = False, max_tokens: int | None = None, kernels: bool | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if prefill_chunk < 1:
@@ -85,6 +87,7 @@ class BatchEngine:
         self.target, self.drafter = target, drafter
         self.spec = spec or TreeSpec()
         self.max_batch, self.prefill_chunk = max_batch, prefill_chunk
+        self.max_tokens = max_tokens  # None: no bound beyond max_batch
         self.speculate_up_to = speculate_up_to
         self.adaptive = adaptive
         self.gates: dict[int, SpeculationGate] = {}  # batch-size bucket -> its gate (adaptive)
@@ -159,6 +162,8 @@ class BatchEngine:
         budget = self.prefill_chunk if self.live else None
         while self.waiting and len(self.live) < self.max_batch and (budget is None or budget > 0):
             r = self.waiting[0]
+            if not self._fits(r):
+                break
             if r.prefilled is None:
                 self._start(r)
             n = len(r.prompt_ids) - r.prefilled.length
@@ -173,6 +178,14 @@ class BatchEngine:
             self.waiting.popleft()
             events.append((r, self._enter(r, logits[-1])))
         return events
+
+    def _fits(self, r: BatchRequest) -> bool:
+        """Whether r may join under max_tokens: the live rows' and r's prompts plus max_new_tokens (a request alone
+        always may)."""
+        if self.max_tokens is None or not self.live:
+            return True
+        held = sum(len(x.prompt_ids) + x.max_new_tokens for x in self.live)
+        return held + len(r.prompt_ids) + r.max_new_tokens <= self.max_tokens
 
     def _start(self, r: BatchRequest) -> None:
         """The request's prefill state, random stream and proposer."""

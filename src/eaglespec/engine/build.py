@@ -70,4 +70,4 @@ def build_batch_engine(model: nn.Module, drafter: nn.Module | None, spec: TreeSp
     kernels = config.resolve(target.device, fast=False).kernels
     return BatchEngine(target, drafter, spec, max_batch=config.max_batch or DEFAULT_MAX_BATCH,
                        prefill_chunk=config.prefill_chunk, speculate_up_to=config.speculate_up_to,
-                       adaptive=config.adaptive, kernels=kernels)
+                       adaptive=config.adaptive, max_tokens=config.max_batch_tokens, kernels=kernels)
