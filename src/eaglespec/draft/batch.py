@@ -82,10 +82,12 @@ class BatchChains:
         return [chain_tree(root, d) for root, d in zip(roots, drafts)]
 
     def _run(self, rows: Sequence[int], state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-             block: torch.Tensor, own: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             block: torch.Tensor, last: torch.Tensor, own: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         """One drafter call: state [R, T, H], tokens / positions [R, T] for batch rows `rows`, block [R, T, T] bool
         visibility among the new rows; own [R, T, C] bool: which of the C slots after the row's committed ones
-        (the chain rows so far) it sees. Every batch row gets T slots (rows not named: padding that sees itself)."""
+        (the chain rows so far) it sees. Every batch row gets T slots (rows not named: padding that sees itself).
+        Returns the logits [R, Vd] and state [R, H] of each named row's new row `last` [R]."""
         B, T = self.batch, tokens.shape[1]
         idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)
         full_state = state.new_zeros(B, T, state.shape[-1]).index_copy(0, idx, state)
@@ -100,7 +102,10 @@ class BatchChains:
             full_own = own.new_zeros(B, T, C).index_copy(0, idx, own)
             past = torch.cat([past, full_own], dim=2)
         visible = torch.cat([past, full_block], dim=2)  # [B, T, L + C + T]
-        logits, states = self.drafter(full_state, full_tokens, full_pos, self.cache, visible=visible)
+        full_last = last.new_zeros(B).index_copy(0, idx, last)
+        logits, states = self.drafter(full_state, full_tokens, full_pos, self.cache, visible=visible,
+                                      logit_rows=full_last)  # logits [B, Vd], states [B, T, H]
+        states = states[torch.arange(B, device=self.device), full_last]
         return logits.index_select(0, idx), states.index_select(0, idx)
 
     def _catch_up(self, rows, features, next_tokens) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,15 +125,14 @@ class BatchChains:
             positions[i, :n] = torch.arange(self.committed[b], self.committed[b] + n, device=dev)
             block[i, :n, :n] = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
             real[b, :n] = True
-        logits, states = self._run(rows, state, tokens, positions, block)
+        last = torch.tensor([f.shape[0] - 1 for f in features], device=dev)
+        logits, state = self._run(rows, state, tokens, positions, block, last)
         self.valid = torch.cat([self.valid, real], dim=1)
         if 1 - self.valid.float().mean().item() >= HOLES:
             self._compact()
-        last = torch.tensor([f.shape[0] - 1 for f in features], device=dev)
         for b, f in zip(rows, features):
             self.committed[b] += f.shape[0]
-        pick = torch.arange(R, device=dev)
-        return logits[pick, last], states[pick, last]
+        return logits, state
 
     def _compact(self) -> None:
         """Gather each row's slots to the front, in order (L becomes the longest row's count)."""
@@ -152,6 +156,6 @@ class BatchChains:
             if d == k:
                 break
             own = torch.ones(R, 1, d - 1, dtype=torch.bool, device=dev) if d > 1 else None  # its chain rows
-            out, st = self._run(rows, state[:, None], draft[:, None], (base + d - 1)[:, None], eye, own)
-            logits, state = out[:, 0], st[:, 0]
+            logits, state = self._run(rows, state[:, None], draft[:, None], (base + d - 1)[:, None], eye,
+                                      base.new_zeros(R), own)
         return torch.stack(drafts, dim=1)

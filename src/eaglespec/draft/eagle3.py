@@ -105,12 +105,16 @@ class Eagle3Drafter(TargetEmbedding, nn.Module):
         return onednn.apply(self.fc, features)
 
     def forward(self, state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                cache: list[KVCache], visible: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                cache: list[KVCache], visible: torch.Tensor | None = None,
+                logit_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """state: [T, H] (projected features or a previous state); tokens: [T] target ids.
 
-        Returns (logits over the draft vocab [T, Vd], next recurrent state [T, H]).
+        Returns (logits over the draft vocab [T, Vd], next recurrent state [T, H]). With a leading batch dim and
+        logit_rows [B] (one row of each sequence), the logits are those rows' only: [B, Vd].
         """
         out = self.midlayer(self.embed(tokens), state, positions, cache[0], visible)
         normed = self.norm(out)
-        logits = onednn.apply(self.lm_head, normed)
+        head_in = normed if logit_rows is None else normed[torch.arange(normed.shape[0], device=normed.device),
+                                                            logit_rows]
+        logits = onednn.apply(self.lm_head, head_in)
         return logits, (normed if self.cfg.norm_output else out)
