@@ -34,7 +34,7 @@ def test_summary_math_on_hand_built_rounds():
     res = GenerationResult([1, 2], [9, 1, 2, 8, 5], rounds=[_round(c1, [0, 1, 2]), _round(t2, [0, 2])], seconds=1.0)
     s = summarize([res])
     assert s["acceptance_length_hist"] == {"2": 1, "3": 1}
-    assert s["tau"] == 2.0 and s["rounds"] == 2 and s["accepted"] == 3 and s["drafted"] == 6
+    assert s["tau"] == 2.5 and s["rounds"] == 2 and s["accepted"] == 3 and s["drafted"] == 6  # 1 + 3 / 2
     d = {row["depth"]: row for row in s["acceptance_by_depth"]}
     assert (d[1]["rounds"], d[1]["tested"], d[1]["accepted"]) == (2, 2, 2)
     assert (d[2]["rounds"], d[2]["tested"], d[2]["accepted"]) == (2, 1, 1)  # round 2's depth 2 never tested

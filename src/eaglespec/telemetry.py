@@ -182,7 +182,7 @@ def summarize(results: Sequence[Any], target: nn.Module | None = None, drafter: 
         "rounds": n_rounds,
         "drafted": n_drafted,
         "accepted": n_accepted,
-        "tau": round((n_tokens - len(per_request)) / verifications, 4) if verifications else 0.0,
+        "tau": round(1 + n_accepted / verifications, 4) if verifications else 0.0,  # GenerationResult.tau
         "mean_acceptance_length": round(sum(accept_lens) / len(accept_lens), 4) if accept_lens else 0.0,
         "seconds": round(total_s, 4),
         "tokens_per_second": round(n_tokens / total_s, 2) if total_s > 0 else 0.0,

@@ -2,7 +2,9 @@
 
 Reads refuse truncated or malformed files with a one-line CheckpointError naming the file;
 writes are atomic (temporary directory, then rename) so nothing the user had is overwritten
-half-way.
+half-way. A write is one `model.safetensors` up to `max_shard_bytes` (5 GB, Hugging Face's
+default), else shards with a `model.safetensors.index.json`: SafeAILab's loader reads only the
+single file.
 """
 
 from __future__ import annotations
@@ -17,12 +19,30 @@ from typing import Any
 
 import torch
 
-from eaglespec.errors import CheckpointError
+from eaglespec.errors import CheckpointError, EagleSpecError
 
 SAFE_SINGLE = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
 BIN_SINGLE = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
+DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
+               "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4}
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def parse_size(text: str | int) -> int:
+    """'5GB', '500MB', '2GiB' or a plain byte count -> bytes (Hugging Face's max_shard_size spelling)."""
+    s = str(text).strip().upper().replace(" ", "")
+    digits = s.rstrip("KMGTIB")
+    unit = s[len(digits):]
+    try:
+        value = float(digits) if not isinstance(text, bool) else -1.0
+    except ValueError:
+        value = -1.0
+    if unit not in _SIZE_UNITS or not value > 0 or value == float("inf"):
+        raise EagleSpecError(f"--max-shard-size must be a positive size such as 5GB, 500MB or 2GiB, got {text!r}")
+    return int(value * _SIZE_UNITS[unit])
 
 
 def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -81,6 +101,65 @@ def weights_file(directory: Path) -> Path:
     raise CheckpointError(directory, f"no weights found (expected {SAFE_SINGLE}, {SAFE_INDEX} or {BIN_SINGLE})")
 
 
+def weight_map(directory: Path) -> dict[str, Path]:
+    """Tensor name -> the file holding it, from the index or the single file's header (no tensor is read)."""
+    from safetensors import safe_open
+
+    from eaglespec.checkpoint.config import read_json
+
+    path = weights_file(directory)
+    if path.name in (SAFE_INDEX, BIN_INDEX):
+        index = read_json(path).get("weight_map")
+        if not isinstance(index, dict) or not index:
+            raise CheckpointError(path, "field 'weight_map' must be a non-empty object")
+        return {name: path.parent / Path(str(shard)).name for name, shard in index.items()}
+    if path.name == SAFE_SINGLE:
+        try:
+            with safe_open(str(path), "pt") as f:
+                return dict.fromkeys(f.keys(), path)
+        except Exception as exc:  # safetensors raises its own error types for bad headers
+            raise CheckpointError(path, f"not a readable safetensors file ({exc})") from None
+    return dict.fromkeys(_load_bin(path), path)
+
+
+def read_tensor(directory: Path, name: str) -> torch.Tensor:
+    """One tensor of a checkpoint directory, reading only the file that holds it."""
+    from safetensors import safe_open
+
+    files = weight_map(directory)
+    if name not in files:
+        raise CheckpointError(weights_file(directory), f"tensor {name!r} is not in the weights")
+    path = files[name]
+    if not path.is_file():
+        raise CheckpointError(path, f"shard holding tensor {name!r} is missing")
+    if path.suffix == ".safetensors":
+        try:
+            with safe_open(str(path), "pt") as f:
+                return f.get_tensor(name)
+        except Exception as exc:
+            raise CheckpointError(path, f"not a readable safetensors file ({exc})") from None
+    return _load_bin(path)[name]
+
+
+def floating_dtype(directory: Path) -> torch.dtype | None:
+    """The dtype of the checkpoint's floating tensors, read from the safetensors headers (.bin: loaded); mixed
+    dtypes give the widest of them (float32 over bfloat16 / float16), so writing in it loses nothing. None: no
+    floating tensors."""
+    from safetensors import safe_open
+
+    found: set[torch.dtype] = set()
+    for path in sorted(set(weight_map(directory).values())):
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), "pt") as f:
+                found |= {_SAFETENSORS_DTYPES[d] for d in (f.get_slice(k).get_dtype() for k in f.keys())  # noqa: SIM118
+                          if d in _SAFETENSORS_DTYPES}
+        else:
+            found |= {t.dtype for t in _load_bin(path).values() if t.is_floating_point()}
+    if len(found) <= 1:
+        return next(iter(found), None)
+    return max(found | {torch.float32}, key=lambda d: torch.finfo(d).bits)
+
+
 def load_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory (safetensors preferred; .bin only weights-only)."""
     path = weights_file(directory)
@@ -105,16 +184,27 @@ def replace_dir(new: Path, directory: Path) -> None:
         os.replace(new, directory)
 
 
+def _default_permissions(directory: Path) -> None:
+    """The modes a plain mkdir / open would give under the user's umask (mkdtemp and safetensors write owner-only
+    files; a served checkpoint is read by other users, e.g. a container's)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(directory, 0o777 & ~mask)
+    for path in directory.iterdir():
+        os.chmod(path, 0o666 & ~mask)
+
+
 def save_state_dict(
     state: Mapping[str, torch.Tensor],
     directory: Path,
     config: Mapping[str, Any],
     *,
-    max_shard_bytes: int = 15 * 1000 * 1000,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     extra_files: Mapping[str, str] | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Write config.json + safetensors (sharded above `max_shard_bytes`) atomically into `directory`."""
+    """Write config.json + safetensors atomically into `directory`: one model.safetensors when the tensors fit in
+    `max_shard_bytes`, else model-0000i-of-0000n.safetensors shards and their index."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -148,6 +238,7 @@ def save_state_dict(
         (tmp / "config.json").write_text(json.dumps(dict(config), indent=2) + "\n")
         for fname, text in (extra_files or {}).items():
             (tmp / fname).write_text(text)
+        _default_permissions(tmp)
         replace_dir(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -34,9 +34,12 @@ class GenerationResult:
 
     @property
     def tau(self) -> float:
-        """Mean tokens emitted per target verification forward (prefill excluded)."""
-        verifications = len(self.rounds)
-        return (len(self.token_ids) - 1) / verifications if verifications else 0.0
+        """Mean acceptance length, as vLLM and SGLang report it: 1 + accepted / rounds, the tokens each target
+        verification yields counting its bonus token (a round that drafted nothing counts as one with 0 accepted).
+        Counted before the cut at EOS / max_new_tokens, so a last round that overshoots still counts whole.
+        0.0 without rounds."""
+        rounds = len(self.rounds)
+        return 1.0 + sum(r.accepted for r in self.rounds) / rounds if rounds else 0.0
 
     def stats(self) -> dict:
         n = len(self.token_ids)
