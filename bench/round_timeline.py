@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
                          "max_new_tokens": args.max_new_tokens, "sync_before_verify": args.sync_before_verify,
                          "sync_before_verify_applies": synced,
                          "draft": es.draft_note, "target": args.target or "SmolLM2-135M-Instruct"},
-              "rounds": len(rounds), "tau": (tokens - len(results)) / max(len(host), 1),
+              "rounds": len(rounds), "tau": 1 + sum(r.accepted for res in results for r in res.rounds) / max(len(host), 1),
               "linkage": linkage, "summary": summarize(rounds, host),
               "per_round": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
                              if k not in ("phases", "kinds")}

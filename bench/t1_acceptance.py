@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                             q_check["max_abs_diff_H_q_any_depth"] = max(q_check["max_abs_diff_H_q_any_depth"],
                                                                         abs(h - float(tf["H_q"][d - 1, t])))
             tf_runs[name].append({nm: v for nm, v in tf.items() if nm not in ("q1", "p_all")})
-            tau[name][0] += len(res.token_ids) - 1
+            tau[name][0] += len(res.rounds) + sum(r.accepted for r in res.rounds)  # 1 + accepted per round
             tau[name][1] += len(res.rounds)
             log(f"prompt {i}: {name} {len(res.token_ids)} tokens, tau {res.tau:.3f} ({time.perf_counter() - t0:.0f} s)")
         for t1 in t1s if dyn is not None else []:
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 dyn_rows.append((r.accepted >= 1, float(p_all[t + 1, kids].sum()), int(kids.numel())))
                 if t + 2 < ids.numel():
                     first_tok["dynamic_t1"].append((float(p_all[t + 1, ids[t + 2]]), float((p_all[t + 1] ** 2).sum())))
-            tau["dynamic_t1"][0] += len(res.token_ids) - 1
+            tau["dynamic_t1"][0] += len(res.rounds) + sum(r.accepted for r in res.rounds)
             tau["dynamic_t1"][1] += len(res.rounds)
             log(f"prompt {i}: dynamic_t1 {len(res.token_ids)} tokens, tau {res.tau:.3f} "
                 f"({time.perf_counter() - t0:.0f} s)")
