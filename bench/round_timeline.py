@@ -187,7 +187,6 @@ def main(argv: list[str] | None = None) -> dict:
             for res in results for r in res.rounds]
     if len(host) != len(rounds):
         linkage["warning"] = f"{len(rounds)} profiled rounds vs {len(host)} engine rounds"
-    tokens = sum(len(r.token_ids) for r in results)
     report = {"environment": environment(device), "cuda": cuda,
               "config": {"tree": tree_label(spec), "dtype": str(es.model.dtype).replace("torch.", ""),
                          "temperature": args.temperature, "prompts": len(prompts),
