@@ -184,11 +184,11 @@ def test_chained_and_sampled_rows_together(fitted):
 
 
 def test_batch_rows_do_not_leak(fitted):
-    """Rows with holes (kept paths of different lengths) and after compaction: each row's logits equal its
-    sequence's alone."""
+    """Rows of different lengths keeping paths of different lengths, then a row dropped: each row's logits equal
+    its sequence's alone, and so does the row that moved up."""
     model, _ = fitted
-    batch, solo = HFBatchTarget(model), [HFTarget(model), HFTarget(model)]
-    prompts = [[5, 9, 11, 40, 2], [7, 3, 60]]
+    batch, solo = HFBatchTarget(model), [HFTarget(model), HFTarget(model), HFTarget(model)]
+    prompts = [[5, 9, 11, 40, 2], [7, 3, 60], [30, 31, 32, 33, 34, 35, 36]]
     for p, t in zip(prompts, solo):
         state = Prefilled()
         batch.prefill(state, torch.tensor(p[:2]))
@@ -197,22 +197,23 @@ def test_batch_rows_do_not_leak(fitted):
         t.forward(torch.tensor(p))
         t.commit(torch.arange(len(p)))
     gen = torch.Generator().manual_seed(0)
-    for step in range(6):
-        width = [3, 1] if step % 2 else [1, 4]
+
+    def step(rows: list[int], width: list[int], n: int) -> None:
         tokens = [torch.randint(3, 90, (w,), generator=gen) for w in width]
         depths = [torch.arange(w) for w in width]
         visible = [torch.ones(w, w, dtype=torch.bool).tril() for w in width]
         out = batch.forward(tokens, depths, visible)
-        keeps = [torch.arange(1 + (step + b) % w) for b, w in enumerate(width)]
-        for b, t in enumerate(solo):
-            ref = t.forward(tokens[b], depths[b], visible[b])
+        keeps = [torch.arange(1 + (n + b) % w) for b, w in enumerate(width)]
+        for b, i in enumerate(rows):
+            ref = solo[i].forward(tokens[b], depths[b], visible[b])
             torch.testing.assert_close(out.logits[b, : width[b]], ref.logits, rtol=1e-4, atol=1e-4)
-            t.commit(keeps[b])
+            solo[i].commit(keeps[b])
         batch.commit(keeps)
+
+    for n in range(6):
+        step([0, 1, 2], [3, 1, 2] if n % 2 else [1, 4, 3], n)
     assert batch.lengths == [t.committed_len for t in solo]
-    batch.compact()
-    assert batch.valid.all(dim=1).any()  # the longest row has no hole left
-    out = batch.forward([torch.tensor([8]), torch.tensor([8])], [torch.zeros(1, dtype=torch.long)] * 2,
-                        [torch.ones(1, 1, dtype=torch.bool)] * 2)
-    for b, t in enumerate(solo):
-        torch.testing.assert_close(out.logits[b, :1], t.forward(torch.tensor([8])).logits, rtol=1e-4, atol=1e-4)
+    batch.drop([0])
+    for n in range(3):
+        step([1, 2], [2, 3], n)
+    assert batch.lengths == [solo[1].committed_len, solo[2].committed_len]

@@ -1,18 +1,19 @@
 """Batched target backend over any transformers causal LM: B sequences of different lengths, each with its own
 committed prefix, verified together in one forward (engine/batch.py runs the rounds).
 
-KV layout: per layer k, v [B, Hkv, L, D] with a physical length L shared by every row. Sequence b's committed KV
-sits in the slots where valid[b] is True, at the positions pos[b]; the other slots are holes that the mask hides
-(a hidden key adds exp(-inf) = 0, so a row's output depends on its own KV and tree rows only).
+KV slots per sequence: per layer k, v [Bcap, Hkv, S, D], allocated once and grown by doubling; the live rows are
+the first B, in order, and row b's committed KV sits in its slots 0..n_b-1 (slot s holds position s). The model's
+attention layers write into them through SlotCache.update, in place:
 
-    forward(rows)   every row's tree (ragged: padded to the widest, W rows) as a block of W slots after L; a padding
-                    row sees itself only (a row that sees no key would give NaN states in the next layer)
-    commit(keeps)   each row's kept rows move to the front of its block, the block is cut after the longest keep:
-                    a row that kept fewer leaves holes
-    compact         once holes fill HOLES of the slots, each row's slots are gathered to the front, in order
+    forward(rows)   every row's tree (ragged: padded to the widest, W rows) written at slots n_b .. n_b + W - 1;
+                    the mask [B, 1, W, S] shows row b's committed slots and its tree's ancestry; a padding row sees
+                    itself only (a row that sees no key would give NaN states in the next layer)
+    commit(keeps)   row b's kept rows (a root path, in depth order) move to slots n_b .. n_b + m_b - 1
+    join / drop     a prefilled sequence's KV is copied into the next free row; a dropped row's slots go to the rows
+                    after it, which move up
 
-A sequence joins through `prefill` (its prompt alone, in chunks, into a cache of its own) and `join` (that cache
-becomes a new batch row); `drop` removes rows. Tree rows sit at positions committed + depth, as in HFTarget.
+A slot the mask hides adds exp(-inf) = 0 to the attention, so a row's output depends on its own KV and tree only.
+Tree rows sit at positions committed + depth, as in HFTarget.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from eaglespec.backends.capture import FeatureCapture, decoder_layers
 from eaglespec.backends.hf import sliding_window_of
 from eaglespec.draft.layers import additive_mask
 
-HOLES = 0.5  # share of hole slots at which the batch cache is compacted
-
 
 @dataclass
 class BatchOutput:
@@ -44,6 +43,22 @@ class Prefilled:
     keys: list[torch.Tensor] = field(default_factory=list)  # per layer [1, Hkv, n, D]
     values: list[torch.Tensor] = field(default_factory=list)
     length: int = 0
+
+
+class SlotCache:
+    """What a HF model's attention layers call `update` on: the live rows' keys and values [B, Hkv, S, D] per layer,
+    this forward's rows written at `slots` [B, W], in place."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], slots: torch.Tensor):
+        self.keys, self.values, self.slots = keys, values, slots
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        index = self.slots[:, None, :, None].expand_as(key_states)  # [B, Hkv, W, D]
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        k.scatter_(2, index, key_states)
+        v.scatter_(2, index, value_states)
+        return k, v
 
 
 class HFBatchTarget:
@@ -85,18 +100,21 @@ class HFBatchTarget:
         self.capture.set(ids)
 
     def reset(self) -> None:
-        """No rows."""
-        dev = self.device
-        self.keys: list[torch.Tensor] = []  # per layer [B, Hkv, L, D]; empty until the first join
-        self.values: list[torch.Tensor] = []
-        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # [B, L]
-        self.pos = torch.zeros(0, 0, dtype=torch.long, device=dev)  # [B, L]: each slot's position
-        self.lengths: list[int] = []  # committed tokens per row
+        """No rows (the slot buffers are kept for the next ones)."""
+        self.lengths: list[int] = []  # committed tokens per live row
         self._block = 0  # W: the pending block's width (0: nothing pending)
+        if not hasattr(self, "keys"):
+            self.keys: list[torch.Tensor] = []  # per layer [Bcap, Hkv, S, D]; allocated at the first join
+            self.values: list[torch.Tensor] = []
 
     @property
     def batch(self) -> int:
         return len(self.lengths)
+
+    @property
+    def slots(self) -> int:
+        """S: the slots each row has."""
+        return self.keys[0].shape[2] if self.keys else 0
 
     # -- joining and leaving --------------------------------------------------------------------
     @torch.no_grad()
@@ -120,35 +138,27 @@ class HFBatchTarget:
         return out.logits[0], features
 
     def join(self, state: Prefilled) -> int:
-        """Add a prefilled sequence as the last row; returns its row index."""
-        self._drop_block()
-        n, dev = state.length, self.device
-        width = max(self.valid.shape[1], n)
-        if not self.keys:
-            self.keys = [k.new_zeros(0, *k.shape[1:2], width, k.shape[-1]) for k in state.keys]
-            self.values = [v.new_zeros(0, *v.shape[1:2], width, v.shape[-1]) for v in state.values]
-        self.keys = [torch.cat([_pad(a, width), _pad(b, width)]) for a, b in zip(self.keys, state.keys)]
-        self.values = [torch.cat([_pad(a, width), _pad(b, width)]) for a, b in zip(self.values, state.values)]
-        row_valid = torch.zeros(1, width, dtype=torch.bool, device=dev)
-        row_valid[0, :n] = True
-        row_pos = torch.zeros(1, width, dtype=torch.long, device=dev)
-        row_pos[0, :n] = torch.arange(n, device=dev)
-        self.valid = torch.cat([_pad(self.valid, width, dim=1), row_valid])
-        self.pos = torch.cat([_pad(self.pos, width, dim=1), row_pos])
+        """Copy a prefilled sequence's KV into the next row; returns its row index."""
+        self._block = 0
+        b, n = self.batch, state.length
+        self._reserve(b + 1, n, state)
+        for k, v, pk, pv in zip(self.keys, self.values, state.keys, state.values):
+            k[b, :, :n] = pk[0]
+            v[b, :, :n] = pv[0]
         self.lengths.append(n)
-        return self.batch - 1
+        return b
 
     def drop(self, rows: Sequence[int]) -> None:
-        """Remove batch rows (their KV freed); the rows after them move up, in order."""
-        self._drop_block()
+        """Remove rows (their slots freed); the rows after them move up, in order."""
+        self._block = 0
         gone = set(rows)
         keep = [b for b in range(self.batch) if b not in gone]
-        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-        self.keys = [k.index_select(0, idx) for k in self.keys]
-        self.values = [v.index_select(0, idx) for v in self.values]
-        self.valid, self.pos = self.valid[idx], self.pos[idx]
+        if keep != list(range(len(keep))):
+            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+            for k, v in zip(self.keys, self.values):
+                k[: len(keep)] = k.index_select(0, idx)
+                v[: len(keep)] = v.index_select(0, idx)
         self.lengths = [self.lengths[b] for b in keep]
-        self._trim()
 
     # -- the round ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -157,35 +167,33 @@ class HFBatchTarget:
         """Every row's tree rows on top of its committed KV: tokens[b] [T_b], depths[b] [T_b], visible[b] [T_b, T_b]
         bool ancestry. Returns logits and features [B, W, ...] (row b's first T_b are its tree's); they stay
         pending until `commit`."""
-        from transformers import DynamicCache
-
-        self._drop_block()
-        dev, B, L = self.device, self.batch, self.valid.shape[1]
+        dev, B = self.device, self.batch
         W = max(t.shape[0] for t in tokens)
+        self._reserve(B, max(self.lengths) + W)
+        S = self.slots
+        length = torch.tensor(self.lengths, device=dev)  # [B]
         ids = torch.zeros(B, W, dtype=torch.long, device=dev)
-        block_pos = torch.tensor(self.lengths, device=dev)[:, None].expand(B, W).clone()  # padding rows: committed
+        block_depth = torch.zeros(B, W, dtype=torch.long, device=dev)
         block_vis = torch.eye(W, dtype=torch.bool, device=dev).repeat(B, 1, 1)  # [B, W, W]: padding sees itself
         for b, (tok, dep, vis) in enumerate(zip(tokens, depths, visible)):
             t = tok.shape[0]
             ids[b, :t] = tok.to(dev)
-            block_pos[b, :t] += dep.to(dev)
+            block_depth[b, :t] = dep.to(dev)
             block_vis[b, :t, :t] = vis.to(dev)
-        past_vis = self.valid[:, None, :].expand(B, W, L)  # [B, W, L]
-        full = torch.cat([past_vis, block_vis], dim=2)  # [B, W, L + W]
-        mask = additive_mask(full, self.dtype)[:, None]  # [B, 1, W, L + W]
+        slots = length[:, None] + torch.arange(W, device=dev)  # [B, W]: where the block's rows are written
+        q_pos = length[:, None] + block_depth  # [B, W]
+        seen = (torch.arange(S, device=dev) < length[:, None])[:, None, :].expand(B, W, S).clone()  # committed
+        seen.scatter_(2, slots[:, None, :].expand(B, W, W), block_vis)  # [B, W, S]
+        mask = additive_mask(seen, self.dtype)[:, None]  # [B, 1, W, S]
         if self.window is not None:  # sliding layers: a key must also lie within the window
-            k_pos = torch.cat([self.pos, block_pos], dim=1)  # [B, L + W]
-            near = block_pos[:, :, None] - k_pos[:, None, :] < self.window
-            windowed = additive_mask(full & near, self.dtype)[:, None]
+            k_pos = torch.arange(S, device=dev).expand(B, S).clone().scatter_(1, slots, q_pos)  # [B, S]
+            near = q_pos[:, :, None] - k_pos[:, None, :] < self.window
+            windowed = additive_mask(seen & near, self.dtype)[:, None]
             mask = {"full_attention": mask, "sliding_attention": windowed} if self.mixed_layers else windowed
-        cache = DynamicCache()
-        for i, (k, v) in enumerate(zip(self.keys, self.values)):
-            cache.update(k, v, i)
+        cache = SlotCache([k[:B] for k in self.keys], [v[:B] for v in self.values], slots)
         self.capture.clear()
-        out = self.model(input_ids=ids, position_ids=block_pos, attention_mask=mask, use_cache=True,
+        out = self.model(input_ids=ids, position_ids=q_pos, attention_mask=mask, use_cache=True,
                          **{self._cache_kw: cache})
-        self.keys = [layer.keys for layer in cache.layers]
-        self.values = [layer.values for layer in cache.layers]
         self._block = W
         feats = self.capture.take()
         features = feats if feats is not None else torch.empty(B, W, 0, device=dev, dtype=self.dtype)
@@ -195,70 +203,46 @@ class HFBatchTarget:
     def commit(self, keeps: Sequence[torch.Tensor]) -> None:
         """Publish each row's kept pending rows keeps[b] ([m_b], a root path in depth order) after its committed
         prefix; drop the rest of the block."""
-        dev, B, L = self.device, self.batch, self.valid.shape[1]
+        dev, B = self.device, self.batch
         M = max(k.shape[0] for k in keeps)
-        idx = torch.zeros(B, M, dtype=torch.long, device=dev)
-        kept = torch.zeros(B, M, dtype=torch.bool, device=dev)
+        length = torch.tensor(self.lengths, device=dev)[:, None]
+        dst = length + torch.arange(M, device=dev)  # [B, M]
+        src = dst.clone()  # a padding entry copies a slot onto itself
         for b, keep in enumerate(keeps):
-            idx[b, : keep.shape[0]] = keep.to(dev)
-            kept[b, : keep.shape[0]] = True
-        self.keys = [_gather_block(k, L, idx) for k in self.keys]
-        self.values = [_gather_block(v, L, idx) for v in self.values]
-        base = torch.tensor(self.lengths, device=dev)[:, None]
-        self.valid = torch.cat([self.valid, kept], dim=1)
-        self.pos = torch.cat([self.pos, base + torch.arange(M, device=dev)], dim=1)
+            src[b, : keep.shape[0]] = self.lengths[b] + keep.to(dev)
+        for k, v in zip(self.keys, self.values):
+            _move(k[:B], src, dst)
+            _move(v[:B], src, dst)
         self.lengths = [n + k.shape[0] for n, k in zip(self.lengths, keeps)]
         self._block = 0
-        if self.valid.numel() and 1 - self.valid.float().mean().item() >= HOLES:
-            self.compact()
-
-    def compact(self) -> None:
-        """Gather each row's committed slots to the front, in order: L becomes the longest row's length."""
-        self._drop_block()
-        n = max(self.lengths, default=0)
-        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :n]  # [B, n]
-        self.keys = [_gather_slots(k, order) for k in self.keys]
-        self.values = [_gather_slots(v, order) for v in self.values]
-        self.valid = self.valid.gather(1, order)
-        self.pos = self.pos.gather(1, order)
 
     # -- internals ------------------------------------------------------------------------------
-    def _drop_block(self) -> None:
-        """Forget an uncommitted block (the next forward replaces it)."""
-        if self._block:
-            L = self.valid.shape[1]
-            self.keys = [k[:, :, :L] for k in self.keys]
-            self.values = [v[:, :, :L] for v in self.values]
-            self._block = 0
-
-    def _trim(self) -> None:
-        """Cut trailing slots no row uses."""
-        used = self.valid.any(dim=0).nonzero()
-        L = int(used[-1]) + 1 if used.numel() else 0
-        if self.valid.shape[1] > L:
-            self.keys = [k[:, :, :L] for k in self.keys]
-            self.values = [v[:, :, :L] for v in self.values]
-            self.valid, self.pos = self.valid[:, :L], self.pos[:, :L]
-
-
-def _pad(x: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
-    """x zero-padded (False for bool) at the end of `dim` to `width`."""
-    extra = width - x.shape[dim]
-    if extra <= 0:
-        return x
-    shape = list(x.shape)
-    shape[dim] = extra
-    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+    def _reserve(self, rows: int, slots: int, like: Prefilled | None = None) -> None:
+        """Room for `rows` rows of `slots` slots each: the buffers grow (doubling) and keep what they hold."""
+        if not self.keys:
+            if like is None:
+                return
+            self.keys = [k.new_zeros(1, k.shape[1], 0, k.shape[3]) for k in like.keys]
+            self.values = [v.new_zeros(1, v.shape[1], 0, v.shape[3]) for v in like.values]
+        cap_rows, cap_slots = self.keys[0].shape[0], self.slots
+        if rows <= cap_rows and slots <= cap_slots:
+            return
+        new_rows = max(cap_rows, 1)
+        while new_rows < rows:
+            new_rows *= 2
+        new_slots = max(cap_slots, 64)
+        while new_slots < slots:
+            new_slots *= 2
+        live = self.batch
+        for buffers in (self.keys, self.values):
+            for i, x in enumerate(buffers):
+                grown = x.new_zeros(new_rows, x.shape[1], new_slots, x.shape[3])
+                grown[:live, :, :cap_slots] = x[:live]
+                buffers[i] = grown
 
 
-def _gather_block(x: torch.Tensor, L: int, idx: torch.Tensor) -> torch.Tensor:
-    """x [B, H, L + W, D]: the committed slots, then the block's rows idx [B, M] per batch row."""
+def _move(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """x [B, H, S, D]: slots src [B, M] copied to slots dst [B, M] of the same row (every src >= its dst)."""
     B, H, _, D = x.shape
-    rows = x[:, :, L:].gather(2, idx[:, None, :, None].expand(B, H, idx.shape[1], D))
-    return torch.cat([x[:, :, :L], rows], dim=2)
-
-
-def _gather_slots(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """x [B, H, L, D] -> [B, H, n, D]: slots order [B, n] per batch row."""
-    B, H, _, D = x.shape
-    return x.gather(2, order[:, None, :, None].expand(B, H, order.shape[1], D))
+    rows = x.gather(2, src[:, None, :, None].expand(B, H, src.shape[1], D))
+    x.scatter_(2, dst[:, None, :, None].expand(B, H, dst.shape[1], D), rows)
