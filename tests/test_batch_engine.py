@@ -217,3 +217,18 @@ def test_batch_rows_do_not_leak(fitted):
     for n in range(3):
         step([1, 2], [2, 3], n)
     assert batch.lengths == [solo[1].committed_len, solo[2].committed_len]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+def test_cuda_graph_rows_equal_generate(tree):
+    """On a GPU the verify forward replays a CUDA graph per (batch bucket, rows, slots); fp32 rows stay exact."""
+    reference = tiny_target("llama", seed=0)
+    drafter = fit_drafter(reference, tiny_drafter(reference, seed=1), steps=60, n_seqs=8, length=32).cuda()
+    target = HFBatchTarget(tiny_target("llama", seed=0).cuda())
+    engine = BatchEngine(target, drafter, TREES[tree], max_batch=3, prefill_chunk=4)
+    prompts = _prompts(5)
+    results = engine.generate([BatchRequest(p, 12 + 2 * i) for i, p in enumerate(prompts)])
+    assert target._graphs, "no graph was captured"
+    for i, (p, r) in enumerate(zip(prompts, results)):
+        assert r.token_ids == reference_greedy(reference, p, 12 + 2 * i)

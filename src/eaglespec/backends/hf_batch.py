@@ -66,7 +66,7 @@ class HFBatchTarget:
 
     name = "hf-batch"
 
-    def __init__(self, model: nn.Module, feature_layer_ids: tuple[int, ...] = ()):
+    def __init__(self, model: nn.Module, feature_layer_ids: tuple[int, ...] = (), graphs: bool | None = None):
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -79,6 +79,12 @@ class HFBatchTarget:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.capture = FeatureCapture(self.layers, feature_layer_ids)
         self.window, self.mixed_layers = sliding_window_of(cfg)
+        # CUDA graphs of the verify forward, one per (batch bucket, rows, slots): on CUDA unless told otherwise; not
+        # for sliding-window models (their mask is a per-layer-type dict)
+        on_cuda = self.device.type == "cuda"
+        self.use_graphs = (on_cuda if graphs is None else graphs and on_cuda) and self.window is None
+        self._graphs: dict[tuple[int, int, int], _Graph] = {}
+        self._pool = None
         self.reset()
 
     @property
@@ -190,14 +196,41 @@ class HFBatchTarget:
             near = q_pos[:, :, None] - k_pos[:, None, :] < self.window
             windowed = additive_mask(seen & near, self.dtype)[:, None]
             mask = {"full_attention": mask, "sliding_attention": windowed} if self.mixed_layers else windowed
+        self._block = W
+        if self.use_graphs:
+            return self._replay(ids, q_pos, mask, slots)
+        return self._run(ids, q_pos, mask, slots)
+
+    def _run(self, ids: torch.Tensor, q_pos: torch.Tensor, mask, slots: torch.Tensor) -> BatchOutput:
+        """The model over ids [B, W] at positions q_pos, writing its KV at slots [B, W] of the first B rows."""
+        B, W = ids.shape
         cache = SlotCache([k[:B] for k in self.keys], [v[:B] for v in self.values], slots)
         self.capture.clear()
         out = self.model(input_ids=ids, position_ids=q_pos, attention_mask=mask, use_cache=True,
                          **{self._cache_kw: cache})
-        self._block = W
         feats = self.capture.take()
-        features = feats if feats is not None else torch.empty(B, W, 0, device=dev, dtype=self.dtype)
+        features = feats if feats is not None else out.logits.new_zeros(B, W, 0)
         return BatchOutput(out.logits, features)
+
+    def _replay(self, ids: torch.Tensor, q_pos: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor
+                ) -> BatchOutput:
+        """_run as a CUDA graph of the batch padded to a power of two (padding rows: free rows of the buffers,
+        each row seeing itself only), captured on first use."""
+        B, W = ids.shape
+        Bp = 1 << (B - 1).bit_length()
+        self._reserve(Bp, self.slots)
+        S = self.slots
+        key = (Bp, W, S)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = _Graph(self, Bp, W, S)
+        graph.ids[:B], graph.pos[:B], graph.mask[:B], graph.slots[:B] = ids, q_pos, mask, slots
+        graph.ids[B:], graph.pos[B:], graph.slots[B:] = 0, 0, torch.arange(W, device=ids.device)
+        graph.mask[B:] = graph.pad_mask
+        if graph.graph is None:
+            graph.capture(self)
+        graph.graph.replay()
+        return BatchOutput(graph.out.logits[:B], graph.out.features[:B])
 
     @torch.no_grad()
     def commit(self, keeps: Sequence[torch.Tensor]) -> None:
@@ -233,6 +266,7 @@ class HFBatchTarget:
         new_slots = max(cap_slots, 64)
         while new_slots < slots:
             new_slots *= 2
+        self._graphs.clear()  # captured against the old buffers
         live = self.batch
         for buffers in (self.keys, self.values):
             for i, x in enumerate(buffers):
@@ -246,3 +280,34 @@ def _move(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
     B, H, _, D = x.shape
     rows = x.gather(2, src[:, None, :, None].expand(B, H, src.shape[1], D))
     x.scatter_(2, dst[:, None, :, None].expand(B, H, dst.shape[1], D), rows)
+
+
+class _Graph:
+    """One captured HFBatchTarget._run at (rows Bp, tree rows W, slots S): static inputs, static outputs."""
+
+    def __init__(self, target: HFBatchTarget, Bp: int, W: int, S: int):
+        dev = target.device
+        self.ids = torch.zeros(Bp, W, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(Bp, W, dtype=torch.long, device=dev)
+        self.slots = torch.arange(W, device=dev).repeat(Bp, 1)
+        seen = torch.zeros(W, S, dtype=torch.bool, device=dev)
+        seen[:, :W] = torch.eye(W, dtype=torch.bool, device=dev)
+        self.pad_mask = additive_mask(seen, target.dtype)[None]  # [1, W, S]: a padding row sees itself
+        self.mask = self.pad_mask.expand(Bp, 1, W, S).clone()
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: BatchOutput | None = None
+
+    def capture(self, target: HFBatchTarget) -> None:
+        """Warm up on a side stream (library workspaces), then capture. Call with this step's inputs in place: the
+        warm-up runs them for real (rewriting a slot gives the same values), padding rows write free rows."""
+        if target._pool is None:
+            target._pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                target._run(self.ids, self.pos, self.mask, self.slots)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=target._pool):
+            self.out = target._run(self.ids, self.pos, self.mask, self.slots)
