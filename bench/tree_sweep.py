@@ -2,6 +2,7 @@
 
     python bench/tree_sweep.py [--draft DIR] [--limit 10] [--temperature 0] [--json OUT] [--best-flags]
         [--configs chain:3,chain:5,dynamic:5/8/24,dynamic:8/10/60,static:fit/20] [--fit-json FIT] [--compile]
+        [--predict [--profile-json PROFILE]]
 
 Every config runs on the same prompts (fast backend, draft graphs on CUDA). A config is chain:K,
 dynamic:DEPTH/TOPK/BUDGET, static:DEPTH/TOPK/BUDGET (EAGLE-1's 25-node static tree cut to DEPTH and BUDGET) or
@@ -9,6 +10,12 @@ static:fit/BUDGET (the best BUDGET nodes of a fitted static tree: --fit-json, th
 bench/fit_static_tree.py or bench/fit_sampled_tree.py, else the drafter manifest's
 tree_defaults.static.choices). The JSON's "best" holds the fastest config of each kind; --best-flags prints
 the fastest chain and dynamic shapes as `eaglespec bench` flags on the last line of stdout.
+
+--predict (`--tree auto`'s model, eaglespec.tree.auto): the round costs of this target and drafter on this device
+(measured once, cached: engine.calibrate.cached_costs) and the drafter's acceptance profile (--profile-json, the
+--json of bench/acceptance_profile.py, else its manifest's acceptance_profile) give each config's predicted tok/s,
+tau and ms per round, printed beside the measured ones; the auto choice runs as one more config ("auto:...") and
+the last line says how close it came to the fastest config measured.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from eaglespec.cli.args import add_draft_temperature, add_model_args
 from eaglespec.cli.bench import Bench, _load, environment, summarize_run
 from eaglespec.datasets import load_prompts
 from eaglespec.errors import EagleSpecError
+from eaglespec.tree import auto as tree_auto
 from eaglespec.tree import fit as tree_fit
 from eaglespec.tree.core import TreeSpec
 
@@ -57,6 +65,45 @@ def static_config(kw: dict, fitted: tuple[tuple[int, ...], ...] | None) -> TreeS
     return TreeSpec("static", depth=kw["depth"], top_k=kw["top_k"], budget=kw["budget"])
 
 
+def config_spec(method: str, kw: dict, fitted: tuple[tuple[int, ...], ...] | None) -> TreeSpec:
+    """The tree a config drafts (plain decoding: a chain of 0)."""
+    if method == "fast-plain":
+        return TreeSpec("chain", depth=0)
+    if method == "eagle3-chain":
+        return TreeSpec("chain", depth=kw["k"])
+    if method == "eagle3-static":
+        return static_config(kw, fitted)
+    return TreeSpec("dynamic", depth=kw["depth"], top_k=kw["top_k"], budget=kw["budget"])
+
+
+def auto_config(choice: tree_auto.Prediction) -> tuple[str, str, dict]:
+    """(name, method, knobs) of the auto choice as a config ("auto:" + its label); a static choice's tree rides in
+    the knobs as "spec"."""
+    spec = choice.spec()
+    if choice.kind == "plain":
+        return "auto:plain", "fast-plain", {}
+    if choice.kind == "chain":
+        return f"auto:chain:{spec.depth}", "eagle3-chain", {"k": spec.depth}
+    if choice.kind == "static":
+        return f"auto:static:fit/{spec.budget}", "eagle3-static", {"spec": spec}
+    return (f"auto:dynamic:{spec.depth}/{spec.top_k}/{spec.budget}", "eagle3-dynamic",
+            {"depth": spec.depth, "top_k": spec.top_k, "budget": spec.budget})
+
+
+def predictor(args, es, bench) -> tuple[tree_auto.Acceptance, tree_auto.CostModel]:
+    """--predict: the acceptance profile at the run's temperature and the cached (else measured) round costs of the
+    fast target and the drafter under the run's engine flags."""
+    from eaglespec.engine.calibrate import costs_for
+
+    if args.profile_json:
+        profile = tree_auto.AcceptanceProfile.from_dict(json.loads(Path(args.profile_json).read_text()),
+                                                        args.profile_json)
+    else:
+        profile = tree_auto.drafter_profile(es.drafter, f"drafter {args.draft}")
+    costs = costs_for(bench.fast, es.drafter, es.model, bench.config, args.max_len)
+    return profile.acceptance(bool(args.temperature)), costs
+
+
 def fitted_choices(path: str | None, drafter) -> tuple[tuple[int, ...], ...]:
     """The fitted static tree: the "tree" of fit_static_tree.py's --json, else the drafter's manifest
     choices."""
@@ -70,6 +117,20 @@ def fitted_choices(path: str | None, drafter) -> tuple[tuple[int, ...], ...]:
         raise SystemExit("static:fit/BUDGET needs --fit-json or a drafter manifest with tree_defaults.static.choices "
                          "(bench/fit_static_tree.py --write)")
     return choices
+
+
+def prediction_fields(p: tree_auto.Prediction | None) -> dict:
+    """A config's predicted tok/s, tau and ms per round ({} without --predict)."""
+    if p is None:
+        return {}
+    return {"predicted_tokens_per_second": round(p.tokens_per_second, 2), "predicted_tau": round(p.tau, 4),
+            "predicted_ms_per_round": round(p.round_s * 1e3, 4)}
+
+
+def round_ms(row: dict) -> float:
+    """A config's measured ms per round: its phases' sum (a phase timed inside another counts there)."""
+    ms = row.get("ms_per_round") or {}
+    return sum(v for v in ms.values() if v is not None)
 
 
 def best_configs(rows: list[dict]) -> dict[str, dict]:
@@ -112,6 +173,12 @@ def main() -> None:
     ap.add_argument("--best-flags", action="store_true", help="print the fastest shapes as bench flags, last")
     ap.add_argument("--fit-json", default=None,
                     help="static:fit configs: the --json of bench/fit_static_tree.py or fit_sampled_tree.py")
+    ap.add_argument("--predict", action="store_true",
+                    help="print each config's predicted tok/s (--tree auto's model) beside the measured one and run "
+                         "the auto choice too")
+    ap.add_argument("--profile-json", default=None,
+                    help="--predict: the acceptance profile (bench/acceptance_profile.py --json; default: the "
+                         "drafter manifest's)")
     args = ap.parse_args()
     configs = [(c, *parse_config(c)) for c in args.configs.split(",") if c.strip()]
     es = _load(args, args.dtype)
@@ -121,28 +188,54 @@ def main() -> None:
     args.k, args.depth, args.top_k, args.budget = 5, 8, 10, 60  # Bench.engine reads these; each config sets its own
     fitted = fitted_choices(args.fit_json, es.drafter) if any(kw.get("fit") for _, _, kw in configs) else None
     bench = Bench(es.model, es.tokenizer, es.drafter, es.eos_ids(), args)
+    predicted: dict[str, tree_auto.Prediction] = {}
+    if args.predict:
+        try:
+            acceptance, costs = predictor(args, es, bench)
+        except EagleSpecError as e:
+            raise SystemExit(f"--predict: {e}") from None
+        sampled = bool(args.temperature)
+        choice = tree_auto.choose(acceptance, costs, sampled=sampled)
+        print(f"auto choice: {choice.summary()}", file=sys.stderr, flush=True)
+        configs.append(auto_config(choice))
+        for name, method, kw in configs:
+            spec = kw["spec"] if "spec" in kw else config_spec(method, kw, fitted)
+            predicted[name] = tree_auto.predict(spec, acceptance, costs, sampled=sampled)
+        predicted["plain"] = tree_auto.predict(TreeSpec("chain", depth=0), acceptance, costs, sampled=sampled)
     rows = []
     plain = summarize_run(bench.run("fast-plain", prompts, args.max_new_tokens, args.warmup))
-    rows.append({"config": "plain", **plain})
+    rows.append({"config": "plain", **plain, **prediction_fields(predicted.get("plain"))})
     print(f"plain: {plain['tokens_per_second']:.1f} tok/s", file=sys.stderr, flush=True)
     for name, method, kw in configs:
         for key, value in kw.items():
-            if key != "fit":
+            if key not in ("fit", "spec"):
                 setattr(args, key, value)
-        bench.static_override = None if method != "eagle3-static" else static_config(kw, fitted)
+        bench.static_override = None if method != "eagle3-static" else kw.get("spec") or static_config(kw, fitted)
         s = summarize_run(bench.run(method, prompts, args.max_new_tokens, args.warmup))
         s["vs_plain"] = round(s.get("tokens_per_second", 0.0) / plain["tokens_per_second"], 3)
-        rows.append({"config": name, **s})
+        rows.append({"config": name, **s, **prediction_fields(predicted.get(name))})
         print(f"{name}: {s.get('tokens_per_second', 0):.1f} tok/s tau {s.get('tau', 0):.3f} "
               f"x{s['vs_plain']:.2f} ms/round {s.get('ms_per_round')}", file=sys.stderr, flush=True)
-    print("| config | tok/s | tau | vs fast plain | draft / verify / accept+commit / other (ms per round) |")
-    print("|---|---|---|---|---|")
+    print("| config | tok/s | tau | vs fast plain | draft / verify / accept+commit / other (ms per round) |"
+          + (" predicted tok/s | predicted tau | ms per round: measured / predicted |" if predicted else ""))
+    print("|---|---|---|---|---|" + ("---|---|---|" if predicted else ""))
     for r in rows:
         ms = r.get("ms_per_round") or {}
-        split = " / ".join(f"{v:.2f}" for v in ms.values()) if ms else ""
+        split = " / ".join("-" if v is None else f"{v:.2f}" for v in ms.values()) if ms else ""
+        cells = ""
+        if predicted:
+            cells = (f" {r.get('predicted_tokens_per_second', 0):.1f} | {r.get('predicted_tau', 0):.2f} | "
+                     f"{round_ms(r):.3f} / {r.get('predicted_ms_per_round', 0):.3f} |")
         print(f"| {r['config']} | {r.get('tokens_per_second', 0):.1f} | {r.get('tau', 1.0):.2f} | "
-              f"{r.get('vs_plain', 1.0):.2f} | {split} |")
+              f"{r.get('vs_plain', 1.0):.2f} | {split} |" + cells)
     best = best_configs(rows)
+    if predicted:
+        auto = rows[-1]
+        top = max(rows, key=lambda r: r.get("tokens_per_second", 0))
+        print(f"auto choice {auto['config']}: {auto.get('tokens_per_second', 0):.1f} tok/s measured, "
+              f"{100 * auto.get('tokens_per_second', 0) / top['tokens_per_second']:.1f}% of the fastest config "
+              f"({top['config']}, {top['tokens_per_second']:.1f} tok/s); predicted "
+              f"{auto['predicted_tokens_per_second']:.1f} tok/s", flush=True)
     if args.json:
         device = next(es.model.parameters()).device
         out = {"environment": environment(device), "temperature": args.temperature,

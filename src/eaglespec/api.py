@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,14 +19,14 @@ from typing import Any
 import torch
 
 from eaglespec.backends.loading import DEFAULT_TARGET, eos_ids, load_target
-from eaglespec.checkpoint.config import DraftConfig, default_aux_layer_ids
-from eaglespec.checkpoint.drafter import build_drafter, check_draft_dir, load_drafter
+from eaglespec.checkpoint.drafter import check_draft_dir, load_drafter, random_drafter
 from eaglespec.checkpoint.manifest import check_manifest
 from eaglespec.config import EngineConfig
 from eaglespec.engine.batch import BatchEngine, BatchRequest
 from eaglespec.engine.build import build_batch_engine, build_engine, build_target
 from eaglespec.engine.loop import GenerationResult
 from eaglespec.errors import EagleSpecError
+from eaglespec.tree.auto import CostModel, auto_line, auto_trees, drafter_profile, wants_auto
 from eaglespec.tree.core import TreeSpec, static_layout
 
 REPO_MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -41,23 +41,6 @@ class Output:
     stats: dict[str, Any]
     result: GenerationResult
     finish_reason: str = "length"  # "stop": EOS or a stop string; "length": max_new_tokens
-
-
-def random_drafter(model, seed: int = 0) -> torch.nn.Module:
-    """An untrained EAGLE-3 drafter shaped for `model` (for plumbing and baselines only)."""
-    c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    heads = c.num_attention_heads
-    cfg = DraftConfig(method="eagle3", hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                      num_attention_heads=heads, num_key_value_heads=getattr(c, "num_key_value_heads", heads),
-                      head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
-                      vocab_size=model.get_output_embeddings().weight.shape[0],
-                      draft_vocab_size=model.get_output_embeddings().weight.shape[0],
-                      target_hidden_size=c.hidden_size,
-                      aux_layer_ids=tuple(min(max(j, 0), c.num_hidden_layers)  # tiny models: keep ids in range
-                                          for j in default_aux_layer_ids(c.num_hidden_layers)),
-                      rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6))
-    torch.manual_seed(seed)
-    return build_drafter(cfg)
 
 
 GENERIC_TREES: dict[str, dict[str, int]] = {"chain": {"k": 5}, "dynamic": {"depth": 8, "top_k": 10, "budget": 60},
@@ -177,8 +160,11 @@ def tree_spec(tree: str | None = "chain", k: int | None = None, top_k: int | Non
     EAGLE-1's 25-node tree; --depth/--budget cut it (TreeSpec.static_choices: the best `budget` nodes of a fitted
     tree). A budget (given or recommended) above the tree's size is named in one line on stderr."""
     tree = tree or "chain"
+    if tree == "auto":
+        raise EagleSpecError("--tree auto is chosen from measured costs: resolve_trees(..., costs=...) or "
+                             "EagleSpec.from_pretrained resolves it")
     if tree not in GENERIC_TREES:
-        raise EagleSpecError(f"--tree {tree!r} is not one of chain, static, dynamic")
+        raise EagleSpecError(f"--tree {tree!r} is not one of chain, static, dynamic, auto")
     recommended = dict((defaults or {}).get(tree) or {})
     choices = recommended.pop("choices", None) if tree == "static" else None
     base = {**GENERIC_TREES[tree], **recommended}
@@ -195,14 +181,28 @@ def tree_spec(tree: str | None = "chain", k: int | None = None, top_k: int | Non
     return spec
 
 
-def resolve_trees(knobs: dict, drafter, where: str = "drafter", device: torch.device | str = "cpu"
-                  ) -> tuple[TreeSpec, TreeSpec | None]:
+def resolve_trees(knobs: dict, drafter, where: str = "drafter", device: torch.device | str = "cpu",
+                  costs: Callable[[], CostModel] | None = None) -> tuple[TreeSpec, TreeSpec | None]:
     """tree_spec's knobs -> (the tree of greedy requests, the tree of sampled ones or None = the same). Greedy
     requests take tree_defaults.greedy's shapes, requests with a temperature the shapes the sampled policy holds
     (tree_defaults(..., sampled=True)). When the knobs name no tree: the drafter's tree_defaults.cuda policy on a
     CUDA device (else a chain), and its sampled policy's kind for requests with a temperature (tree_defaults.sampled;
     on a CPU device tree_defaults.cpu.sampled, when there is one); a named tree is that kind at every temperature.
-    On a CPU device, the shapes with tree_defaults.cpu's overrides."""
+    On a CPU device, the shapes with tree_defaults.cpu's overrides.
+
+    Tree "auto" (and, given `costs`, no tree knob on a CUDA device with a drafter whose manifest has an
+    acceptance_profile: tree.auto.wants_auto): the trees tree.auto chooses from that profile and the CostModel
+    `costs()` returns (measured on this device), named with their predicted tokens/s in one line on stderr."""
+    if knobs.get("tree") == "auto" or (costs is not None and wants_auto(knobs, drafter, device)):
+        profile = drafter_profile(drafter, where)
+        if costs is None:
+            raise EagleSpecError("--tree auto needs the round costs of this target on this device "
+                                 "(EagleSpec.from_pretrained measures them)")
+        measured = costs()
+        greedy, sampled = auto_trees(knobs, profile, measured)
+        log(auto_line(greedy, sampled, measured))
+        spec = greedy.spec()
+        return spec, None if sampled is None or sampled.spec() == spec else sampled.spec()
     greedy_shapes = tree_defaults(drafter, where, device, greedy=True)
     named = knobs.get("tree")
     kind = named or (recommended_tree(drafter, "cuda", where) if torch.device(device).type == "cuda" else None)
@@ -231,8 +231,7 @@ class EagleSpec:
         self.draft_note = draft_note
         ids = tuple(drafter.feature_layer_ids) if drafter is not None else ()
         self.target = build_target(model, config, ids)
-        draft_max_len = min(self.context_length, 8192) + 512
-        self.engine = build_engine(self.target, drafter, self.spec, config, draft_max_len=draft_max_len)
+        self.engine = build_engine(self.target, drafter, self.spec, config, draft_max_len=self.draft_max_len)
         self._owner: Stream | None = None  # the generation using the engine (one sequence at a time)
         self._batch: BatchEngine | None = None  # the batched engine, built on first use
 
@@ -246,7 +245,8 @@ class EagleSpec:
         dtype="float32", backend="hf", ...) override it. `strict` refuses a drafter whose manifest names another
         target. `tree`: tree_spec's knobs ({"tree": "dynamic", "depth": None, ...}), resolved against the
         drafter's recommended shapes (tree_defaults) when `spec` is None; with no tree named and a manifest that
-        recommends one for sampling (tree_defaults.sampled), requests with a temperature draft that tree."""
+        recommends one for sampling (tree_defaults.sampled), requests with a temperature draft that tree. Tree
+        "auto", the default on a GPU for a drafter whose manifest has an acceptance_profile: choose_trees."""
         config = (config or EngineConfig()).replace(**engine)
         check_draft_dir(draft, "draft")
         model, tok = load_target(target, device=config.device, dtype=config.dtype)
@@ -258,9 +258,25 @@ class EagleSpec:
         else:
             drafter, note = load_drafter_for(model, tok, draft, aux_rule, strict)
         sampled_spec = None
-        if spec is None:
+        auto = spec is None and wants_auto(tree or {}, drafter, model.device)
+        if spec is None and not auto:
             spec, sampled_spec = resolve_trees(tree or {}, drafter, f"drafter {draft}", model.device)
-        return cls(model, tok, drafter, spec, note, config, sampled_spec)
+        es = cls(model, tok, drafter, spec, note, config, sampled_spec)
+        if auto:
+            es.choose_trees(tree or {}, f"drafter {draft}")
+        return es
+
+    def choose_trees(self, knobs: dict[str, Any], where: str = "drafter") -> None:
+        """--tree auto: draft the trees tree.auto chooses from the drafter's acceptance profile and this target's
+        and drafter's round costs on this device (measured once, then cached: engine.calibrate.cached_costs); the
+        engine is rebuilt for them."""
+        from eaglespec.engine.calibrate import cached_costs
+
+        self.spec, self.sampled_spec = resolve_trees(
+            {**knobs, "tree": "auto"}, self.drafter, where, self.model.device,
+            costs=lambda: cached_costs(self.engine, self.model, self.drafter))
+        self.engine = build_engine(self.target, self.drafter, self.spec, self.config,
+                                   draft_max_len=self.draft_max_len)
 
     @classmethod
     def from_args(cls, args, spec: TreeSpec | None = None, **overrides) -> EagleSpec:
@@ -288,6 +304,11 @@ class EagleSpec:
         return eos_ids(self.model, self.tokenizer)
 
     # -- generation -------------------------------------------------------------------------------
+    @property
+    def draft_max_len(self) -> int:
+        """Rows of the drafter's static KV: the context length up to 8192, and room for a tree."""
+        return min(self.context_length, 8192) + 512
+
     @property
     def context_length(self) -> int:
         """The target's maximum sequence length (prompt + new tokens)."""

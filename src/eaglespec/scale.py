@@ -239,11 +239,10 @@ def build_model(shape: Shape, device: torch.device | str, dtype: torch.dtype, se
 
 
 def build_drafter_for(model: nn.Module, seed: int = 0, draft_vocab: int | None = None) -> nn.Module:
-    """A random EAGLE-3 drafter shaped for `model` (api.random_drafter), on the model's device and dtype.
+    """A random EAGLE-3 drafter shaped for `model` (checkpoint.drafter.random_drafter), on the model's device and dtype.
     draft_vocab: a draft vocabulary of the first `draft_vocab` target ids (d2t offsets 0), as published EAGLE-3
     drafters cut theirs; None keeps the full target vocabulary."""
-    from eaglespec.api import random_drafter
-    from eaglespec.checkpoint.drafter import build_drafter
+    from eaglespec.checkpoint.drafter import build_drafter, random_drafter
 
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     if draft_vocab is None:

@@ -57,6 +57,26 @@ def round_span(n: int, step: int, cap: int) -> int:
     return min(cap, -(-n // step) * step)
 
 
+def free_device_memory(device: torch.device) -> int | None:
+    """Bytes a new allocation on a CUDA `device` can take: the driver's free memory (torch.cuda.mem_get_info) plus
+    what torch's caching allocator holds unused; None on other devices (not checked)."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free) + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def check_fits(what: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, extra: int = 0) -> None:
+    """Refuse, in one line naming the shape, the bytes needed and the bytes free, a tensor of `shape` and `dtype`
+    (plus `extra` bytes allocated with it) that does not fit in the device's free memory (free_device_memory)."""
+    free = free_device_memory(device)
+    need = extra + dtype.itemsize * int(torch.Size(shape).numel())
+    if free is not None and need > free:
+        raise EagleSpecError(f"{what} {list(shape)} in {str(dtype).removeprefix('torch.')} needs {need} bytes "
+                             f"({need / 2**30:.2f} GiB) but {device} has {free} bytes ({free / 2**30:.2f} GiB) free: "
+                             "use a shorter context or free device memory")
+
+
 def capture_graph(fn: Callable[[], T], device: torch.device, pool) -> tuple[torch.cuda.CUDAGraph, T]:
     """Warm `fn` up twice on a side stream (it must write only scratch state: pending cache slots), then
     capture it into one CUDA graph on `pool`. Returns (graph, the captured call's outputs: static tensors,
@@ -322,8 +342,12 @@ class FastTarget:
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None
         self.feature_layer_ids: tuple[int, ...] = ()
+        # the cache grows up to the model's context length and one verify forward's rows past it (not beyond,
+        # unless a forward needs it)
+        context = getattr(cfg, "max_position_embeddings", None)
+        self.max_slots = None if not context else int(context) + self.buckets[-1]
         self.max_len = 0
-        self._allocate(max_len)
+        self._allocate(max_len if self.max_slots is None else min(max_len, self.max_slots))
         self.set_feature_layers(feature_layer_ids)
         self.reset()
 
@@ -368,8 +392,11 @@ class FastTarget:
         old = getattr(self, "cache", None)
         # one spare slot: no [Hkv, span, D] view is contiguous, even span == max_len, so a compiled step keeps
         # the span dynamic (view contiguity is a shape guard: span == max_len would recompile)
-        self.cache = torch.zeros(self.num_layers, 2, self.n_kv, max_len + 1, self.head_dim,
-                                 device=self.device, dtype=self.dtype)
+        shape = (self.num_layers, 2, self.n_kv, max_len + 1, self.head_dim)
+        # with it: the rope table [S, 2, 2, D/2] and its fp32 cos / sin
+        check_fits("the fast backend's static KV cache", shape, self.dtype, self.device,
+                   extra=max_len * self.head_dim * (2 * self.dtype.itemsize + 8))
+        self.cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
         if old is not None and self.committed_len:
             self.cache[:, :, :, : self.committed_len] = old[:, :, :, : self.committed_len]
         pos = torch.arange(max_len, device=self.device)[None]
@@ -390,9 +417,11 @@ class FastTarget:
         return round_span(n, self.span_step, self.max_len)
 
     def reserve(self, n: int) -> None:
-        """Make room for n slots (doubling; drops captured graphs when it grows)."""
+        """Make room for n slots (doubling, up to max_slots unless n needs more; drops captured graphs when it
+        grows; a cache that does not fit the device is a one-line EagleSpecError: check_fits)."""
         if n > self.max_len:
-            self._allocate(max(n, 2 * self.max_len))
+            grown = 2 * self.max_len if self.max_slots is None else min(2 * self.max_len, self.max_slots)
+            self._allocate(max(n, grown))
 
     def set_feature_layers(self, ids: tuple[int, ...]) -> None:
         """Return the states entering layers `ids` (contract 3: id L = the last layer's output)."""

@@ -19,6 +19,7 @@ from torch import nn
 from eaglespec.checkpoint.config import (
     DraftConfig,
     Layout,
+    default_aux_layer_ids,
     detect_layout,
     eagle1_config_dict,
     native_config_dict,
@@ -202,3 +203,20 @@ def save_drafter(
     extra = {MANIFEST: json.dumps(manifest, indent=2) + "\n"} if manifest else None
     return save_state_dict(_published_names(state, layout), Path(path), config, extra_files=extra,
                            overwrite=overwrite)
+
+
+def random_drafter(model, seed: int = 0) -> torch.nn.Module:
+    """An untrained EAGLE-3 drafter shaped for `model` (for plumbing and baselines only)."""
+    c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = c.num_attention_heads
+    cfg = DraftConfig(method="eagle3", hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                      num_attention_heads=heads, num_key_value_heads=getattr(c, "num_key_value_heads", heads),
+                      head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+                      vocab_size=model.get_output_embeddings().weight.shape[0],
+                      draft_vocab_size=model.get_output_embeddings().weight.shape[0],
+                      target_hidden_size=c.hidden_size,
+                      aux_layer_ids=tuple(min(max(j, 0), c.num_hidden_layers)  # tiny models: keep ids in range
+                                          for j in default_aux_layer_ids(c.num_hidden_layers)),
+                      rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6))
+    torch.manual_seed(seed)
+    return build_drafter(cfg)

@@ -8,6 +8,7 @@ loaded in fp32 on CPU or bf16 on GPU fingerprints the same, while a different ta
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import warnings
 from typing import Any
@@ -125,3 +126,90 @@ def check_manifest(drafter_manifest: dict[str, Any] | None, target_model, tokeni
             raise EagleSpecError(msg + " (refused under --strict)")
         warnings.warn(msg, stacklevel=2)
     return bad
+
+
+# -- the acceptance profile (trees sized by measurement: tree/auto.py) ------------------------------------------
+PROFILE_TEMPERATURES = ("t0", "t1")  # greedy requests; requests sampled at temperature 1
+_MASS_EPS = 1e-6
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+
+def _accept_table(value: Any, name: str) -> list[list[float]]:
+    """accept [D][K]: probabilities in [0, 1], rows of one length, each summing to <= 1."""
+    shape = f"{name} must be a non-empty [depth][rank] table of probabilities in [0, 1] with rows of one length"
+    if not isinstance(value, list) or not value or not all(isinstance(r, list) and r for r in value):
+        raise EagleSpecError(shape)
+    if any(len(r) != len(value[0]) for r in value):
+        raise EagleSpecError(shape)
+    for d, row in enumerate(value):
+        if not all(_is_number(x) and 0.0 <= x <= 1.0 for x in row) or sum(row) > 1 + _MASS_EPS:
+            raise EagleSpecError(f"{name}[{d}] must hold probabilities in [0, 1] summing to <= 1, got {row}")
+    return [[float(x) for x in r] for r in value]
+
+
+def _increasing_ints(value: Any, name: str) -> list[int]:
+    ints = isinstance(value, list) and value and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+    if not ints or value[0] < 1 or any(b <= a for a, b in itertools.pairwise(value)):
+        raise EagleSpecError(f"{name} must be a non-empty increasing list of integers >= 1, got {value!r}")
+    return list(value)
+
+
+def _dynamic_table(value: Any, name: str) -> dict[str, Any]:
+    """{"top_k": [K...], "budgets": [B...], "tau": [K][D][B] numbers >= 1}: measured tau of dynamic trees."""
+    if not isinstance(value, dict):
+        raise EagleSpecError(f"{name} must be an object with top_k, budgets and tau")
+    top_k = _increasing_ints(value.get("top_k"), f"{name}.top_k")
+    budgets = _increasing_ints(value.get("budgets"), f"{name}.budgets")
+    tau = value.get("tau")
+    shape = (f"{name}.tau must be a [top_k][depth][budget] table ({len(top_k)} x depth x {len(budgets)}) of numbers "
+             ">= 1, every top_k with the same depths")
+    if not isinstance(tau, list) or len(tau) != len(top_k) or not all(isinstance(t, list) and t for t in tau):
+        raise EagleSpecError(shape)
+    if any(len(t) != len(tau[0]) for t in tau):
+        raise EagleSpecError(shape)
+    for t in tau:
+        for row in t:
+            if not isinstance(row, list) or len(row) != len(budgets) or not all(_is_number(x) and x >= 1 for x in row):
+                raise EagleSpecError(shape)
+    return {"top_k": top_k, "budgets": budgets, "tau": [[[float(x) for x in row] for row in t] for t in tau]}
+
+
+def read_acceptance_profile(manifest: dict[str, Any] | None, where: str = "drafter") -> dict[str, Any] | None:
+    """The manifest's `acceptance_profile`, validated (None when it has none):
+
+        {"t0": {"accept": [D][K], "dynamic": {...}}, "t1": {"accept": [D][K]}, "measured": "provenance"}
+
+    t0: greedy requests, t1: requests sampled at temperature 1 (at least one of them). accept[d][r] = P(the accepted
+    child at depth d+1 is the parent's rank-r child | the parent was accepted): at t0 the r-th most likely draft
+    token, at t1 the (r+1)-th draw without replacement. dynamic (optional): {"top_k": [K], "budgets": [B], "tau":
+    [K][D][B]}, the measured tokens per round of EAGLE-2 dynamic trees of each width, depth and budget. Other keys
+    (provenance) are kept as they are. A malformed field is a one-line EagleSpecError naming it."""
+    value = (manifest or {}).get("acceptance_profile")
+    if value is None:
+        return None
+    field = f"{where}: eaglespec_manifest.json field acceptance_profile"
+    if not isinstance(value, dict):
+        raise EagleSpecError(f"{field} must be an object with t0 (greedy) and/or t1 (sampled) acceptance")
+    out: dict[str, Any] = {k: v for k, v in value.items() if k not in PROFILE_TEMPERATURES}
+    for key in PROFILE_TEMPERATURES:
+        part = value.get(key)
+        if part is None:
+            continue
+        if not isinstance(part, dict):
+            raise EagleSpecError(f"{field}.{key} must be an object with accept (and optionally dynamic)")
+        out[key] = {**part, "accept": _accept_table(part.get("accept"), f"{field}.{key}.accept")}
+        if part.get("dynamic") is not None:
+            out[key]["dynamic"] = _dynamic_table(part["dynamic"], f"{field}.{key}.dynamic")
+    if not any(key in out for key in PROFILE_TEMPERATURES):
+        raise EagleSpecError(f"{field} must hold t0 (greedy) and/or t1 (sampled) acceptance")
+    return out
+
+
+def with_acceptance_profile(manifest: dict[str, Any], profile: dict[str, Any], where: str = "drafter"
+                            ) -> dict[str, Any]:
+    """A copy of a drafter manifest holding `profile` as its acceptance_profile (validated first)."""
+    read_acceptance_profile({"acceptance_profile": profile}, where)
+    return {**manifest, "acceptance_profile": profile}

@@ -7,6 +7,8 @@ Methods (--methods, comma separated):
     eagle3-chain    the drafter, a chain of --k tokens, fast backend
     eagle3-static   the drafter, the static tree it recommends (else EAGLE-1's), fast backend
     eagle3-dynamic  the drafter, EAGLE-2 dynamic tree (--depth/--top-k/--budget), fast backend
+    eagle3-auto     the drafter, the tree `--tree auto` chooses (tree/auto.py), fast backend; its predicted tok/s
+                    is reported beside the measured one
     extra-*         the same three trees with a second drafter (--extra-draft)
 Per method: tok/s (all tokens / all seconds, and the median per prompt), tau, speedup ratios vs HF generate and vs
 fast plain decoding, the time per round split into draft / verify / accept+commit / other, and, at T=0, greedy
@@ -50,7 +52,8 @@ from eaglespec.datasets import load_prompts
 from eaglespec.errors import EagleSpecError
 
 EXTRA_METHODS = ("extra-chain", "extra-static", "extra-dynamic")  # the --extra-draft drafter's (EAGLE-1, HASS)
-ALL_METHODS = ("hf", "hf-plain", "fast-plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic", *EXTRA_METHODS)
+ALL_METHODS = ("hf", "hf-plain", "fast-plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic", "eagle3-auto",
+               *EXTRA_METHODS)
 DEFAULT_METHODS = "hf,fast-plain,eagle3-chain,eagle3-static,eagle3-dynamic"
 NEAR_TIE_ULPS = 4  # a divergence is a bf16 near-tie when the reference's top-2 gap is within this many bf16 ulps
 WARM_TOKENS = 2  # --warm-prompts: the prefill's token and one round
@@ -102,6 +105,7 @@ class Bench:
         self.model, self.tok, self.drafter, self.eos, self.args = model, tokenizer, drafter, eos, args
         self.extra_drafter = extra_drafter
         self.static_override = None  # a TreeSpec for eagle3-static instead of the drafter's recommendation
+        self.auto = None  # eagle3-auto's choice: a tree.auto.Prediction
         self.verbose = bool(getattr(args, "verbose", False))
         self.device = next(model.parameters()).device
         self.config = EngineConfig.from_args(args).replace(
@@ -148,7 +152,9 @@ class Bench:
             return None, "no --extra-draft" if extra else "no drafter"
         kind = method.split("-", 1)[1]
         try:
-            if kind != "static":
+            if kind == "auto":
+                spec = self.auto_spec()
+            elif kind != "static":
                 spec = tree_spec(kind, a.k, a.top_k, a.depth, a.budget)
             else:  # the extra drafter's recommended static tree, else EAGLE-1's
                 spec = static_spec(drafter, self.device, bool(a.temperature)) if extra else self.static_spec()
@@ -161,6 +167,18 @@ class Bench:
         if self.static_override is not None:
             return self.static_override
         return static_spec(self.drafter, self.device, bool(self.args.temperature))
+
+    def auto_spec(self):
+        """eagle3-auto's tree: tree.auto's choice at the run's temperature for the drafter's acceptance profile and
+        the fast target's round costs on this device (cached: engine.calibrate.costs_for), kept in self.auto."""
+        from eaglespec.engine.calibrate import costs_for
+        from eaglespec.tree.auto import choose, drafter_profile
+
+        sampled = bool(self.args.temperature)
+        acceptance = drafter_profile(self.drafter).acceptance(sampled)
+        costs = costs_for(self.fast, self.drafter, self.model, self.config, self.args.max_len)
+        self.auto = choose(acceptance, costs, sampled=sampled)
+        return self.auto.spec()
 
     def hf_generate(self, ids: list[int], max_new: int, logits: bool):
         x = torch.tensor([ids], device=self.device)
@@ -448,6 +466,11 @@ def markdown(report: dict) -> str:
     if any("agreement" in s for s in methods.values()):
         notes.append(f"near-ties: first divergences where the reference's top-2 logit gap is within {NEAR_TIE_ULPS} "
                      "bf16 ulps at the top logit's magnitude (gap <= 4 * 2**(floor(log2|top|) - 7)).")
+    for name, s in methods.items():
+        if "predicted_tokens_per_second" in s:
+            notes.append(f"{name} drafts {s['tree']} (--tree auto): predicted {s['predicted_tokens_per_second']:.1f} "
+                         f"tok/s at tau {s['predicted_tau']:.2f}; measured {s['tokens_per_second']:.1f} tok/s at tau "
+                         f"{s.get('tau', '')}.")
     if notes:
         lines.append("")
         lines += notes
@@ -591,6 +614,9 @@ def run_methods(es, prompts: list[list[int]], methods: list[str], args, extra=No
         mine = prompts[:hf_limit] if m == "hf" and hf_limit else prompts
         runs[m] = bench.run(m, mine, args.max_new_tokens, args.warmup)
     summaries = {m: summarize_run(r) for m, r in runs.items()}
+    if bench.auto is not None and "tokens_per_second" in summaries.get("eagle3-auto", {}):
+        summaries["eagle3-auto"].update(tree=bench.auto.label(), predicted_tau=round(bench.auto.tau, 4),
+                                        predicted_tokens_per_second=round(bench.auto.tokens_per_second, 2))
     add_ratios(summaries, runs)
     if "hf" in runs and not args.temperature:
         for m, r in runs.items():
