@@ -15,7 +15,8 @@ from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
 from eaglespec.engine.batch import BatchEngine, BatchRequest
 from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams
-from eaglespec.tree.core import TreeSpec
+from eaglespec.tree.core import DraftTree, FlatTree, TreeSpec, flatten, stack_flat
+from eaglespec.verify import greedy_accept, greedy_accept_rows
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
 
@@ -183,6 +184,29 @@ def test_chained_and_sampled_rows_together(fitted):
     assert engine.chains.batch == 0
 
 
+def test_greedy_acceptance_of_padded_rows_equals_each_row():
+    """greedy_accept_rows over trees of different sizes (padded) equals greedy_accept of each tree alone, including
+    a one-row tree and paths that end at the root."""
+    gen = torch.Generator().manual_seed(0)
+    flats, logits = [], []
+    for size in (1, 6, 3, 9):
+        parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, size)])
+        tree = DraftTree(tokens=torch.randint(0, 5, (size,), generator=gen), parents=parents,
+                         depths=torch.zeros(size, dtype=torch.long))
+        for i in range(1, size):
+            tree.depths[i] = tree.depths[parents[i]] + 1
+        flats.append(flatten(tree))
+        logits.append(torch.randn(size, 5, generator=gen))
+    rows = stack_flat(flats)
+    padded = torch.zeros(len(flats), rows.tokens.shape[1], 5)
+    for b, lg in enumerate(logits):
+        padded[b, : lg.shape[0]] = lg
+    for acc, flat, lg in zip(greedy_accept_rows(rows, padded), flats, logits):
+        ref = greedy_accept(flat, lg)
+        assert (acc.tokens, acc.bonus, acc.accepted, acc.rows.tolist()) == (ref.tokens, ref.bonus, ref.accepted,
+                                                                            ref.rows.tolist())
+
+
 def test_batch_rows_do_not_leak(fitted):
     """Rows of different lengths keeping paths of different lengths, then a row dropped: each row's logits equal
     its sequence's alone, and so does the row that moved up."""
@@ -202,7 +226,8 @@ def test_batch_rows_do_not_leak(fitted):
         tokens = [torch.randint(3, 90, (w,), generator=gen) for w in width]
         depths = [torch.arange(w) for w in width]
         visible = [torch.ones(w, w, dtype=torch.bool).tril() for w in width]
-        out = batch.forward(tokens, depths, visible)
+        flat = stack_flat([FlatTree(t, d, d - 1, v) for t, d, v in zip(tokens, depths, visible)])
+        out = batch.forward(flat.tokens, flat.depths, flat.visible)
         keeps = [torch.arange(1 + (n + b) % w) for b, w in enumerate(width)]
         for b, i in enumerate(rows):
             ref = solo[i].forward(tokens[b], depths[b], visible[b])

@@ -46,11 +46,12 @@ def greedy_path_end(flat: FlatTree, logits: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def matching_path_end(flat: FlatTree, target_next: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """greedy_path_end given the target's argmax at every row, target_next [T]."""
-    match = (flat.tokens == target_next[flat.parents.clamp(min=0)]) | (flat.parents < 0)  # the root is emitted
-    ok = (flat.visible <= match).all(dim=-1)  # visible implies match: every ancestor-or-self matches
-    best = torch.where(ok, flat.depths, -1).argmax().reshape(1)  # deepest; siblings never both match
-    return best, target_next.index_select(0, best)
+    """greedy_path_end given the target's argmax at every row, target_next [..., T] (leading batch dims allowed:
+    a FlatTree of [B, T] rows gives [B, 1] and [B, 1])."""
+    match = (flat.tokens == target_next.gather(-1, flat.parents.clamp(min=0))) | (flat.parents < 0)  # root: emitted
+    ok = (flat.visible <= match.unsqueeze(-2)).all(dim=-1)  # visible implies match: every ancestor-or-self matches
+    best = torch.where(ok, flat.depths, -1).argmax(dim=-1, keepdim=True)  # deepest; siblings never both match
+    return best, target_next.gather(-1, best)
 
 
 def greedy_accept(flat: FlatTree, logits: torch.Tensor) -> Acceptance:
@@ -60,6 +61,26 @@ def greedy_accept(flat: FlatTree, logits: torch.Tensor) -> Acceptance:
     """
     best, bonus = greedy_path_end(flat, logits)
     return _read_path(flat, flat.visible.index_select(0, best)[0], bonus)
+
+
+def greedy_accept_rows(flat: FlatTree, logits: torch.Tensor) -> list[Acceptance]:
+    """greedy_accept for B trees at once: flat's fields [B, W] (visible [B, W, W]) with every tree padded to W rows
+    by rows that are their own root (parent -1, depth 0, seeing themselves: never deeper than the real root), and
+    logits [B, W, V]. One host sync for the whole batch."""
+    best, bonus = greedy_path_end(flat, logits)  # [B, 1], [B, 1]
+    B, W = flat.tokens.shape
+    on_path = flat.visible.gather(1, best[:, :, None].expand(B, 1, W))[:, 0]  # [B, W]
+    order = torch.argsort((~on_path).to(torch.int8), dim=-1, stable=True)  # the path's rows first, in depth order
+    path = flat.tokens.gather(1, order)  # [B, W]
+    m = on_path.sum(-1)  # [B]
+    vals = torch.cat([m, bonus[:, 0], path.flatten()]).tolist()
+    out = []
+    for b in range(B):
+        n = vals[b]
+        row = vals[2 * B + b * W: 2 * B + b * W + n]
+        out.append(Acceptance(rows=order[b, :n], bonus=vals[B + b], accepted=n - 1, tokens=row,
+                              path_tokens=path[b, :n], bonus_token=bonus[b]))
+    return out
 
 
 def _normalised(q: torch.Tensor) -> torch.Tensor:

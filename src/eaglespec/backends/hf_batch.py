@@ -168,24 +168,15 @@ class HFBatchTarget:
 
     # -- the round ------------------------------------------------------------------------------
     @torch.no_grad()
-    def forward(self, tokens: Sequence[torch.Tensor], depths: Sequence[torch.Tensor],
-                visible: Sequence[torch.Tensor]) -> BatchOutput:
-        """Every row's tree rows on top of its committed KV: tokens[b] [T_b], depths[b] [T_b], visible[b] [T_b, T_b]
-        bool ancestry. Returns logits and features [B, W, ...] (row b's first T_b are its tree's); they stay
-        pending until `commit`."""
-        dev, B = self.device, self.batch
-        W = max(t.shape[0] for t in tokens)
+    def forward(self, tokens: torch.Tensor, depths: torch.Tensor, visible: torch.Tensor) -> BatchOutput:
+        """Every row's tree rows on top of its committed KV: tokens [B, W], depths [B, W], visible [B, W, W] bool
+        ancestry (tree.core.stack_flat: trees padded to W rows by rows that see themselves only). Returns logits
+        and features [B, W, ...]; they stay pending until `commit`."""
+        dev, (B, W) = self.device, tokens.shape
         self._reserve(B, max(self.lengths) + W)
         S = self.slots
         length = torch.tensor(self.lengths, device=dev)  # [B]
-        ids = torch.zeros(B, W, dtype=torch.long, device=dev)
-        block_depth = torch.zeros(B, W, dtype=torch.long, device=dev)
-        block_vis = torch.eye(W, dtype=torch.bool, device=dev).repeat(B, 1, 1)  # [B, W, W]: padding sees itself
-        for b, (tok, dep, vis) in enumerate(zip(tokens, depths, visible)):
-            t = tok.shape[0]
-            ids[b, :t] = tok.to(dev)
-            block_depth[b, :t] = dep.to(dev)
-            block_vis[b, :t, :t] = vis.to(dev)
+        ids, block_depth, block_vis = tokens.to(dev), depths.to(dev), visible.to(dev)
         slots = length[:, None] + torch.arange(W, device=dev)  # [B, W]: where the block's rows are written
         q_pos = length[:, None] + block_depth  # [B, W]
         seen = (torch.arange(S, device=dev) < length[:, None])[:, None, :].expand(B, W, S).clone()  # committed

@@ -111,20 +111,20 @@ class BatchChains:
     def _catch_up(self, rows, features, next_tokens) -> tuple[torch.Tensor, torch.Tensor]:
         """Append each named row's verified rows (a ragged block, padded); (logits, state) of each one's last row."""
         dev, R = self.device, len(rows)
-        W = max(f.shape[0] for f in features)
-        H = self.drafter.cfg.hidden_size
-        state = torch.zeros(R, W, H, device=dev, dtype=next(self.drafter.parameters()).dtype)
-        tokens = torch.zeros(R, W, dtype=torch.long, device=dev)
-        positions = torch.zeros(R, W, dtype=torch.long, device=dev)
-        block = torch.eye(W, dtype=torch.bool, device=dev).repeat(R, 1, 1)
+        counts = torch.tensor([f.shape[0] for f in features], device=dev)  # [R]
+        W = int(counts.max())
+        which = torch.repeat_interleave(torch.arange(R, device=dev), counts)  # every pending row's named row
+        col = torch.cat([torch.arange(f.shape[0], device=dev) for f in features])  # and its place in the block
+        proj = self.drafter.project(torch.cat(features).to(dev))  # [sum n, H]: one projection for all rows
+        state = proj.new_zeros(R, W, proj.shape[-1]).index_put_((which, col), proj)
+        tokens = torch.zeros(R, W, dtype=torch.long, device=dev).index_put_((which, col), torch.cat(next_tokens).to(dev))
+        base = torch.tensor([self.committed[b] for b in rows], device=dev)
+        positions = base[:, None] + torch.arange(W, device=dev)  # padding rows' positions are never seen
+        real_rows = torch.arange(W, device=dev) < counts[:, None]  # [R, W]
+        eye = torch.eye(W, dtype=torch.bool, device=dev)
+        block = (torch.ones(W, W, dtype=torch.bool, device=dev).tril() & real_rows[:, None, :]) | eye  # [R, W, W]
         real = torch.zeros(self.batch, W, dtype=torch.bool, device=dev)
-        for i, (b, f, t) in enumerate(zip(rows, features, next_tokens)):
-            n = f.shape[0]
-            state[i, :n] = self.drafter.project(f.to(dev))
-            tokens[i, :n] = t.to(dev)
-            positions[i, :n] = torch.arange(self.committed[b], self.committed[b] + n, device=dev)
-            block[i, :n, :n] = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
-            real[b, :n] = True
+        real[torch.tensor(list(rows), device=dev)] = real_rows
         last = torch.tensor([f.shape[0] - 1 for f in features], device=dev)
         logits, state = self._run(rows, state, tokens, positions, block, last)
         self.valid = torch.cat([self.valid, real], dim=1)

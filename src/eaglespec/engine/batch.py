@@ -36,8 +36,8 @@ from eaglespec.engine.gate import SpeculationGate
 from eaglespec.engine.loop import attach_drafter
 from eaglespec.engine.state import GenerationResult, RoundStats
 from eaglespec.sampling import SamplingConfig, process_logits, sample
-from eaglespec.tree.core import DraftTree, TreeSpec, chain_tree, flatten
-from eaglespec.verify import greedy_accept, sample_accept
+from eaglespec.tree.core import DraftTree, TreeSpec, chain_tree, flatten, stack_flat
+from eaglespec.verify import greedy_accept_rows, sample_accept
 
 
 @dataclass(eq=False)
@@ -228,16 +228,14 @@ class BatchEngine:
             gate is None or gate.draft())
         trees = self._draft_all(drafting)
         flats = [flatten(t) for t in trees]
+        rows = stack_flat(flats)  # [B, W]: every tree padded to the widest
         t1 = time.perf_counter()
-        out = self.target.forward([f.tokens for f in flats], [f.depths for f in flats], [f.visible for f in flats])
-        accs = []
+        out = self.target.forward(rows.tokens, rows.depths, rows.visible)
+        accs = greedy_accept_rows(rows, out.logits)  # every row's greedy walk, one host sync
         for b, (r, tree, flat) in enumerate(zip(self.live, trees, flats)):
-            logits = out.logits[b, : flat.tokens.shape[0]]  # [T_b, V]
-            if r.sampling is None:
-                accs.append(greedy_accept(flat, logits))
-            else:
-                p = process_logits(logits, r.sampling.target)
-                accs.append(sample_accept(flat, p, tree.draft_probs, r.generator))
+            if r.sampling is not None:  # lossless rejection sampling with the row's own processors and generator
+                p = process_logits(out.logits[b, : flat.tokens.shape[0]], r.sampling.target)  # [T_b, V]
+                accs[b] = sample_accept(flat, p, tree.draft_probs, r.generator)
         t2 = time.perf_counter()
         self.target.commit([a.rows for a in accs])
         events = []

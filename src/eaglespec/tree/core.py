@@ -198,6 +198,24 @@ def flatten(tree: DraftTree) -> FlatTree:
     return FlatTree(tokens=tree.tokens, depths=tree.depths, parents=tree.parents, visible=visible)
 
 
+def stack_flat(flats: Sequence[FlatTree]) -> FlatTree:
+    """B flattened trees as one FlatTree of [B, W] rows (visible [B, W, W]), each padded to the widest by rows that
+    are their own root (token 0, parent -1, depth 0, seeing themselves only: never deeper than the real root)."""
+    sizes = [f.tokens.shape[0] for f in flats]
+    W, B, dev = max(sizes), len(flats), flats[0].tokens.device
+    if min(sizes) == W:  # every tree the same size (e.g. chains of one k): no padding
+        return FlatTree(tokens=torch.stack([f.tokens for f in flats]), depths=torch.stack([f.depths for f in flats]),
+                        parents=torch.stack([f.parents for f in flats]),
+                        visible=torch.stack([f.visible for f in flats]))
+    tokens = torch.zeros(B, W, dtype=torch.long, device=dev)
+    depths = torch.zeros(B, W, dtype=torch.long, device=dev)
+    parents = torch.full((B, W), -1, dtype=torch.long, device=dev)
+    visible = torch.eye(W, dtype=torch.bool, device=dev).repeat(B, 1, 1)
+    for b, (f, t) in enumerate(zip(flats, sizes)):
+        tokens[b, :t], depths[b, :t], parents[b, :t], visible[b, :t, :t] = f.tokens, f.depths, f.parents, f.visible
+    return FlatTree(tokens=tokens, depths=depths, parents=parents, visible=visible)
+
+
 # -- top-k of draft distributions ------------------------------------------------------------------
 
 TOPK_CHUNK = 512  # two-stage top-k: the least chunk length
