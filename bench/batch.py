@@ -75,13 +75,13 @@ def run_engine(engine: BatchEngine, prompts: list[list[int]], max_new_tokens: in
     tpot = [(done[id(r)] - first[id(r)]) / (len(r.result.token_ids) - 1) for r in reqs
             if len(r.result.token_ids) > 1]
     rounds = sum(len(r.result.rounds) for r in reqs)
-    emitted = sum(rd.emitted for r in reqs for rd in r.result.rounds)
+    accepted = sum(rd.accepted for r in reqs for rd in r.result.rounds)
     every = [rd for r in reqs for rd in r.result.rounds]  # a step's times, once per row in it
     draft_ms = 1e3 * statistics.mean(rd.draft_s for rd in every) if every else 0.0
     verify_ms = 1e3 * statistics.mean(rd.verify_s + rd.commit_s for rd in every) if every else 0.0
     return {"draft_ms": draft_ms, "verify_ms": verify_ms, "tokens": n, "seconds": wall, "tokens_per_s": n / wall, "ttft_p50": _pct(ttft, 0.5),
             "ttft_p99": _pct(ttft, 0.99), "tpot_p50": _pct(tpot, 0.5), "tpot_p99": _pct(tpot, 0.99),
-            "tau": emitted / rounds if rounds else 0.0, "outputs": [r.result.token_ids for r in reqs]}
+            "tau": 1 + accepted / rounds if rounds else 0.0, "outputs": [r.result.token_ids for r in reqs]}
 
 
 def engine_mode(args: argparse.Namespace) -> dict:
