@@ -3,6 +3,7 @@ and the one-sequence worker (max_batch 1)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,17 @@ def tiny():
     tok = byte_tokenizer()
     model = tiny_target(vocab=BYTE_VOCAB, seed=21)
     return model, tok, tiny_drafter(model, seed=2)
+
+
+@contextlib.contextmanager
+def running(app):
+    """The app served on a loopback port for the block; yields its base url."""
+    url, server, thread = serve(app)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(5)
 
 
 def _stream(url: str, ids: list[int], max_tokens: int, leave_after: int | None = None) -> tuple[str, dict | None]:
@@ -50,8 +62,7 @@ def test_64_streaming_clients_no_cross_talk(tiny):
     es = EagleSpec(model, tok, drafter, config=EngineConfig(max_batch=16, prefill_chunk=8))
     app = create_app(es, "tiny")
     assert isinstance(app.state.worker, BatchWorker)
-    url, server, thread = serve(app)
-    try:
+    with running(app) as url:
         prompts = [[3 + (7 * i + j * 13) % 250 for j in range(2 + i % 11)] for i in range(64)]
         lengths = [6 + i % 9 for i in range(64)]
         solo = [es.generate(p, n) for p, n in zip(prompts, lengths)]  # the one-sequence engine
@@ -73,21 +84,14 @@ def test_64_streaming_clients_no_cross_talk(tiny):
         assert metric(url, "eaglespec_cancelled_requests_total") >= 1
         assert metric(url, "eaglespec_mean_acceptance_length") >= 1
         assert httpx.get(url + "/health").json()["worker_alive"]
-    finally:
-        server.should_exit = True
-        thread.join(5)
 
 
 def test_full_queue_gets_429(tiny):
     model, tok, drafter = tiny
     es = EagleSpec(model, tok, drafter, config=EngineConfig(max_batch=2))
-    url, server, thread = serve(create_app(es, "tiny", max_queue=0))
-    try:
+    with running(create_app(es, "tiny", max_queue=0)) as url:
         r = httpx.post(url + "/v1/completions", json={"prompt": [5, 6], "max_tokens": 2})
         assert r.status_code == 429 and r.json()["error"]["code"] == "server_busy"
-    finally:
-        server.should_exit = True
-        thread.join(5)
 
 
 def test_one_sequence_worker(tiny):
@@ -96,12 +100,8 @@ def test_one_sequence_worker(tiny):
     es = EagleSpec(model, tok, drafter, config=EngineConfig(max_batch=1))
     app = create_app(es, "tiny")
     assert type(app.state.worker) is Worker
-    url, server, thread = serve(app)
-    try:
+    with running(app) as url:
         ref = es.generate([9, 8, 7], 8)
         with ThreadPoolExecutor(max_workers=3) as pool:
             texts = list(pool.map(lambda _: _stream(url, [9, 8, 7], 8)[0], range(3)))
         assert texts == [ref.text] * 3
-    finally:
-        server.should_exit = True
-        thread.join(5)

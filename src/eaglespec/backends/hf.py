@@ -29,10 +29,8 @@ def sliding_window_of(cfg) -> tuple[int | None, bool]:
     return int(window), types is not None and "full_attention" in types
 
 
-class HFTarget:
-    """Prefill / tree-verify / commit over a stock HF model with a DynamicCache."""
-
-    name = "hf"
+class HFModel:
+    """A stock HF causal LM, frozen, with hooks that capture its aux features: what the HF backends share."""
 
     def __init__(self, model: nn.Module, feature_layer_ids: tuple[int, ...] = ()):
         self.model = model.eval()
@@ -47,9 +45,7 @@ class HFTarget:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.capture = FeatureCapture(self.layers, feature_layer_ids)
         self.window, self.mixed_layers = sliding_window_of(cfg)
-        self.reset()
 
-    # -- setup ----------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -68,6 +64,16 @@ class HFTarget:
     def set_feature_layers(self, ids: tuple[int, ...]) -> None:
         """Capture the states entering layers `ids` (contract 3, see backends/capture.py)."""
         self.capture.set(ids)
+
+
+class HFTarget(HFModel):
+    """Prefill / tree-verify / commit over a stock HF model with a DynamicCache."""
+
+    name = "hf"
+
+    def __init__(self, model: nn.Module, feature_layer_ids: tuple[int, ...] = ()):
+        super().__init__(model, feature_layer_ids)
+        self.reset()
 
     def reset(self) -> None:
         from transformers import DynamicCache

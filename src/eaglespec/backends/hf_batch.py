@@ -18,15 +18,13 @@ Tree rows sit at positions committed + depth, as in HFTarget.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from eaglespec.backends.capture import FeatureCapture, decoder_layers
-from eaglespec.backends.hf import sliding_window_of
+from eaglespec.backends.hf import HFModel
 from eaglespec.draft.layers import additive_mask
 
 
@@ -61,24 +59,13 @@ class SlotCache:
         return k, v
 
 
-class HFBatchTarget:
+class HFBatchTarget(HFModel):
     """Ragged batched verify / commit over a stock HF model (any causal LM taking a 4-D float mask)."""
 
     name = "hf-batch"
 
     def __init__(self, model: nn.Module, feature_layer_ids: tuple[int, ...] = (), graphs: bool | None = None):
-        self.model = model.eval()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
-        self.layers = decoder_layers(model)
-        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.num_layers = len(self.layers)
-        self.hidden_size = cfg.hidden_size
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self.capture = FeatureCapture(self.layers, feature_layer_ids)
-        self.window, self.mixed_layers = sliding_window_of(cfg)
+        super().__init__(model, feature_layer_ids)
         # CUDA graphs of the verify forward, one per (batch bucket, rows, slots): on CUDA unless told otherwise; not
         # for sliding-window models (their mask is a per-layer-type dict)
         on_cuda = self.device.type == "cuda"
@@ -86,24 +73,6 @@ class HFBatchTarget:
         self._graphs: dict[tuple[int, int, int], _Graph] = {}
         self._pool = None
         self.reset()
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    def embedding(self) -> nn.Module:
-        return self.model.get_input_embeddings()
-
-    @property
-    def feature_layer_ids(self) -> tuple[int, ...]:
-        return self.capture.ids
-
-    def set_feature_layers(self, ids: tuple[int, ...]) -> None:
-        self.capture.set(ids)
 
     def reset(self) -> None:
         """No rows (the slot buffers are kept for the next ones)."""
