@@ -6,9 +6,11 @@ Each step (BatchEngine.step):
                 decode, and join the batch (up to `max_batch` rows, and while the rows' prompts plus max_new_tokens
                 stay within `max_tokens`: a bound on the KV the batch may come to hold); a joined request's first
                 token is emitted
-    3. round    every live row drafts its own tree (its proposer: drafter KV, sampling, random stream), one target
-                forward verifies all the trees (backends/hf_batch.py: ragged rows, per-row positions, ancestry
-                mask and KV slots), then acceptance and publish per row, exactly as the one-sequence engine does
+    3. round    every live row drafts its own tree (greedy chains of all rows in one drafter call per step,
+                draft/batch.py; other trees and sampled rows through their own proposer: drafter KV, sampling,
+                random stream), one target forward verifies all the trees (backends/hf_batch.py: ragged rows,
+                per-row positions, ancestry mask and KV slots), then acceptance (greedy: every row in one host
+                sync) and publish per row, as the one-sequence engine does
     4. finish   rows that reached EOS or max_new_tokens leave
 
 A row's round depends on its own state only: its tokens equal what the one-sequence engine emits for it alone,
