@@ -102,3 +102,47 @@ def test_train_init_end_to_end_and_refusals(tmp_path, capsys):
     assert main([*common, "--out", str(tmp_path / "f"), "--intermediate-size", "24", "--stop-after", "1"]) == 0
     assert main([*common, "--out", str(tmp_path / "f"), "--resume"]) == 0  # the saved width, not the target's
     assert load_drafter(tmp_path / "f", target_num_layers=4).cfg.intermediate_size == 24
+
+
+def test_train_and_regenerate_decontaminate_and_shard_the_state(tmp_path, capsys):
+    """--exclude (on by default): a conversation sharing a 13-word run with an evaluation prompt is dropped before
+    training and before regeneration, with one line of counts on stderr; --exclude '' keeps it. --state-shard-size
+    bounds every file of the training state."""
+    import json
+
+    from conftest import BYTE_VOCAB, byte_tokenizer, tiny_target
+
+    target = tmp_path / "target"
+    tiny_target(vocab=BYTE_VOCAB).save_pretrained(target)
+    byte_tokenizer().save_pretrained(target)
+    bench = tmp_path / "bench.txt"
+    prompt = "Please write one short poem about the quiet sea at night under a bright full moon"  # 16 words
+    bench.write_text(prompt + "\n")
+    data = tmp_path / "data.jsonl"
+    questions = [f"question {i}" for i in range(5)] + [f"hi. {prompt.upper()}!"]
+    data.write_text("".join(json.dumps({"conversations": [{"from": "human", "value": q},
+                                                          {"from": "gpt", "value": f"answer {i}"}]}) + "\n"
+                            for i, q in enumerate(questions)))
+    common = ["train", "--target", str(target), "--data", str(data), "--device", "cpu", "--steps", "1",
+              "--batch-size", "2", "--max-length", "256", "--ttt-steps", "2", "--eval-fraction", "0"]
+    capsys.readouterr()
+    assert main([*common, "--out", str(tmp_path / "a"), "--exclude", f"mtbench,{bench}",
+                 "--state-shard-size", "2KB"]) == 0
+    err = capsys.readouterr().err
+    assert (f"eaglespec train: decontamination: dropped 1 of 6 conversations sharing a 13-word run with an "
+            f"evaluation prompt (mtbench 0, {bench} 1)") in err
+    assert "eaglespec train: 5 conversations" in err
+    shards = list((tmp_path / "a").glob("training_state-*.safetensors"))
+    assert len(shards) > 1 and all(p.stat().st_size <= 2000 for p in shards)
+    assert main([*common, "--out", str(tmp_path / "b"), "--exclude", ""]) == 0
+    err = capsys.readouterr().err
+    assert "decontamination:" not in err and "eaglespec train: 6 conversations" in err
+    assert main([*common, "--out", str(tmp_path / "c"), "--state-shard-size", "100"]) == 2
+    assert "--state-shard-size must be a size of at least 1024 bytes" in capsys.readouterr().err
+    assert main([*common, "--out", str(tmp_path / "c"), "--exclude", "nosuchfile"]) == 2
+    assert "--exclude nosuchfile" in capsys.readouterr().err
+    out = tmp_path / "regen.jsonl"
+    assert main(["regenerate", "--target", str(target), "--data", str(data), "--out", str(out), "--device", "cpu",
+                 "--max-new-tokens", "2", "--decoder", "hf", "--exclude", str(bench)]) == 0
+    assert "eaglespec regenerate: decontamination: dropped 1 of 6 conversations" in capsys.readouterr().err
+    assert len(out.read_text().splitlines()) == 5

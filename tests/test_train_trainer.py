@@ -232,7 +232,7 @@ def test_pause_writes_a_checkpoint_and_resume_finishes_the_same_run(tmp_path):
     full = train(model, samples, cfg, tmp_path / "a")
     part = train(model, samples, cfg, tmp_path / "b", pause_after=3)
     assert part.steps == 3 and [m["step"] for m in part.history] == [1, 2, 3]
-    state = torch.load(tmp_path / "b" / "training_state.pt", weights_only=True)
+    state = json.loads((tmp_path / "b" / "training_state.json").read_text())
     assert (state["step"], state["total_steps"]) == (3, 5)
     assert load_drafter(tmp_path / "b", target_num_layers=4).manifest["trained_steps"] == 3
     resumed = train(model, samples, cfg, tmp_path / "b", resume=True)
@@ -247,7 +247,7 @@ def test_pause_writes_a_checkpoint_and_resume_finishes_the_same_run(tmp_path):
     assert budget.steps == 11
     # --stop-after-seconds: the first step past the time pauses the same way, and the run resumes to the same drafter
     timed = train(model, samples, cfg, tmp_path / "e", pause_after_s=1e-9)
-    assert timed.steps == 1 and torch.load(tmp_path / "e" / "training_state.pt", weights_only=True)["step"] == 1
+    assert timed.steps == 1 and json.loads((tmp_path / "e" / "training_state.json").read_text())["step"] == 1
     resumed = train(model, samples, cfg, tmp_path / "e", resume=True)
     assert all(torch.equal(v, resumed.drafter.state_dict()[k]) for k, v in full.drafter.state_dict().items())
     assert train(model, samples, cfg, tmp_path / "f", pause_after_s=1e9).steps == 5
@@ -383,7 +383,7 @@ def test_time_budget_shortens_the_schedule(tmp_path):
     res = train(model, samples, small_cfg(steps=500, time_budget_s=1e-3), tmp_path / "budget")
     assert res.steps == 11  # 2 warm-up + 8 timed steps, then the budget is spent: one more step and the end
     assert len(res.history) <= 11
-    state = torch.load(tmp_path / "budget" / "training_state.pt", weights_only=True)
+    state = json.loads((tmp_path / "budget" / "training_state.json").read_text())
     assert state["total_steps"] == 11 and state["step"] == 11
     resumed = train(model, samples, small_cfg(steps=500, time_budget_s=1e-3), tmp_path / "budget", resume=True)
     assert resumed.steps == 11  # the saved schedule is kept on resume

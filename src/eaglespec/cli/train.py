@@ -7,13 +7,15 @@ import json
 from pathlib import Path
 
 from eaglespec.cli.args import check_target, log
-from eaglespec.datasets import DATASETS, load_prompts
 from eaglespec.errors import EagleSpecError
 
 TRAIN_FLAGS = ("target", "data", "method", "out", "steps", "epochs", "max_length", "batch_size", "lr", "ttt_steps",
                "draft_vocab", "device", "dtype", "grad_accum", "limit", "seed", "save_every", "eval_every",
                "eval_fraction", "warmup_steps", "hass_steps", "noise", "weight_decay", "log_every", "feature_cache", "time_budget",
-               "init", "ttt_attention", "ttt_decay", "intermediate_size")
+               "init", "ttt_attention", "ttt_decay", "intermediate_size", "exclude", "state_shard_size")
+EXCLUDE_HELP = ("drop conversations sharing a 13-word run with these evaluation prompt sets (bench's --dataset names "
+                "or files, comma-separated; default mtbench,humaneval where installed, MT-bench with both turns; "
+                "'' for none); one line on stderr reports the counts")
 DECODER_HELP = ("HF generate (hf), a static-cache batched decoder for Llama-family targets (static), or static "
                 "where the target allows it (auto)")
 
@@ -71,6 +73,9 @@ def add_parser(subparsers) -> None:
     t.add_argument("--intermediate-size", type=int, default=None, metavar="N",
                    help="the drafter's MLP width (default: the target's); with --init, the checkpoint's MLP is "
                         "widened to N keeping its function (new units start silent: zero down-projection columns)")
+    t.add_argument("--exclude", default=None, metavar="LIST", help=EXCLUDE_HELP)
+    t.add_argument("--state-shard-size", default=None, metavar="SIZE",
+                   help="largest file of the saved training state, e.g. 15MB (default), 500KB or a byte count")
     t.add_argument("--feature-cache", default=None,
                    help="offline features: a directory of cached target features (written from --data on "
                         "first use, refused when its manifest names another target or other layer ids)")
@@ -94,6 +99,7 @@ def add_parser(subparsers) -> None:
                    help=DECODER_HELP + "; default auto")
     r.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="start no batch that the slowest one so far would not finish within SECONDS (rerun resumes)")
+    r.add_argument("--exclude", default=None, metavar="LIST", help=EXCLUDE_HELP)
     r.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     r.add_argument("--dtype", default=None, help="target dtype (default: bf16 on GPU, fp32 on CPU)")
     r.set_defaults(func=cmd_regenerate)
@@ -143,6 +149,43 @@ def _options(args: argparse.Namespace) -> dict:
     return opts
 
 
+def state_shard_bytes(text: str) -> int:
+    """--state-shard-size: '15MB', '500KB', '2MiB' or a byte count -> bytes (at least MIN_SHARD_BYTES)."""
+    from eaglespec.checkpoint.io import parse_size
+    from eaglespec.train.state import MIN_SHARD_BYTES
+
+    try:
+        size = parse_size(text)
+    except EagleSpecError:
+        size = 0
+    if size < MIN_SHARD_BYTES:
+        raise EagleSpecError(f"--state-shard-size must be a size of at least {MIN_SHARD_BYTES} bytes such as 15MB, "
+                             f"got {text!r}")
+    return size
+
+
+def exclusion_sets(spec: str | None, command: str, verbose: bool = True) -> dict[str, list[str]]:
+    """--exclude's prompt sets (train.decontam.evaluation_sets); a default set not installed is noted on stderr."""
+    from eaglespec.train.decontam import evaluation_sets
+
+    sets, missing = evaluation_sets(spec)
+    for note in missing if verbose else ():
+        log(f"eaglespec {command}: {note}")
+    return sets
+
+
+def decontaminated(convs: list[dict], sets: dict[str, list[str]], command: str, verbose: bool = True) -> list[dict]:
+    """`convs` without those sharing a 13-word run with a prompt of `sets`; one line on stderr with the counts."""
+    from eaglespec.train.decontam import decontaminate
+
+    if not sets:
+        return convs
+    kept, report = decontaminate(convs, sets)
+    if verbose:
+        log(f"eaglespec {command}: {report.line()}")
+    return kept
+
+
 def check_data(path: str) -> None:
     """--data must name an existing file or directory (read once the target has loaded)."""
     if not Path(path).exists():
@@ -183,15 +226,18 @@ def cmd_train(args: argparse.Namespace) -> int:
               if o.get(k) is not None}
     if o.get("time_budget") is not None:
         fields["time_budget_s"] = float(o["time_budget"])
+    if o.get("state_shard_size") is not None:
+        fields["state_shard_bytes"] = state_shard_bytes(o["state_shard_size"])
     # before init_distributed: converting the default target saves a checkpoint, which transformers skips on
     # ranks other than 0 once a process group exists
     target = resolve_target(o.get("target"))
     device = init_distributed(resolve_device(o.get("device")))
     _, rank = world_rank()
+    exclude = exclusion_sets(o.get("exclude"), "train", rank == 0)  # a bad file fails before the target loads
     cfg = TrainConfig(method=o.get("method") or "eagle3", device=device, init_from=o.get("init"), **fields)
     model, tok = load_target(target, device=device, dtype=o.get("dtype"))
     drafter = init_drafter(cfg.init_from, model, cfg, tok) if cfg.init_from else None  # refused before the data
-    convs = read_conversations(o["data"], o.get("limit"))
+    convs = decontaminated(read_conversations(o["data"], o.get("limit")), exclude, "train", rank == 0)
     max_length = o.get("max_length") or 2048
     samples = tokenize_all(tok, convs, max_length, progress=rank == 0 and args.verbose)
     if rank == 0:
@@ -226,25 +272,19 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     check_decoder(args.decoder)
     check_data(args.data)
     check_target(args.target)
+    exclude = exclusion_sets(args.exclude, "regenerate")  # a bad file fails before the target loads
     model, tok = load_target(args.target, device=args.device, dtype=args.dtype)
     n = regenerate(model, tok, args.data, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                    temperature=args.temperature, max_turns=args.max_turns, limit=args.limit, seed=args.seed,
-                   shard=shard, decoder=args.decoder, time_budget=args.time_budget)
+                   shard=shard, decoder=args.decoder, time_budget=args.time_budget,
+                   keep=lambda convs: decontaminated(convs, exclude, "regenerate"))
     log(f"eaglespec regenerate: wrote {n} conversations to {args.out}")
     return 0
 
 
 def _exclusions(spec: str) -> list[str]:
     """The prompts of each named set; the default benchmarks are skipped where their packages are not installed."""
-    texts: list[str] = []
-    for name in (n.strip() for n in spec.split(",") if n.strip()):
-        try:
-            texts += load_prompts(name, flag="--exclude")
-        except EagleSpecError as exc:
-            if name not in DATASETS:
-                raise
-            log(f"eaglespec synth-prompts: not excluding {name} ({exc})")
-    return texts
+    return [t for texts in exclusion_sets(spec, "synth-prompts").values() for t in texts]
 
 
 def cmd_synth_prompts(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ tokenize_all spreads chunks of conversations over forked worker processes (same 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -434,6 +435,17 @@ def group_for_packing(samples: Sequence[Sample], max_tokens: int) -> list[list[S
         groups[-1].append(s)
         size += n
     return groups
+
+
+def samples_digest(samples: Sequence[Sample]) -> str:
+    """sha256 of the samples' token ids and loss masks, in order: two runs index the same data iff equal."""
+    h = hashlib.sha256()
+    for s in samples:
+        ids = s.ids.to(torch.int64).numpy()
+        h.update(len(ids).to_bytes(8, "little"))
+        h.update(ids.tobytes())
+        h.update(s.loss_mask.to(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _prompt_key(sample: Sample) -> bytes:

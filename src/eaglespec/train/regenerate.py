@@ -140,12 +140,13 @@ def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_siz
                max_new_tokens: int = 512, temperature: float = 0.0, max_turns: int | None = None,
                limit: int | None = None, max_prompt_tokens: int = 1536, progress: bool = True,
                seed: int | None = None, shard: tuple[int, int] | None = None, decoder: str = "auto",
-               time_budget: float | None = None) -> int:
+               time_budget: float | None = None, keep: Callable[[list[dict]], list[dict]] | None = None) -> int:
     """Regenerate every conversation of `data` not yet in `out`; returns how many were written. `seed` seeds the
     sampling (temperature > 0): without it a fresh process starts from torch's fixed default state, so two sampled
     passes over the same prompts and batches would write the same answers. `decoder`: "hf" (HF generate), "static"
     or "auto" (backends/batched.py, where the model allows it). `time_budget` seconds: no batch is started that the
-    slowest one so far would not finish in time (a batch killed by an outer time limit is lost work)."""
+    slowest one so far would not finish in time (a batch killed by an outer time limit is lost work). `keep(convs)`:
+    the conversations to regenerate of those read (e.g. decontamination), before any sharding."""
     from tqdm import tqdm
 
     batched = make_decoder(model, decoder)
@@ -155,6 +156,8 @@ def regenerate(model, tokenizer, data: str | Path, out: str | Path, *, batch_siz
 
     out = Path(out)
     convs = read_conversations(data, limit)
+    if keep is not None:
+        convs = keep(convs)
     if shard is not None:
         convs = by_length(convs)[shard[0]::shard[1]]
     done = done_ids(out)

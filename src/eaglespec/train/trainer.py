@@ -12,6 +12,11 @@ is a pure function of the step (resume and data parallelism need nothing else). 
                 decodes (TTT steps stack their keys in its KV cache; masks.step_visible)
     4. update   all-reduce grads, clip 0.5, AdamW(0.9, 0.95), warmup + cosine; a step with zero
                 supervised rows is skipped entirely (no weight decay either)
+
+A checkpoint is the drafter (save_drafter) plus the training state (train/state.py: JSON + safetensors shards of
+at most cfg.state_shard_bytes): step and schedule length, config, optimizer, RNG states and the data position.
+The learning rate and the data order are pure functions of the step, so `resume` continues the same run bit for
+bit (fp32): N paused and resumed invocations train the drafter one uninterrupted run trains.
 """
 
 from __future__ import annotations
@@ -40,13 +45,23 @@ from eaglespec.checkpoint.rope import resolve_rope_theta
 from eaglespec.draft.layers import MLP, StepVisible
 from eaglespec.errors import CheckpointError, EagleSpecError
 from eaglespec.train import losses
-from eaglespec.train.data import Packed, Sample, group_for_packing, pack, split_eval
+from eaglespec.train.data import Packed, Sample, group_for_packing, pack, samples_digest, split_eval
 from eaglespec.train.features import TargetBatch, TargetFeatures, soft_labels
 from eaglespec.train.masks import prefix_visible, step_visible
 from eaglespec.train.rows import RowPlan, compile_rows
+from eaglespec.train.state import (
+    DEFAULT_SHARD_BYTES,
+    MIN_SHARD_BYTES,
+    STATE_JSON,
+    pack_optimizer,
+    read_state,
+    unpack_optimizer,
+    write_state,
+)
 from eaglespec.train.vocab import grown_draft_ids, select_draft_vocab, token_counts, vocab_maps
 
-STATE_FILE = "training_state.pt"
+STATE_FILE = STATE_JSON  # with its safetensors shards (train/state.py)
+LEGACY_STATE_FILE = "training_state.pt"  # the pickled layout: never read
 LOG_FILE = "train_log.jsonl"
 GROW_RIDGE = 1e-3  # grow_draft_vocab: the ridge of the embedding-to-lm_head least-squares map
 
@@ -83,6 +98,7 @@ class TrainConfig:
     eval_every: int = 0  # 0: only at the end
     eval_batches: int = 8
     save_every: int = 0  # 0: only at the end
+    state_shard_bytes: int = DEFAULT_SHARD_BYTES  # largest file of the saved training state (15 MB)
     log_every: int = 10
     label_chunk_rows: int = 2048
     pack_tokens: int | None = None  # tokens per packed row (None: max_length); a micro-batch makes several
@@ -676,8 +692,16 @@ class Trainer:
 
 
 # -- checkpoints --------------------------------------------------------------------------------
+# TrainConfig fields that belong to one invocation: a resume takes these from its own call and every other field
+# from the saved run, so the schedule, data order and objective stay the run's. grad_accum may change with the
+# number of GPUs as long as the global micro-batches per step (GPUs x grad_accum) stay the same.
+INVOCATION_FIELDS = ("device", "autocast", "progress", "eval_every", "eval_batches", "save_every", "log_every",
+                     "grad_accum", "label_chunk_rows", "state_shard_bytes")
+
+
 def _rng_state(trainer: Trainer) -> dict[str, Any]:
-    st = {"torch": torch.get_rng_state(), "python": random.getstate(), "noise": trainer.noise_gen.get_state()}
+    st = {"torch": torch.get_rng_state(), "python": random.getstate(), "noise": trainer.noise_gen.get_state(),
+          "noise_device": trainer.noise_gen.device.type}
     if torch.cuda.is_available():
         st["cuda"] = torch.cuda.get_rng_state_all()
     return st
@@ -686,43 +710,102 @@ def _rng_state(trainer: Trainer) -> dict[str, Any]:
 def _set_rng_state(trainer: Trainer, st: dict[str, Any]) -> None:
     torch.set_rng_state(st["torch"])
     random.setstate(st["python"])
-    trainer.noise_gen.set_state(st["noise"])
+    if st.get("noise_device", trainer.noise_gen.device.type) == trainer.noise_gen.device.type:
+        trainer.noise_gen.set_state(st["noise"])  # else (a CUDA run resumed on CPU) it stays seeded from cfg.seed
     if "cuda" in st and torch.cuda.is_available():  # saved on a machine with more GPUs: keep the ones here
         for i, state in enumerate(st["cuda"][: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(state, i)
 
 
-def write_checkpoint(out: Path, trainer: Trainer, step: int, total: int, manifest: dict[str, Any]) -> None:
-    """Atomic: drafter (save_drafter, native layout + manifest) and training state in a temp dir, then swap."""
+def _pack_rng(st: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """RNG states -> (JSON: Python's Mersenne Twister state and counts, uint8 tensors: torch CPU, CUDA, noise)."""
+    version, internal, gauss = st["python"]
+    cuda = list(st.get("cuda", []))
+    tensors = {"rng.torch": st["torch"], "rng.noise": st["noise"]} | {f"rng.cuda.{i}": s for i, s in enumerate(cuda)}
+    return {"python": [version, list(internal), gauss], "cuda_devices": len(cuda),
+            "noise_device": st["noise_device"]}, tensors
+
+
+def _unpack_rng(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    version, internal, gauss = meta["python"]
+    st = {"torch": tensors["rng.torch"], "python": (version, tuple(internal), gauss), "noise": tensors["rng.noise"],
+          "noise_device": meta["noise_device"]}
+    if meta["cuda_devices"]:
+        st["cuda"] = [tensors[f"rng.cuda.{i}"] for i in range(meta["cuda_devices"])]
+    return st
+
+
+def data_position(step: int, per_step: int, cfg: TrainConfig, train_s: list[Sample], digest: str) -> dict[str, Any]:
+    """Where the run is in its data: the next global micro-batch (MicroBatches index; the order is a pure function
+    of it, cfg.seed and cfg.batch_size) and what it indexes (the training samples' count and fingerprint)."""
+    return {"next_micro_batch": step * per_step, "micro_batches_per_step": per_step, "batch_size": cfg.batch_size,
+            "seed": cfg.seed, "train_samples": len(train_s), "samples_sha256": digest}
+
+
+def write_checkpoint(out: Path, trainer: Trainer, step: int, total: int, manifest: dict[str, Any],
+                     run: dict[str, Any] | None = None) -> None:
+    """Atomic: the drafter (save_drafter: native layout + manifest) and the training state (train/state.py: JSON +
+    safetensors shards of at most cfg.state_shard_bytes) in a temp dir, then swapped in. `run`: further JSON fields
+    of the state (the data position, the totals)."""
     out = Path(out)
     tmp = out.with_name(f".{out.name}.ckpt-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_drafter(trainer.drafter, tmp, manifest=dict(manifest, trained_steps=step))
-    state = {
-        "step": step, "total_steps": total, "config": trainer.cfg.to_dict(),
-        "drafter": {k: v.detach().cpu() for k, v in trainer.drafter.state_dict().items()},
-        "optimizer": trainer.optimizer.state_dict(), "rng": _rng_state(trainer),
-    }
-    torch.save(state, tmp / (STATE_FILE + ".tmp"))
-    os.replace(tmp / (STATE_FILE + ".tmp"), tmp / STATE_FILE)
+    opt_meta, opt_tensors = pack_optimizer(trainer.optimizer.state_dict())
+    rng_meta, rng_tensors = _pack_rng(_rng_state(trainer))
+    drafter = {f"drafter.{k}": v for k, v in trainer.drafter.state_dict().items()}
+    meta = {"step": step, "total_steps": total, "config": trainer.cfg.to_dict(), **(run or {}),
+            "optimizer": opt_meta, "rng": rng_meta}
+    write_state(tmp, meta, drafter | opt_tensors | rng_tensors, trainer.cfg.state_shard_bytes)
     if (out / LOG_FILE).is_file():
         shutil.copy2(out / LOG_FILE, tmp / LOG_FILE)
     replace_dir(tmp, out)
 
 
 def read_training_state(out: Path) -> dict[str, Any]:
+    """The state write_checkpoint saved in `out`: its JSON fields, and "drafter" (a state_dict), "optimizer" (a
+    state_dict) and "rng" rebuilt from the shards. No pickle is read."""
     out = Path(out)
-    path = out / STATE_FILE
-    if not path.is_file():
-        backup = out.with_name(f".{out.name}.old") / STATE_FILE  # killed between the two renames
-        if backup.is_file():
-            path = backup
+    where = out
+    if not (out / STATE_FILE).is_file():
+        backup = out.with_name(f".{out.name}.old")  # killed between the two renames of replace_dir
+        if (backup / STATE_FILE).is_file():
+            where = backup
+        elif (out / LEGACY_STATE_FILE).is_file():
+            raise EagleSpecError(f"{out}: holds a {LEGACY_STATE_FILE} (the pickled layout, not read); --resume reads "
+                                 f"{STATE_FILE} and its safetensors shards: start the run again, or --init {out} to "
+                                 "continue from its drafter with a fresh optimizer")
         else:
             raise EagleSpecError(f"{out}: --resume given but no {STATE_FILE} found there")
+    doc, tensors = read_state(where)
+    missing = [k for k in ("step", "total_steps", "config", "data", "totals", "optimizer", "rng") if k not in doc]
+    if missing:
+        raise CheckpointError(where / STATE_FILE, f"malformed training state (no field {missing[0]!r})")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise EagleSpecError(f"{path}: unreadable training state ({type(exc).__name__})") from None
+        drafter = {k.removeprefix("drafter."): v for k, v in tensors.items() if k.startswith("drafter.")}
+        return doc | {"drafter": drafter, "optimizer": unpack_optimizer(doc["optimizer"], tensors),
+                      "rng": _unpack_rng(doc["rng"], tensors)}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(where / STATE_FILE, f"malformed training state (field {exc})") from None
+
+
+def check_data_position(out: Path, saved: dict[str, Any], per_step: int, train_s: list[Sample], digest: str) -> None:
+    """A resume must index the same training samples with the same global micro-batches per step (one line
+    naming what differs otherwise)."""
+    if saved["micro_batches_per_step"] != per_step:
+        raise EagleSpecError(f"{out}: the saved run takes {saved['micro_batches_per_step']} micro-batches per step "
+                             f"(GPUs x --grad-accum), this one {per_step}: keep the global batch")
+    if saved["train_samples"] != len(train_s) or saved["samples_sha256"] != digest:
+        raise EagleSpecError(f"{out}: the training samples differ from the saved run's ({len(train_s)} here, "
+                             f"{saved['train_samples']} there, or other tokens): resume with the same --data, "
+                             "--limit, --max-length and --exclude")
+
+
+def _saved_run(cfg: TrainConfig, saved: dict[str, Any]) -> tuple[TrainConfig, list[str]]:
+    """`cfg` with the saved run's fields (all but INVOCATION_FIELDS); and the ones that differed, as 'name=saved'."""
+    known = {k: v for k, v in saved.items() if k in TrainConfig.__dataclass_fields__ and k not in INVOCATION_FIELDS}
+    diff = [f"{k}={v!r}" for k, v in known.items() if getattr(cfg, k) != v]
+    return replace(cfg, **known), diff
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -796,6 +879,9 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
         raise EagleSpecError(f"--method {cfg.method!r} is not one of eagle1, hass, eagle3")
     if cfg.ttt_attention not in TTT_ATTENTION:
         raise EagleSpecError(f"--ttt-attention {cfg.ttt_attention!r} is not one of {', '.join(TTT_ATTENTION)}")
+    if cfg.state_shard_bytes < MIN_SHARD_BYTES:
+        raise EagleSpecError(f"the training-state shard size must be at least {MIN_SHARD_BYTES} bytes, "
+                             f"got {cfg.state_shard_bytes}")
     out = Path(out) if out is not None else None
     st = None
     if resume:
@@ -803,14 +889,15 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
         if out is None:
             raise EagleSpecError("--resume needs --out")
         st = read_training_state(out)
-        # the saved run's drafter shape: its MLP width, and its checkpoint when it started from one
-        cfg = replace(cfg, intermediate_size=st["config"].get("intermediate_size"),
-                      draft_vocab=st["config"].get("draft_vocab"))
-        if st["config"].get("init_from"):  # the saved run started from a checkpoint: same shapes and vocabulary
-            cfg = replace(cfg, init_from=st["config"]["init_from"])
+        # the saved run's schedule, data order, objective and drafter shape (its --init checkpoint included)
+        cfg, differ = _saved_run(cfg, st["config"])
+        if differ and rank == 0:
+            _log(f"eaglespec train: --resume keeps the saved run's settings: {', '.join(differ)}")
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     train_s, eval_s = split_eval(samples, cfg.eval_fraction, cfg.seed)
+    digest = samples_digest(train_s)
+    per_step = world * cfg.grad_accum  # global micro-batches per optimizer step
     vocab = model.get_output_embeddings().weight.shape[0]
     if drafter is None and cfg.init_from is not None:
         drafter = init_drafter(cfg.init_from, model, cfg, tokenizer)
@@ -835,13 +922,15 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
     drafter.to(cfg.device)
     trainer = Trainer(model, drafter, cfg, tokenizer)
     total = total_steps(cfg, len(train_s), world)
-    start = 0
+    start, totals = 0, {"tokens": 0, "seconds": 0.0}
     if st is not None:
         if cfg.time_budget_s is not None:  # the saved run already fitted its schedule to its budget
             total = st["total_steps"]
         if st["total_steps"] != total:
             raise EagleSpecError(f"{out}: the saved run has {st['total_steps']} steps, this one {total}: "
                                  "resume with the same data and flags")
+        check_data_position(out, st["data"], per_step, train_s, digest)
+        totals = st["totals"]
         drafter.load_state_dict({k: v.to(cfg.device) for k, v in st["drafter"].items()})
         trainer.optimizer.load_state_dict(st["optimizer"])
         _set_rng_state(trainer, st["rng"])
@@ -854,12 +943,18 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
     batches = MicroBatches(train_s, cfg.batch_size, cfg.seed)
     eval_batches = [eval_s[i:i + cfg.batch_size] for i in range(0, len(eval_s), cfg.batch_size)][: cfg.eval_batches]
     history: list[dict[str, Any]] = []
+
+    def run_fields(step: int) -> dict[str, Any]:
+        """The data position and the run's totals over all its invocations, for the saved state."""
+        return {"data": data_position(step, per_step, cfg, train_s, digest),
+                "totals": {"tokens": totals["tokens"] + tokens_seen,
+                           "seconds": round(totals["seconds"] + time.perf_counter() - t_start, 3)}}
+
     from tqdm import tqdm
 
     bar = tqdm(total=total, initial=start, desc=f"train {cfg.method}", disable=not (cfg.progress and rank == 0),
                dynamic_ncols=True, file=sys.stderr)
     t_start, tokens_seen = time.perf_counter(), 0
-    per_step = world * cfg.grad_accum
     fit_from = start + FIT_SKIP if cfg.time_budget_s is not None and not resume else None
     t_fit = t_start
     step = start
@@ -882,6 +977,8 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
             m["step"] = step + 1
             elapsed = time.perf_counter() - t_start
             m["elapsed_s"] = round(elapsed, 3)
+            m["run_tokens"] = totals["tokens"] + tokens_seen  # over every invocation of the run
+            m["run_s"] = round(totals["seconds"] + elapsed, 3)
             history.append(m)
             rate = tokens_seen / max(1e-9, elapsed)
             bar.set_postfix_str(f"loss {m['loss']:.3f} acc0 {m['acc_by_step'][0]:.2f} {rate:,.0f} tok/s")
@@ -903,13 +1000,13 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
         if pause and step + 1 < total and fitted_yet:
             bar.close()
             if rank == 0 and out is not None:
-                write_checkpoint(out, trainer, step + 1, total, manifest)
+                write_checkpoint(out, trainer, step + 1, total, manifest, run_fields(step + 1))
                 _log(f"eaglespec train: paused at step {step + 1}/{total}; continue with --resume --out {out}")
             if _dist():
                 _dist().barrier()
             return TrainResult(drafter, step + 1, history, {}, out)
         if cfg.save_every and out is not None and (step + 1) % cfg.save_every == 0 and step + 1 < total and rank == 0:
-            write_checkpoint(out, trainer, step + 1, total, manifest)
+            write_checkpoint(out, trainer, step + 1, total, manifest, run_fields(step + 1))
         if cfg.save_every and _dist():
             _dist().barrier()
         step += 1
@@ -919,6 +1016,6 @@ def train(model: nn.Module, samples: list[Sample], cfg: TrainConfig, out: str | 
         if ev:
             _log(f"eaglespec train: eval after {total} steps: {_fmt(ev)}")
         if out is not None:
-            write_checkpoint(out, trainer, total, total, dict(manifest, eval=ev))
+            write_checkpoint(out, trainer, total, total, dict(manifest, eval=ev), run_fields(total))
             _log(f"eaglespec train: wrote {out}")
     return TrainResult(drafter, total, history, ev, out)
