@@ -257,3 +257,23 @@ def test_cuda_graph_rows_equal_generate(tree):
     assert target._graphs, "no graph was captured"
     for i, (p, r) in enumerate(zip(prompts, results)):
         assert r.token_ids == reference_greedy(reference, p, 12 + 2 * i)
+
+
+def test_attention_with_changing_shapes_keeps_cudnn_off(fitted, monkeypatch):
+    """cuDNN's attention builds a plan per new shape (tens of ms each on a GPU): a prefill, a batched verify and
+    the drafter (its KV grows every call) run SDPA with it disabled."""
+    import torch.nn.functional as F
+
+    model, drafter = fitted
+    seen: list[bool] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*a, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    engine = BatchEngine(HFBatchTarget(model), drafter, TREES["chain"], max_batch=2)
+    engine.generate([BatchRequest(p, 6) for p in _prompts(2)])
+    assert seen and not any(seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after each call

@@ -31,12 +31,11 @@ from typing import TypeVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from eaglespec.backends.base import TargetOutput
 from eaglespec.backends.capture import decoder_layers
 from eaglespec.errors import EagleSpecError
-from eaglespec.kernels import available, on_by_default, onednn, skinny
+from eaglespec.kernels import available, eager_attention, on_by_default, onednn, skinny
 from eaglespec.kernels.step import block_mask_ref
 
 __all__ = ["FastTarget", "fused_by_default", "make_target", "unsupported_reason"]
@@ -180,12 +179,6 @@ def _add_linear(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: to
     if bias is None:
         return h.addmm_(x, weight.t()) if inplace else torch.addmm(h, x, weight.t())
     return h + F.linear(x, weight, bias)
-
-
-# the SDPA backends of the eager steps (a prefill, or a tree past the buckets, at its exact size): all but cuDNN's,
-# whose attention builds a graph per new shape, a cost each new prompt length would pay. The CUDA-graph steps
-# (fixed shapes, captured once) keep torch's own choice.
-EAGER_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def _grouped_o_weight(w: torch.Tensor, n_kv: int, head_dim: int) -> torch.Tensor:
@@ -582,7 +575,7 @@ class FastTarget:
             depths = torch.arange(t, device=dev) if depths is None else depths.to(dev)
             visible = torch.ones(t, t, dtype=torch.bool, device=dev).tril() if visible is None else visible.to(dev)
             base_t = torch.tensor(base, dtype=torch.long, device=dev)
-            with sdpa_kernel(EAGER_SDPA_BACKENDS):  # a new shape: no cuDNN attention graph built for it
+            with eager_attention():  # a new shape: no cuDNN attention plan built for it
                 logits, features = self.step(tokens, base + depths, visible, base_t, self.cols[: base + t])
             return TargetOutput(logits=logits, features=features)
         self.reserve(base + b)

@@ -15,6 +15,7 @@ from torch import nn
 from eaglespec.backends.base import TargetOutput
 from eaglespec.backends.capture import FeatureCapture, decoder_layers
 from eaglespec.draft.layers import additive_mask
+from eaglespec.kernels import eager_attention
 
 
 def sliding_window_of(cfg) -> tuple[int | None, bool]:
@@ -65,6 +66,11 @@ class HFModel:
         """Capture the states entering layers `ids` (contract 3, see backends/capture.py)."""
         self.capture.set(ids)
 
+    def run_model(self, **inputs):
+        """The model's forward, its attention under kernels.eager_attention: the KV length changes every call."""
+        with eager_attention():
+            return self.model(**inputs)
+
 
 class HFTarget(HFModel):
     """Prefill / tree-verify / commit over a stock HF model with a DynamicCache."""
@@ -100,13 +106,8 @@ class HFTarget(HFModel):
             windowed = additive_mask(full & (q_pos[:, None] - k_pos[None, :] < self.window), self.dtype)[None, None]
             mask = {"full_attention": mask, "sliding_attention": windowed} if self.mixed_layers else windowed
         self.capture.clear()
-        out = self.model(
-            input_ids=tokens.to(dev)[None],
-            position_ids=(past + depths.to(dev))[None],
-            attention_mask=mask,
-            use_cache=True,
-            **{self._cache_kw: self.cache},
-        )
+        out = self.run_model(input_ids=tokens.to(dev)[None], position_ids=(past + depths.to(dev))[None],
+                             attention_mask=mask, use_cache=True, **{self._cache_kw: self.cache})
         self._pending = t
         feats = self.capture.take()  # [1, T, n*H] or None
         features = feats[0] if feats is not None else torch.empty(t, 0, device=dev, dtype=self.dtype)

@@ -103,8 +103,8 @@ class HFBatchTarget(HFModel):
         for i, (k, v) in enumerate(zip(state.keys, state.values)):
             cache.update(k, v, i)
         self.capture.clear()
-        out = self.model(input_ids=tokens.to(dev)[None], position_ids=torch.arange(past, past + n, device=dev)[None],
-                         use_cache=True, **{self._cache_kw: cache})
+        out = self.run_model(input_ids=tokens.to(dev)[None], position_ids=torch.arange(past, past + n, device=dev)[None],
+                             use_cache=True, **{self._cache_kw: cache})
         state.keys = [layer.keys for layer in cache.layers]
         state.values = [layer.values for layer in cache.layers]
         state.length = past + n
@@ -166,8 +166,8 @@ class HFBatchTarget(HFModel):
         B, W = ids.shape
         cache = SlotCache([k[:B] for k in self.keys], [v[:B] for v in self.values], slots)
         self.capture.clear()
-        out = self.model(input_ids=ids, position_ids=q_pos, attention_mask=mask, use_cache=True,
-                         **{self._cache_kw: cache})
+        out = self.run_model(input_ids=ids, position_ids=q_pos, attention_mask=mask, use_cache=True,
+                             **{self._cache_kw: cache})
         feats = self.capture.take()
         features = feats if feats is not None else out.logits.new_zeros(B, W, 0)
         return BatchOutput(out.logits, features)
@@ -227,6 +227,7 @@ class HFBatchTarget(HFModel):
         while new_slots < slots:
             new_slots *= 2
         self._graphs.clear()  # captured against the old buffers
+        self._pool = None  # a pool whose graphs are all freed cannot take a new capture
         live = self.batch
         for buffers in (self.keys, self.values):
             for i, x in enumerate(buffers):

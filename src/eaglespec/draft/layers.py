@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglespec.kernels import onednn
+from eaglespec.kernels import eager_attention, onednn
 
 
 class RMSNorm(nn.Module):
@@ -180,7 +180,8 @@ class Attention(nn.Module):
         if visible is None:
             visible = causal_visible(t, past, x.device)
         mask = additive_mask(visible, q.dtype)
-        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask[:, None] if batched else mask)
+        with eager_attention():  # the KV grows every call: no cuDNN plan per length
+            out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask[:, None] if batched else mask)
         out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
         return onednn.apply(self.o_proj, out if batched else out[0])
 

@@ -39,6 +39,15 @@ from collections.abc import Iterable
 import torch
 
 
+def eager_attention():
+    """A context in which torch's SDPA picks any backend but cuDNN's: for attention whose shapes change from call to
+    call (prompts, drafter KV, training batches), since cuDNN's builds and caches an execution plan for every new
+    shape, tens of milliseconds each on an H100."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def interpreted() -> bool:
     """Triton's interpreter is on (TRITON_INTERPRET=1): kernels run in numpy, on CPU tensors."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

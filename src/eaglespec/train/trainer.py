@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from eaglespec.checkpoint.config import DraftConfig, default_aux_layer_ids
 from eaglespec.checkpoint.drafter import MANIFEST, build_drafter, load_drafter, save_drafter
@@ -44,6 +43,7 @@ from eaglespec.checkpoint.manifest import build_manifest, manifest_mismatches
 from eaglespec.checkpoint.rope import resolve_rope_theta
 from eaglespec.draft.layers import MLP, StepVisible
 from eaglespec.errors import CheckpointError, EagleSpecError
+from eaglespec.kernels import eager_attention
 from eaglespec.train import losses
 from eaglespec.train.data import Packed, Sample, group_for_packing, pack, samples_digest, split_eval
 from eaglespec.train.features import TargetBatch, TargetFeatures, soft_labels
@@ -385,10 +385,7 @@ class MicroBatches:
 
 
 # -- one micro-batch ----------------------------------------------------------------------------
-# Training attention has masks whose shapes change every step: cuDNN's SDPA rebuilds its plan for each
-# new shape (a large CPU cost per call), so training uses the flash (CPU) or memory-efficient (CUDA) kernels,
-# falling back to math.
-TRAIN_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# Training attention has masks whose shapes change every step: it runs under kernels.eager_attention (no cuDNN).
 
 
 @dataclass
@@ -488,7 +485,7 @@ class Trainer:
             targets = [TargetBatch(features=torch.cat([smp.features for smp in g]).to(self.device),
                                    hidden=torch.cat([smp.hidden for smp in g]).to(self.device)) for g in groups]
         else:
-            with sdpa_kernel(TRAIN_SDPA):
+            with eager_attention():
                 targets = self.extractor.batch(packs) if packs else []
         preps = [self._labels(p, tb) for p, tb in zip(packs, targets)]
         for p in preps:
@@ -532,7 +529,7 @@ class Trainer:
         batch dim); EAGLE-1/HASS go pack by pack.
         """
         preps = [preps] if isinstance(preps, Prepared) else preps
-        with sdpa_kernel(TRAIN_SDPA):
+        with eager_attention():
             if self.method == "eagle3":
                 return self._eagle3(preps, counts)
             total = torch.zeros((), device=self.device)
