@@ -15,8 +15,8 @@ from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
 from eaglespec.engine.batch import BatchEngine, BatchRequest
 from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams
-from eaglespec.tree.core import DraftTree, FlatTree, TreeSpec, flatten, stack_flat
-from eaglespec.verify import greedy_accept, greedy_accept_rows
+from eaglespec.tree.core import DraftTree, FlatTree, TreeSpec, chain_tree, flatten, stack_flat
+from eaglespec.verify import greedy_accept, greedy_accept_chains, greedy_accept_rows
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
 
@@ -205,6 +205,27 @@ def test_greedy_acceptance_of_padded_rows_equals_each_row():
         ref = greedy_accept(flat, lg)
         assert (acc.tokens, acc.bonus, acc.accepted, acc.rows.tolist()) == (ref.tokens, ref.bonus, ref.accepted,
                                                                             ref.rows.tolist())
+
+
+def test_chain_acceptance_equals_tree_acceptance():
+    """greedy_accept_chains over chains whose drafts match the argmax for 0..k steps (and a mismatch, then a match:
+    the walk stops at the first mismatch) equals greedy_accept of each chain alone."""
+    gen = torch.Generator().manual_seed(0)
+    B, k, V = 6, 4, 7
+    logits = torch.randn(B, k + 1, V, generator=gen)
+    best = logits.argmax(-1)
+    tokens = torch.randint(0, V, (B, k + 1), generator=gen)
+    for b in range(B):
+        good = min(b, k)  # row b's first b drafts are the target's tokens
+        tokens[b, 1: good + 1] = best[b, :good]
+        if good < k:
+            tokens[b, good + 1] = (best[b, good] + 1) % V  # then a mismatch
+        if good + 2 <= k:
+            tokens[b, good + 2] = best[b, good + 1]  # a match after the mismatch is not accepted
+    for b, (m, emitted) in enumerate(greedy_accept_chains(tokens, logits)):
+        ref = greedy_accept(flatten(chain_tree(tokens[b, :1], tokens[b, 1:])), logits[b])
+        assert m == ref.accepted == min(b, k)
+        assert emitted == [*ref.tokens[1:], ref.bonus]
 
 
 def test_batch_rows_do_not_leak(fitted):

@@ -83,6 +83,24 @@ def greedy_accept_rows(flat: FlatTree, logits: torch.Tensor) -> list[Acceptance]
     return out
 
 
+def greedy_accept_chains(tokens: torch.Tensor, logits: torch.Tensor) -> list[tuple[int, list[int]]]:
+    """greedy_accept for B chains at once: tokens [B, W] (a root, then W - 1 drafts, each the child of the one before)
+    and logits [B, W, V]. Row b's draft d is accepted while it and every draft before it equal the target's argmax
+    at the row before it; row b emits its m_b accepted drafts, then the target's token after them (the bonus).
+    Returns (m_b, the m_b + 1 emitted tokens) per row, read in one host sync."""
+    B, W = tokens.shape
+    best = logits.argmax(dim=-1)  # [B, W]: the target's token after each row
+    match = (tokens[:, 1:] == best[:, :-1]).long().cumprod(dim=-1)  # [B, W-1]: 1 up to the first mismatch
+    accepted = match.sum(dim=-1)  # [B]
+    vals = torch.cat([accepted, best.flatten()]).tolist()
+    out = []
+    for b in range(B):
+        m = vals[b]
+        start = B + b * W
+        out.append((m, vals[start: start + m + 1]))  # best[b, :m] are the accepted drafts, best[b, m] the bonus
+    return out
+
+
 def _normalised(q: torch.Tensor) -> torch.Tensor:
     """q [..., V] (a draft distribution with some tokens removed) scaled to sum 1 over the last dim."""
     return q / q.sum(-1, keepdim=True).clamp_min(1e-30)

@@ -8,7 +8,8 @@ attention layers write into them through SlotCache.update, in place:
     forward(rows)   every row's tree (ragged: padded to the widest, W rows) written at slots n_b .. n_b + W - 1;
                     the mask [B, 1, W, S] shows row b's committed slots and its tree's ancestry; a padding row sees
                     itself only (a row that sees no key would give NaN states in the next layer)
-    commit(keeps)   row b's kept rows (a root path, in depth order) move to slots n_b .. n_b + m_b - 1
+    commit(keeps)   row b's kept rows (a root path, in depth order) move to slots n_b .. n_b + m_b - 1 (commit_prefixes:
+                    a chain's accepted prefix, already in place)
     join / drop     a prefilled sequence's KV is copied into the next free row; a dropped row's slots go to the rows
                     after it, which move up
 
@@ -207,6 +208,12 @@ class HFBatchTarget(HFModel):
             _move(k[:B], src, dst)
             _move(v[:B], src, dst)
         self.lengths = [n + k.shape[0] for n, k in zip(self.lengths, keeps)]
+        self._block = 0
+
+    def commit_prefixes(self, counts: Sequence[int]) -> None:
+        """commit where row b keeps the first counts[b] rows of its block (a chain's accepted prefix): they already
+        sit at slots n_b .. n_b + counts[b] - 1, so nothing moves."""
+        self.lengths = [n + c for n, c in zip(self.lengths, counts)]
         self._block = 0
 
     # -- internals ------------------------------------------------------------------------------

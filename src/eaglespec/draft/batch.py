@@ -69,17 +69,23 @@ class BatchChains:
 
     @torch.no_grad()
     def propose(self, rows: Sequence[int], roots: Sequence[torch.Tensor], features: Sequence[torch.Tensor],
-                next_tokens: Sequence[torch.Tensor]) -> list[DraftTree]:
+                next_tokens: Sequence[Sequence[int]]) -> list[DraftTree]:
         """Greedy chains below roots[i] (each [1]) for batch rows `rows`, after catching each up on its pending
-        features[i] [n_i, F] with next_tokens[i] [n_i]. Rows not named take part in no call."""
+        features[i] [n_i, F] with next_tokens[i] (n_i ids). Rows not named take part in no call."""
+        drafts = self.draft(rows, features, next_tokens)  # [R, k]
+        return [chain_tree(root, d) for root, d in zip(roots, drafts)]
+
+    @torch.no_grad()
+    def draft(self, rows: Sequence[int], features: Sequence[torch.Tensor], next_tokens: Sequence[Sequence[int]]
+              ) -> torch.Tensor:
+        """propose's drafts alone: the k greedy drafts below each named row's root, target ids [R, k]."""
         logits, state = self._catch_up(rows, features, next_tokens)  # [R, Vd], [R, H]
         keep = self.valid.shape[1]
         try:
-            drafts = self._chain(rows, logits, state)  # [R, k] target ids
+            return self._chain(rows, logits, state)
         finally:
             for layer in self.cache:
                 layer.crop(keep)
-        return [chain_tree(root, d) for root, d in zip(roots, drafts)]
 
     def _run(self, rows: Sequence[int], state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
              block: torch.Tensor, last: torch.Tensor, own: torch.Tensor | None = None
@@ -89,54 +95,59 @@ class BatchChains:
         (the chain rows so far) it sees. Every batch row gets T slots (rows not named: padding that sees itself).
         Returns the logits [R, Vd] and state [R, H] of each named row's new row `last` [R]."""
         B, T = self.batch, tokens.shape[1]
-        idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)
-        full_state = state.new_zeros(B, T, state.shape[-1]).index_copy(0, idx, state)
-        full_tokens = tokens.new_zeros(B, T).index_copy(0, idx, tokens)
-        full_pos = positions.new_zeros(B, T).index_copy(0, idx, positions)
-        eye = torch.eye(T, dtype=torch.bool, device=self.device).expand(B, T, T)
-        full_block = eye.clone().index_copy(0, idx, block)
         L = self.valid.shape[1]
-        C = 0 if own is None else own.shape[-1]
+        if len(rows) < B:  # the rows not named are padding rows
+            idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+            state = state.new_zeros(B, T, state.shape[-1]).index_copy(0, idx, state)
+            tokens = tokens.new_zeros(B, T).index_copy(0, idx, tokens)
+            positions = positions.new_zeros(B, T).index_copy(0, idx, positions)
+            eye = torch.eye(T, dtype=torch.bool, device=self.device).expand(B, T, T)
+            block = eye.clone().index_copy(0, idx, block)
+            own = None if own is None else own.new_zeros(B, T, own.shape[-1]).index_copy(0, idx, own)
+            last = last.new_zeros(B).index_copy(0, idx, last)
         past = self.valid[:, None, :].expand(B, T, L)
         if own is not None:
-            full_own = own.new_zeros(B, T, C).index_copy(0, idx, own)
-            past = torch.cat([past, full_own], dim=2)
-        visible = torch.cat([past, full_block], dim=2)  # [B, T, L + C + T]
-        full_last = last.new_zeros(B).index_copy(0, idx, last)
-        logits, states = self.drafter(full_state, full_tokens, full_pos, self.cache, visible=visible,
-                                      logit_rows=full_last)  # logits [B, Vd], states [B, T, H]
-        states = states[torch.arange(B, device=self.device), full_last]
-        return logits.index_select(0, idx), states.index_select(0, idx)
+            past = torch.cat([past, own], dim=2)
+        visible = torch.cat([past, block], dim=2)  # [B, T, L + C + T]
+        logits, states = self.drafter(state, tokens, positions, self.cache, visible=visible,
+                                      logit_rows=last)  # logits [B, Vd], states [B, T, H]
+        states = states[torch.arange(B, device=self.device), last]
+        if len(rows) < B:
+            return logits.index_select(0, idx), states.index_select(0, idx)
+        return logits, states
 
     def _catch_up(self, rows, features, next_tokens) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append each named row's verified rows (a ragged block, padded); (logits, state) of each one's last row."""
+        """Append each named row's verified rows (a ragged block, padded); (logits, state) of each one's last row.
+        The indices are built on the host and copied over once each: no host sync."""
         dev, R = self.device, len(rows)
-        counts = torch.tensor([f.shape[0] for f in features], device=dev)  # [R]
-        W = int(counts.max())
-        which = torch.repeat_interleave(torch.arange(R, device=dev), counts)  # every pending row's named row
-        col = torch.cat([torch.arange(f.shape[0], device=dev) for f in features])  # and its place in the block
+        counts = [f.shape[0] for f in features]
+        W = max(counts)
+        which = torch.tensor([i for i, n in enumerate(counts) for _ in range(n)], device=dev)  # each row's named row
+        col = torch.tensor([j for n in counts for j in range(n)], device=dev)  # and its place in the block
         proj = self.drafter.project(torch.cat(features).to(dev))  # [sum n, H]: one projection for all rows
         state = proj.new_zeros(R, W, proj.shape[-1]).index_put_((which, col), proj)
-        tokens = torch.zeros(R, W, dtype=torch.long, device=dev).index_put_((which, col), torch.cat(next_tokens).to(dev))
-        base = torch.tensor([self.committed[b] for b in rows], device=dev)
-        positions = base[:, None] + torch.arange(W, device=dev)  # padding rows' positions are never seen
-        real_rows = torch.arange(W, device=dev) < counts[:, None]  # [R, W]
+        tokens = torch.tensor([list(t) + [0] * (W - len(t)) for t in next_tokens], dtype=torch.long, device=dev)
+        positions = torch.tensor([[self.committed[b] + j for j in range(W)] for b in rows], device=dev)
+        real_rows = torch.tensor([[j < n for j in range(W)] for n in counts], device=dev)  # [R, W]
         eye = torch.eye(W, dtype=torch.bool, device=dev)
         block = (torch.ones(W, W, dtype=torch.bool, device=dev).tril() & real_rows[:, None, :]) | eye  # [R, W, W]
-        real = torch.zeros(self.batch, W, dtype=torch.bool, device=dev)
-        real[torch.tensor(list(rows), device=dev)] = real_rows
-        last = torch.tensor([f.shape[0] - 1 for f in features], device=dev)
+        if len(rows) == self.batch:
+            real = real_rows
+        else:
+            real = torch.zeros(self.batch, W, dtype=torch.bool, device=dev)
+            real[torch.tensor(list(rows), device=dev)] = real_rows
+        last = torch.tensor([n - 1 for n in counts], device=dev)
         logits, state = self._run(rows, state, tokens, positions, block, last)
         self.valid = torch.cat([self.valid, real], dim=1)
-        if 1 - self.valid.float().mean().item() >= HOLES:
+        for b, n in zip(rows, counts):
+            self.committed[b] += n
+        if self.batch and 1 - sum(self.committed) / (self.batch * self.valid.shape[1]) >= HOLES:
             self._compact()
-        for b, f in zip(rows, features):
-            self.committed[b] += f.shape[0]
         return logits, state
 
     def _compact(self) -> None:
         """Gather each row's slots to the front, in order (L becomes the longest row's count)."""
-        n = int(self.valid.sum(dim=1).max()) if self.batch else 0
+        n = max(self.committed, default=0)  # each row's valid slots are its committed drafter rows
         order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :n]  # [B, n]
         for layer in self.cache:
             B, H, _, D = layer.k.shape

@@ -33,13 +33,13 @@ from torch import nn
 
 from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
 from eaglespec.draft.batch import BatchChains, supports_batched_chains
-from eaglespec.draft.proposer import Proposer, shifted_tokens
+from eaglespec.draft.proposer import Proposer
 from eaglespec.engine.gate import SpeculationGate
 from eaglespec.engine.loop import attach_drafter
 from eaglespec.engine.state import GenerationResult, RoundStats
 from eaglespec.sampling import SamplingConfig, process_logits, sample
 from eaglespec.tree.core import DraftTree, TreeSpec, chain_tree, flatten, stack_flat
-from eaglespec.verify import greedy_accept_rows, sample_accept
+from eaglespec.verify import greedy_accept_chains, greedy_accept_rows, sample_accept
 
 
 @dataclass(eq=False)
@@ -56,7 +56,7 @@ class BatchRequest:
     done: bool = False
     # running state (the engine's)
     prefilled: Prefilled | None = field(default=None, repr=False)
-    ids: torch.Tensor | None = field(default=None, repr=False)  # [N+1] every token; the last is the root
+    tokens: list[int] = field(default_factory=list, repr=False)  # the prompt and every token emitted: the last is the root
     pending: torch.Tensor | None = field(default=None, repr=False)  # [n, F] features the drafter has not consumed
     proposer: Proposer | None = field(default=None, repr=False)  # its own drafter rows (None: none, or chains)
     chained: bool = False  # drafts the engine's greedy chain with the other chained rows, in one call per step
@@ -209,7 +209,7 @@ class BatchEngine:
                 root = logits.argmax(-1, keepdim=True)
             else:
                 root = sample(process_logits(logits, r.sampling.target), r.generator).reshape(1)
-            r.ids = torch.cat([torch.tensor(r.prompt_ids, device=self.device), root])
+            r.tokens = list(r.prompt_ids)
             first = self._emit(r, [int(root)])
         if r.result.finish_reason == "stop" or r.room <= 0:
             self._close(r, None)
@@ -228,6 +228,13 @@ class BatchEngine:
         gate = self._gate()
         drafting = (self.speculate_up_to is None or len(self.live) <= self.speculate_up_to) and (
             gate is None or gate.draft())
+        if all(r.sampling is None for r in self.live):
+            shapes = {self._shape(r, drafting) for r in self.live}
+            if shapes == {"chain"} or shapes == {"plain"}:
+                events = self._chain_round(shapes == {"chain"}, t0)
+                if gate is not None:
+                    gate.record(drafting, sum(len(e) for _, e in events), time.perf_counter() - t0)
+                return events
         trees = self._draft_all(drafting)
         flats = [flatten(t) for t in trees]
         rows = stack_flat(flats)  # [B, W]: every tree padded to the widest
@@ -245,7 +252,6 @@ class BatchEngine:
             if r.proposer is not None or r.chained:  # the accepted rows' features reseed the drafter
                 feats = out.features[b].index_select(0, acc.rows)
                 r.pending = feats if r.pending is None else torch.cat([r.pending, feats])
-            r.ids = torch.cat([r.ids, acc.path_tokens[1:], acc.bonus_token])
             r.result.rounds.append(RoundStats(drafted=tree.size - 1, accepted=acc.accepted, emitted=0,
                                               draft_s=t1 - t0, verify_s=t2 - t1))
             emitted = self._emit(r, [*acc.tokens[1:], acc.bonus])
@@ -256,6 +262,50 @@ class BatchEngine:
             r.result.rounds[-1].commit_s = t3 - t2
         if gate is not None:
             gate.record(drafting, sum(len(e) for _, e in events), t3 - t0)
+        return events
+
+    def _shape(self, r: BatchRequest, drafting: bool) -> str:
+        """What row r verifies this round: "chain" (the engine's greedy chain, drafted with the other chained
+        rows), "plain" (its root alone) or "tree" (its own proposer's)."""
+        if not drafting:
+            return "plain"
+        if r.chained:
+            return "chain"
+        return "tree" if r.proposer is not None and r.proposer.spec.speculates else "plain"
+
+    def _chain_round(self, chained: bool, t0: float) -> list[tuple[BatchRequest, list[int]]]:
+        """A round where every row is greedy and verifies the same shape: the engine's chain of k drafts (chained)
+        or its root alone. Drafts, verify, acceptance and commit are [B, k + 1] tensors, read in one host sync;
+        each row's accepted prefix is already in place in the target's KV."""
+        dev, live = self.device, self.live
+        B = len(live)
+        tokens = torch.tensor([[r.tokens[-1]] for r in live], device=dev)  # [B, 1]: the roots
+        if chained:
+            pending = [r.pending for r in live]
+            nxt = [r.tokens[c + 1: c + 1 + p.shape[0]] for r, c, p in zip(live, self.chains.committed, pending)]
+            drafts = self.chains.draft(range(B), pending, nxt)  # [B, k]
+            tokens = torch.cat([tokens, drafts], dim=1)
+        W = tokens.shape[1]
+        depths = torch.arange(W, device=dev).expand(B, W)
+        visible = torch.ones(W, W, dtype=torch.bool, device=dev).tril().expand(B, W, W)
+        t1 = time.perf_counter()
+        out = self.target.forward(tokens, depths, visible)
+        accs = greedy_accept_chains(tokens, out.logits)  # (accepted, emitted tokens) per row, one host sync
+        t2 = time.perf_counter()
+        self.target.commit_prefixes([m + 1 for m, _ in accs])
+        features = out.features.clone() if self.drafter is not None else None  # outlives the next forward
+        events = []
+        for b, (r, (m, emit)) in enumerate(zip(live, accs)):
+            if features is not None:  # the accepted rows' features reseed the drafter
+                feats = features[b, : m + 1]
+                r.pending = feats if r.pending is None else torch.cat([r.pending, feats])
+            emitted = self._emit(r, emit)
+            r.result.rounds.append(RoundStats(drafted=W - 1, accepted=m, emitted=len(emitted), draft_s=t1 - t0,
+                                              verify_s=t2 - t1))
+            events.append((r, emitted))
+        t3 = time.perf_counter()
+        for r in live:
+            r.result.rounds[-1].commit_s = t3 - t2
         return events
 
     def _gate(self) -> SpeculationGate | None:
@@ -272,8 +322,9 @@ class BatchEngine:
         if rows:
             reqs = [self.live[b] for b in rows]
             pending = [r.pending for r in reqs]
-            nxt = [shifted_tokens(r.ids, self.chains.committed[b], p.shape[0]) for b, r, p in zip(rows, reqs, pending)]
-            chains = self.chains.propose(rows, [r.ids[-1:] for r in reqs], pending, nxt)
+            nxt = [r.tokens[c + 1: c + 1 + p.shape[0]] for r, c, p in
+                   zip(reqs, [self.chains.committed[b] for b in rows], pending)]  # x_{t+1}, contract 4
+            chains = self.chains.propose(rows, [self._root(r) for r in reqs], pending, nxt)
             for b, r, tree in zip(rows, reqs, chains):
                 r.pending = None
                 trees[b] = tree
@@ -282,12 +333,17 @@ class BatchEngine:
     def _draft(self, r: BatchRequest, drafting: bool) -> DraftTree:
         """Row r's tree: its proposer catches up on the rows it has not consumed and grows the tree below the
         root; without drafting, the root alone (a plain step: its features stay pending)."""
-        root = r.ids[-1:]
+        root = self._root(r)
         if not drafting or r.proposer is None or not r.proposer.spec.speculates:
             return chain_tree(root, root.new_zeros(0))
         pending, r.pending = r.pending, None
-        next_tokens = shifted_tokens(r.ids, r.proposer.committed, pending.shape[0])  # x_{t+1}, contract 4
+        c = r.proposer.committed
+        next_tokens = torch.tensor(r.tokens[c + 1: c + 1 + pending.shape[0]], device=self.device)  # x_{t+1}, contract 4
         return r.proposer.propose(root, pending, next_tokens)
+
+    def _root(self, r: BatchRequest) -> torch.Tensor:
+        """Row r's last token [1]: the root of its next tree."""
+        return torch.tensor(r.tokens[-1:], device=self.device)
 
     # -- finishing ------------------------------------------------------------------------------
     def _emit(self, r: BatchRequest, tokens: list[int]) -> list[int]:
@@ -299,6 +355,7 @@ class BatchEngine:
                 r.result.finish_reason = "stop"
                 break
         r.result.token_ids.extend(out)
+        r.tokens.extend(out)
         return out
 
     def _finish(self) -> None:
@@ -321,7 +378,8 @@ class BatchEngine:
         r.result.seconds = time.perf_counter() - r.started
         r.result.backend = self.target.name
         r.done = True
-        r.proposer = r.prefilled = r.pending = r.ids = None
+        r.proposer = r.prefilled = r.pending = None
+        r.tokens = []
 
     @property
     def device(self) -> torch.device:
