@@ -163,6 +163,27 @@ def test_sampled_rows_do_not_depend_on_companions(fitted, tree):
         assert r.token_ids == alone.token_ids == single.generate(p, 16, sampling=cfg(i)).token_ids
 
 
+def test_chained_rows_accept_what_they_accept_alone(fitted):
+    """Greedy rows of one chain shape take the [B, k+1] round (every row chained): each row's drafter is fed each
+    verified token once (its drafter rows never run ahead of its tokens), and its drafts are accepted round by
+    round as the one-sequence engine's are."""
+    model, drafter = fitted
+    spec = TREES["chain"]
+    prompts = _prompts(4)
+    engine = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=4)
+    reqs = [engine.submit(BatchRequest(p, 24)) for p in prompts]
+    while not all(r.done for r in reqs):
+        engine.step()
+        for b, r in enumerate(engine.live):
+            fed = engine.chains.committed[b] + (r.pending.shape[0] if r.pending is not None else 0)
+            assert fed == len(r.tokens) - 1  # every token but the root, once
+    single = SpeculativeEngine(HFTarget(model), drafter, spec)
+    for p, r in zip(prompts, reqs):
+        alone = single.generate(p, 24)
+        assert r.result.token_ids == alone.token_ids
+        assert [x.accepted for x in r.result.rounds] == [x.accepted for x in alone.rounds]
+
+
 def test_chained_and_sampled_rows_together(fitted):
     """Greedy rows draft their chains in one drafter call per step (draft/batch.py); a sampled row in the same batch
     drafts with its own proposer. Each is what it is alone."""

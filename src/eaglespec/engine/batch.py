@@ -284,6 +284,8 @@ class BatchEngine:
             pending = [r.pending for r in live]
             nxt = [r.tokens[c + 1: c + 1 + p.shape[0]] for r, c, p in zip(live, self.chains.committed, pending)]
             drafts = self.chains.draft(range(B), pending, nxt)  # [B, k]
+            for r in live:
+                r.pending = None
             tokens = torch.cat([tokens, drafts], dim=1)
         W = tokens.shape[1]
         depths = torch.arange(W, device=dev).expand(B, W)
