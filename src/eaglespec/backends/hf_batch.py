@@ -27,6 +27,7 @@ from torch import nn
 
 from eaglespec.backends.hf import HFModel
 from eaglespec.draft.layers import additive_mask
+from eaglespec.tensors import to_device
 
 
 @dataclass
@@ -145,7 +146,7 @@ class HFBatchTarget(HFModel):
         dev, (B, W) = self.device, tokens.shape
         self._reserve(B, max(self.lengths) + W)
         S = self.slots
-        length = torch.tensor(self.lengths, device=dev)  # [B]
+        length = to_device(self.lengths, dev)  # [B]
         ids, block_depth, block_vis = tokens.to(dev), depths.to(dev), visible.to(dev)
         slots = length[:, None] + torch.arange(W, device=dev)  # [B, W]: where the block's rows are written
         q_pos = length[:, None] + block_depth  # [B, W]
@@ -199,7 +200,7 @@ class HFBatchTarget(HFModel):
         prefix; drop the rest of the block."""
         dev, B = self.device, self.batch
         M = max(k.shape[0] for k in keeps)
-        length = torch.tensor(self.lengths, device=dev)[:, None]
+        length = to_device(self.lengths, dev)[:, None]
         dst = length + torch.arange(M, device=dev)  # [B, M]
         src = dst.clone()  # a padding entry copies a slot onto itself
         for b, keep in enumerate(keeps):

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from eaglespec.draft.layers import KVCache
+from eaglespec.tensors import to_device
 from eaglespec.tree.core import DraftTree, chain_tree
 
 HOLES = 0.5  # share of hole slots at which the KV is compacted
@@ -97,7 +98,7 @@ class BatchChains:
         B, T = self.batch, tokens.shape[1]
         L = self.valid.shape[1]
         if len(rows) < B:  # the rows not named are padding rows
-            idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+            idx = to_device(list(rows), self.device)
             state = state.new_zeros(B, T, state.shape[-1]).index_copy(0, idx, state)
             tokens = tokens.new_zeros(B, T).index_copy(0, idx, tokens)
             positions = positions.new_zeros(B, T).index_copy(0, idx, positions)
@@ -122,21 +123,21 @@ class BatchChains:
         dev, R = self.device, len(rows)
         counts = [f.shape[0] for f in features]
         W = max(counts)
-        which = torch.tensor([i for i, n in enumerate(counts) for _ in range(n)], device=dev)  # each row's named row
-        col = torch.tensor([j for n in counts for j in range(n)], device=dev)  # and its place in the block
+        which = to_device([i for i, n in enumerate(counts) for _ in range(n)], dev)  # each row's named row
+        col = to_device([j for n in counts for j in range(n)], dev)  # and its place in the block
         proj = self.drafter.project(torch.cat(features).to(dev))  # [sum n, H]: one projection for all rows
         state = proj.new_zeros(R, W, proj.shape[-1]).index_put_((which, col), proj)
-        tokens = torch.tensor([list(t) + [0] * (W - len(t)) for t in next_tokens], dtype=torch.long, device=dev)
-        positions = torch.tensor([[self.committed[b] + j for j in range(W)] for b in rows], device=dev)
-        real_rows = torch.tensor([[j < n for j in range(W)] for n in counts], device=dev)  # [R, W]
+        tokens = to_device([list(t) + [0] * (W - len(t)) for t in next_tokens], dev)
+        positions = to_device([[self.committed[b] + j for j in range(W)] for b in rows], dev)
+        real_rows = to_device([[j < n for j in range(W)] for n in counts], dev, torch.bool)  # [R, W]
         eye = torch.eye(W, dtype=torch.bool, device=dev)
         block = (torch.ones(W, W, dtype=torch.bool, device=dev).tril() & real_rows[:, None, :]) | eye  # [R, W, W]
         if len(rows) == self.batch:
             real = real_rows
         else:
             real = torch.zeros(self.batch, W, dtype=torch.bool, device=dev)
-            real[torch.tensor(list(rows), device=dev)] = real_rows
-        last = torch.tensor([n - 1 for n in counts], device=dev)
+            real[to_device(list(rows), dev)] = real_rows
+        last = to_device([n - 1 for n in counts], dev)
         logits, state = self._run(rows, state, tokens, positions, block, last)
         self.valid = torch.cat([self.valid, real], dim=1)
         for b, n in zip(rows, counts):
@@ -158,7 +159,7 @@ class BatchChains:
     def _chain(self, rows, logits: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """k greedy drafts per named row (target ids [R, k]); drafter calls for depths 1..k-1."""
         dev, R, k = self.device, len(rows), self.depth
-        base = torch.tensor([self.committed[b] for b in rows], device=dev)  # the root's drafter row + 1
+        base = to_device([self.committed[b] for b in rows], dev)  # the root's drafter row + 1
         eye = torch.ones(R, 1, 1, dtype=torch.bool, device=dev)
         drafts = []
         for d in range(1, k + 1):

@@ -38,6 +38,7 @@ from eaglespec.engine.gate import SpeculationGate
 from eaglespec.engine.loop import attach_drafter
 from eaglespec.engine.state import GenerationResult, RoundStats
 from eaglespec.sampling import SamplingConfig, process_logits, sample
+from eaglespec.tensors import to_device
 from eaglespec.tree.core import DraftTree, TreeSpec, chain_tree, flatten, stack_flat
 from eaglespec.verify import greedy_accept_chains, greedy_accept_rows, sample_accept
 
@@ -279,7 +280,7 @@ class BatchEngine:
         each row's accepted prefix is already in place in the target's KV."""
         dev, live = self.device, self.live
         B = len(live)
-        tokens = torch.tensor([[r.tokens[-1]] for r in live], device=dev)  # [B, 1]: the roots
+        tokens = to_device([[r.tokens[-1]] for r in live], dev)  # [B, 1]: the roots
         if chained:
             pending = [r.pending for r in live]
             nxt = [r.tokens[c + 1: c + 1 + p.shape[0]] for r, c, p in zip(live, self.chains.committed, pending)]
