@@ -9,10 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+import eaglespec.engine.batch as batch_mod
 from _agree import fit_drafter, greedy_sequences
 from eaglespec.backends.hf import HFTarget
 from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
 from eaglespec.engine.batch import BatchEngine, BatchRequest
+from eaglespec.engine.gate import SpeculationGate
 from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.tree.core import DraftTree, FlatTree, TreeSpec, chain_tree, flatten, stack_flat
@@ -133,16 +135,48 @@ def test_no_speculation_above_the_batch_limit(fitted):
     assert all(d[0] == 0 for d in drafted) and any(x > 0 for x in drafted[-1])
 
 
-def test_adaptive_batches_stay_exact(fitted):
-    """Per batch-size gates switch between drafted rounds and plain steps; every row is still exact."""
+class Cycle(SpeculationGate):
+    """A gate that walks its arms in a fixed order, round by round (to force every depth in tests)."""
+
+    def __init__(self, order: tuple[int, ...], arms=(0, 1)):
+        super().__init__(arms=arms)
+        self.order, self.i = order, 0
+
+    def arm(self) -> int:
+        return self.order[self.i % len(self.order)]
+
+    def draft(self) -> bool:
+        return self.arm() > 0
+
+    def record(self, arm: int, tokens: int, seconds: float) -> None:
+        assert arm == self.arm()
+        self.i += 1
+
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+def test_adaptive_batches_stay_exact(fitted, monkeypatch, tree):
+    """Per batch-size gates pick plain steps, chains of every depth 1..k (batched chains) or drafted trees, in any
+    order; every row is still exact, and each round drafted what its gate chose."""
     model, drafter = fitted
+    order = (4, 0, 2, 1, 0, 0, 3, 4, 1) if tree == "chain" else (1, 0, 1, 0, 0, 1)
+    monkeypatch.setattr(batch_mod, "SpeculationGate", lambda arms: Cycle(order, arms))
     prompts = _prompts(3)
-    engine = BatchEngine(HFBatchTarget(model), drafter, TREES["chain"], max_batch=3, adaptive=True)
+    engine = BatchEngine(HFBatchTarget(model), drafter, TREES[tree], max_batch=3, adaptive=True)
     results = engine.generate([BatchRequest(p, 30) for p in prompts])
     for p, r in zip(prompts, results):
         assert r.token_ids == reference_greedy(model, p, 30)
-    drafted = [rnd.drafted for rnd in results[0].rounds]
-    assert 0 in drafted and any(drafted) and 4 in engine.gates
+    assert 4 in engine.gates and engine.gates[4].arms == ((0, 1, 2, 3, 4) if tree == "chain" else (0, 1))
+    if tree == "chain":  # the three rows ran together for the first rounds: a chain of the arm's depth each
+        drafted = [rnd.drafted for rnd in results[0].rounds]
+        assert drafted[: len(order)] == list(order)
+
+
+def test_adaptive_gate_warms_up_at_the_deepest_chain(fitted):
+    model, drafter = fitted
+    engine = BatchEngine(HFBatchTarget(model), drafter, TREES["chain"], max_batch=3, adaptive=True)
+    results = engine.generate([BatchRequest(p, 30) for p in _prompts(3)])
+    assert [rnd.drafted for rnd in results[0].rounds][:4] == [4] * 4  # the warm-up at the deepest arm
+    assert engine.gates[4].seconds_per_token(4) is not None
 
 
 @pytest.mark.parametrize("tree", ["chain", "dynamic"])

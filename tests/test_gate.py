@@ -61,6 +61,37 @@ def test_gate_rejects_bad_settings_and_records():
         gate.record(False, 1, 0.1)
 
 
+def run_arms(gate: SpeculationGate, seconds: dict[int, float], rounds: int) -> list[int]:
+    """Drive a gate whose arms cost `seconds[arm]` per round, one token each; returns the arms it chose."""
+    arms = []
+    for _ in range(rounds):
+        a = gate.arm()
+        arms.append(a)
+        gate.record(a, 1, seconds[a])
+    return arms
+
+
+@pytest.mark.parametrize("best", [0, 2, 5])
+def test_gate_climbs_the_depths_to_the_fastest_arm(best):
+    """Arms 0..5 with seconds per token growing with the distance from `best`: from the deepest arm the gate
+    moves one depth at a time to `best`, stays there, and keeps probing its neighbours less and less often."""
+    seconds = {a: 1.0 + 0.1 * abs(a - best) for a in range(6)}
+    gate = SpeculationGate(warmup=2, probe=2, every=16, window=4, arms=range(6))
+    arms = run_arms(gate, seconds, 400)
+    assert arms[0] == 5
+    assert sorted(set(arms[:60])) == list(range(max(best - 1, 0), 6))  # the climb never skips a depth
+    late = arms[100:]
+    assert late.count(best) / len(late) > 0.8 and set(late) <= {best - 1, best, best + 1}
+    assert gate.interval > gate.every  # probes that confirm back off
+
+
+def test_gate_with_one_arm_never_switches():
+    gate = SpeculationGate(warmup=1, probe=1, every=2, window=2, arms=(3,))
+    assert set(run_arms(gate, {3: 0.1}, 50)) == {3} and gate.switches == 0
+    with pytest.raises(ValueError, match="depths"):
+        SpeculationGate(arms=())
+
+
 class Pattern(SpeculationGate):
     """A gate that follows a fixed, repeating pattern of modes (to force mixing in tests)."""
 

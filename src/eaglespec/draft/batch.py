@@ -70,20 +70,25 @@ class BatchChains:
 
     @torch.no_grad()
     def propose(self, rows: Sequence[int], roots: Sequence[torch.Tensor], features: Sequence[torch.Tensor],
-                next_tokens: Sequence[Sequence[int]]) -> list[DraftTree]:
-        """Greedy chains below roots[i] (each [1]) for batch rows `rows`, after catching each up on its pending
-        features[i] [n_i, F] with next_tokens[i] (n_i ids). Rows not named take part in no call."""
-        drafts = self.draft(rows, features, next_tokens)  # [R, k]
+                next_tokens: Sequence[Sequence[int]], depth: int | None = None) -> list[DraftTree]:
+        """Greedy chains of `depth` drafts (None: the chains' depth) below roots[i] (each [1]) for batch rows
+        `rows`, after catching each up on its pending features[i] [n_i, F] with next_tokens[i] (n_i ids). Rows
+        not named take part in no call."""
+        drafts = self.draft(rows, features, next_tokens, depth)  # [R, k]
         return [chain_tree(root, d) for root, d in zip(roots, drafts)]
 
     @torch.no_grad()
-    def draft(self, rows: Sequence[int], features: Sequence[torch.Tensor], next_tokens: Sequence[Sequence[int]]
-              ) -> torch.Tensor:
-        """propose's drafts alone: the k greedy drafts below each named row's root, target ids [R, k]."""
+    def draft(self, rows: Sequence[int], features: Sequence[torch.Tensor], next_tokens: Sequence[Sequence[int]],
+              depth: int | None = None) -> torch.Tensor:
+        """propose's drafts alone: the k = depth (None: the chains' depth) greedy drafts below each named row's
+        root, target ids [R, k]."""
+        k = self.depth if depth is None else depth
+        if not 1 <= k <= self.depth:
+            raise ValueError(f"a chain of {k} drafts: the chains draft 1 to {self.depth}")
         logits, state = self._catch_up(rows, features, next_tokens)  # [R, Vd], [R, H]
         keep = self.valid.shape[1]
         try:
-            return self._chain(rows, logits, state)
+            return self._chain(rows, logits, state, k)
         finally:
             for layer in self.cache:
                 layer.crop(keep)
@@ -156,9 +161,9 @@ class BatchChains:
             layer.k, layer.v = layer.k.gather(2, index), layer.v.gather(2, index)
         self.valid = self.valid.gather(1, order)
 
-    def _chain(self, rows, logits: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    def _chain(self, rows, logits: torch.Tensor, state: torch.Tensor, k: int) -> torch.Tensor:
         """k greedy drafts per named row (target ids [R, k]); drafter calls for depths 1..k-1."""
-        dev, R, k = self.device, len(rows), self.depth
+        dev, R = self.device, len(rows)
         base = to_device([self.committed[b] for b in rows], dev)  # the root's drafter row + 1
         eye = torch.ones(R, 1, 1, dtype=torch.bool, device=dev)
         drafts = []

@@ -18,7 +18,8 @@ and a sampled row draws from its own generator, so its tokens do not depend on i
 Speculation that fits the batch: a round drafts while the live batch is at most `speculate_up_to` rows; above it
 every row takes a plain step (one tree row), and its drafter catches up on those rows at its next drafted round.
 With `adaptive`, each batch-size bucket (1, 2, 4, 8, ...) has its own SpeculationGate (engine/gate.py) that times
-drafted rounds against plain steps at that size and keeps the one with more tokens per second; both are lossless.
+its arms at that size and keeps the one with more tokens per second: plain steps and chains of 1..k drafts (the
+batched chains), else plain steps and drafted trees; every arm is lossless.
 """
 
 from __future__ import annotations
@@ -227,16 +228,16 @@ class BatchEngine:
         """One round for every live row: draft per row, one batched verify, accept and publish per row."""
         t0 = time.perf_counter()
         gate = self._gate()
-        drafting = (self.speculate_up_to is None or len(self.live) <= self.speculate_up_to) and (
-            gate is None or gate.draft())
+        depth = self._depth(gate)  # the chained rows' drafts this round; 0: a plain step for every row
+        drafting = depth > 0
         if all(r.sampling is None for r in self.live):
             shapes = {self._shape(r, drafting) for r in self.live}
             if shapes == {"chain"} or shapes == {"plain"}:
-                events = self._chain_round(shapes == {"chain"}, t0)
+                events = self._chain_round(depth if shapes == {"chain"} else 0, t0)
                 if gate is not None:
-                    gate.record(drafting, sum(len(e) for _, e in events), time.perf_counter() - t0)
+                    gate.record(depth, sum(len(e) for _, e in events), time.perf_counter() - t0)
                 return events
-        trees = self._draft_all(drafting)
+        trees = self._draft_all(depth)
         flats = [flatten(t) for t in trees]
         rows = stack_flat(flats)  # [B, W]: every tree padded to the widest
         t1 = time.perf_counter()
@@ -262,7 +263,7 @@ class BatchEngine:
         for r in self.live:
             r.result.rounds[-1].commit_s = t3 - t2
         if gate is not None:
-            gate.record(drafting, sum(len(e) for _, e in events), t3 - t0)
+            gate.record(depth, sum(len(e) for _, e in events), t3 - t0)
         return events
 
     def _shape(self, r: BatchRequest, drafting: bool) -> str:
@@ -274,17 +275,17 @@ class BatchEngine:
             return "chain"
         return "tree" if r.proposer is not None and r.proposer.spec.speculates else "plain"
 
-    def _chain_round(self, chained: bool, t0: float) -> list[tuple[BatchRequest, list[int]]]:
-        """A round where every row is greedy and verifies the same shape: the engine's chain of k drafts (chained)
-        or its root alone. Drafts, verify, acceptance and commit are [B, k + 1] tensors, read in one host sync;
+    def _chain_round(self, depth: int, t0: float) -> list[tuple[BatchRequest, list[int]]]:
+        """A round where every row is greedy and verifies the same shape: a chain of k = depth drafts of the
+        engine's chains, or (depth 0) its root alone. Drafts, verify, acceptance and commit are [B, k + 1] tensors, read in one host sync;
         each row's accepted prefix is already in place in the target's KV."""
         dev, live = self.device, self.live
         B = len(live)
         tokens = to_device([[r.tokens[-1]] for r in live], dev)  # [B, 1]: the roots
-        if chained:
+        if depth > 0:
             pending = [r.pending for r in live]
             nxt = [r.tokens[c + 1: c + 1 + p.shape[0]] for r, c, p in zip(live, self.chains.committed, pending)]
-            drafts = self.chains.draft(range(B), pending, nxt)  # [B, k]
+            drafts = self.chains.draft(range(B), pending, nxt, depth)  # [B, k]
             for r in live:
                 r.pending = None
             tokens = torch.cat([tokens, drafts], dim=1)
@@ -312,22 +313,40 @@ class BatchEngine:
         return events
 
     def _gate(self) -> SpeculationGate | None:
-        """The gate of the live batch's size bucket (adaptive, with a drafter), else None."""
-        if not self.adaptive or self.drafter is None:
+        """The gate of the live batch's size bucket (adaptive, with a drafter, within speculate_up_to), else None.
+        Its arms: plain step or chains of 1..k drafts (an engine with batched chains), else plain step or draft."""
+        if not self.adaptive or self.drafter is None or not self._speculates():
             return None
         bucket = 1 << (len(self.live) - 1).bit_length()  # 1, 2, 4, 8, ...
-        return self.gates.setdefault(bucket, SpeculationGate())
+        if bucket not in self.gates:
+            arms = range(self.spec.depth + 1) if self.chains is not None else (0, 1)
+            self.gates[bucket] = SpeculationGate(arms=arms)
+        return self.gates[bucket]
 
-    def _draft_all(self, drafting: bool) -> list[DraftTree]:
-        """Every live row's tree: the chained rows' in one drafter call per step, the others' row by row."""
-        trees = [self._draft(r, drafting) for r in self.live]
-        rows = [b for b, r in enumerate(self.live) if r.chained and drafting]
+    def _speculates(self) -> bool:
+        """Whether this round may draft: the live batch is within speculate_up_to."""
+        return self.speculate_up_to is None or len(self.live) <= self.speculate_up_to
+
+    def _depth(self, gate: SpeculationGate | None) -> int:
+        """The chained rows' drafts this round (the gate's arm, else the engine's depth); 0: a plain step for every
+        row. Rows with their own proposer draft their tree when it is > 0."""
+        if gate is not None:
+            return gate.arm()
+        if not self._speculates():
+            return 0
+        return self.spec.depth if self.chains is not None else 1
+
+    def _draft_all(self, depth: int) -> list[DraftTree]:
+        """Every live row's tree: the chained rows' chains of `depth` drafts in one drafter call per step, the
+        others' row by row (their own trees when depth > 0, else the root alone)."""
+        trees = [self._draft(r, depth > 0) for r in self.live]
+        rows = [b for b, r in enumerate(self.live) if r.chained and depth > 0]
         if rows:
             reqs = [self.live[b] for b in rows]
             pending = [r.pending for r in reqs]
             nxt = [r.tokens[c + 1: c + 1 + p.shape[0]] for r, c, p in
                    zip(reqs, [self.chains.committed[b] for b in rows], pending)]  # x_{t+1}, contract 4
-            chains = self.chains.propose(rows, [self._root(r) for r in reqs], pending, nxt)
+            chains = self.chains.propose(rows, [self._root(r) for r in reqs], pending, nxt, depth)
             for b, r, tree in zip(rows, reqs, chains):
                 r.pending = None
                 trees[b] = tree
