@@ -1,12 +1,12 @@
 """Scale benchmark: random-weight Llama / Qwen3 targets of published shapes on one device (eaglespec.scale).
 
     python bench/scale.py [--shapes llama-3.2-1b,llama-3.1-8b] [--context 1024] [--verify-contexts 512,4096]
-        [--bandwidth-gbs 4800] [--tau chain=2.95,static=3.55,dynamic=4.62] [--quick] [--device cuda]
-        [--json OUT]
+        [--bandwidth-gbs 4800] [--tau chain=2.95,static=3.55,dynamic=4.62] [--batches 1,4,16,64] [--quick]
+        [--device cuda] [--json OUT]
 
 Plain decoding against the memory-bandwidth floor, the verify cost curve over 1..256 rows, the drafter's step,
-round costs of chain / static / dynamic trees through the engine, the implied speedup for an acceptance profile
-and peak memory, per shape. Progress goes to stderr; the tables are printed last on stdout.
+round costs of chain / static / dynamic trees through the engine, the implied speedup for an acceptance profile,
+the batched engine's plain steps and chain rounds per batch size (--batches) and peak memory, per shape. Progress goes to stderr; the tables are printed last on stdout.
 """
 
 from __future__ import annotations
@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "whole vocabulary)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads for torch on a CPU device (default: the cores not busy with other processes)")
+    p.add_argument("--batches", type=int_list, default=(),
+                   help="batch sizes at which to time the batched engine's plain steps and chain rounds, e.g. "
+                        "1,4,16,64 (default: none)")
+    p.add_argument("--batch-steps", type=int, default=32, help="timed batched steps per batch size (default 32)")
     p.add_argument("--quick", action="store_true", help="fewer samples, steps and engine runs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="OUT", help="write every number to OUT as JSON")
@@ -94,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                             verify_contexts=args.verify_contexts, verify_rows=args.verify_rows,
                             draft_rows=args.draft_rows, round_tokens=args.round_tokens,
                             round_repeats=args.round_repeats, bandwidth_gbs=args.bandwidth_gbs,
-                            tau=parse_tau(args.tau), draft_vocab=args.draft_vocab, seed=args.seed)
+                            tau=parse_tau(args.tau), draft_vocab=args.draft_vocab, batches=args.batches,
+                            batch_steps=args.batch_steps, seed=args.seed)
         if args.quick:
             settings = settings.quick()
         print(f"device: {device_name(device)}", file=sys.stderr, flush=True)

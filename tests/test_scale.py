@@ -107,7 +107,7 @@ TINY = Settings(context=16, decode_steps=2, samples=1, verify_contexts=(8, 24), 
 
 
 def test_measure_shape_tiny_end_to_end():
-    report = scale.run(get_shapes("tiny"), TINY, "cpu", torch.float32)
+    report = scale.run(get_shapes("tiny"), replace(TINY, batches=(1, 3), batch_steps=2), "cpu", torch.float32)
     s = report["shapes"]["tiny"]
     assert s["backend"] == "fast" and s["params"] == param_counts(SHAPES["tiny"]).total
     p = s["plain"]
@@ -126,9 +126,15 @@ def test_measure_shape_tiny_end_to_end():
         assert r["ms"] > 0 and r["rounds"] >= 1 and r["ratio"] == pytest.approx(r["ms"] / rounds["plain"]["ms"])
         assert r["implied_speedup"] == pytest.approx(r["tau_profile"] / r["ratio"])
         assert math.isfinite(r["implied_speedup"])
+    for b in ("1", "3"):
+        v = s["batched"][b]
+        assert v["plain"]["ms"] > 0 and v["chain"]["ms"] > 0 and v["ratio"] == pytest.approx(
+            v["chain"]["ms"] / v["plain"]["ms"])
+        assert v["plain"]["tokens_per_step"] == int(b)  # every live row emits one token per plain step
+        assert v["chain"]["tokens_per_step"] >= int(b)
     json.dumps(report)  # every number JSON-ready
     text = format_tables(report)
-    assert "| tiny |" in text and "R=4" in text
+    assert "| tiny |" in text and "R=4" in text and "| tiny | 3 |" in text
 
 
 def test_out_of_memory_is_one_line_and_the_run_goes_on(monkeypatch):

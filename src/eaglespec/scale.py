@@ -14,6 +14,9 @@ EAGLE-3 drafter shaped for it. measure_shape() times, on one device:
                POLICIES and for plain decoding through the same engine (depth 0): elapsed time after the first
                round / the rounds after it; ratio of each policy's round to the engine's plain step
     speedup    implied speedup of a policy for an acceptance profile: tau / (round ms / plain step ms)
+    batched    (given batch sizes) ms per step of the batched engine (engine/batch.py, the model's own forward) with
+               B live rows of `context`-token prompts: plain batched steps and the chain policy's rounds; ratio of
+               the round to the plain step, and its implied aggregate speedup at the chain's tau
     memory     peak allocated device memory while measuring, the built weights and caches included (CUDA)
 
 A random drafter accepts almost nothing, so each round catches the drafter up on one row and emits one token: the
@@ -433,6 +436,38 @@ def time_rounds(engine, prompt: list[int], spec: TreeSpec, new_tokens: int, repe
             "tokens_per_s": _median(rates)}
 
 
+def time_batched_steps(model: nn.Module, drafter: nn.Module | None, spec: TreeSpec, batch: int, context: int,
+                       steps: int, gen: torch.Generator) -> dict[str, Any]:
+    """ms per step of the batched engine with `batch` live rows (random prompts of `context` tokens, joined whole):
+    the median over `steps` steps after `steps` // 4 + 1 untimed ones. drafter None: plain batched steps.
+    Returns {ms, samples, tokens_per_step}."""
+    from eaglespec.engine.batch import BatchRequest
+    from eaglespec.engine.build import build_batch_engine
+
+    dev = next(model.parameters()).device
+    engine = build_batch_engine(model, drafter, spec, EngineConfig(max_batch=batch, prefill_chunk=context))
+    warmup = steps // 4 + 1
+    room = (warmup + steps + 2) * (spec.depth + 1)  # no row finishes while timed (joining steps also decode)
+    vocab = model.config.vocab_size
+    for _ in range(batch):
+        engine.submit(BatchRequest(random_tokens(context, vocab, gen, torch.device("cpu")).tolist(), room))
+    try:
+        while len(engine.live) < batch:
+            engine.step()
+        for _ in range(warmup):
+            engine.step()
+        samples, emitted = [], 0
+        for _ in range(steps):
+            _sync(dev)
+            t0 = time.perf_counter()
+            emitted += sum(len(tokens) for _, tokens in engine.step())
+            _sync(dev)
+            samples.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        engine.abort()
+    return {"ms": _median(samples), "samples": samples, "tokens_per_step": emitted / steps}
+
+
 # -- one shape, end to end ------------------------------------------------------------------------------
 @dataclass
 class Settings:
@@ -449,10 +484,12 @@ class Settings:
     bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS
     tau: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TAU))
     draft_vocab: int | None = None
+    batches: tuple[int, ...] = ()  # batch sizes of the batched engine's step costs (empty: not measured)
+    batch_steps: int = 32  # timed batched steps per batch size
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("context", "decode_steps", "samples", "round_repeats"):
+        for name in ("context", "decode_steps", "samples", "round_repeats", "batch_steps"):
             if getattr(self, name) < 1:
                 raise EagleSpecError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.round_tokens < 3:
@@ -461,12 +498,14 @@ class Settings:
             values = getattr(self, name)
             if not values or min(values) < 1:
                 raise EagleSpecError(f"{name} must be a non-empty list of integers >= 1, got {list(values)}")
+        if self.batches and min(self.batches) < 1:
+            raise EagleSpecError(f"batches must be integers >= 1, got {list(self.batches)}")
         floor_ms(1, self.bandwidth_gbs)  # validates the bandwidth
 
     def quick(self) -> Settings:
         """Fewer samples, steps and engine runs (the same measurements)."""
         return replace(self, decode_steps=min(self.decode_steps, 16), samples=min(self.samples, 2),
-                       round_tokens=min(self.round_tokens, 24), round_repeats=1)
+                       round_tokens=min(self.round_tokens, 24), round_repeats=1, batch_steps=min(self.batch_steps, 8))
 
     def target_len(self) -> int:
         """Static KV slots the target needs: the longest verify context + its rows, or the engine's runs."""
@@ -562,12 +601,35 @@ def measure_shape(shape: Shape, settings: Settings, device: torch.device | str, 
             log(f"{shape.name}: {name} round {r['ms']:.3f} ms (x{r['ratio']:.2f} a plain step), "
                 f"implied speedup at tau {tau}: {r['implied_speedup']:.2f}")
         out["rounds"] = rounds
+
+        # the batched engine (the model's own forward): plain batched steps vs chain rounds per batch size
+        if settings.batches:
+            engine = target = None
+            release(device)
+            out["batched"] = measure_batched(model, drafter, settings, settings.tau["chain"], gen, shape.name, log)
         if cuda:
             out["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     finally:
         del engine, target, drafter, model
         release(device)
     out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def measure_batched(model: nn.Module, drafter: nn.Module, settings: Settings, tau: float, gen: torch.Generator,
+                    name: str = "", log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Per batch size B in settings.batches: the plain batched step and the chain policy's batched round (ms),
+    their ratio, and the implied aggregate speedup at `tau`: {str(B): {plain, chain, ratio, implied_speedup}}."""
+    out: dict[str, Any] = {}
+    spec = POLICIES["chain"]
+    for b in settings.batches:
+        plain = time_batched_steps(model, None, PLAIN, b, settings.context, settings.batch_steps, gen)
+        chain = time_batched_steps(model, drafter, spec, b, settings.context, settings.batch_steps, gen)
+        ratio = chain["ms"] / plain["ms"]
+        out[str(b)] = {"plain": plain, "chain": chain, "ratio": ratio, "tau_profile": tau,
+                       "implied_speedup": implied_speedup(tau, chain["ms"], plain["ms"])}
+        log(f"{name}: batch {b}: plain step {plain['ms']:.3f} ms, chain k={spec.depth} round {chain['ms']:.3f} ms "
+            f"(x{ratio:.2f}), implied aggregate speedup at tau {tau}: {out[str(b)]['implied_speedup']:.2f}")
     return out
 
 
@@ -664,4 +726,15 @@ def format_tables(report: dict[str, Any]) -> str:
         speed = " | ".join(f"{s['rounds'][p]['implied_speedup']:.2f} (tau {s['rounds'][p]['tau_profile']:g})"
                            for p in policies)
         lines.append(f"| {n} | {draft} | {rounds} | {speed} |")
+    batched = {n: s["batched"] for n, s in ok.items() if s.get("batched")}
+    if batched:
+        k = POLICIES["chain"].depth
+        lines += ["", f"### Batched engine: ms per step, plain batched vs chain k={k} rounds (ratio; implied aggregate "
+                  "speedup at tau)", "", "| shape | B | plain ms | plain tok/s | chain ms | ratio | implied speedup |",
+                  "|---|---|---|---|---|---|---|"]
+        for n, per in batched.items():
+            for b, v in per.items():
+                rate = int(b) * 1e3 / v["plain"]["ms"]
+                lines.append(f"| {n} | {b} | {_f(v['plain']['ms'])} | {rate:.0f} | {_f(v['chain']['ms'])} | "
+                             f"x{v['ratio']:.2f} | {v['implied_speedup']:.2f} (tau {v['tau_profile']:g}) |")
     return "\n".join(lines)

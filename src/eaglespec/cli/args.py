@@ -79,7 +79,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adaptive", action="store_true",
                    help="per round, draft or take a plain target step, whichever has cost less time per token "
                         "lately (lossless either way): for drafters that accept too little to pay, e.g. at high "
-                        "temperatures; default off")
+                        "temperatures; the batched engine also picks the chain length per batch size; default off")
 
 
 def add_tree_args(p: argparse.ArgumentParser, policy: bool = True) -> None:
