@@ -38,6 +38,7 @@ def test_param_counts_of_published_shapes():
     assert c1.total == pytest.approx(1.24e9, rel=0.01)
     assert c1.lm_head == 0 and c1.read_per_token == c1.total  # tied: the table is the head, read once
     assert param_counts(SHAPES["qwen3-8b"]).total == 8_190_735_360
+    assert param_counts(SHAPES["smollm2-135m"]).total == 134_515_008  # the default target's shape
     c70 = param_counts(SHAPES["llama-3.1-70b-8layers"])
     assert c70.per_layer == 855_654_400
     assert param_counts(replace(SHAPES["llama-3.1-70b-8layers"], num_layers=80)).total == pytest.approx(70.55e9,

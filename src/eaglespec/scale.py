@@ -93,6 +93,8 @@ class Shape:
 SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("tiny", "llama", hidden_size=64, num_layers=8, num_heads=4, num_kv_heads=2, head_dim=16,
           intermediate_size=128, vocab_size=512, max_positions=8192),
+    Shape("smollm2-135m", "llama", hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
+          intermediate_size=1536, vocab_size=49152, tie_embeddings=True, rope_theta=100000.0, max_positions=8192),
     Shape("llama-3.2-1b", "llama", hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64,
           intermediate_size=8192, vocab_size=128256, tie_embeddings=True, rope_scaling=LLAMA32_ROPE),
     Shape("llama-3.1-8b", "llama", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
