@@ -72,7 +72,7 @@ def test_curve_buckets_interpolates_and_extrapolates():
 
 
 def test_round_shapes():
-    assert round_shape(TreeSpec("chain", depth=4)) == RoundShape(5, (1, 1, 1))
+    assert round_shape(TreeSpec("chain", depth=4)) == RoundShape(5, (1, 1, 1), chain=True)
     assert round_shape(TreeSpec("dynamic", depth=3, top_k=4, budget=10)) == RoundShape(11, (4, 4))
     assert round_shape(TreeSpec("dynamic", depth=2, top_k=2, budget=50)).verify_rows == 7  # 2 + 4 candidates
     # EAGLE-1's tree: nodes with children at depths 1..4 (the rows Proposer._static runs)
@@ -99,8 +99,29 @@ def test_fit_overhead_recovers_round_and_step_costs():
     assert fit_overhead(much, c.draft, c.verify, 2 * MS).step_s == pytest.approx(-c.draft(1))
 
 
+def test_chain_and_tree_overheads_are_fitted_apart():
+    """Chain steps (an argmax) and tree steps (top-k and selection) cost differently: each kind's rounds give its
+    own overheads, and a round is predicted with its kind's."""
+    c = costs(verify=lambda r: 1 + 0.01 * r, draft=lambda r: 0.1 + 0.001 * r)
+    chain_cost, tree_cost = (0.1 * MS, 0.02 * MS), (0.4 * MS, 0.3 * MS)
+    specs = [TreeSpec("chain", depth=2), TreeSpec("chain", depth=5), TreeSpec("dynamic", depth=4, top_k=4, budget=12),
+             TreeSpec("dynamic", depth=7, top_k=8, budget=48), TreeSpec("static", depth=5, budget=25)]
+    points = []
+    for spec in specs:
+        shape = round_shape(spec)
+        per_round, per_step = chain_cost if spec.kind == "chain" else tree_cost
+        points.append((shape, 1.5, c.forward_seconds(shape, 1.5) + per_round + per_step * len(shape.draft_rows)))
+    o = fit_overhead(points, c.draft, c.verify, 2 * MS)
+    assert (o.round_s, o.step_s) == pytest.approx(tree_cost) and o.of(chain=True) == pytest.approx(chain_cost)
+    model = CostModel(c.draft, c.verify, o)
+    for (_, tau, secs), spec in zip(points, specs):
+        assert model.round_seconds(spec, tau) == pytest.approx(secs)
+    trees_only = fit_overhead(points[2:], c.draft, c.verify, 2 * MS)  # no chain rounds: chains take the trees' fit
+    assert trees_only.of(chain=True) == pytest.approx(tree_cost) and trees_only.chain_round_s is None
+
+
 def test_cost_model_round_trips_through_json():
-    c = costs(verify=lambda r: 1 + r, sampled=Overhead(3 * MS, 0.1 * MS, 0.2 * MS))
+    c = costs(verify=lambda r: 1 + r, sampled=Overhead(3 * MS, 0.1 * MS, 0.2 * MS, 0.05 * MS, -0.01 * MS))
     back = CostModel.from_dict(json.loads(json.dumps(c.to_dict())))
     assert back == c
     with pytest.raises(EagleSpecError, match="version"):

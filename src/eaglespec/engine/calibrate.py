@@ -7,8 +7,8 @@ drafter's acceptance profile on calibration prompts.
 Costs (measure_costs, with eaglespec.scale's timers): the verify curve is one fast-target forward over R rows after
 a `context`-token prefix, R = the target's row buckets; the draft curve one step of the drafter's row runner over n
 rows, n = its buckets (both made non-decreasing in rows: monotone); then whole rounds through the engine (plain
-decoding and ROUND_SPECS, greedy and sampled at T=1) fit the per-round and per-drafter-step overheads
-(tree.auto.fit_overhead). Every timing is the least of its samples (the one least disturbed by other work on the
+decoding and ROUND_SPECS, greedy and sampled at T=1) fit the per-round and per-drafter-step overheads of trees
+and of chains (tree.auto.fit_overhead). Every timing is the least of its samples (the one least disturbed by other work on the
 device). cached_costs keeps them as JSON under the cache directory (EAGLESPEC_CACHE), keyed by the target's config
 digest (the architecture part of its fingerprint, checkpoint/manifest.py), the dtype, the drafter's config, the
 device's name and the engine's mode.
@@ -177,8 +177,10 @@ def measure_costs(engine, settings: CostSettings | None = None, log: Callable[[s
             r = time_rounds(runs, prompt, spec, settings.round_tokens, settings.round_repeats)
             points.append((round_shape(spec), r["tau"], min(r["samples"]) / 1e3))
         o = overheads[name] = fit_overhead(points, draft, verify, min(plain["samples"]) / 1e3)
+        chain_round, chain_step = o.of(chain=True)
         log(f"eaglespec: {name} rounds: plain step {o.plain_s * 1e3:.3f} ms, overhead {o.round_s * 1e3:.3f} ms a "
-            f"round + {o.step_s * 1e3:.3f} ms a drafter step")
+            f"round + {o.step_s * 1e3:.3f} ms a drafter step (chains: {chain_round * 1e3:.3f} + "
+            f"{chain_step * 1e3:.3f} ms)")
     target.reset()
     engine.proposer.reset()
     return CostModel(draft, verify, overheads["greedy"], overheads.get("sampled"), device=device_label(target.device),

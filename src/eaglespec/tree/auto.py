@@ -10,7 +10,8 @@ Inputs (no device needed here; engine/calibrate.py measures them):
     CostModel    seconds of one drafter forward vs rows (draft curve) and of one target forward vs rows (verify
                  curve), and per temperature regime (greedy / sampled) the plain decoding step through the engine,
                  a fixed per-round overhead and an overhead per drafter step of the tree (the growth's top-k and
-                 selection ops), both fitted to measured rounds
+                 selection ops), both fitted to measured rounds, once for trees and once for chains (whose steps
+                 take an argmax, not a top-k and a selection)
 
 The model of one round of a tree spec (round_seconds):
 
@@ -43,7 +44,7 @@ from eaglespec.tree.core import TreeSpec
 from eaglespec.tree.fit import fit_static_tree, fitted_spec, path_value
 
 KINDS = ("plain", "chain", "static", "dynamic")
-COSTS_VERSION = 1  # the CostModel's JSON layout
+COSTS_VERSION = 2  # the CostModel's JSON layout
 
 
 def _finite(x: Any) -> bool:
@@ -119,43 +120,61 @@ class Curve:
 @dataclass(frozen=True)
 class Overhead:
     """Per temperature regime: the plain decoding step through the engine, and a round's seconds beyond its
-    forwards: `round_s` once per round, `step_s` per drafter step of the tree. Either may be negative: a round
-    graph replays the forwards with fewer launches than the forwards timed one by one."""
+    forwards: `round_s` once per round, `step_s` per drafter step of a tree, and chain_round_s / chain_step_s the
+    same for chains (None: the trees' values). Any may be negative: a round graph replays the forwards with fewer
+    launches than the forwards timed one by one."""
 
     plain_s: float
     round_s: float = 0.0
     step_s: float = 0.0
+    chain_round_s: float | None = None
+    chain_step_s: float | None = None
 
     def __post_init__(self) -> None:
         if not (_finite(self.plain_s) and self.plain_s > 0):
             raise EagleSpecError(f"the plain step must take > 0 seconds, got {self.plain_s!r}")
-        if not (_finite(self.round_s) and _finite(self.step_s)):
-            raise EagleSpecError(f"round overheads must be finite, got {self.round_s!r}, {self.step_s!r}")
+        extra = [x for x in (self.chain_round_s, self.chain_step_s) if x is not None]
+        if not all(_finite(x) for x in (self.round_s, self.step_s, *extra)):
+            raise EagleSpecError(f"round overheads must be finite, got {self.round_s!r}, {self.step_s!r}, "
+                                 f"{self.chain_round_s!r}, {self.chain_step_s!r}")
 
-    def to_dict(self) -> dict[str, float]:
-        return {"plain_s": self.plain_s, "round_s": self.round_s, "step_s": self.step_s}
+    def of(self, chain: bool) -> tuple[float, float]:
+        """(per round, per drafter step) of a chain's rounds or a tree's."""
+        if chain and self.chain_round_s is not None and self.chain_step_s is not None:
+            return self.chain_round_s, self.chain_step_s
+        return self.round_s, self.step_s
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"plain_s": self.plain_s, "round_s": self.round_s, "step_s": self.step_s,
+                "chain_round_s": self.chain_round_s, "chain_step_s": self.chain_step_s}
 
     @classmethod
     def from_dict(cls, d: Any, name: str) -> Overhead:
-        if not isinstance(d, dict) or not all(_finite(d.get(k, 0.0)) for k in ("plain_s", "round_s", "step_s")):
-            raise EagleSpecError(f"{name} must be an object with numbers plain_s, round_s, step_s")
-        return cls(float(d.get("plain_s", 0.0)), float(d.get("round_s", 0.0)), float(d.get("step_s", 0.0)))
+        keys, chain_keys = ("plain_s", "round_s", "step_s"), ("chain_round_s", "chain_step_s")
+        if not isinstance(d, dict) or not all(_finite(d.get(k, 0.0)) for k in keys) \
+                or not all(d.get(k) is None or _finite(d[k]) for k in chain_keys):
+            raise EagleSpecError(f"{name} must be an object with numbers plain_s, round_s, step_s (and "
+                                 "chain_round_s, chain_step_s: numbers or null)")
+        chain = [None if d.get(k) is None else float(d[k]) for k in chain_keys]
+        return cls(float(d.get("plain_s", 0.0)), float(d.get("round_s", 0.0)), float(d.get("step_s", 0.0)), *chain)
 
 
 @dataclass(frozen=True)
 class RoundShape:
     """What one round of a tree runs: the verify forward's rows (nodes + the root) and the rows of each drafter step
-    of the growth after the catch-up (a chain of k: k-1 steps of one row)."""
+    of the growth after the catch-up (a chain of k: k-1 steps of one row); `chain`: a chain's round (its own
+    overheads)."""
 
     verify_rows: int
     draft_rows: tuple[int, ...]
+    chain: bool = False
 
 
 def round_shape(spec: TreeSpec) -> RoundShape:
     """The RoundShape of a speculating spec: a chain's k-1 single-row steps; a static tree's one step per depth over
     its nodes that have children; a dynamic tree's depth-1 expansions of top_k rows (Proposer._dynamic)."""
     if spec.kind == "chain":
-        return RoundShape(spec.depth + 1, (1,) * max(spec.depth - 1, 0))
+        return RoundShape(spec.depth + 1, (1,) * max(spec.depth - 1, 0), chain=True)
     if spec.kind == "dynamic":
         budget = min(spec.budget, dynamic_candidates(spec.top_k, spec.depth))
         return RoundShape(budget + 1, (spec.top_k,) * max(spec.depth - 1, 0))
@@ -206,7 +225,8 @@ class CostModel:
     def _seconds(self, shape: RoundShape, tau: float, o: Overhead) -> float:
         """The round's forwards and overheads, never less than its verify forward alone (a negative fitted
         overhead corrects the forwards' sum, it cannot remove the verify)."""
-        total = o.round_s + o.step_s * len(shape.draft_rows) + self.forward_seconds(shape, tau)
+        round_s, step_s = o.of(shape.chain)
+        total = round_s + step_s * len(shape.draft_rows) + self.forward_seconds(shape, tau)
         return max(total, self.verify(shape.verify_rows), 1e-9)
 
     def to_dict(self) -> dict[str, Any]:
@@ -228,20 +248,32 @@ class CostModel:
 
 def fit_overhead(points: Sequence[tuple[RoundShape, float, float]], draft: Curve, verify: Curve, plain_s: float
                  ) -> Overhead:
-    """Overhead whose round_s and step_s best explain measured rounds (least squares), points = (shape, tau,
-    measured seconds) per round timed: the measured seconds less the forwards (CostModel.forward_seconds) =
-    round_s + step_s * drafter steps. step_s is kept >= -draft(1 row), so that a drafter step never costs less
-    than nothing (then round_s is the mean of what is left); one point, or points of one step count, give round_s
-    alone."""
+    """Overhead whose per-round and per-step values best explain measured rounds (least squares), points = (shape,
+    tau, measured seconds) per round timed: the measured seconds less the forwards (CostModel.forward_seconds) =
+    round_s + step_s * drafter steps, fitted to the tree rounds and to the chain rounds apart (with points of
+    one kind only, both kinds take that fit; with none, zero)."""
     if not points:
         return Overhead(plain_s)
     model = CostModel(draft, verify, Overhead(plain_s))
-    xs = [float(len(shape.draft_rows)) for shape, _, _ in points]
-    ys = [secs - model.forward_seconds(shape, tau) for shape, tau, secs in points]
-    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    step = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx, -draft(1)) if sxx > 0 else 0.0
-    return Overhead(plain_s, sum(y - step * x for x, y in zip(xs, ys)) / n, step)
+    fits = {}
+    for chain in (False, True):
+        xy = [(float(len(shape.draft_rows)), secs - model.forward_seconds(shape, tau))
+              for shape, tau, secs in points if shape.chain == chain]
+        if xy:
+            fits[chain] = _line(xy, -draft(1))
+    trees = fits.get(False, fits.get(True))
+    chains = fits.get(True)
+    return Overhead(plain_s, *trees, *(chains if chains is not None else (None, None)))
+
+
+def _line(xy: Sequence[tuple[float, float]], least_slope: float) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through xy, the slope kept >= least_slope (a drafter step never
+    costs less than nothing; the intercept is then the mean of what is left); one x value: the mean, slope 0."""
+    n = len(xy)
+    mx, my = sum(x for x, _ in xy) / n, sum(y for _, y in xy) / n
+    sxx = sum((x - mx) ** 2 for x, _ in xy)
+    slope = max(sum((x - mx) * (y - my) for x, y in xy) / sxx, least_slope) if sxx > 0 else 0.0
+    return sum(y - slope * x for x, y in xy) / n, slope
 
 
 # -- the acceptance profile -------------------------------------------------------------------------------
