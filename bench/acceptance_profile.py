@@ -6,9 +6,10 @@
 On calibration prompts the target answers (plain decoding through the engine: greedy, then sampled at T=1) and the
 drafter is driven over the answers as the engine drives it (eaglespec.engine.calibrate.measure_profile): per depth
 and rank the acceptance at T=0 and T=1, and the tokens per round of dynamic trees of widths 4/6/8/10 at every
-depth and budget (T=0: the rounds a greedy run of each tree makes on those answers). --write stores it in DIR/eaglespec_manifest.json as acceptance_profile (then `--tree auto`
-is the default on a GPU); without --write the manifest is left alone. --json writes the profile to a file
-(bench/tree_sweep.py --profile-json reads it).
+depth and budget (T=0: the rounds a greedy run of each tree makes on those answers). --write stores it in
+DIR/eaglespec_manifest.json as acceptance_profile (then `--tree auto` is the default on a GPU, unless the manifest
+recommends a GPU tree in tree_defaults.cuda); without --write the manifest is left alone. --json writes the
+profile to a file (bench/tree_sweep.py --profile-json reads it).
 """
 
 from __future__ import annotations

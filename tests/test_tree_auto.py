@@ -255,6 +255,8 @@ def test_auto_is_named_or_the_default_on_a_gpu_with_a_profile():
     assert wants_auto({}, with_profile, "cuda") and wants_auto({"tree": None, "k": None}, with_profile, "cuda:0")
     assert not wants_auto({}, with_profile, "cpu")
     assert not wants_auto({}, _drafter({}), "cuda")
+    recommends = _drafter({"acceptance_profile": PROFILE, "tree_defaults": {"cuda": "dynamic"}})
+    assert not wants_auto({}, recommends, "cuda") and wants_auto({"tree": "auto"}, recommends, "cuda")
     assert not wants_auto({"k": 3}, with_profile, "cuda") and not wants_auto({"tree": "chain"}, with_profile, "cuda")
     # callers without measured costs keep today's defaults; a named auto needs them
     assert resolve_trees({}, with_profile, device="cuda")[0] == TreeSpec("chain", depth=5)

@@ -246,7 +246,8 @@ class EagleSpec:
         target. `tree`: tree_spec's knobs ({"tree": "dynamic", "depth": None, ...}), resolved against the
         drafter's recommended shapes (tree_defaults) when `spec` is None; with no tree named and a manifest that
         recommends one for sampling (tree_defaults.sampled), requests with a temperature draft that tree. Tree
-        "auto", the default on a GPU for a drafter whose manifest has an acceptance_profile: choose_trees."""
+        "auto", the default on a GPU for a drafter whose manifest has an acceptance_profile and no
+        tree_defaults.cuda (tree.auto.wants_auto): choose_trees."""
         config = (config or EngineConfig()).replace(**engine)
         check_draft_dir(draft, "draft")
         model, tok = load_target(target, device=config.device, dtype=config.dtype)

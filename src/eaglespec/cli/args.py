@@ -89,7 +89,8 @@ def add_tree_args(p: argparse.ArgumentParser, policy: bool = True) -> None:
         p.add_argument("--tree", default=None, choices=["chain", "static", "dynamic", "auto"],
                        help="draft tree policy; auto: the shape with the most predicted tokens/s for the drafter's "
                             "measured acceptance (its manifest's acceptance_profile) and this device's measured "
-                            "costs (default: auto on a GPU when the drafter's manifest has an acceptance profile; else "
+                            "costs (default: auto on a GPU when the drafter's manifest has an acceptance profile and no "
+                            "tree_defaults.cuda; else "
                             "its recommendation where its manifest has one: tree_defaults.cuda on a GPU, "
                             "tree_defaults.sampled with a temperature; else chain)")
     p.add_argument("--k", type=int, default=None,

@@ -535,13 +535,15 @@ SHAPE_KNOBS = ("k", "top_k", "depth", "budget")
 
 def wants_auto(knobs: dict[str, Any], drafter, device: torch.device | str) -> bool:
     """Whether the tree knobs resolve by measurement: `--tree auto`, or no tree knob at all on a CUDA device with a
-    drafter whose manifest has an acceptance_profile."""
+    drafter whose manifest has an acceptance_profile and recommends no GPU tree (tree_defaults.cuda, a choice
+    measured on a GPU, wins over the model's)."""
     if knobs.get("tree") == "auto":
         return True
     if knobs.get("tree") is not None or any(knobs.get(k) is not None for k in SHAPE_KNOBS):
         return False
     manifest = getattr(drafter, "manifest", None) or {}
-    return torch.device(device).type == "cuda" and manifest.get("acceptance_profile") is not None
+    recommends = isinstance(manifest.get("tree_defaults"), dict) and "cuda" in manifest["tree_defaults"]
+    return torch.device(device).type == "cuda" and manifest.get("acceptance_profile") is not None and not recommends
 
 
 def drafter_profile(drafter, where: str = "drafter") -> AcceptanceProfile:
