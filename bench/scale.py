@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="batch sizes at which to time the batched engine's plain steps and chain rounds, e.g. "
                         "1,4,16,64 (default: none)")
     p.add_argument("--batch-steps", type=int, default=32, help="timed batched steps per batch size (default 32)")
+    p.add_argument("--predict", action="store_true",
+                   help="fit --tree auto's cost model on each shape and print its predicted round costs beside "
+                        "measured ones")
     p.add_argument("--quick", action="store_true", help="fewer samples, steps and engine runs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="OUT", help="write every number to OUT as JSON")
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                             draft_rows=args.draft_rows, round_tokens=args.round_tokens,
                             round_repeats=args.round_repeats, bandwidth_gbs=args.bandwidth_gbs,
                             tau=parse_tau(args.tau), draft_vocab=args.draft_vocab, batches=args.batches,
-                            batch_steps=args.batch_steps, seed=args.seed)
+                            batch_steps=args.batch_steps, predict=args.predict, seed=args.seed)
         if args.quick:
             settings = settings.quick()
         print(f"device: {device_name(device)}", file=sys.stderr, flush=True)

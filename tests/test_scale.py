@@ -108,7 +108,8 @@ TINY = Settings(context=16, decode_steps=2, samples=1, verify_contexts=(8, 24), 
 
 
 def test_measure_shape_tiny_end_to_end():
-    report = scale.run(get_shapes("tiny"), replace(TINY, batches=(1, 3), batch_steps=2), "cpu", torch.float32)
+    report = scale.run(get_shapes("tiny"), replace(TINY, batches=(1, 3), batch_steps=2, predict=True), "cpu",
+                       torch.float32)
     s = report["shapes"]["tiny"]
     assert s["backend"] == "fast" and s["params"] == param_counts(SHAPES["tiny"]).total
     p = s["plain"]
@@ -133,9 +134,13 @@ def test_measure_shape_tiny_end_to_end():
             v["chain"]["ms"] / v["plain"]["ms"])
         assert v["plain"]["tokens_per_step"] == int(b)  # every live row emits one token per plain step
         assert v["chain"]["tokens_per_step"] >= int(b)
+    labels = [r["spec"] for r in s["predicted"]]
+    assert labels[:3] == ["chain k=5", "static 5/10/25", "dynamic 7/10/60"] and len(labels) == 3 + 5
+    assert all(r["measured_ms"] > 0 and r["predicted_ms"] > 0 and math.isfinite(r["error_pct"])
+               for r in s["predicted"])
     json.dumps(report)  # every number JSON-ready
     text = format_tables(report)
-    assert "| tiny |" in text and "R=4" in text and "| tiny | 3 |" in text
+    assert "| tiny |" in text and "R=4" in text and "| tiny | 3 |" in text and "| tiny | dynamic 7/10/60 |" in text
 
 
 def test_out_of_memory_is_one_line_and_the_run_goes_on(monkeypatch):

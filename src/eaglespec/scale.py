@@ -488,6 +488,7 @@ class Settings:
     draft_vocab: int | None = None
     batches: tuple[int, ...] = ()  # batch sizes of the batched engine's step costs (empty: not measured)
     batch_steps: int = 32  # timed batched steps per batch size
+    predict: bool = False  # fit --tree auto's cost model and check its round costs against measured rounds
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -604,6 +605,10 @@ def measure_shape(shape: Shape, settings: Settings, device: torch.device | str, 
                 f"implied speedup at tau {tau}: {r['implied_speedup']:.2f}")
         out["rounds"] = rounds
 
+        # --tree auto's cost model against rounds outside its fit
+        if settings.predict:
+            out["predicted"] = predicted_rounds(engine, settings, log, shape.name)
+
         # the batched engine (the model's own forward): plain batched steps vs chain rounds per batch size
         if settings.batches:
             engine = target = None
@@ -615,6 +620,26 @@ def measure_shape(shape: Shape, settings: Settings, device: torch.device | str, 
         del engine, target, drafter, model
         release(device)
     out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def predicted_rounds(engine, settings: Settings, log: Callable[[str], None] = lambda s: None, name: str = ""
+                     ) -> list[dict[str, Any]]:
+    """Fit the cost model of `--tree auto` (engine.calibrate.measure_costs, greedy) on `engine`, then time the
+    rounds of POLICIES and calibrate.CHECK_SPECS and set each against its predicted cost at its measured tau:
+    [{spec, tau, measured_ms, predicted_ms, error_pct}] (spec as its label)."""
+    from eaglespec.engine import calibrate
+
+    costs = calibrate.measure_costs(engine, calibrate.CostSettings(context=settings.context, sampled=False), log)
+    specs = tuple(POLICIES.values()) + calibrate.CHECK_SPECS
+    out = calibrate.round_errors(engine, costs, specs, context=settings.context, new_tokens=settings.round_tokens,
+                                 repeats=settings.round_repeats)
+    for r in out:
+        spec = r["spec"]
+        r["spec"] = (f"chain k={spec.depth}" if spec.kind == "chain"
+                     else f"{spec.kind} {spec.depth}/{spec.top_k}/{spec.budget}")
+        log(f"{name}: {r['spec']}: round {r['measured_ms']:.3f} ms, predicted {r['predicted_ms']:.3f} ms "
+            f"({r['error_pct']:+.1f}%)")
     return out
 
 
@@ -728,6 +753,14 @@ def format_tables(report: dict[str, Any]) -> str:
         speed = " | ".join(f"{s['rounds'][p]['implied_speedup']:.2f} (tau {s['rounds'][p]['tau_profile']:g})"
                            for p in policies)
         lines.append(f"| {n} | {draft} | {rounds} | {speed} |")
+    predicted = {n: s["predicted"] for n, s in ok.items() if s.get("predicted")}
+    if predicted:
+        lines += ["", "### --tree auto's cost model: predicted vs measured round ms (at the measured tau)", "",
+                  "| shape | round | tau | measured ms | predicted ms | error |", "|---|---|---|---|---|---|"]
+        for n, rows_ in predicted.items():
+            for r in rows_:
+                lines.append(f"| {n} | {r['spec']} | {r['tau']:.2f} | {_f(r['measured_ms'])} | "
+                             f"{_f(r['predicted_ms'])} | {r['error_pct']:+.1f}% |")
     batched = {n: s["batched"] for n, s in ok.items() if s.get("batched")}
     if batched:
         k = POLICIES["chain"].depth
