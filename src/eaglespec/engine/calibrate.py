@@ -57,8 +57,10 @@ from eaglespec.tree.fit import RankCounts, measure_ranks
 from eaglespec.tree.sampled_fit import sibling_acceptance
 
 PLAIN = TreeSpec("chain", depth=0)
-# the rounds timed to fit the overheads: 1 to 6 drafter steps of 1 to 8 rows, 3 to 49 verify rows
-ROUND_SPECS = (TreeSpec("chain", depth=2), TreeSpec("chain", depth=5), TreeSpec("static", depth=5, budget=25),
+# the rounds timed to fit the overheads: 0 to 6 drafter steps of 1 to 8 rows, 2 to 49 verify rows (a chain of 1
+# and a one-level tree anchor the fits at rounds with no drafter step after the catch-up)
+ROUND_SPECS = (TreeSpec("chain", depth=1), TreeSpec("chain", depth=2), TreeSpec("chain", depth=5),
+               TreeSpec("static", depth=5, budget=25), TreeSpec("dynamic", depth=1, top_k=4, budget=4),
                TreeSpec("dynamic", depth=3, top_k=4, budget=8), TreeSpec("dynamic", depth=7, top_k=8, budget=48))
 # rounds outside the fit, to check predictions against (round_errors)
 CHECK_SPECS = (TreeSpec("chain", depth=4), TreeSpec("static", depth=4, budget=16),

@@ -44,7 +44,7 @@ from eaglespec.tree.core import TreeSpec
 from eaglespec.tree.fit import fit_static_tree, fitted_spec, path_value
 
 KINDS = ("plain", "chain", "static", "dynamic")
-COSTS_VERSION = 2  # the CostModel's JSON layout
+COSTS_VERSION = 3  # the CostModel's layout and the rounds it is fitted to (older caches: measured again)
 
 
 def _finite(x: Any) -> bool:
