@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from eaglespec.checkpoint.manifest import config_digest, read_acceptance_profile
 from eaglespec.draft.proposer import Proposer, shifted_tokens
+from eaglespec.engine.timing import random_tokens, time_draft_steps, time_rounds, time_verify_curve
 from eaglespec.errors import EagleSpecError
 from eaglespec.sampling import SamplingConfig, SamplingParams, process_logits
 from eaglespec.tree.auto import COSTS_VERSION, CostModel, Curve, dynamic_candidates, fit_overhead, round_shape
@@ -98,7 +99,7 @@ class CostSettings:
 
 
 class _Sampled:
-    """An engine whose streams sample (scale.time_rounds calls stream(prompt, n, spec=...))."""
+    """An engine whose streams sample (timing.time_rounds calls stream(prompt, n, spec=...))."""
 
     def __init__(self, engine, sampling: SamplingConfig):
         self.engine, self.sampling = engine, sampling
@@ -147,7 +148,6 @@ def measure_costs(engine, settings: CostSettings | None = None, log: Callable[[s
     """The CostModel of the engine's target (the fast backend) and drafter on their device (module docstring). The
     target and the proposer are left reset."""
     from eaglespec.backends.fast import FastTarget
-    from eaglespec.scale import random_tokens, time_draft_steps, time_rounds, time_verify_curve
 
     settings = settings or CostSettings()
     target = _inner(engine)
@@ -193,9 +193,8 @@ def measure_costs(engine, settings: CostSettings | None = None, log: Callable[[s
 def round_errors(engine, costs: CostModel, specs: Sequence[TreeSpec] = CHECK_SPECS, context: int | None = None,
                  new_tokens: int = 48, repeats: int = 3, seed: int = 1) -> list[dict[str, Any]]:
     """Predicted against measured round costs (greedy): per spec, the rounds of the engine after a random prompt of
-    `context` tokens (default: the costs' context; scale.time_rounds, the least of `repeats` runs) and
+    `context` tokens (default: the costs' context; timing.time_rounds, the least of `repeats` runs) and
     costs.round_seconds at the measured tau. Returns [{spec, tau, measured_ms, predicted_ms, error_pct}]."""
-    from eaglespec.scale import random_tokens, time_rounds
 
     target = _inner(engine)
     gen = torch.Generator().manual_seed(seed)
