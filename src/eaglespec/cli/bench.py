@@ -49,6 +49,7 @@ from eaglespec.cli.args import (
     set_threads,
 )
 from eaglespec.datasets import load_prompts
+from eaglespec.engine.timing import sync
 from eaglespec.errors import EagleSpecError
 
 EXTRA_METHODS = ("extra-chain", "extra-static", "extra-dynamic")  # the --extra-draft drafter's (EAGLE-1, HASS)
@@ -74,11 +75,6 @@ class Run:
     skipped: str = ""
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class _Synced:
     """A target proxy that synchronizes before each forward, so that the drafter's queued GPU work is timed as
     draft time instead of leaking into verify time (one extra sync per round). `inner` is the target."""
@@ -90,7 +86,7 @@ class _Synced:
         return getattr(self.inner, name)
 
     def forward(self, *args, **kwargs):
-        _sync(self.inner.device)
+        sync(self.inner.device)
         return self.inner.forward(*args, **kwargs)
 
 
@@ -213,10 +209,10 @@ class Bench:
                 self.hf_generate(ids, WARM_TOKENS, logits=False)
             settle_heap()  # no full collection walks the models during the timed runs
             for i, ids in enumerate(prompts):
-                _sync(self.device)
+                sync(self.device)
                 t0 = time.perf_counter()
                 toks, step_logits = self.hf_generate(ids, max_new, logits=not self.args.temperature)
-                _sync(self.device)
+                sync(self.device)
                 run.seconds.append(time.perf_counter() - t0)
                 gaps, second, best = self.top2(step_logits)
                 run.token_ids.append(toks)
@@ -245,10 +241,10 @@ class Bench:
             return run
         settle_heap()  # no full collection walks the models and the graphs during the timed runs
         for i, ids in enumerate(prompts):
-            _sync(self.device)
+            sync(self.device)
             t0 = time.perf_counter()
             res = engine.generate(ids, max_new, self.eos, sampling)  # sampling None: greedy
-            _sync(self.device)
+            sync(self.device)
             run.seconds.append(time.perf_counter() - t0)
             res.seconds = run.seconds[-1]
             for r in res.rounds:  # keep what the report needs; drop per-round tensor references

@@ -20,6 +20,7 @@ from eaglespec.tree.core import TreeSpec
 
 
 def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
