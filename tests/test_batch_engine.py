@@ -323,7 +323,8 @@ def test_batch_rows_do_not_leak(fitted):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("tree", ["chain", "dynamic"])
 def test_cuda_graph_rows_equal_generate(tree):
-    """On a GPU the verify forward replays a CUDA graph per (batch bucket, rows, slots); fp32 rows stay exact."""
+    """On a GPU the verify forward replays a CUDA graph per (batch bucket, rows, slots), and the batched chains one per
+    (batch bucket, catch-up rows, slots, k); fp32 rows stay exact."""
     reference = tiny_target("llama", seed=0)
     drafter = fit_drafter(reference, tiny_drafter(reference, seed=1), steps=60, n_seqs=8, length=32).cuda()
     target = HFBatchTarget(tiny_target("llama", seed=0).cuda())
@@ -331,6 +332,8 @@ def test_cuda_graph_rows_equal_generate(tree):
     prompts = _prompts(5)
     results = engine.generate([BatchRequest(p, 12 + 2 * i) for i, p in enumerate(prompts)])
     assert target._graphs, "no graph was captured"
+    if engine.chains is not None:
+        assert engine.chains._graphs, "the batched chains drafted without a graph"
     for i, (p, r) in enumerate(zip(prompts, results)):
         assert r.token_ids == reference_greedy(reference, p, 12 + 2 * i)
 

@@ -1,28 +1,36 @@
 """Greedy chains for B sequences at once: one drafter call per step for every row (engine/batch.py).
 
-The drafter's KV of all rows is one KVCache per layer, [B, Hkv, L, D], with valid [B, L] marking each row's slots
-(a row that appended fewer rows in a ragged block leaves holes the mask hides), as backends/hf_batch.py does for
-the target. A round per row, as the Proposer runs it (contract 4's index shift):
+The drafter's KV of all rows sits in slot buffers per layer, [Bcap, Hkv, S, D], as backends/hf_batch.py keeps the
+target's: row b's committed drafter rows in its slots 0..n_b-1 (slot s holds position s), the live rows first, in
+order. A step writes its rows after a row's committed ones and sees the slots below its own: no holes, nothing to
+cut afterwards (a slot past n_b is hidden until a later step overwrites it). A round per row, as the Proposer runs
+it (contract 4's index shift):
 
-    catch_up   row b's pending features f_t with tokens x_{t+1}, t = committed_b .. committed_b + n_b - 1, at
-               positions t: one call over a ragged block of max n_b rows; its slots stay
+    catch_up   row b's pending features f_t with tokens x_{t+1}, t = n_b .. n_b + m_b - 1, at positions t: one call
+               over a ragged block of W = max m_b rows (a shorter row's padding rows write slots that stay hidden);
+               n_b += m_b
     chain      k greedy drafts below each root: the first from the catch-up's last row, then k - 1 calls of one row
-               per batch row at position committed_b + d - 1, each seeing its row's KV and its own chain rows;
-               the chain's slots are cut afterwards
+               per batch row at position n_b + d - 1, each seeing its row's committed slots and its own chain rows
+
+The whole draft (catch-up and chain) is one function of static inputs; on CUDA it replays as one CUDA graph per
+(batch bucket, W, S, k), for W up to GRAPH_ROWS (a longer catch-up, e.g. a joining prompt, runs eagerly).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from eaglespec.draft.layers import KVCache
+from eaglespec.backends.fast import capture_graph
+from eaglespec.draft.layers import Attention
 from eaglespec.tensors import to_device
 from eaglespec.tree.core import DraftTree, chain_tree
 
-HOLES = 0.5  # share of hole slots at which the KV is compacted
+GRAPH_ROWS = 16  # the widest catch-up block drafted through a CUDA graph
+MIN_SLOTS = 64
 
 
 def supports_batched_chains(drafter: nn.Module | None) -> bool:
@@ -30,50 +38,85 @@ def supports_batched_chains(drafter: nn.Module | None) -> bool:
     return drafter is not None and getattr(drafter, "method", None) == "eagle3"
 
 
+class SlotKV:
+    """The drafter attention's KVCache stand-in over slot buffers [B, Hkv, S, D]: append writes the new rows
+    [B, Hkv, T, D] at `slots` [B, T] and returns the whole buffers (the caller's mask [B, T, S] says what each row
+    sees)."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):
+        self.k, self.v, self.slots = k, v, slots
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        index = self.slots[:, None, :, None].expand_as(k)
+        self.k.scatter_(2, index, k)
+        self.v.scatter_(2, index, v)
+        return self.k, self.v
+
+
+@dataclass
+class _Inputs:
+    """One draft's inputs, [Bp] rows (static buffers when graphed)."""
+
+    features: torch.Tensor  # [Bp, W, F]: each row's pending features, zero-padded
+    tokens: torch.Tensor  # [Bp, W] long: x_{t+1} for each feature row
+    base: torch.Tensor  # [Bp] long: the row's committed drafter rows n_b
+    last: torch.Tensor  # [Bp] long: m_b - 1, the row's last catch-up row (0 for a row not drafting)
+
+
+@dataclass
+class _Graph:
+    inputs: _Inputs
+    graph: torch.cuda.CUDAGraph
+    drafts: torch.Tensor  # [Bp, k] (rewritten by every replay)
+
+
 class BatchChains:
     """Drafter KV of B sequences and their greedy chains (see the module docstring)."""
 
-    def __init__(self, drafter: nn.Module, depth: int):
+    def __init__(self, drafter: nn.Module, depth: int, graphs: bool | None = None):
         self.drafter, self.depth = drafter, depth
-        self.cache: list[KVCache] = drafter.new_cache()
-        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [B, L]
+        p = next(drafter.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.attn = [m for m in drafter.modules() if isinstance(m, Attention)]
+        self.k: list[torch.Tensor] = []  # per layer [Bcap, Hkv, S, D]; allocated at the first draft
+        self.v: list[torch.Tensor] = []
         self.committed: list[int] = []  # drafter rows per batch row
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.drafter.parameters()).device
+        self.use_graphs = self.device.type == "cuda" if graphs is None else graphs and self.device.type == "cuda"
+        self._graphs: dict[tuple[int, int, int, int], _Graph] = {}
+        self._pool = None
 
     @property
     def batch(self) -> int:
         return len(self.committed)
 
+    @property
+    def slots(self) -> int:
+        return self.k[0].shape[2] if self.k else 0
+
     def join(self) -> int:
         """A new row with no drafter rows yet; returns its index."""
-        for layer in self.cache:
-            if layer.k is not None:
-                layer.k = torch.cat([layer.k, layer.k.new_zeros(1, *layer.k.shape[1:])])
-                layer.v = torch.cat([layer.v, layer.v.new_zeros(1, *layer.v.shape[1:])])
-        self.valid = torch.cat([self.valid, self.valid.new_zeros(1, self.valid.shape[1])])
         self.committed.append(0)
         return self.batch - 1
 
     def drop(self, rows: Sequence[int]) -> None:
-        """Remove rows (their KV freed); the rows after them move up, in order."""
+        """Remove rows (their slots freed); the rows after them move up, in order."""
         gone = set(rows)
         keep = [b for b in range(self.batch) if b not in gone]
-        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-        for layer in self.cache:
-            if layer.k is not None:
-                layer.k, layer.v = layer.k.index_select(0, idx), layer.v.index_select(0, idx)
-        self.valid = self.valid[idx]
+        if self.k and keep != list(range(len(keep))):
+            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+            for x in (*self.k, *self.v):
+                x[: len(keep)] = x.index_select(0, idx)
         self.committed = [self.committed[b] for b in keep]
 
     @torch.no_grad()
     def propose(self, rows: Sequence[int], roots: Sequence[torch.Tensor], features: Sequence[torch.Tensor],
                 next_tokens: Sequence[Sequence[int]], depth: int | None = None) -> list[DraftTree]:
         """Greedy chains of `depth` drafts (None: the chains' depth) below roots[i] (each [1]) for batch rows
-        `rows`, after catching each up on its pending features[i] [n_i, F] with next_tokens[i] (n_i ids). Rows
-        not named take part in no call."""
+        `rows`, after catching each up on its pending features[i] [n_i, F] with next_tokens[i] (n_i ids)."""
         drafts = self.draft(rows, features, next_tokens, depth)  # [R, k]
         return [chain_tree(root, d) for root, d in zip(roots, drafts)]
 
@@ -81,98 +124,98 @@ class BatchChains:
     def draft(self, rows: Sequence[int], features: Sequence[torch.Tensor], next_tokens: Sequence[Sequence[int]],
               depth: int | None = None) -> torch.Tensor:
         """propose's drafts alone: the k = depth (None: the chains' depth) greedy drafts below each named row's
-        root, target ids [R, k]."""
+        root, target ids [R, k]. Rows not named draft nothing (their slots past n_b are scratch)."""
         k = self.depth if depth is None else depth
         if not 1 <= k <= self.depth:
             raise ValueError(f"a chain of {k} drafts: the chains draft 1 to {self.depth}")
-        logits, state = self._catch_up(rows, features, next_tokens)  # [R, Vd], [R, H]
-        keep = self.valid.shape[1]
-        try:
-            return self._chain(rows, logits, state, k)
-        finally:
-            for layer in self.cache:
-                layer.crop(keep)
-
-    def _run(self, rows: Sequence[int], state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-             block: torch.Tensor, last: torch.Tensor, own: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One drafter call: state [R, T, H], tokens / positions [R, T] for batch rows `rows`, block [R, T, T] bool
-        visibility among the new rows; own [R, T, C] bool: which of the C slots after the row's committed ones
-        (the chain rows so far) it sees. Every batch row gets T slots (rows not named: padding that sees itself).
-        Returns the logits [R, Vd] and state [R, H] of each named row's new row `last` [R]."""
-        B, T = self.batch, tokens.shape[1]
-        L = self.valid.shape[1]
-        if len(rows) < B:  # the rows not named are padding rows
-            idx = to_device(list(rows), self.device)
-            state = state.new_zeros(B, T, state.shape[-1]).index_copy(0, idx, state)
-            tokens = tokens.new_zeros(B, T).index_copy(0, idx, tokens)
-            positions = positions.new_zeros(B, T).index_copy(0, idx, positions)
-            eye = torch.eye(T, dtype=torch.bool, device=self.device).expand(B, T, T)
-            block = eye.clone().index_copy(0, idx, block)
-            own = None if own is None else own.new_zeros(B, T, own.shape[-1]).index_copy(0, idx, own)
-            last = last.new_zeros(B).index_copy(0, idx, last)
-        past = self.valid[:, None, :].expand(B, T, L)
-        if own is not None:
-            past = torch.cat([past, own], dim=2)
-        visible = torch.cat([past, block], dim=2)  # [B, T, L + C + T]
-        logits, states = self.drafter(state, tokens, positions, self.cache, visible=visible,
-                                      logit_rows=last)  # logits [B, Vd], states [B, T, H]
-        states = states[torch.arange(B, device=self.device), last]
-        if len(rows) < B:
-            return logits.index_select(0, idx), states.index_select(0, idx)
-        return logits, states
-
-    def _catch_up(self, rows, features, next_tokens) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append each named row's verified rows (a ragged block, padded); (logits, state) of each one's last row.
-        The indices are built on the host and copied over once each: no host sync."""
-        dev, R = self.device, len(rows)
+        rows = list(rows)
         counts = [f.shape[0] for f in features]
-        W = max(counts)
-        which = to_device([i for i, n in enumerate(counts) for _ in range(n)], dev)  # each row's named row
-        col = to_device([j for n in counts for j in range(n)], dev)  # and its place in the block
-        proj = self.drafter.project(torch.cat(features).to(dev))  # [sum n, H]: one projection for all rows
-        state = proj.new_zeros(R, W, proj.shape[-1]).index_put_((which, col), proj)
-        tokens = to_device([list(t) + [0] * (W - len(t)) for t in next_tokens], dev)
-        positions = to_device([[self.committed[b] + j for j in range(W)] for b in rows], dev)
-        real_rows = to_device([[j < n for j in range(W)] for n in counts], dev, torch.bool)  # [R, W]
-        eye = torch.eye(W, dtype=torch.bool, device=dev)
-        block = (torch.ones(W, W, dtype=torch.bool, device=dev).tril() & real_rows[:, None, :]) | eye  # [R, W, W]
-        if len(rows) == self.batch:
-            real = real_rows
+        W, B = max(counts), self.batch
+        Bp = 1 << (B - 1).bit_length() if self.use_graphs else B  # graphs: the batch padded to a power of two
+        self._reserve(Bp, max(self.committed) + W + k)
+        inputs = self._inputs(Bp, rows, features, next_tokens, W)
+        if self.use_graphs and W <= GRAPH_ROWS:
+            drafts = self._replay(inputs, k)
         else:
-            real = torch.zeros(self.batch, W, dtype=torch.bool, device=dev)
-            real[to_device(list(rows), dev)] = real_rows
-        last = to_device([n - 1 for n in counts], dev)
-        logits, state = self._run(rows, state, tokens, positions, block, last)
-        self.valid = torch.cat([self.valid, real], dim=1)
+            drafts = self._draft(inputs, k)
         for b, n in zip(rows, counts):
             self.committed[b] += n
-        if self.batch and 1 - sum(self.committed) / (self.batch * self.valid.shape[1]) >= HOLES:
-            self._compact()
-        return logits, state
+        return drafts[to_device(rows, self.device)]
 
-    def _compact(self) -> None:
-        """Gather each row's slots to the front, in order (L becomes the longest row's count)."""
-        n = max(self.committed, default=0)  # each row's valid slots are its committed drafter rows
-        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :n]  # [B, n]
-        for layer in self.cache:
-            B, H, _, D = layer.k.shape
-            index = order[:, None, :, None].expand(B, H, n, D)
-            layer.k, layer.v = layer.k.gather(2, index), layer.v.gather(2, index)
-        self.valid = self.valid.gather(1, order)
+    def _inputs(self, Bp: int, rows: list[int], features: Sequence[torch.Tensor],
+                next_tokens: Sequence[Sequence[int]], W: int) -> _Inputs:
+        """The padded inputs of a draft, built on the host and copied over once each: no host sync."""
+        dev = self.device
+        counts = [f.shape[0] for f in features]
+        which = to_device([b for b, n in zip(rows, counts) for _ in range(n)], dev)  # each feature's batch row
+        col = to_device([j for n in counts for j in range(n)], dev)  # and its place in the block
+        feats = torch.cat(features).to(dev)
+        padded = feats.new_zeros(Bp, W, feats.shape[-1]).index_put_((which, col), feats)
+        tokens, last = [[0] * W for _ in range(Bp)], [0] * Bp
+        for b, t, n in zip(rows, next_tokens, counts):
+            tokens[b][:n], last[b] = list(t), n - 1
+        base = self.committed + [0] * (Bp - self.batch)
+        return _Inputs(padded, to_device(tokens, dev), to_device(base, dev), to_device(last, dev))
 
-    def _chain(self, rows, logits: torch.Tensor, state: torch.Tensor, k: int) -> torch.Tensor:
-        """k greedy drafts per named row (target ids [R, k]); drafter calls for depths 1..k-1."""
-        dev, R = self.device, len(rows)
-        base = to_device([self.committed[b] for b in rows], dev)  # the root's drafter row + 1
-        eye = torch.ones(R, 1, 1, dtype=torch.bool, device=dev)
+    def _draft(self, s: _Inputs, k: int) -> torch.Tensor:
+        """Catch-up and chain over the slot buffers' first Bp rows: drafts [Bp, k] (target ids). Tensor ops only."""
+        Bp, W = s.tokens.shape
+        cols = torch.arange(self.slots, device=self.device)
+        slots = s.base[:, None] + torch.arange(W, device=self.device)  # [Bp, W]: slot = position
+        visible = cols < slots[..., None] + 1  # [Bp, W, S]: the committed slots, then the block up to itself
+        cache = [SlotKV(kb[:Bp], vb[:Bp], slots) for kb, vb in zip(self.k, self.v)]
+        logits, states = self.drafter(self.drafter.project(s.features), s.tokens, slots, cache, visible=visible,
+                                      logit_rows=s.last)  # [Bp, Vd], [Bp, W, H]
+        state = states[torch.arange(Bp, device=self.device), s.last]  # [Bp, H]
+        root = s.base + s.last + 1  # the root's drafter row + 1: committed after the catch-up
+        zero = torch.zeros_like(s.last)
         drafts = []
         for d in range(1, k + 1):
-            draft = self.drafter.to_target_ids(logits.argmax(-1))  # [R]
+            draft = self.drafter.to_target_ids(logits.argmax(-1))  # [Bp]
             drafts.append(draft)
             if d == k:
                 break
-            own = torch.ones(R, 1, d - 1, dtype=torch.bool, device=dev) if d > 1 else None  # its chain rows
-            logits, state = self._run(rows, state[:, None], draft[:, None], (base + d - 1)[:, None], eye,
-                                      base.new_zeros(R), own)
+            slot = (root + d - 1)[:, None]  # [Bp, 1]
+            cache = [SlotKV(kb[:Bp], vb[:Bp], slot) for kb, vb in zip(self.k, self.v)]
+            logits, states = self.drafter(state[:, None], draft[:, None], slot, cache,
+                                          visible=cols < slot[..., None] + 1, logit_rows=zero)
+            state = states[:, 0]
         return torch.stack(drafts, dim=1)
+
+    def _replay(self, s: _Inputs, k: int) -> torch.Tensor:
+        """_draft as a CUDA graph per (Bp, W, S, k), captured on first use with this draft's inputs in place (the
+        warm-up writes only slots past each row's committed ones)."""
+        key = (s.tokens.shape[0], s.tokens.shape[1], self.slots, k)
+        g = self._graphs.get(key)
+        if g is None:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph, drafts = capture_graph(lambda: self._draft(s, k), self.device, self._pool)
+            g = self._graphs[key] = _Graph(s, graph, drafts)  # this draft's inputs become the static ones
+        else:
+            for name in ("features", "tokens", "base", "last"):
+                getattr(g.inputs, name).copy_(getattr(s, name))
+        g.graph.replay()
+        return g.drafts.clone()
+
+    def _reserve(self, rows: int, slots: int) -> None:
+        """Room for `rows` rows of `slots` slots each: the buffers grow (doubling) and keep what they hold."""
+        cap_rows, cap_slots = (self.k[0].shape[0], self.slots) if self.k else (0, 0)
+        if rows <= cap_rows and slots <= cap_slots:
+            return
+        new_rows, new_slots = max(cap_rows, 1), max(cap_slots, MIN_SLOTS)
+        while new_rows < rows:
+            new_rows *= 2
+        while new_slots < slots:
+            new_slots *= 2
+        self._graphs.clear()  # captured against the old buffers
+        self._pool = None
+        for buffers in (self.k, self.v):
+            for i, a in enumerate(self.attn):
+                grown = torch.zeros(new_rows, a.kv_heads, new_slots, a.head_dim, device=self.device,
+                                    dtype=self.dtype)
+                if i < len(buffers):
+                    grown[:cap_rows, :, :cap_slots] = buffers[i]
+                    buffers[i] = grown
+                else:
+                    buffers.append(grown)
