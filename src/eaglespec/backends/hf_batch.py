@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from eaglespec.backends.hf import HFModel
+from eaglespec.backends.hf_attention import grouped_attention
 from eaglespec.draft.layers import additive_mask
 from eaglespec.tensors import to_device
 
@@ -168,8 +169,9 @@ class HFBatchTarget(HFModel):
         B, W = ids.shape
         cache = SlotCache([k[:B] for k in self.keys], [v[:B] for v in self.values], slots)
         self.capture.clear()
-        out = self.run_model(input_ids=ids, position_ids=q_pos, attention_mask=mask, use_cache=True,
-                             **{self._cache_kw: cache})
+        with grouped_attention(self.model):  # the KV read as it is, not copied per query head
+            out = self.run_model(input_ids=ids, position_ids=q_pos, attention_mask=mask, use_cache=True,
+                                 **{self._cache_kw: cache})
         feats = self.capture.take()
         features = feats if feats is not None else out.logits.new_zeros(B, W, 0)
         return BatchOutput(out.logits, features)
