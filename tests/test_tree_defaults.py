@@ -11,6 +11,7 @@ import pytest
 from eaglespec.api import DEFAULT_DRAFT, GENERIC_TREES, resolve_trees, tree_defaults, tree_label, tree_spec
 from eaglespec.cli.bench import resolve_tree_args
 from eaglespec.errors import EagleSpecError
+from eaglespec.tree.auto import wants_auto
 
 
 def _drafter(manifest):
@@ -62,11 +63,13 @@ def test_shipped_drafter_recommends_measured_shapes():
     assert found["dynamic"] == {"depth": 7, "top_k": 10, "budget": 60}  # the shape fitted under round graphs
     assert found["static"] == {"depth": 5, "top_k": 10, "budget": 25}
     drafter = _drafter(read_json(DEFAULT_DRAFT / "eaglespec_manifest.json"))
-    on_gpu, sampled_on_gpu = resolve_trees({}, drafter, device="cuda")
-    assert (on_gpu.kind, sampled_on_gpu.kind) == ("dynamic", "static")  # greedy: dynamic; sampled: static
-    # with a temperature the static tree is EAGLE-1's cut to depth 3, all 20 of its nodes (the budget named, so no
-    # shortfall note; sampled.static merged knob by knob: top-k stays the base's); a greedy static request keeps
-    # depth 5 and 25 nodes
+    # no tree named: --tree auto on a GPU (an acceptance profile and no tree_defaults.cuda), the cpu chain on a CPU
+    assert wants_auto({}, drafter, "cuda") and not wants_auto({}, drafter, "cpu")
+    assert not wants_auto({"tree": "dynamic"}, drafter, "cuda") and not wants_auto({"k": 3}, drafter, "cuda")
+    # with a temperature a named static tree is EAGLE-1's cut to depth 3, all 20 of its nodes (the budget named, so
+    # no shortfall note; sampled.static merged knob by knob: top-k stays the base's); a greedy one keeps depth 5
+    # and 25 nodes
+    _, sampled_on_gpu = resolve_trees({"tree": "static"}, drafter, device="cuda")
     assert (sampled_on_gpu.depth, sampled_on_gpu.top_k, sampled_on_gpu.budget) == (3, 10, 20)
     assert sampled_on_gpu.static_shortfall() is None and len(sampled_on_gpu.static_choices()) == 20
     greedy_static, sampled_static = resolve_trees({"tree": "static"}, drafter, device="cuda")
