@@ -43,7 +43,7 @@ def grouped_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     q = query.reshape(B, Hkv, G * W, D)  # row g * W + w: head kv * G + g, query row w
     mask = attention_mask[:, :, :, : key.shape[2]].repeat(1, 1, G, 1)  # [B, 1, G * W, S]: row g * W + w is mask row w
     out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)  # [B, Hkv, G * W, D]
-    return out.view(B, H, W, D).transpose(1, 2).contiguous(), None
+    return out.reshape(B, H, W, D).transpose(1, 2).contiguous(), None  # CUDA kernels may return strided rows
 
 
 def _register() -> None:
