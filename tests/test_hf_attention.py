@@ -46,3 +46,24 @@ def test_grouped_attention_leaves_other_implementations():
     model = tiny_target("llama", seed=0, attn="eager")
     with grouped_attention(model):
         assert model.config._attn_implementation == "eager"
+
+
+def test_grouped_sdpa_reads_a_strided_attention_output(monkeypatch):
+    """CUDA's SDPA kernels may return [B, Hkv, G * W, D] with strided rows; the heads must still come back in order."""
+    import torch.nn.functional as F
+
+    from eaglespec.backends import hf_attention
+
+    sdpa = F.scaled_dot_product_attention
+    B, H, Hkv, W, S, D = 2, 4, 2, 3, 5, 8
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, h, n, D, generator=gen) for h, n in ((H, W), (Hkv, S), (Hkv, S)))
+    mask = torch.zeros(B, 1, W, S)
+    want, _ = hf_attention.grouped_sdpa(torch.nn.Module(), q, k, v, mask)
+
+    def strided(*a, **kw):  # the same values, laid out [B, G * W, Hkv, D] in memory
+        return sdpa(*a, **kw).transpose(1, 2).contiguous().transpose(1, 2)
+
+    monkeypatch.setattr(hf_attention.F, "scaled_dot_product_attention", strided)
+    got, _ = hf_attention.grouped_sdpa(torch.nn.Module(), q, k, v, mask)
+    torch.testing.assert_close(got, want)
