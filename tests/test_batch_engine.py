@@ -179,6 +179,28 @@ def test_adaptive_gate_warms_up_at_the_deepest_chain(fitted):
     assert engine.gates[4].seconds_per_token(4) is not None
 
 
+def test_default_gate_times_greedy_batches_only(fitted):
+    """EngineConfig's default (adaptive None) gates a greedy batch, never a round with a sampled row, whose draws
+    would then depend on timing: that row's tokens stay those it samples alone."""
+    from eaglespec.config import EngineConfig
+    from eaglespec.engine.build import build_batch_engine, build_engine
+
+    model, drafter = fitted
+    assert build_batch_engine(model, drafter, TREES["chain"], EngineConfig()).adaptive is None
+    assert build_engine(HFTarget(model), drafter, TREES["chain"], EngineConfig()).adaptive is False
+    prompts = _prompts(3)
+    greedy = BatchEngine(HFBatchTarget(model), drafter, TREES["chain"], max_batch=3, adaptive=None)
+    greedy.generate([BatchRequest(p, 12) for p in prompts])
+    assert 4 in greedy.gates
+    sampled = SamplingConfig(SamplingParams(temperature=0.8), seed=5)
+    mixed = BatchEngine(HFBatchTarget(model), drafter, TREES["chain"], max_batch=3, adaptive=None)
+    results = mixed.generate([BatchRequest(p, 12, sampling=sampled if i == 1 else None) for i, p in enumerate(prompts)])
+    alone = BatchEngine(HFBatchTarget(model), drafter, TREES["chain"], max_batch=1).generate(
+        [BatchRequest(prompts[1], 12, sampling=sampled)])[0]
+    assert results[1].token_ids == alone.token_ids
+    assert 4 not in mixed.gates  # the three rows ran together with a sampled one: no gated round
+
+
 @pytest.mark.parametrize("tree", ["chain", "dynamic"])
 def test_sampled_rows_do_not_depend_on_companions(fitted, tree):
     model, drafter = fitted

@@ -76,10 +76,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="prefill prompts longer than the largest captured shape in chunks of it (default: on CUDA)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads for torch on a CPU device (default: the cores not busy with other processes)")
-    p.add_argument("--adaptive", action="store_true",
+    p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="per round, draft or take a plain target step, whichever has cost less time per token "
                         "lately (lossless either way): for drafters that accept too little to pay, e.g. at high "
-                        "temperatures; the batched engine also picks the chain length per batch size; default off")
+                        "temperatures; the batched engine also picks the chain length per batch size (default: on "
+                        "in the batched engine, --max-batch > 1; off for one sequence)")
 
 
 def add_tree_args(p: argparse.ArgumentParser, policy: bool = True) -> None:

@@ -19,7 +19,9 @@ Speculation that fits the batch: a round drafts while the live batch is at most 
 every row takes a plain step (one tree row), and its drafter catches up on those rows at its next drafted round.
 With `adaptive`, each batch-size bucket (1, 2, 4, 8, ...) has its own SpeculationGate (engine/gate.py) that times
 its arms at that size and keeps the one with more tokens per second: plain steps and chains of 1..k drafts (the
-batched chains), else plain steps and drafted trees; every arm is lossless.
+batched chains), else plain steps and drafted trees; every arm is lossless. `adaptive` None (the engine's default
+through EngineConfig) gates only rounds whose rows are all greedy: a sampled row's draws then never depend on
+timing, so its tokens stay a function of its seed.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class BatchEngine:
 
     def __init__(self, target: HFBatchTarget, drafter: nn.Module | None = None, spec: TreeSpec | None = None, *,
                  max_batch: int = 8, prefill_chunk: int = 512, speculate_up_to: int | None = None,
-                 adaptive: bool = False, max_tokens: int | None = None, kernels: bool | None = None):
+                 adaptive: bool | None = False, max_tokens: int | None = None, kernels: bool | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if prefill_chunk < 1:
@@ -93,7 +95,7 @@ class BatchEngine:
         self.max_batch, self.prefill_chunk = max_batch, prefill_chunk
         self.max_tokens = max_tokens  # None: no bound beyond max_batch
         self.speculate_up_to = speculate_up_to
-        self.adaptive = adaptive
+        self.adaptive = adaptive  # True: every round gated; None: rounds of greedy rows only; False: none
         self.gates: dict[int, SpeculationGate] = {}  # batch-size bucket -> its gate (adaptive)
         self.kernels = kernels
         if drafter is not None:
@@ -315,7 +317,9 @@ class BatchEngine:
     def _gate(self) -> SpeculationGate | None:
         """The gate of the live batch's size bucket (adaptive, with a drafter, within speculate_up_to), else None.
         Its arms: plain step or chains of 1..k drafts (an engine with batched chains), else plain step or draft."""
-        if not self.adaptive or self.drafter is None or not self._speculates():
+        if self.adaptive is False or self.drafter is None or not self._speculates():
+            return None
+        if self.adaptive is None and any(r.sampling is not None for r in self.live):
             return None
         bucket = 1 << (len(self.live) - 1).bit_length()  # 1, 2, 4, 8, ...
         if bucket not in self.gates:

@@ -57,7 +57,7 @@ def build_engine(target: TargetBackend, drafter: nn.Module | None, spec: TreeSpe
         runner = partial(StaticDraftRunner, max_len=config.draft_max_len or draft_max_len or DEFAULT_DRAFT_MAX_LEN,
                          kernels=switches.kernels)
     return SpeculativeEngine(target, drafter, spec, sampling, draft_runner=runner, round_graphs=switches.round_graphs,
-                             kernels=switches.kernels, adaptive=config.adaptive, overlap=switches.overlap,
+                             kernels=switches.kernels, adaptive=bool(config.adaptive), overlap=switches.overlap,
                              chunked_prefill=switches.chunked_prefill)
 
 
