@@ -1,7 +1,7 @@
 """Batched serving: aggregate tokens/s and per-request latency, plain batched vs speculative batched decoding.
 
     python bench/batch.py [--batches 1,4,16,64] [--limit 64] [--max-new-tokens 128] [--device cuda]
-        [--dtype bfloat16] [--draft DIR] [--tree dynamic] [--json OUT]
+        [--dtype bfloat16] [--draft DIR] [--tree dynamic] [--batch-backend auto|fast|hf] [--json OUT]
     python bench/batch.py --serve [--requests 8] [--max-new-tokens 32]     # the HTTP server, CPU fp32
 
 Engine mode: for each batch size B, the first --limit MT-bench first turns go to the batched engine (engine/
@@ -103,12 +103,12 @@ def engine_mode(args: argparse.Namespace) -> dict:
     import transformers
 
     out = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-           "transformers": transformers.__version__, "commit": args.commit,
+           "transformers": transformers.__version__, "commit": args.commit, "batch_backend": args.batch_backend,
            "one_sequence": {"tokens_per_s": solo_n / solo_s, "tau": statistics.mean(o.stats["tau"] for o in solo)},
            "rows": []}
     log(f"one-sequence engine, one request at a time: {solo_n / solo_s:.1f} tok/s")
     for B in args.batches:
-        cfg = es.config.replace(max_batch=B)
+        cfg = es.config.replace(max_batch=B, backend=args.batch_backend)
         row = {"batch": B}
         for name, drafter, adaptive in (("plain", None, False), ("speculative", es.drafter, False),
                                         ("adaptive", es.drafter, True)):
@@ -179,6 +179,8 @@ def main() -> int:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--dataset", default="mtbench")
     ap.add_argument("--tree", default="dynamic", choices=["chain", "static", "dynamic"])
+    ap.add_argument("--batch-backend", default="auto", choices=["auto", "fast", "hf"],
+                    help="the batched engine's target: fast (the fused layers), hf (the model's own forward)")
     ap.add_argument("--batches", default="1,4,16,64", help="comma-separated batch sizes")
     ap.add_argument("--limit", type=int, default=64, help="prompts (engine mode)")
     ap.add_argument("--per-batch", type=int, default=16,

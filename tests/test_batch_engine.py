@@ -1,4 +1,5 @@
-"""Batched rounds (engine/batch.py, backends/hf_batch.py): every row emits exactly what it emits alone.
+"""Batched rounds (engine/batch.py, backends/hf_batch.py, backends/fast_batch.py): every row emits exactly what it
+emits alone.
 
 Greedy rows equal HF generate (fp32) with mixed prompt lengths, chunked prefills, requests joining and leaving
 mid-run and one cancelled; sampled rows draw the same tokens alone, batched, and in the one-sequence engine.
@@ -11,6 +12,7 @@ import torch
 
 import eaglespec.engine.batch as batch_mod
 from _agree import fit_drafter, greedy_sequences
+from eaglespec.backends.fast_batch import FastBatchTarget
 from eaglespec.backends.hf import HFTarget
 from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
 from eaglespec.engine.batch import BatchEngine, BatchRequest
@@ -30,6 +32,10 @@ TREES = {
     "static": TreeSpec("static"),
 }
 
+# the batched targets: the model's own forward, and the fused layers attending over spans of 16 slots (so that a
+# forward reads fewer slots than the buffers hold)
+TARGETS = {"hf": HFBatchTarget, "fast": lambda model, *a, **kw: FastBatchTarget(model, *a, span_step=16, **kw)}
+
 
 @pytest.fixture(scope="module")
 def fitted():
@@ -45,10 +51,11 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [s[: 3 + i].tolist() for i, s in enumerate(greedy_sequences(model, n, 3 + n, seed=seed))]
 
 
+@pytest.mark.parametrize("backend", sorted(TARGETS))
 @pytest.mark.parametrize("tree", sorted(TREES))
-def test_greedy_rows_equal_generate(fitted, tree):
+def test_greedy_rows_equal_generate(fitted, tree, backend):
     model, drafter = fitted
-    engine = BatchEngine(HFBatchTarget(model), drafter, TREES[tree], max_batch=4, prefill_chunk=4)
+    engine = BatchEngine(TARGETS[backend](model), drafter, TREES[tree], max_batch=4, prefill_chunk=4)
     prompts = _prompts(6)
     lengths = [16 + 3 * i for i in range(6)]  # rows leave at different rounds; the queue joins as they do
     results = engine.generate([BatchRequest(p, n) for p, n in zip(prompts, lengths)])
@@ -58,10 +65,11 @@ def test_greedy_rows_equal_generate(fitted, tree):
     assert engine.idle and engine.target.batch == 0
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "mistral"])
-def test_greedy_rows_equal_generate_other_archs(arch):
+@pytest.mark.parametrize("backend", sorted(TARGETS))
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral"])
+def test_greedy_rows_equal_generate_other_archs(arch, backend):
     model = tiny_target(arch, seed=3)
-    engine = BatchEngine(HFBatchTarget(model), tiny_drafter(model, seed=1), TREES["dynamic"], max_batch=3)
+    engine = BatchEngine(TARGETS[backend](model), tiny_drafter(model, seed=1), TREES["dynamic"], max_batch=3)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 90, (int(torch.randint(1, 14, (1,), generator=gen)),), generator=gen).tolist()
                for _ in range(4)]
@@ -201,8 +209,9 @@ def test_default_gate_times_greedy_batches_only(fitted):
     assert 4 not in mixed.gates  # the three rows ran together with a sampled one: no gated round
 
 
+@pytest.mark.parametrize("backend", sorted(TARGETS))
 @pytest.mark.parametrize("tree", ["chain", "dynamic"])
-def test_sampled_rows_do_not_depend_on_companions(fitted, tree):
+def test_sampled_rows_do_not_depend_on_companions(fitted, tree, backend):
     model, drafter = fitted
     spec = TREES[tree]
     prompts = _prompts(4)
@@ -210,11 +219,11 @@ def test_sampled_rows_do_not_depend_on_companions(fitted, tree):
     def cfg(i):
         return SamplingConfig(SamplingParams(temperature=0.8, top_p=0.9), seed=100 + i)
 
-    batched = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=4).generate(
+    batched = BatchEngine(TARGETS[backend](model), drafter, spec, max_batch=4).generate(
         [BatchRequest(p, 16, sampling=cfg(i)) for i, p in enumerate(prompts)])
     single = SpeculativeEngine(HFTarget(model), drafter, spec)
     for i, (p, r) in enumerate(zip(prompts, batched)):
-        alone = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=1).generate(
+        alone = BatchEngine(TARGETS[backend](model), drafter, spec, max_batch=1).generate(
             [BatchRequest(p, 16, sampling=cfg(i))])[0]
         assert r.token_ids == alone.token_ids == single.generate(p, 16, sampling=cfg(i)).token_ids
 
@@ -305,11 +314,14 @@ def test_chain_acceptance_equals_tree_acceptance():
         assert emitted == [*ref.tokens[1:], ref.bonus]
 
 
-def test_batch_rows_do_not_leak(fitted):
-    """Rows of different lengths keeping paths of different lengths, then a row dropped: each row's logits equal
-    its sequence's alone, and so does the row that moved up."""
+@pytest.mark.parametrize("backend", sorted(TARGETS))
+def test_batch_rows_do_not_leak(fitted, backend):
+    """Rows of different lengths keeping paths of different lengths, then a row dropped: each row's logits and
+    features equal its sequence's alone, and so do the row that moved up's."""
     model, _ = fitted
-    batch, solo = HFBatchTarget(model), [HFTarget(model), HFTarget(model), HFTarget(model)]
+    ids = (1, 2, 4)
+    batch = TARGETS[backend](model, ids)
+    solo = [HFTarget(model, ids), HFTarget(model, ids), HFTarget(model, ids)]
     prompts = [[5, 9, 11, 40, 2], [7, 3, 60], [30, 31, 32, 33, 34, 35, 36]]
     for p, t in zip(prompts, solo):
         state = Prefilled()
@@ -330,6 +342,7 @@ def test_batch_rows_do_not_leak(fitted):
         for b, i in enumerate(rows):
             ref = solo[i].forward(tokens[b], depths[b], visible[b])
             torch.testing.assert_close(out.logits[b, : width[b]], ref.logits, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(out.features[b, : width[b]], ref.features, rtol=1e-4, atol=1e-4)
             solo[i].commit(keeps[b])
         batch.commit(keeps)
 
@@ -343,13 +356,14 @@ def test_batch_rows_do_not_leak(fitted):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("backend", sorted(TARGETS))
 @pytest.mark.parametrize("tree", ["chain", "dynamic"])
-def test_cuda_graph_rows_equal_generate(tree):
+def test_cuda_graph_rows_equal_generate(tree, backend):
     """On a GPU the verify forward replays a CUDA graph per (batch bucket, rows, slots), and the batched chains one per
     (batch bucket, catch-up rows, slots, k); fp32 rows stay exact."""
     reference = tiny_target("llama", seed=0)
     drafter = fit_drafter(reference, tiny_drafter(reference, seed=1), steps=60, n_seqs=8, length=32).cuda()
-    target = HFBatchTarget(tiny_target("llama", seed=0).cuda())
+    target = TARGETS[backend](tiny_target("llama", seed=0).cuda())
     engine = BatchEngine(target, drafter, TREES[tree], max_batch=3, prefill_chunk=4)
     prompts = _prompts(5)
     results = engine.generate([BatchRequest(p, 12 + 2 * i) for i, p in enumerate(prompts)])

@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from eaglespec.backends.fast import FastTarget
+from eaglespec.backends.fast_batch import FastBatchTarget
 from eaglespec.backends.hf import HFTarget
+from eaglespec.backends.hf_batch import HFBatchTarget
 from eaglespec.config import EngineConfig
 from eaglespec.draft.fast import StaticDraftRunner
 from eaglespec.draft.proposer import EagerRows
-from eaglespec.engine.build import build_engine, build_target
+from eaglespec.engine.build import build_batch_target, build_engine, build_target
 from eaglespec.errors import EagleSpecError
 from eaglespec.tree.core import TreeSpec
 
@@ -69,3 +71,15 @@ def test_build_with_graphs_asked_gives_the_static_runner_and_round_graphs():
     assert engine.generate([3, 1, 4, 1, 5], 12).token_ids == reference_greedy(model, [3, 1, 4, 1, 5], 12)
     hf = build_engine(HFTarget(model), drafter, spec, cfg)  # round graphs need the fast backend
     assert hf.graphs is None
+
+
+def test_batch_target_follows_the_backend():
+    """The batched engine runs the fused layers where the model allows them, the model's own forward otherwise."""
+    model = tiny_target("llama", seed=3)
+    assert type(build_batch_target(model, EngineConfig())) is FastBatchTarget
+    assert type(build_batch_target(model, EngineConfig(backend="hf"))) is HFBatchTarget
+    windowed = tiny_target("mistral", seed=3)
+    windowed.config.sliding_window = 8
+    assert type(build_batch_target(windowed, EngineConfig())) is HFBatchTarget
+    with pytest.raises(EagleSpecError, match="sliding-window"):
+        build_batch_target(windowed, EngineConfig(backend="fast"))

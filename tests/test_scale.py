@@ -132,7 +132,7 @@ def test_measure_shape_tiny_end_to_end():
         v = s["batched"][b]
         assert v["plain"]["ms"] > 0 and v["chain"]["ms"] > 0 and v["ratio"] == pytest.approx(
             v["chain"]["ms"] / v["plain"]["ms"])
-        assert v["plain"]["tokens_per_step"] == int(b)  # every live row emits one token per plain step
+        assert v["plain"]["tokens_per_step"] == v["plain_hf"]["tokens_per_step"] == int(b)  # a token a row a step
         assert v["chain"]["tokens_per_step"] >= int(b)
     labels = [r["spec"] for r in s["predicted"]]
     assert labels[:3] == ["chain k=5", "static 5/10/25", "dynamic 7/10/60"] and len(labels) == 3 + 5

@@ -236,6 +236,52 @@ class _Layer:
     act: nn.Module
 
 
+def weight_packers(model: nn.Module, compile: bool = False) -> tuple[Callable, Callable]:
+    """(pack, pack_copy) for fuse_layer. On CPU in fp32 the projections go in oneDNN's packed layout
+    (eaglespec.kernels.onednn.pack), not for the GEMM kernels or torch.compile, which read the weights themselves.
+    qkv and gate/up (and o where GQA reorders its columns) are new tensors anyway (`pack`); lm_head and down are
+    the model's own weights, so packing them adds copies (~40% of SmolLM2's weights): `pack_copy` packs only where
+    half the available memory holds them."""
+    w = model.get_output_embeddings().weight
+    if compile or w.device.type != "cpu" or w.dtype != torch.float32 or not onednn.packing_available():
+        return _unpacked, _unpacked
+    copies = w.nbytes + sum(layer.mlp.down_proj.weight.nbytes for layer in decoder_layers(model))
+    return onednn.pack, onednn.pack if onednn.affordable(copies) else _unpacked
+
+
+def fuse_layer(layer: nn.Module, n_heads: int, n_kv: int, head_dim: int,
+               pack: Callable[[torch.Tensor], torch.Tensor] = _unpacked,
+               pack_copy: Callable[[torch.Tensor], torch.Tensor] = _unpacked) -> _Layer:
+    """A HF decoder layer's weights as _Layer: q/k/v and gate/up concatenated (`pack`ed: oneDNN's layout on CPU),
+    o_proj's columns in the grouped head order, down_proj `pack_copy`ed (the model's own tensor when not packed)."""
+    at, mlp = layer.self_attn, layer.mlp
+    qn, kn = getattr(at, "q_norm", None), getattr(at, "k_norm", None)
+    return _Layer(
+        in_norm=layer.input_layernorm.weight,
+        qkv_w=pack(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])),
+        qkv_b=_cat_bias(at.q_proj, at.k_proj, at.v_proj),
+        qk_norm=None if qn is None else torch.cat([qn.weight.expand(n_heads, -1), kn.weight.expand(n_kv, -1)]),
+        o_w=pack(_grouped_o_weight(at.o_proj.weight, n_kv, head_dim)), o_b=at.o_proj.bias,
+        post_norm=layer.post_attention_layernorm.weight,
+        gate_up_w=pack(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+        gate_up_b=_cat_bias(mlp.gate_proj, mlp.up_proj),
+        down_w=pack_copy(mlp.down_proj.weight), down_b=mlp.down_proj.bias,
+        act=mlp.act_fn,
+    )
+
+
+def rope_table_for(rotary: nn.Module, slots: int, head_dim: int, dtype: torch.dtype,
+                   device: torch.device) -> torch.Tensor:
+    """The model's rotary module tabulated at positions 0..slots-1: [slots, 2, 2, D/2] (_rope_table), cos and sin
+    cast to the model dtype as HF casts them."""
+    pos = torch.arange(slots, device=device)[None]
+    probe = torch.zeros(1, device=device, dtype=torch.float32)
+    cos, sin = rotary(probe, pos)  # fp32 [1, S, rot]
+    if cos.shape[-1] != head_dim:
+        raise EagleSpecError(f"partial rotary ({cos.shape[-1]} of {head_dim}) is not supported by the fast backend")
+    return _rope_table(cos[0].to(dtype), sin[0].to(dtype))
+
+
 @dataclass
 class _Graph:
     tokens: torch.Tensor  # [B] long
@@ -311,17 +357,10 @@ class FastTarget:
             from eaglespec.kernels import attention as attn_kernels
 
             self._attn = attn_kernels
-        # on CPU in fp32, the projections in oneDNN's packed layout (eaglespec.kernels.onednn.pack), not for the GEMM kernels
-        # or torch.compile, which read the weights themselves. qkv and gate/up (and o where GQA reorders its columns)
-        # replace FastTarget's own copies; lm_head and down are the model's own weights, so packing them adds copies
-        # (~40% of SmolLM2's weights): only where half the available memory holds them
-        packs = (not compile and self.device.type == "cpu" and self.dtype == torch.float32
-                 and onednn.packing_available())
-        self._pack = onednn.pack if packs else _unpacked
-        self._pack_copy = onednn.pack if packs and onednn.affordable(
-            self.lm_w.nbytes + sum(layer.mlp.down_proj.weight.nbytes for layer in layers)) else _unpacked
+        self._pack, self._pack_copy = weight_packers(model, compile)
         self.lm_w = self._pack_copy(self.lm_w)
-        self.layers = [self._fuse(layer) for layer in layers]
+        self.layers = [fuse_layer(layer, self.n_heads, self.n_kv, self.head_dim, self._pack, self._pack_copy)
+                       for layer in layers]
         self.compiled = compile
         # the bucket is static (one compile each), the span dynamic (cols' length); a torch without
         # maybe_mark_dynamic would recompile per span: its compiled steps attend over the whole cache
@@ -356,24 +395,6 @@ class FastTarget:
     def embedding(self) -> nn.Module:
         return self.model.get_input_embeddings()
 
-    def _fuse(self, layer: nn.Module) -> _Layer:
-        at, mlp = layer.self_attn, layer.mlp
-        qn, kn = getattr(at, "q_norm", None), getattr(at, "k_norm", None)
-        pk = self._pack
-        return _Layer(
-            in_norm=layer.input_layernorm.weight,
-            qkv_w=pk(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])),
-            qkv_b=_cat_bias(at.q_proj, at.k_proj, at.v_proj),
-            qk_norm=None if qn is None else torch.cat([qn.weight.expand(self.n_heads, -1),
-                                                       kn.weight.expand(self.n_kv, -1)]),
-            o_w=pk(_grouped_o_weight(at.o_proj.weight, self.n_kv, self.head_dim)), o_b=at.o_proj.bias,
-            post_norm=layer.post_attention_layernorm.weight,
-            gate_up_w=pk(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-            gate_up_b=_cat_bias(mlp.gate_proj, mlp.up_proj),
-            down_w=self._pack_copy(mlp.down_proj.weight), down_b=mlp.down_proj.bias,
-            act=mlp.act_fn,
-        )
-
     def _allocate(self, max_len: int) -> None:
         """(Re)allocate the static cache and the rope table for `max_len` slots, keeping the prefix."""
         if self.window is not None and max_len > self.window:
@@ -392,13 +413,7 @@ class FastTarget:
         self.cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
         if old is not None and self.committed_len:
             self.cache[:, :, :, : self.committed_len] = old[:, :, :, : self.committed_len]
-        pos = torch.arange(max_len, device=self.device)[None]
-        probe = torch.zeros(1, device=self.device, dtype=torch.float32)
-        cos, sin = self._rotary(probe, pos)  # fp32 [1, S, rot]
-        if cos.shape[-1] != self.head_dim:
-            raise EagleSpecError(f"partial rotary ({cos.shape[-1]} of {self.head_dim}) is not supported "
-                                 "by the fast backend")
-        self.rope_table = _rope_table(cos[0].to(self.dtype), sin[0].to(self.dtype))  # [S, 2, 2, D/2], cast as HF
+        self.rope_table = rope_table_for(self._rotary, max_len, self.head_dim, self.dtype, self.device)  # [S, 2, 2, D/2]
         self.cols = torch.arange(max_len, device=self.device)
         self.max_len = max_len
         self._drop_graphs()

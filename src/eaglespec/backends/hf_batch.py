@@ -146,14 +146,14 @@ class HFBatchTarget(HFModel):
         and features [B, W, ...]; they stay pending until `commit`."""
         dev, (B, W) = self.device, tokens.shape
         self._reserve(B, max(self.lengths) + W)
-        S = self.slots
+        S = self.span(max(self.lengths) + W)
         length = to_device(self.lengths, dev)  # [B]
         ids, block_depth, block_vis = tokens.to(dev), depths.to(dev), visible.to(dev)
         slots = length[:, None] + torch.arange(W, device=dev)  # [B, W]: where the block's rows are written
         q_pos = length[:, None] + block_depth  # [B, W]
         seen = (torch.arange(S, device=dev) < length[:, None])[:, None, :].expand(B, W, S).clone()  # committed
         seen.scatter_(2, slots[:, None, :].expand(B, W, W), block_vis)  # [B, W, S]
-        mask = additive_mask(seen, self.dtype)[:, None]  # [B, 1, W, S]
+        mask = additive_mask(seen, self.dtype)[:, None]  # [B, 1, W, S]: S = the slots the forward attends over
         if self.window is not None:  # sliding layers: a key must also lie within the window
             k_pos = torch.arange(S, device=dev).expand(B, S).clone().scatter_(1, slots, q_pos)  # [B, S]
             near = q_pos[:, :, None] - k_pos[:, None, :] < self.window
@@ -183,7 +183,7 @@ class HFBatchTarget(HFModel):
         B, W = ids.shape
         Bp = 1 << (B - 1).bit_length()
         self._reserve(Bp, self.slots)
-        S = self.slots
+        S = mask.shape[-1]
         key = (Bp, W, S)
         graph = self._graphs.get(key)
         if graph is None:
@@ -220,6 +220,11 @@ class HFBatchTarget(HFModel):
         self._block = 0
 
     # -- internals ------------------------------------------------------------------------------
+    def span(self, n: int) -> int:
+        """The slots a forward whose rows end below slot n attends over: all of them (the model's attention reads
+        the whole cache that SlotCache.update returns)."""
+        return self.slots
+
     def _reserve(self, rows: int, slots: int, like: Prefilled | None = None) -> None:
         """Room for `rows` rows of `slots` slots each: the buffers grow (doubling) and keep what they hold."""
         if not self.keys:
@@ -254,7 +259,7 @@ def _move(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
 
 
 class _Graph:
-    """One captured HFBatchTarget._run at (rows Bp, tree rows W, slots S): static inputs, static outputs."""
+    """One captured HFBatchTarget._run at (rows Bp, tree rows W, attended slots S): static inputs and outputs."""
 
     def __init__(self, target: HFBatchTarget, Bp: int, W: int, S: int):
         dev = target.device

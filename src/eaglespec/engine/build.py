@@ -4,6 +4,9 @@
     engine = build_engine(target, drafter, spec, config)
     batched = build_batch_engine(model, drafter, spec, config)   # many sequences at once (engine/batch.py)
 
+build_batch_target picks the batched target: FastBatchTarget (the fused layers) where the architecture allows it,
+else HFBatchTarget (the model's own forward), as config.backend says.
+
 build_engine picks the drafter's runner (a StaticDraftRunner with CUDA graphs, or eager rows), the round graphs
 and the loop's switches from `config.resolve(device, fast)`; the engine is complete when it returns.
 """
@@ -17,11 +20,13 @@ from torch import nn
 
 from eaglespec.backends.base import TargetBackend
 from eaglespec.backends.fast import FastTarget, make_target
+from eaglespec.backends.fast_batch import FastBatchTarget, batch_unsupported_reason
 from eaglespec.backends.hf_batch import HFBatchTarget
 from eaglespec.config import EngineConfig
 from eaglespec.draft.fast import StaticDraftRunner
 from eaglespec.engine.batch import BatchEngine
 from eaglespec.engine.loop import SpeculativeEngine
+from eaglespec.errors import EagleSpecError
 from eaglespec.sampling import SamplingConfig
 from eaglespec.tree.core import TreeSpec
 
@@ -61,12 +66,26 @@ def build_engine(target: TargetBackend, drafter: nn.Module | None, spec: TreeSpe
                              chunked_prefill=switches.chunked_prefill)
 
 
+def build_batch_target(model: nn.Module, config: EngineConfig, feature_layer_ids: tuple[int, ...] = ()
+                       ) -> HFBatchTarget:
+    """The batched target for `model`: config.backend "hf" -> HFBatchTarget; "fast" -> FastBatchTarget (a one-line
+    error where the model cannot have one); "auto" -> FastBatchTarget where batch_unsupported_reason allows it."""
+    reason = batch_unsupported_reason(model) if config.backend != "hf" else "backend 'hf'"
+    if reason is not None:
+        if config.backend == "fast":
+            raise EagleSpecError(f"the fast batched backend cannot run this target: {reason} (use backend='hf')")
+        return HFBatchTarget(model, feature_layer_ids)
+    kernels = config.resolve(next(model.parameters()).device, fast=True).kernels
+    return FastBatchTarget(model, feature_layer_ids, kernels=kernels)
+
+
 def build_batch_engine(model: nn.Module, drafter: nn.Module | None, spec: TreeSpec | None,
                        config: EngineConfig | None = None) -> BatchEngine:
-    """The batched engine over `model` (HFBatchTarget) drafting with `drafter`: config.max_batch rows (default 8)."""
+    """The batched engine over `model` (build_batch_target) drafting with `drafter`: config.max_batch rows (default
+    8)."""
     config = config or EngineConfig()
     ids = tuple(drafter.feature_layer_ids) if drafter is not None else ()
-    target = HFBatchTarget(model, ids)
+    target = build_batch_target(model, config, ids)
     kernels = config.resolve(target.device, fast=False).kernels
     return BatchEngine(target, drafter, spec, max_batch=config.max_batch or DEFAULT_MAX_BATCH,
                        prefill_chunk=config.prefill_chunk, speculate_up_to=config.speculate_up_to,

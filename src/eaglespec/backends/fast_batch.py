@@ -1,0 +1,145 @@
+"""Batched target backend for Llama-family models: HFBatchTarget's slots, rows and graphs, with FastTarget's layers.
+
+The rows, KV slots, prefill, join / drop, commit and CUDA graphs are HFBatchTarget's (backends/hf_batch.py); only the
+verify forward differs. Instead of the HF modules (some forty small kernels a layer at batch 1) it runs the fused
+weights of backends/fast.py (q/k/v and gate/up concatenated, o_proj's columns in the grouped head order) over all
+B * W rows at once:
+
+    norm, qkv     one GEMM over the [B * W, H] rows (Triton RMSNorm and skinny GEMMs where they apply)
+    rope          the model's rotary table at each row's position, q and k at once
+    KV write      k, v scattered into each row's slots of the [Bcap, Hkv, S, D] buffers
+    attention     the G query heads of each KV head as G * W query rows of that head, over the first `span` slots
+                  only (the longest row's slots rounded up to SPAN_STEP), mask [B, 1, G * W, span]
+    o, MLP        residuals accumulated in place; silu * up in one Triton kernel where it applies
+
+Features are the states entering the requested layers (contract 3), taken in the pass. Models the fast backend
+cannot run (fast.unsupported_reason), and sliding-window models, keep HFBatchTarget.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eaglespec.backends.fast import (
+    SPAN_STEP,
+    _add_linear,
+    _is_silu,
+    _rms,
+    _rope,
+    _text_config,
+    fuse_layer,
+    rope_table_for,
+    round_span,
+    unsupported_reason,
+    weight_packers,
+)
+from eaglespec.backends.hf import sliding_window_of
+from eaglespec.backends.hf_batch import BatchOutput, HFBatchTarget
+from eaglespec.errors import EagleSpecError
+from eaglespec.kernels import available, eager_attention, onednn
+
+
+def batch_unsupported_reason(model: nn.Module) -> str | None:
+    """Why FastBatchTarget cannot run `model` (None = it can)."""
+    reason = unsupported_reason(model)
+    if reason is None and sliding_window_of(_text_config(model))[0] is not None:
+        reason = "the model has sliding-window attention layers"
+    return reason
+
+
+class FastBatchTarget(HFBatchTarget):
+    """HFBatchTarget whose verify forward runs the fused layers (see the module docstring)."""
+
+    name = "fast-batch"
+
+    def __init__(self, model: nn.Module, feature_layer_ids: tuple[int, ...] = (), graphs: bool | None = None,
+                 kernels: bool = False, span_step: int = SPAN_STEP):
+        reason = batch_unsupported_reason(model)
+        if reason is not None:
+            raise EagleSpecError(f"the fast batched backend cannot run this target: {reason} (use backend='hf')")
+        super().__init__(model, feature_layer_ids, graphs)
+        if kernels and not available(self.device):
+            raise EagleSpecError("kernels=True needs triton and the target on CUDA (or TRITON_INTERPRET=1)")
+        cfg = _text_config(model)
+        attn = self.layers[0].self_attn
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(attn, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.scaling = getattr(attn, "scaling", self.head_dim ** -0.5)
+        self.eps = float(getattr(cfg, "rms_norm_eps", 1e-6))
+        self.span_step = span_step
+        inner = model.model
+        self.embed_w, self.final_norm = inner.embed_tokens.weight, inner.norm.weight
+        self._rotary = inner.rotary_emb
+        head = model.get_output_embeddings()
+        pack, pack_copy = weight_packers(model)
+        self.lm_w, self.lm_b = pack_copy(head.weight), getattr(head, "bias", None)
+        self.fused = [fuse_layer(layer, self.n_heads, self.n_kv, self.head_dim, pack, pack_copy)
+                      for layer in self.layers]
+        self._kernels = None
+        if kernels:
+            from eaglespec.kernels import step
+
+            self._kernels = step
+        self.rope_table = self.embed_w.new_empty(0, 2, 2, self.head_dim // 2)  # [S, 2, 2, D/2], grown with the slots
+
+    def span(self, n: int) -> int:
+        """The slots a forward whose rows end below slot n attends over: n rounded up to span_step, within the
+        buffers."""
+        return round_span(n, self.span_step, self.slots)
+
+    def _run(self, ids: torch.Tensor, q_pos: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor) -> BatchOutput:
+        """The fused layers over ids [B, W] at positions q_pos [B, W], mask [B, 1, W, span] additive, writing the
+        KV at slots [B, W] of the first B rows."""
+        B, W = ids.shape
+        span = mask.shape[-1]
+        hq, hk, d = self.n_heads, self.n_kv, self.head_dim
+        g = hq // hk
+        if self.rope_table.shape[0] < self.slots:
+            self.rope_table = rope_table_for(self._rotary, self.slots, d, self.dtype, self.device)
+        fused = self._kernels
+        norm = _rms if fused is None else fused.rms_norm_weight
+        use_triton = fused is not None
+        grouped_mask = mask.expand(B, g, W, span).reshape(B, 1, g * W, span)  # row r * W + w: query row w
+        rope = self.rope_table[q_pos.reshape(-1)][:, None]  # [B*W, 1, 2, 2, D/2]: broadcast over the heads
+        index = slots[:, None, :, None].expand(B, hk, W, d)  # [B, Hkv, W, D]: each row's KV slots
+
+        h = F.embedding(ids.reshape(-1), self.embed_w)  # [B*W, H]
+        wanted = set(self.feature_layer_ids)
+        feats: dict[int, torch.Tensor] = {}
+        for i, w in enumerate(self.fused):
+            if i in wanted:
+                feats[i] = h
+            qkv = onednn.linear(norm(h, w.in_norm, self.eps), w.qkv_w, w.qkv_b, kernels=use_triton)
+            qk, v = qkv.view(B * W, hq + 2 * hk, d).split([hq + hk, hk], dim=1)
+            if w.qk_norm is not None:  # Qwen3's q_norm and k_norm at once
+                qk = _rms(qk, w.qk_norm, self.eps)
+            qk = _rope(qk, rope)  # [B*W, Hq + Hkv, D]
+            k_cache, v_cache = self.keys[i][:B], self.values[i][:B]  # [B, Hkv, S, D]
+            k_cache.scatter_(2, index, qk[:, hq:].view(B, W, hk, d).transpose(1, 2))
+            v_cache.scatter_(2, index, v.view(B, W, hk, d).transpose(1, 2))
+            # HF head j * G + r of row w -> query row r * W + w of kv head j
+            q = qk[:, :hq].view(B, W, hk, g, d).permute(0, 2, 3, 1, 4).reshape(B, hk, g * W, d)
+            with eager_attention():  # a new span or batch is a new shape: no cuDNN plan per shape
+                o = F.scaled_dot_product_attention(q, k_cache[:, :, :span], v_cache[:, :, :span],
+                                                   attn_mask=grouped_mask, scale=self.scaling)  # [B, Hkv, G*W, D]
+            # -> [B*W, G*Hkv*D], columns (r, j, d): the order of the fused o_proj weight's columns
+            o = o.view(B, hk, g, W, d).permute(0, 3, 2, 1, 4).reshape(B * W, hq * d)
+            h = _add_linear(h, o, w.o_w, w.o_b, inplace=i not in wanted, kernels=use_triton)
+            gate_up = onednn.linear(norm(h, w.post_norm, self.eps), w.gate_up_w, w.gate_up_b, kernels=use_triton)
+            if fused is not None and _is_silu(w.act):
+                act = fused.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                act = w.act(gate) * up
+            h = _add_linear(h, act, w.down_w, w.down_b, inplace=True, kernels=use_triton)
+        if self.num_layers in wanted:
+            feats[self.num_layers] = h
+        logits = onednn.linear(norm(h, self.final_norm, self.eps), self.lm_w, self.lm_b, kernels=use_triton)
+        if self.feature_layer_ids:
+            features = torch.cat([feats[j] for j in self.feature_layer_ids], dim=-1).view(B, W, -1)
+        else:
+            features = h.new_zeros(B, W, 0)
+        return BatchOutput(logits.view(B, W, -1), features)
