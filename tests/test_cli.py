@@ -122,7 +122,7 @@ def test_generate_over_a_prompt_file_is_batched(model_dir, tmp_path, capsys):
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     es = EagleSpec.from_pretrained(str(model_dir), device="cpu")
     assert [line["text"] for line in lines] == [es.generate(p, 5, raw=True).text for p in prompts]
-    assert {line["stats"]["backend"] for line in lines} == {"hf-batch"}
+    assert {line["stats"]["backend"] for line in lines} == {"fast-batch"}
 
 
 def test_generate_is_quiet_unless_verbose(model_dir):
