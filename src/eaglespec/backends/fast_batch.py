@@ -93,6 +93,12 @@ class FastBatchTarget(HFBatchTarget):
     def _run(self, ids: torch.Tensor, q_pos: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor) -> BatchOutput:
         """The fused layers over ids [B, W] at positions q_pos [B, W], mask [B, 1, W, span] additive, writing the
         KV at slots [B, W] of the first B rows."""
+        with eager_attention():  # a new span or batch is a new shape: no cuDNN attention plan per shape
+            return self._layers(ids, q_pos, mask, slots)
+
+    def _layers(self, ids: torch.Tensor, q_pos: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor
+                ) -> BatchOutput:
+        """_run's pass (module docstring)."""
         B, W = ids.shape
         span = mask.shape[-1]
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
@@ -122,9 +128,8 @@ class FastBatchTarget(HFBatchTarget):
             v_cache.scatter_(2, index, v.view(B, W, hk, d).transpose(1, 2))
             # HF head j * G + r of row w -> query row r * W + w of kv head j
             q = qk[:, :hq].view(B, W, hk, g, d).permute(0, 2, 3, 1, 4).reshape(B, hk, g * W, d)
-            with eager_attention():  # a new span or batch is a new shape: no cuDNN plan per shape
-                o = F.scaled_dot_product_attention(q, k_cache[:, :, :span], v_cache[:, :, :span],
-                                                   attn_mask=grouped_mask, scale=self.scaling)  # [B, Hkv, G*W, D]
+            o = F.scaled_dot_product_attention(q, k_cache[:, :, :span], v_cache[:, :, :span],
+                                               attn_mask=grouped_mask, scale=self.scaling)  # [B, Hkv, G*W, D]
             # -> [B*W, G*Hkv*D], columns (r, j, d): the order of the fused o_proj weight's columns
             o = o.view(B, hk, g, W, d).permute(0, 3, 2, 1, 4).reshape(B * W, hq * d)
             h = _add_linear(h, o, w.o_w, w.o_b, inplace=i not in wanted, kernels=use_triton)
