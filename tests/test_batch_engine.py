@@ -228,20 +228,23 @@ def test_sampled_rows_do_not_depend_on_companions(fitted, tree, backend):
         assert r.token_ids == alone.token_ids == single.generate(p, 16, sampling=cfg(i)).token_ids
 
 
-def test_chained_rows_accept_what_they_accept_alone(fitted):
-    """Greedy rows of one chain shape take the [B, k+1] round (every row chained): each row's drafter is fed each
-    verified token once (its drafter rows never run ahead of its tokens), and its drafts are accepted round by
-    round as the one-sequence engine's are."""
+@pytest.mark.parametrize("tree", ["chain", "static"])
+def test_chained_rows_accept_what_they_accept_alone(fitted, tree):
+    """Greedy rows of one chain or static shape draft in one drafter call per step (a chain takes the [B, k+1]
+    round): each row's drafter is fed each verified token once (its drafter rows never run ahead of its tokens),
+    and its drafts are accepted round by round as the one-sequence engine's are (a row that saw another row's
+    drafter KV, or its own tree rows in the wrong slots, would accept differently)."""
     model, drafter = fitted
-    spec = TREES["chain"]
+    spec = TREES[tree]
     prompts = _prompts(4)
     engine = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=4)
     reqs = [engine.submit(BatchRequest(p, 24)) for p in prompts]
     while not all(r.done for r in reqs):
         engine.step()
         for b, r in enumerate(engine.live):
-            fed = engine.chains.committed[b] + (r.pending.shape[0] if r.pending is not None else 0)
+            fed = engine.drafts.committed[b] + (r.pending.shape[0] if r.pending is not None else 0)
             assert fed == len(r.tokens) - 1  # every token but the root, once
+    assert all(r.chained for r in reqs) and (engine.drafts.plan is None) == (tree == "chain")
     single = SpeculativeEngine(HFTarget(model), drafter, spec)
     for p, r in zip(prompts, reqs):
         alone = single.generate(p, 24)
@@ -257,7 +260,7 @@ def test_chained_and_sampled_rows_together(fitted):
     prompts = _prompts(5)
     sampled = SamplingConfig(SamplingParams(temperature=0.9), seed=7)
     engine = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=5, prefill_chunk=6)
-    assert engine.chains is not None
+    assert engine.drafts is not None
     reqs = [BatchRequest(p, 24, sampling=sampled if i == 2 else None) for i, p in enumerate(prompts)]
     results = engine.generate(reqs)
     assert [r.chained for r in reqs] == [True, True, False, True, True]
@@ -267,7 +270,7 @@ def test_chained_and_sampled_rows_together(fitted):
     alone = SpeculativeEngine(HFTarget(model), drafter, spec).generate(prompts[2], 24, sampling=sampled)
     assert results[2].token_ids == alone.token_ids
     assert max(r.tau for r in results) > 2  # the chained drafts are accepted (the drafter's KV is right)
-    assert engine.chains.batch == 0
+    assert engine.drafts.batch == 0
 
 
 def test_greedy_acceptance_of_padded_rows_equals_each_row():
@@ -357,10 +360,10 @@ def test_batch_rows_do_not_leak(fitted, backend):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("backend", sorted(TARGETS))
-@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+@pytest.mark.parametrize("tree", ["chain", "static", "dynamic"])
 def test_cuda_graph_rows_equal_generate(tree, backend):
-    """On a GPU the verify forward replays a CUDA graph per (batch bucket, rows, slots), and the batched chains one per
-    (batch bucket, catch-up rows, slots, k); fp32 rows stay exact."""
+    """On a GPU the verify forward replays a CUDA graph per (batch bucket, rows, slots), and the batched chains and
+    static trees one per (batch bucket, catch-up rows, slots, k); fp32 rows stay exact."""
     reference = tiny_target("llama", seed=0)
     drafter = fit_drafter(reference, tiny_drafter(reference, seed=1), steps=60, n_seqs=8, length=32).cuda()
     target = TARGETS[backend](tiny_target("llama", seed=0).cuda())
@@ -368,8 +371,8 @@ def test_cuda_graph_rows_equal_generate(tree, backend):
     prompts = _prompts(5)
     results = engine.generate([BatchRequest(p, 12 + 2 * i) for i, p in enumerate(prompts)])
     assert target._graphs, "no graph was captured"
-    if engine.chains is not None:
-        assert engine.chains._graphs, "the batched chains drafted without a graph"
+    if engine.drafts is not None:
+        assert engine.drafts._graphs, "the batched drafts ran without a graph"
     for i, (p, r) in enumerate(zip(prompts, results)):
         assert r.token_ids == reference_greedy(reference, p, 12 + 2 * i)
 

@@ -1,4 +1,4 @@
-"""Greedy chains for B sequences at once: one drafter call per step for every row (engine/batch.py).
+"""Greedy chains and static trees for B sequences at once: one drafter call per step for every row (engine/batch.py).
 
 The drafter's KV of all rows sits in slot buffers per layer, [Bcap, Hkv, S, D], as backends/hf_batch.py keeps the
 target's: row b's committed drafter rows in its slots 0..n_b-1 (slot s holds position s), the live rows first, in
@@ -11,8 +11,12 @@ it (contract 4's index shift):
                n_b += m_b
     chain      k greedy drafts below each root: the first from the catch-up's last row, then k - 1 calls of one row
                per batch row at position n_b + d - 1, each seeing its row's committed slots and its own chain rows
+    static     the spec's static tree (the Proposer's StaticPlan, the same for every row): the root's children are
+               the catch-up row's top ranks; then one call per depth over every row's expanded nodes of that depth
+               (tree row r at slot n_b + r, position n_b + depth - 1), each seeing its row's committed slots and its
+               ancestors' tree rows; their children are their top ranks
 
-The whole draft (catch-up and chain) is one function of static inputs; on CUDA it replays as one CUDA graph per
+The whole draft (catch-up and growth) is one function of static inputs; on CUDA it replays as one CUDA graph per
 (batch bucket, W, S, k), for W up to GRAPH_ROWS (a longer catch-up, e.g. a joining prompt, runs eagerly).
 """
 
@@ -26,16 +30,19 @@ from torch import nn
 
 from eaglespec.backends.fast import capture_graph
 from eaglespec.draft.layers import Attention
+from eaglespec.draft.proposer import StaticPlan
 from eaglespec.tensors import to_device
-from eaglespec.tree.core import DraftTree, chain_tree
+from eaglespec.tree.core import DraftTree, TreeSpec, chain_tree, draft_topk, static_layout
 
 GRAPH_ROWS = 16  # the widest catch-up block drafted through a CUDA graph
 MIN_SLOTS = 64
 
 
-def supports_batched_chains(drafter: nn.Module | None) -> bool:
-    """EAGLE-3 drafters take a leading batch dim (their training runs that way)."""
-    return drafter is not None and getattr(drafter, "method", None) == "eagle3"
+def supports_batched_drafts(drafter: nn.Module | None, spec: TreeSpec) -> bool:
+    """Whether BatchDrafts drafts `spec` for `drafter`: a drafting chain or static tree, from an EAGLE-3 drafter
+    (they take a leading batch dim: their training runs that way)."""
+    return (drafter is not None and getattr(drafter, "method", None) == "eagle3" and spec.speculates
+            and spec.kind in ("chain", "static"))
 
 
 class SlotKV:
@@ -74,13 +81,19 @@ class _Graph:
     drafts: torch.Tensor  # [Bp, k] (rewritten by every replay)
 
 
-class BatchChains:
-    """Drafter KV of B sequences and their greedy chains (see the module docstring)."""
+class BatchDrafts:
+    """Drafter KV of B sequences and their greedy chains or static trees (see the module docstring)."""
 
-    def __init__(self, drafter: nn.Module, depth: int, graphs: bool | None = None):
-        self.drafter, self.depth = drafter, depth
+    def __init__(self, drafter: nn.Module, spec: TreeSpec, graphs: bool | None = None):
+        if not supports_batched_drafts(drafter, spec):
+            raise ValueError(f"batched drafts are EAGLE-3 chains and static trees, not {spec.kind}")
+        self.drafter, self.spec = drafter, spec
         p = next(drafter.parameters())
         self.device, self.dtype = p.device, p.dtype
+        self.plan = None if spec.kind == "chain" else StaticPlan.build(static_layout(spec.static_choices()), False,
+                                                                        self.device)
+        # drafts per row: a chain's k at most, a static tree's nodes below the root
+        self.depth = spec.depth if self.plan is None else self.plan.parents.shape[0] - 1
         self.attn = [m for m in drafter.modules() if isinstance(m, Attention)]
         self.k: list[torch.Tensor] = []  # per layer [Bcap, Hkv, S, D]; allocated at the first draft
         self.v: list[torch.Tensor] = []
@@ -115,24 +128,29 @@ class BatchChains:
     @torch.no_grad()
     def propose(self, rows: Sequence[int], roots: Sequence[torch.Tensor], features: Sequence[torch.Tensor],
                 next_tokens: Sequence[Sequence[int]], depth: int | None = None) -> list[DraftTree]:
-        """Greedy chains of `depth` drafts (None: the chains' depth) below roots[i] (each [1]) for batch rows
-        `rows`, after catching each up on its pending features[i] [n_i, F] with next_tokens[i] (n_i ids)."""
+        """The trees below roots[i] (each [1]) for batch rows `rows`, after catching each up on its pending
+        features[i] [n_i, F] with next_tokens[i] (n_i ids): chains of `depth` drafts (None: the spec's depth), or
+        the static tree."""
         drafts = self.draft(rows, features, next_tokens, depth)  # [R, k]
-        return [chain_tree(root, d) for root, d in zip(roots, drafts)]
+        if self.plan is None:
+            return [chain_tree(root, d) for root, d in zip(roots, drafts)]
+        return [DraftTree(tokens=torch.cat([root.to(d.device), d]), parents=self.plan.parents,
+                          depths=self.plan.depths, ordered=True) for root, d in zip(roots, drafts)]
 
     @torch.no_grad()
     def draft(self, rows: Sequence[int], features: Sequence[torch.Tensor], next_tokens: Sequence[Sequence[int]],
               depth: int | None = None) -> torch.Tensor:
-        """propose's drafts alone: the k = depth (None: the chains' depth) greedy drafts below each named row's
-        root, target ids [R, k]. Rows not named draft nothing (their slots past n_b are scratch)."""
-        k = self.depth if depth is None else depth
+        """propose's drafts alone, target ids [R, k] for the named rows: a chain's k = depth (None: the spec's
+        depth) greedy drafts, or the static tree's nodes below the root in node order (k = self.depth). Rows not
+        named draft nothing (their slots past n_b are scratch)."""
+        k = self.depth if depth is None or self.plan is not None else depth
         if not 1 <= k <= self.depth:
             raise ValueError(f"a chain of {k} drafts: the chains draft 1 to {self.depth}")
         rows = list(rows)
         counts = [f.shape[0] for f in features]
         W, B = max(counts), self.batch
         Bp = 1 << (B - 1).bit_length() if self.use_graphs else B  # graphs: the batch padded to a power of two
-        self._reserve(Bp, max(self.committed) + W + k)
+        self._reserve(Bp, max(self.committed) + W + k)  # a static tree's rows are fewer than its nodes
         inputs = self._inputs(Bp, rows, features, next_tokens, W)
         if self.use_graphs and W <= GRAPH_ROWS:
             drafts = self._replay(inputs, k)
@@ -158,7 +176,8 @@ class BatchChains:
         return _Inputs(padded, to_device(tokens, dev), to_device(base, dev), to_device(last, dev))
 
     def _draft(self, s: _Inputs, k: int) -> torch.Tensor:
-        """Catch-up and chain over the slot buffers' first Bp rows: drafts [Bp, k] (target ids). Tensor ops only."""
+        """Catch-up and growth over the slot buffers' first Bp rows: drafts [Bp, k] (target ids). Tensor ops
+        only."""
         Bp, W = s.tokens.shape
         cols = torch.arange(self.slots, device=self.device)
         slots = s.base[:, None] + torch.arange(W, device=self.device)  # [Bp, W]: slot = position
@@ -168,6 +187,8 @@ class BatchChains:
                                       logit_rows=s.last)  # [Bp, Vd], [Bp, W, H]
         state = states[torch.arange(Bp, device=self.device), s.last]  # [Bp, H]
         root = s.base + s.last + 1  # the root's drafter row + 1: committed after the catch-up
+        if self.plan is not None:
+            return self._static(logits, state, root, cols)
         zero = torch.zeros_like(s.last)
         drafts = []
         for d in range(1, k + 1):
@@ -181,6 +202,36 @@ class BatchChains:
                                           visible=cols < slot[..., None] + 1, logit_rows=zero)
             state = states[:, 0]
         return torch.stack(drafts, dim=1)
+
+    def _static(self, logits: torch.Tensor, state: torch.Tensor, root: torch.Tensor, cols: torch.Tensor
+                ) -> torch.Tensor:
+        """The static tree below every row's root from the catch-up's logits [Bp, Vd] and state [Bp, H]; root [Bp]
+        = the committed drafter rows. Returns the nodes below the root [Bp, N - 1] (target ids), as the
+        Proposer's greedy static growth: children by rank of the softmax, one drafter call per depth."""
+        plan, Bp = self.plan, root.shape[0]
+        R = plan.tree_visible.shape[0]
+        if plan.n_ranks > logits.shape[-1]:
+            raise ValueError(f"static tree rank {plan.n_ranks - 1} exceeds the draft vocabulary")
+        _, top = draft_topk(torch.softmax(logits[:, None], dim=-1, dtype=torch.float32), plan.n_ranks)  # [Bp, 1, R]
+        states = state[:, None]  # [Bp, e, H]: the expanded nodes of the previous depth
+        rel = cols - root[:, None]  # [Bp, S]: slot relative to the first tree row
+        tree_slot = (rel >= 0) & (rel < R)
+        committed = rel < 0
+        tokens = []
+        for d, level in enumerate(plan.levels, start=1):
+            tokens.append(self.drafter.to_target_ids(top[:, level.slot, level.rank]))  # [Bp, m]
+            if level.expand is None:  # leaves only: the deepest level
+                break
+            r0, e = level.rows
+            slots = root[:, None] + r0 + torch.arange(e, device=self.device)  # [Bp, e]: tree rows r0..r0+e-1
+            sees = plan.tree_visible[r0: r0 + e][:, rel.clamp(0, R - 1)].transpose(0, 1)  # [Bp, e, S]
+            visible = committed[:, None] | (sees & tree_slot[:, None])
+            positions = (root + d - 1)[:, None].expand(Bp, e)
+            cache = [SlotKV(kb[:Bp], vb[:Bp], slots) for kb, vb in zip(self.k, self.v)]
+            out, states = self.drafter(states[:, level.expand_slot], tokens[-1][:, level.expand], positions, cache,
+                                       visible=visible)  # [Bp, e, Vd], [Bp, e, H]
+            _, top = draft_topk(torch.softmax(out, dim=-1, dtype=torch.float32), plan.n_ranks)  # [Bp, e, R]
+        return torch.cat(tokens, dim=1)
 
     def _replay(self, s: _Inputs, k: int) -> torch.Tensor:
         """_draft as a CUDA graph per (Bp, W, S, k), captured on first use with this draft's inputs in place (the

@@ -411,7 +411,7 @@ class Proposer:
         (with their subtrees): that depends on q only, never on the drawn values;
         tree_graph.finish_tree drops them after the growth (one host sync).
 
-        Every index is precomputed per layout (_StaticPlan): no host sync and no host->device copy;
+        Every index is precomputed per layout (StaticPlan): no host sync and no host->device copy;
         the nodes of each depth are gathered in one op. Returns (tree, keep mask or None when greedy).
         """
         sampled = self._sampled
@@ -466,14 +466,14 @@ class Proposer:
                          draft_probs=torch.cat(draft_probs) if sampled else None, ordered=True)
         return tree, torch.cat(alive) if sampled else None
 
-    def _static_plan(self, sampled: bool) -> _StaticPlan:
+    def _static_plan(self, sampled: bool) -> StaticPlan:
         """The plan of this spec's static tree, built once per (spec, sampled, device): a sampled round asks for
         both (its tree rows via the greedy plan, its growth via the sampled one), so one cached plan would be
         rebuilt twice per round (host->device copies)."""
         key = (self.spec, sampled, self.device)
         plans = self.__dict__.setdefault("_plans", {})
         if key not in plans:
-            plans[key] = _StaticPlan.build(static_layout(self.spec.static_choices()), sampled, self.device)
+            plans[key] = StaticPlan.build(static_layout(self.spec.static_choices()), sampled, self.device)
         return plans[key]
 
 
@@ -504,7 +504,7 @@ class _Level:
 
 
 @dataclass
-class _StaticPlan:
+class StaticPlan:
     """Every index a static tree needs, as device tensors built once per (layout, sampled, device)."""
 
     parents: torch.Tensor  # [N]
@@ -514,7 +514,7 @@ class _StaticPlan:
     tree_visible: torch.Tensor  # [R, R] bool over the expanded nodes' drafter rows: ancestors and self
 
     @staticmethod
-    def build(layout: StaticLayout, sampled: bool, device: torch.device) -> _StaticPlan:
+    def build(layout: StaticLayout, sampled: bool, device: torch.device) -> StaticPlan:
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.long, device=device)
 
@@ -543,7 +543,7 @@ class _StaticPlan:
             while i > 0:  # itself, then every ancestor (all expanded) but the root
                 visible[row, row_of[i]] = True
                 i = parents[i]
-        return _StaticPlan(parents=tensor(list(parents)), depths=tensor(list(depths)), n_ranks=max(ranks) + 1,
+        return StaticPlan(parents=tensor(list(parents)), depths=tensor(list(depths)), n_ranks=max(ranks) + 1,
                            levels=levels, tree_visible=visible.to(device))
 
 

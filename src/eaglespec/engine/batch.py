@@ -6,11 +6,11 @@ Each step (BatchEngine.step):
                 decode, and join the batch (up to `max_batch` rows, and while the rows' prompts plus max_new_tokens
                 stay within `max_tokens`: a bound on the KV the batch may come to hold); a joined request's first
                 token is emitted
-    3. round    every live row drafts its own tree (greedy chains of all rows in one drafter call per step,
-                draft/batch.py; other trees and sampled rows through their own proposer: drafter KV, sampling,
-                random stream), one target forward verifies all the trees (backends/hf_batch.py: ragged rows,
-                per-row positions, ancestry mask and KV slots), then acceptance (greedy: every row in one host
-                sync) and publish per row, as the one-sequence engine does
+    3. round    every live row drafts its own tree (greedy chains or static trees of all rows in one drafter call
+                per step, draft/batch.py; dynamic trees and sampled rows through their own proposer: drafter KV,
+                sampling, random stream), one target forward verifies all the trees (backends/hf_batch.py and
+                fast_batch.py: ragged rows, per-row positions, ancestry mask and KV slots), then acceptance (greedy:
+                every row in one host sync) and publish per row, as the one-sequence engine does
     4. finish   rows that reached EOS or max_new_tokens leave
 
 A row's round depends on its own state only: its tokens equal what the one-sequence engine emits for it alone,
@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
-from eaglespec.draft.batch import BatchChains, supports_batched_chains
+from eaglespec.draft.batch import BatchDrafts, supports_batched_drafts
 from eaglespec.draft.proposer import Proposer
 from eaglespec.engine.gate import SpeculationGate
 from eaglespec.engine.loop import attach_drafter
@@ -62,8 +62,9 @@ class BatchRequest:
     prefilled: Prefilled | None = field(default=None, repr=False)
     tokens: list[int] = field(default_factory=list, repr=False)  # the prompt and every token emitted: the last is the root
     pending: torch.Tensor | None = field(default=None, repr=False)  # [n, F] features the drafter has not consumed
-    proposer: Proposer | None = field(default=None, repr=False)  # its own drafter rows (None: none, or chains)
-    chained: bool = False  # drafts the engine's greedy chain with the other chained rows, in one call per step
+    proposer: Proposer | None = field(default=None, repr=False)  # its own drafter rows (None: none, or batched)
+    chained: bool = False  # drafts the engine's greedy chain or static tree with the other chained rows, in one
+    # drafter call per step
     generator: torch.Generator | None = field(default=None, repr=False)
     started: float = 0.0
 
@@ -100,9 +101,10 @@ class BatchEngine:
         self.kernels = kernels
         if drafter is not None:
             attach_drafter(target, drafter)
-        # greedy chains of every row in one drafter call per step (draft/batch.py), where the drafter allows it
-        chains = self.spec.kind == "chain" and self.spec.speculates and supports_batched_chains(drafter)
-        self.chains = BatchChains(drafter, self.spec.depth) if chains else None
+        # greedy chains or static trees of every row in one drafter call per step (draft/batch.py), where the
+        # drafter allows it; `chains`: they are chains (the gate's arms are their lengths)
+        self.drafts = BatchDrafts(drafter, self.spec) if supports_batched_drafts(drafter, self.spec) else None
+        self.chains = self.drafts is not None and self.spec.kind == "chain"
         self.waiting: deque[BatchRequest] = deque()
         self.live: list[BatchRequest] = []  # live[b] is the target's batch row b
         self.target.reset()
@@ -124,8 +126,8 @@ class BatchEngine:
             self._close(r, "error")
         self.live, self.waiting = [], deque()
         self.target.reset()
-        if self.chains is not None:
-            self.chains = BatchChains(self.drafter, self.spec.depth)
+        if self.drafts is not None:
+            self.drafts = BatchDrafts(self.drafter, self.spec)
 
     @property
     def idle(self) -> bool:
@@ -198,7 +200,7 @@ class BatchEngine:
         r.prefilled = Prefilled()
         r.generator = r.sampling.generator(self.device) if r.sampling is not None else None
         spec = r.spec or self.spec
-        r.chained = self.chains is not None and r.sampling is None and spec == self.spec
+        r.chained = self.drafts is not None and r.sampling is None and spec == self.spec
         if self.drafter is not None and not r.chained:
             r.proposer = Proposer(self.drafter, spec, kernels=self.kernels)
             r.proposer.sampling = r.sampling.draft_params if r.sampling is not None else None
@@ -220,8 +222,8 @@ class BatchEngine:
         else:
             self.target.join(r.prefilled)
             r.prefilled = None  # the KV now lives in the batch cache
-            if self.chains is not None:
-                self.chains.join()
+            if self.drafts is not None:
+                self.drafts.join()
             self.live.append(r)
         return first
 
@@ -270,11 +272,11 @@ class BatchEngine:
 
     def _shape(self, r: BatchRequest, drafting: bool) -> str:
         """What row r verifies this round: "chain" (the engine's greedy chain, drafted with the other chained
-        rows), "plain" (its root alone) or "tree" (its own proposer's)."""
+        rows), "plain" (its root alone) or "tree" (the engine's static tree, or its own proposer's)."""
         if not drafting:
             return "plain"
         if r.chained:
-            return "chain"
+            return "chain" if self.chains else "tree"
         return "tree" if r.proposer is not None and r.proposer.spec.speculates else "plain"
 
     def _chain_round(self, depth: int, t0: float) -> list[tuple[BatchRequest, list[int]]]:
@@ -286,8 +288,8 @@ class BatchEngine:
         tokens = to_device([[r.tokens[-1]] for r in live], dev)  # [B, 1]: the roots
         if depth > 0:
             pending = [r.pending for r in live]
-            nxt = [r.tokens[c + 1: c + 1 + p.shape[0]] for r, c, p in zip(live, self.chains.committed, pending)]
-            drafts = self.chains.draft(range(B), pending, nxt, depth)  # [B, k]
+            nxt = [r.tokens[c + 1: c + 1 + p.shape[0]] for r, c, p in zip(live, self.drafts.committed, pending)]
+            drafts = self.drafts.draft(range(B), pending, nxt, depth)  # [B, k]
             for r in live:
                 r.pending = None
             tokens = torch.cat([tokens, drafts], dim=1)
@@ -323,7 +325,7 @@ class BatchEngine:
             return None
         bucket = 1 << (len(self.live) - 1).bit_length()  # 1, 2, 4, 8, ...
         if bucket not in self.gates:
-            arms = range(self.spec.depth + 1) if self.chains is not None else (0, 1)
+            arms = range(self.spec.depth + 1) if self.chains else (0, 1)
             self.gates[bucket] = SpeculationGate(arms=arms)
         return self.gates[bucket]
 
@@ -338,20 +340,20 @@ class BatchEngine:
             return gate.arm()
         if not self._speculates():
             return 0
-        return self.spec.depth if self.chains is not None else 1
+        return self.spec.depth if self.chains else 1
 
     def _draft_all(self, depth: int) -> list[DraftTree]:
-        """Every live row's tree: the chained rows' chains of `depth` drafts in one drafter call per step, the
-        others' row by row (their own trees when depth > 0, else the root alone)."""
+        """Every live row's tree: the chained rows' chains of `depth` drafts or static trees in one drafter call per
+        step, the others' row by row (their own trees when depth > 0, else the root alone)."""
         trees = [self._draft(r, depth > 0) for r in self.live]
         rows = [b for b, r in enumerate(self.live) if r.chained and depth > 0]
         if rows:
             reqs = [self.live[b] for b in rows]
             pending = [r.pending for r in reqs]
             nxt = [r.tokens[c + 1: c + 1 + p.shape[0]] for r, c, p in
-                   zip(reqs, [self.chains.committed[b] for b in rows], pending)]  # x_{t+1}, contract 4
-            chains = self.chains.propose(rows, [self._root(r) for r in reqs], pending, nxt, depth)
-            for b, r, tree in zip(rows, reqs, chains):
+                   zip(reqs, [self.drafts.committed[b] for b in rows], pending)]  # x_{t+1}, contract 4
+            drafted = self.drafts.propose(rows, [self._root(r) for r in reqs], pending, nxt, depth)
+            for b, r, tree in zip(rows, reqs, drafted):
                 r.pending = None
                 trees[b] = tree
         return trees
@@ -393,10 +395,10 @@ class BatchEngine:
                 self._close(self.live.pop(b), None)
 
     def _drop(self, rows: list[int]) -> None:
-        """Free batch rows in the target and the chains."""
+        """Free batch rows in the target and the batched drafts."""
         self.target.drop(rows)
-        if self.chains is not None:
-            self.chains.drop(rows)
+        if self.drafts is not None:
+            self.drafts.drop(rows)
 
     def _close(self, r: BatchRequest, reason: str | None) -> None:
         if reason is not None:
