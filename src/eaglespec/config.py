@@ -72,7 +72,7 @@ class EngineConfig:
 
     def batch_size(self, device: torch.device | str) -> int:
         """Sequences the server advances together: max_batch, else 8 on a CPU (the batched engine) and 1 on a
-        GPU (the one-sequence fast path: the batched engine runs the model's own forward)."""
+        GPU (the one-sequence fast path, whose rounds replay as whole CUDA graphs with dynamic trees)."""
         if self.max_batch is not None:
             return self.max_batch
         return 1 if torch.device(device).type == "cuda" else 8
