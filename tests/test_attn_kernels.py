@@ -195,3 +195,26 @@ def test_compiled_fp32_and_bf16_on_cuda():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _COMPILED], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_sequences_attend_to_their_own_kv(splits):
+    """N sequences at once (the batched target): each over its own cache rows, mask and kv_len. Sequence n's output
+    equals its one-sequence call, and changing another sequence's KV changes nothing in it (a kernel indexing the
+    KV, the mask or kv_len of the wrong sequence fails both)."""
+    n, b, g, hk, span = 3, 2, 2, 2, 200
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(n, b, g, hk, D, generator=gen).reshape(n, b * g, hk, D).transpose(1, 2)  # [N, Hkv, M, D]
+    cache = torch.randn(2, n + 1, hk, span + 8, D, generator=gen)  # a spare row, slots past the span
+    k, v = cache[0, :n, :, :span], cache[1, :n, :, :span]
+    allowed = torch.stack([_tree_allowed(b, base, span, seed=i) for i, base in enumerate((40, 120, 150))])
+    kv_len = torch.tensor([42, 122, 152])
+    out = _check(q, k, v, allowed, kv_len, splits=splits)
+    for i in range(n):
+        alone = A.masked_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], allowed[i], SCALE, kv_len[i:i + 1],
+                                   splits=splits)
+        torch.testing.assert_close(out[i:i + 1], alone, rtol=1e-6, atol=1e-6)
+    cache[:, 1] += 1.0  # sequence 1's KV
+    again = A.masked_attention(q, k, v, allowed, SCALE, kv_len, splits=splits)
+    torch.testing.assert_close(again[[0, 2]], out[[0, 2]], rtol=0, atol=0)
+    assert not torch.allclose(again[1], out[1])

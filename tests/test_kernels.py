@@ -408,16 +408,18 @@ def test_fused_kernels_refused_when_unavailable_or_compiled(monkeypatch):
 
 
 def test_the_kernels_are_on_by_default_on_cuda_only(monkeypatch):
-    """Where a component is given no `kernels`: on for CUDA devices where triton imports, off elsewhere (the
-    interpreter is asked for explicitly); make_target's fused_kernels likewise, and off when compiling
-    (torch.compile makes its own kernels). An explicit fused_kernels wins."""
+    """Where a component is given no `kernels`: on for CUDA devices where triton imports and its interpreter is
+    off, off elsewhere (the interpreter runs CPU tensors and is asked for explicitly); make_target's fused_kernels
+    likewise, and off when compiling (torch.compile makes its own kernels). An explicit fused_kernels wins."""
     from eaglespec.backends.fast import fused_by_default
 
     assert kernels.available("cpu")  # the interpreter
-    assert not kernels.on_by_default("cpu")
+    assert not kernels.on_by_default("cpu") and not kernels.on_by_default("cuda")
     monkeypatch.setattr(kernels, "_importable", lambda: True)
-    assert kernels.on_by_default("cuda") and fused_by_default(torch.device("cuda"))
-    assert not fused_by_default(torch.device("cuda"), compile=True) and not fused_by_default(torch.device("cpu"))
+    with monkeypatch.context() as off:
+        off.setattr(kernels, "interpreted", lambda: False)
+        assert kernels.on_by_default("cuda") and fused_by_default(torch.device("cuda"))
+        assert not fused_by_default(torch.device("cuda"), compile=True) and not fused_by_default(torch.device("cpu"))
     model = tiny_target("llama", seed=1, layers=2)
     assert make_target(model, "fast", max_len=64)._kernels is None
     assert make_target(model, "fast", max_len=64, fused_kernels=True)._kernels is K

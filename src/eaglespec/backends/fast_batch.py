@@ -9,7 +9,9 @@ B * W rows at once:
     rope          the model's rotary table at each row's position, q and k at once
     KV write      k, v scattered into each row's slots of the [Bcap, Hkv, S, D] buffers
     attention     the G query heads of each KV head as G * W query rows of that head, over the first `span` slots
-                  only (the longest row's slots rounded up to SPAN_STEP), mask [B, 1, G * W, span]
+                  only (the longest row's slots rounded up to SPAN_STEP): with the kernels, kernels.attention's
+                  masked_attention over every sequence at once (split over the slots, each row's stopping at its
+                  last slot); else SDPA with the mask [B, 1, G * W, span]
     o, MLP        residuals accumulated in place; silu * up in one Triton kernel where it applies
 
 Features are the states entering the requested layers (contract 3), taken in the pass. Models the fast backend
@@ -38,7 +40,7 @@ from eaglespec.backends.fast import (
 from eaglespec.backends.hf import sliding_window_of
 from eaglespec.backends.hf_batch import BatchOutput, HFBatchTarget
 from eaglespec.errors import EagleSpecError
-from eaglespec.kernels import available, eager_attention, onednn
+from eaglespec.kernels import attention, available, eager_attention, onednn
 
 
 def batch_unsupported_reason(model: nn.Module) -> str | None:
@@ -108,7 +110,11 @@ class FastBatchTarget(HFBatchTarget):
         fused = self._kernels
         norm = _rms if fused is None else fused.rms_norm_weight
         use_triton = fused is not None
-        grouped_mask = mask.expand(B, g, W, span).reshape(B, 1, g * W, span)  # row r * W + w: query row w
+        if fused is None:
+            grouped_mask = mask.expand(B, g, W, span).reshape(B, 1, g * W, span)  # row r * W + w: query row w
+        else:
+            allowed = mask[:, 0] == 0  # [B, W, span] bool: the additive mask's open slots
+            kv_len = slots[:, -1] + 1  # [B]: no row reads a slot past its block
         rope = self.rope_table[q_pos.reshape(-1)][:, None]  # [B*W, 1, 2, 2, D/2]: broadcast over the heads
         index = slots[:, None, :, None].expand(B, hk, W, d)  # [B, Hkv, W, D]: each row's KV slots
 
@@ -126,12 +132,18 @@ class FastBatchTarget(HFBatchTarget):
             k_cache, v_cache = self.keys[i][:B], self.values[i][:B]  # [B, Hkv, S, D]
             k_cache.scatter_(2, index, qk[:, hq:].view(B, W, hk, d).transpose(1, 2))
             v_cache.scatter_(2, index, v.view(B, W, hk, d).transpose(1, 2))
-            # HF head j * G + r of row w -> query row r * W + w of kv head j
-            q = qk[:, :hq].view(B, W, hk, g, d).permute(0, 2, 3, 1, 4).reshape(B, hk, g * W, d)
-            o = F.scaled_dot_product_attention(q, k_cache[:, :, :span], v_cache[:, :, :span],
-                                               attn_mask=grouped_mask, scale=self.scaling)  # [B, Hkv, G*W, D]
+            heads = qk[:, :hq].view(B, W, hk, g, d)  # HF head j * G + r of row w
+            if fused is None:  # -> query row r * W + w of kv head j
+                q = heads.permute(0, 2, 3, 1, 4).reshape(B, hk, g * W, d)
+                o = F.scaled_dot_product_attention(q, k_cache[:, :, :span], v_cache[:, :, :span],
+                                                   attn_mask=grouped_mask, scale=self.scaling)  # [B, Hkv, G*W, D]
+                o = o.view(B, hk, g, W, d).permute(0, 3, 2, 1, 4)  # [B, W, G, Hkv, D]
+            else:  # -> query row w * G + r of kv head j (the kernel's layout); out: a view of [B, W*G, Hkv, D]
+                q = heads.permute(0, 2, 1, 3, 4).reshape(B, hk, W * g, d)
+                o = attention.masked_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], allowed, self.scaling,
+                                               kv_len).transpose(1, 2)
             # -> [B*W, G*Hkv*D], columns (r, j, d): the order of the fused o_proj weight's columns
-            o = o.view(B, hk, g, W, d).permute(0, 3, 2, 1, 4).reshape(B * W, hq * d)
+            o = o.reshape(B * W, hq * d)
             h = _add_linear(h, o, w.o_w, w.o_b, inplace=i not in wanted, kernels=use_triton)
             gate_up = onednn.linear(norm(h, w.post_norm, self.eps), w.gate_up_w, w.gate_up_b, kernels=use_triton)
             if fused is not None and _is_silu(w.act):

@@ -68,9 +68,9 @@ def available(device: torch.device | str) -> bool:
 
 
 def on_by_default(device: torch.device | str) -> bool:
-    """The `kernels` default of a component on `device`: on CUDA where triton imports (the interpreter is for
-    tests, which ask for the kernels explicitly)."""
-    return torch.device(device).type == "cuda" and available(device)
+    """The `kernels` default of a component on `device`: on CUDA where triton imports and its interpreter is off
+    (the interpreter is for tests on CPU tensors, which ask for the kernels explicitly)."""
+    return torch.device(device).type == "cuda" and not interpreted() and available(device)
 
 
 @functools.cache

@@ -5,8 +5,11 @@
         -> o [1, Hkv, M, D], M = B*G: query row t*G + r of KV head j is HF head j*G + r of token t (the
         grouped layout) and sees column c iff allowed[t, c] (and c < kv_len): the mask is read by row // G,
         never expanded
+    masked_attention(q [N, Hkv, M, D], k / v [N, Hkv, span, D], allowed [N, B, span], scale, kv_len [N])
+        -> o [N, Hkv, M, D]: N sequences at once (the batched target, backends/fast_batch.py), each over its
+        own KV, mask rows and kv_len
 
-Flash-attention style: program (KV head, block of BLOCK_M query rows) streams the columns in tiles of BLOCK_N,
+Flash-attention style: program (sequence and KV head, block of BLOCK_M query rows) streams the columns in tiles of BLOCK_N,
 scores and the online softmax in fp32 (exp2, the scale folded with log2(e)), the G query rows of a token
 sharing the KV head's tiles. With `splits` > 1 (flash-decoding), program (head, block, s) takes the s-th share
 of the column tiles and writes its unnormalised partial output and (max, sum) in fp32, and a second kernel
@@ -37,16 +40,17 @@ MAX_SPLITS = 16  # flash-decoding shares of the columns at most (the combine ker
 # -- the plain-torch reference (the code of fast.py the kernel replaces) ---------------------------------------
 def masked_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
                          scale: float | None = None, kv_len: torch.Tensor | None = None) -> torch.Tensor:
-    """The SDPA call the kernel replaces: q [1, Hkv, M, D] (M = B*G), k / v [1, Hkv, span, D], allowed [B,
-    span] bool (AND cols < kv_len where given) -> [1, Hkv, M, D], row t*G + r masked by allowed[t] as an
-    additive mask (0 where allowed, the dtype's min elsewhere)."""
-    b, span = allowed.shape
+    """The SDPA call the kernel replaces: q [N, Hkv, M, D] (M = B*G), k / v [N, Hkv, span, D], allowed [B,
+    span] (N = 1) or [N, B, span] bool (AND cols < kv_len [N] where given) -> [N, Hkv, M, D], row t*G + r of
+    sequence n masked by allowed[n, t] as an additive mask (0 where allowed, the dtype's min elsewhere)."""
+    allowed = allowed.reshape(q.shape[0], -1, allowed.shape[-1])  # [N, B, span]
+    n, b, span = allowed.shape
     if kv_len is not None:
-        allowed = allowed & (torch.arange(span, device=allowed.device) < kv_len.reshape(()))
-    rows = allowed.repeat_interleave(q.shape[2] // b, dim=0)  # [M, span]
+        allowed = allowed & (torch.arange(span, device=allowed.device) < kv_len.reshape(n, 1, 1))
+    rows = allowed.repeat_interleave(q.shape[2] // b, dim=1)  # [N, M, span]
     mask = torch.zeros(rows.shape, dtype=q.dtype, device=q.device)
     mask.masked_fill_(~rows, torch.finfo(q.dtype).min)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=scale)
 
 
 # -- the Triton kernels (plain functions here; _load() jits them on first use) --------------------------------
@@ -75,22 +79,31 @@ def _tile(q, k_base, v_base, mask_ptr, tok, in_m, start, lo, hi, m_i, l_i, acc, 
 
 
 def _attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, len_ptr, o_ptr, part_ptr, stat_ptr,
-                 q_s1, q_s2, k_s1, k_s2, v_s1, v_s2, o_s1, o_s2, mask_s0, M, SPAN, HKV, qk_scale,
+                 q_s0, q_s1, q_s2, k_s0, k_s1, k_s2, v_s0, v_s1, v_s2, o_s0, o_s1, o_s2, mask_sn, mask_s0, M, SPAN,
+                 HKV, HEADS, qk_scale,
                  G: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, HAS_LEN: tl.constexpr, SPLITS: tl.constexpr,
                  PRECISION: tl.constexpr, LOOP_SPAN: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """Program (head, m block, share): rows m*BLOCK_M.. of KV head `head` over its share of the columns below
-    min(SPAN, kv_len), online softmax in base 2. SPLITS == 1: o = acc / l (0 where no column was allowed);
-    else the partial acc -> part [share, head, row, DP] and (max, sum) -> stat [share, head, row, 2], fp32."""
+    """Program (head, m block, share): rows m*BLOCK_M.. of KV head `head` (of HKV = N sequences x HEADS) over its
+    share of the columns below min(SPAN, kv_len), online softmax in base 2. SPLITS == 1: o = acc / l (0 where no
+    column was allowed); else the partial acc -> part [share, head, row, DP] and (max, sum) -> stat [share, head,
+    row, 2], fp32."""
     _dependents(USE_GDC)
     _wait(USE_GDC)  # q, the cache, the mask and kv_len are all written in the step
     head = tl.program_id(0).to(tl.int64)
+    seq = head // HEADS  # the sequence, and its KV head j
+    j = head % HEADS
+    q_ptr += seq * q_s0
+    k_ptr += seq * k_s0
+    v_ptr += seq * v_s0
+    mask_ptr += seq * mask_sn
+    len_ptr += seq
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     share = tl.program_id(2)
     in_m = rows < M
     d = tl.arange(0, DP)
     in_md = in_m[:, None] & (d < D)[None, :]
-    q = tl.load(q_ptr + head * q_s1 + rows[:, None] * q_s2 + d[None, :], mask=in_md, other=0.0)
+    q = tl.load(q_ptr + j * q_s1 + rows[:, None] * q_s2 + d[None, :], mask=in_md, other=0.0)
     tok = rows // G
     n_end = SPAN
     if HAS_LEN:
@@ -101,8 +114,8 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, len_ptr, o_ptr, part_ptr, stat_p
         per = ((n_end + BLOCK_N - 1) // BLOCK_N + SPLITS - 1) // SPLITS * BLOCK_N
         lo = share * per
         hi = tl.minimum(lo + per, n_end)
-    k_base = k_ptr + head * k_s1
-    v_base = v_ptr + head * v_s1
+    k_base = k_ptr + j * k_s1
+    v_base = v_ptr + j * v_s1
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, DP], 0.0, tl.float32)
@@ -117,7 +130,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, len_ptr, o_ptr, part_ptr, stat_p
                                   mask_s0, qk_scale, D, DP, PRECISION, BLOCK_N)
     if SPLITS == 1:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        tl.store(o_ptr + head * o_s1 + rows[:, None] * o_s2 + d[None, :], out.to(o_ptr.dtype.element_ty),
+        tl.store(o_ptr + seq * o_s0 + j * o_s1 + rows[:, None] * o_s2 + d[None, :], out.to(o_ptr.dtype.element_ty),
                  mask=in_md)
     else:
         row_id = (share * HKV + head) * M + rows  # [BLOCK_M]: (share, head, row)
@@ -126,13 +139,15 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, len_ptr, o_ptr, part_ptr, stat_p
         tl.store(stat_ptr + row_id * 2 + 1, l_i, mask=in_m)
 
 
-def _combine_kernel(part_ptr, stat_ptr, o_ptr, o_s1, o_s2, M, HKV, SPLITS: tl.constexpr, SP: tl.constexpr,
-                    D: tl.constexpr, DP: tl.constexpr, USE_GDC: tl.constexpr = False):
+def _combine_kernel(part_ptr, stat_ptr, o_ptr, o_s0, o_s1, o_s2, M, HKV, HEADS, SPLITS: tl.constexpr,
+                    SP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Program (head, row): the SPLITS shares' partial outputs of the row combined -> o (0 where no share
     saw an allowed column)."""
     _dependents(USE_GDC)
     _wait(USE_GDC)
     head = tl.program_id(0).to(tl.int64)
+    seq = head // HEADS
+    j = head % HEADS
     row = tl.program_id(1)
     s = tl.arange(0, SP)
     in_s = s < SPLITS
@@ -146,7 +161,7 @@ def _combine_kernel(part_ptr, stat_ptr, o_ptr, o_s1, o_s2, M, HKV, SPLITS: tl.co
     d = tl.arange(0, DP)
     part = tl.load(part_ptr + row_id[:, None] * DP + d[None, :], mask=in_s[:, None], other=0.0)  # [SP, DP]
     out = tl.reduce(part * w[:, None], 0, _add) / tl.where(total > 0.0, total, 1.0)
-    tl.store(o_ptr + head * o_s1 + row * o_s2 + d, out.to(o_ptr.dtype.element_ty), mask=d < D)
+    tl.store(o_ptr + seq * o_s0 + j * o_s1 + row * o_s2 + d, out.to(o_ptr.dtype.element_ty), mask=d < D)
 
 
 _JITTED = ("_tile", "_attn_kernel", "_combine_kernel")
@@ -176,22 +191,28 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
                      scale: float | None = None, kv_len: torch.Tensor | None = None, *,
                      block_m: int | None = None, block_n: int | None = None, splits: int | None = None,
                      num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
-    """masked_attention_ref in one kernel (two with splits > 1). q [1, Hkv, M, D] (M = B*G; any strides with a
-    contiguous last dim: the step's is a transposed view), k / v [1, Hkv, span, D] (views of the cache, last
-    dim contiguous), allowed [B, span] bool (last dim contiguous), scale (None: D**-0.5, SDPA's default),
-    kv_len [1] or [] long on q's device: columns >= kv_len masked and never read -> o [1, Hkv, M, D] in q's
-    dtype, the transposed view of [1, M, Hkv, D] memory. Any D (the tiles pad it to a power of two >= 16).
-    block_m / block_n / splits / num_warps / num_stages override default_config and Triton's defaults."""
+    """masked_attention_ref in one kernel (two with splits > 1). q [N, Hkv, M, D] (M = B*G; any strides with a
+    contiguous last dim: the step's is a transposed view), k / v [N, Hkv, span, D] (views of the cache, last
+    dim contiguous), allowed [B, span] (N = 1) or [N, B, span] bool (last dim contiguous), scale (None: D**-0.5,
+    SDPA's default), kv_len [N] (or [] for N = 1) long on q's device: sequence n's columns >= kv_len[n] masked
+    and never read -> o [N, Hkv, M, D] in q's dtype, the transposed view of [N, M, Hkv, D] memory. Any D (the
+    tiles pad it to a power of two >= 16). block_m / block_n / splits / num_warps / num_stages override
+    default_config and Triton's defaults."""
     _load()
-    one, hk, m, d = q.shape
+    n, hk, m, d = q.shape
     span = k.shape[2]
-    b = allowed.shape[0]
-    if one != 1 or k.shape != (1, hk, span, d) or v.shape != k.shape:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: batch 1, same heads and D")
-    if b == 0 or m % b or allowed.shape[1] != span or allowed.dtype != torch.bool:
-        raise ValueError(f"allowed {tuple(allowed.shape)} {allowed.dtype} for {m} query rows over {span} columns")
+    rows = allowed.reshape(n, -1, allowed.shape[-1]) if allowed.dim() == 2 and n == 1 else allowed  # [N, B, span]
+    b = rows.shape[1] if rows.dim() == 3 else 0
+    if k.shape != (n, hk, span, d) or v.shape != k.shape:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: same sequences, heads and D")
+    if (rows.dim() != 3 or rows.shape[0] != n or b == 0 or m % b or rows.shape[2] != span
+            or rows.dtype != torch.bool):
+        raise ValueError(f"allowed {tuple(allowed.shape)} {allowed.dtype} for {n} x {m} query rows over {span} "
+                         "columns")
     if not (k.dtype == v.dtype == q.dtype):
         raise ValueError(f"dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if kv_len is not None and kv_len.numel() != n:
+        raise ValueError(f"kv_len of {kv_len.numel()} entries for {n} sequences")
     if interpreted() and q.dtype != torch.float32:  # the interpreter does no bf16 / fp16 arithmetic
         return masked_attention_ref(q, k, v, allowed, scale, kv_len)
     if q.stride(-1) != 1:
@@ -200,18 +221,18 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
         k = k.contiguous()
     if v.stride(-1) != 1:
         v = v.contiguous()
-    if allowed.stride(-1) != 1:
-        allowed = allowed.contiguous()
-    cfg = default_config(m, span, hk)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    cfg = default_config(m, span, n * hk)
     block_m = block_m or cfg[0]
     block_n = block_n or cfg[1]
     splits = max(1, min(splits or cfg[2], MAX_SPLITS, -(-span // block_n)))
     scale = d ** -0.5 if scale is None else scale
     dp = max(16, pow2(d))  # the tiles' head dim (tl.dot takes >= 16)
-    out = torch.empty(1, m, hk, d, dtype=q.dtype, device=q.device).transpose(1, 2)  # BMHK memory
+    out = torch.empty(n, m, hk, d, dtype=q.dtype, device=q.device).transpose(1, 2)  # BMHK memory
     if splits > 1:
-        part = torch.empty(splits, hk, m, dp, dtype=torch.float32, device=q.device)
-        stat = torch.empty(splits, hk, m, 2, dtype=torch.float32, device=q.device)
+        part = torch.empty(splits, n * hk, m, dp, dtype=torch.float32, device=q.device)
+        stat = torch.empty(splits, n * hk, m, 2, dtype=torch.float32, device=q.device)
     else:
         part = stat = out
     launch = {}
@@ -219,15 +240,16 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
         launch["num_warps"] = num_warps
     if num_stages is not None:
         launch["num_stages"] = num_stages
-    grid = (hk, triton.cdiv(m, block_m), splits)
+    grid = (n * hk, triton.cdiv(m, block_m), splits)
     gdc = pdl(q)
-    _attn_kernel[grid](q, k, v, allowed, allowed if kv_len is None else kv_len, out, part, stat,
-                       q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
-                       out.stride(1), out.stride(2), allowed.stride(0), m, span, hk, scale * _LOG2E,
+    _attn_kernel[grid](q, k, v, rows, rows if kv_len is None else kv_len, out, part, stat,
+                       q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                       v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+                       rows.stride(0), rows.stride(1), m, span, n * hk, hk, scale * _LOG2E,
                        G=m // b, D=d, DP=dp, HAS_LEN=kv_len is not None, SPLITS=splits,
                        PRECISION="ieee", LOOP_SPAN=span if interpreted() else 0, BLOCK_M=block_m, BLOCK_N=block_n,
                        **pdl_kwargs(gdc), **launch)
     if splits > 1:
-        _combine_kernel[(hk, m)](part, stat, out, out.stride(1), out.stride(2), m, hk, SPLITS=splits,
-                                 SP=pow2(splits), D=d, DP=dp, **pdl_kwargs(gdc))
+        _combine_kernel[(n * hk, m)](part, stat, out, out.stride(0), out.stride(1), out.stride(2), m, n * hk, hk,
+                                     SPLITS=splits, SP=pow2(splits), D=d, DP=dp, **pdl_kwargs(gdc))
     return out
