@@ -64,6 +64,6 @@ def test_grouped_sdpa_reads_a_strided_attention_output(monkeypatch):
     def strided(*a, **kw):  # the same values, laid out [B, G * W, Hkv, D] in memory
         return sdpa(*a, **kw).transpose(1, 2).contiguous().transpose(1, 2)
 
-    monkeypatch.setattr(hf_attention.F, "scaled_dot_product_attention", strided)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", strided)
     got, _ = hf_attention.grouped_sdpa(torch.nn.Module(), q, k, v, mask)
     torch.testing.assert_close(got, want)

@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from eaglespec.draft.layers import gqa_attention
 
 NAME = "eaglespec_grouped_sdpa"
 _registered = False
@@ -32,18 +33,13 @@ def grouped_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     transformers' own SDPA function."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    B, H, W, D = query.shape
-    Hkv = key.shape[1]
     plain = (attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
-             or Hkv == H or dropout or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None)
+             or key.shape[1] == query.shape[1] or dropout or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None)
     if plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    G = H // Hkv  # query head h reads KV head h // G
-    q = query.reshape(B, Hkv, G * W, D)  # row g * W + w: head kv * G + g, query row w
-    mask = attention_mask[:, :, :, : key.shape[2]].repeat(1, 1, G, 1)  # [B, 1, G * W, S]: row g * W + w is mask row w
-    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)  # [B, Hkv, G * W, D]
-    return out.reshape(B, H, W, D).transpose(1, 2).contiguous(), None  # CUDA kernels may return strided rows
+    out = gqa_attention(query, key, value, attention_mask[:, :, :, : key.shape[2]], scaling)  # [B, H, W, D]
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _register() -> None:

@@ -139,6 +139,22 @@ def causal_visible(num_new: int, past: int, device: torch.device) -> torch.Tenso
     return cols <= rows + past
 
 
+def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                  scale: float | None = None) -> torch.Tensor:
+    """SDPA of q [B, H, T, D] over k, v [B, Hkv, S, D] (H a multiple of Hkv: query head h reads KV head h // G)
+    with the additive mask [B or 1, 1, T, S] -> [B, H, T, D], without copying the KV per query head: the G query
+    heads of each KV head are folded into its query rows (row g * T + t: head kv * G + g, query t) and the mask
+    repeated along them."""
+    B, H, T, D = q.shape
+    hkv = k.shape[1]
+    if hkv == H:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    g = H // hkv
+    rows = mask.expand(mask.shape[0], g, T, mask.shape[-1]).reshape(mask.shape[0], 1, g * T, mask.shape[-1])
+    out = F.scaled_dot_product_attention(q.reshape(B, hkv, g * T, D), k, v, attn_mask=rows, scale=scale)
+    return out.reshape(B, H, T, D)  # CUDA kernels may return strided rows: reshape, not view
+
+
 class Attention(nn.Module):
     def __init__(self, in_dim: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
                  rotary_dim: int, theta: float, bias: bool = False, rope_scaling: dict | None = None):
@@ -174,14 +190,11 @@ class Attention(nn.Module):
                 out = factored_attention(q, k_all, v_all, visible).transpose(1, 2).reshape(b, t, -1)
                 return onednn.apply(self.o_proj, out if batched else out[0])
             visible = visible.prefix
-        if self.kv_heads != self.heads:
-            rep = self.heads // self.kv_heads
-            k_all, v_all = k_all.repeat_interleave(rep, dim=1), v_all.repeat_interleave(rep, dim=1)
         if visible is None:
             visible = causal_visible(t, past, x.device)
         mask = additive_mask(visible, q.dtype)
         with eager_attention():  # the KV grows every call: no cuDNN plan per length
-            out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask[:, None] if batched else mask)
+            out = gqa_attention(q, k_all, v_all, mask[:, None] if batched else mask[None, None])
         out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
         return onednn.apply(self.o_proj, out if batched else out[0])
 
