@@ -42,6 +42,7 @@ def test_every_flag_has_help():
     for name, p in sub.choices.items():
         for action in p._actions:
             assert action.help and action.help != argparse.SUPPRESS, f"{name} {action.option_strings}"
+        assert p.format_help()  # a stray % in a help text breaks --help
     assert sub.choices["serve"].parse_args([]).host == "127.0.0.1"
     args = parser.parse_args(["-v", "generate", "--prompt", "x", "--no-overlap", "--kernels", "--threads", "2",
                               "--backend", "hf"])

@@ -52,7 +52,7 @@ def add_parser(subparsers) -> None:
     t.add_argument("--seed", type=int, default=None, help="random seed of the initialisation and data order (0)")
     t.add_argument("--weight-decay", type=float, default=None, help="AdamW weight decay (0.0)")
     t.add_argument("--warmup-steps", type=int, default=None,
-                   help="linear learning-rate warmup steps before the cosine decay (default: 5% of the steps)")
+                   help="linear learning-rate warmup steps before the cosine decay (default: 5%% of the steps)")
     t.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (0: at the end)")
     t.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (0: at the end)")
     t.add_argument("--eval-fraction", type=float, default=None, help="held-out fraction of the data, split by prompt (0.02)")
