@@ -6,8 +6,9 @@
 
 Engine mode: for each batch size B, the first --limit MT-bench first turns go to the batched engine (engine/
 batch.py) with max_batch B (batch B takes the first max(B, --per-batch) of them), all submitted at once (continuous batching: a request joins when a row frees), once
-without a drafter (plain batched decoding), once with it, and once with it under the per-batch-size gates
-(adaptive: drafted rounds or plain steps, whichever is faster at that size). Every timed run is the second of
+without a drafter (plain batched decoding), once with it, and once with it under the depth plan
+(adaptive: per batch size the chain length, or plain steps, with the most expected tokens/s from round times
+measured when the engine is built; engine/plan.py). Every timed run is the second of
 two (the first compiles the kernels for the shapes and lengths it meets). Reported per (B, method): aggregate tokens/s, p50/p99
 time to first token and time per output token (per request: (finish - first token) / (tokens - 1)), tau, a step's
 draft and verify time; and the one-sequence engine (EagleSpec.generate, the fast path) over the same prompts, one after another, as the batch-1
@@ -116,6 +117,9 @@ def engine_mode(args: argparse.Namespace) -> dict:
             some = prompts[: max(args.per_batch, B)]
             r = timed(run_engine, engine, some, args.max_new_tokens, eos)
             r["prompts"] = len(some)
+            if engine.plan is not None:
+                r["plan"] = engine.plan.summary()
+                log(f"B={B:3d} {name}: {engine.plan.summary()}")
             same = sum(a == b.token_ids for a, b in zip(r.pop("outputs"), solo))
             row[name] = {**r, "same_as_one_sequence": same}
         row["speedup"] = row["speculative"]["tokens_per_s"] / row["plain"]["tokens_per_s"]

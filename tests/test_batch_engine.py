@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import eaglespec.engine.batch as batch_mod
 from _agree import fit_drafter, greedy_sequences
 from eaglespec.backends.fast_batch import FastBatchTarget
 from eaglespec.backends.hf import HFTarget
 from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
 from eaglespec.engine.batch import BatchEngine, BatchRequest
-from eaglespec.engine.gate import SpeculationGate
+from eaglespec.engine.plan import DepthPlan
+from eaglespec.errors import EagleSpecError
 from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.tree.core import DraftTree, FlatTree, TreeSpec, chain_tree, flatten, stack_flat
@@ -146,70 +146,90 @@ def test_no_speculation_above_the_batch_limit(fitted):
     assert all(d[0] == 0 for d in drafted) and any(x > 0 for x in drafted[-1])
 
 
-class Cycle(SpeculationGate):
-    """A gate that walks its arms in a fixed order, round by round (to force every depth in tests)."""
+class Cycle(DepthPlan):
+    """A plan that walks given depths in a fixed order, round by round (to force every depth in tests)."""
 
-    def __init__(self, order: tuple[int, ...], arms=(0, 1)):
-        super().__init__(arms=arms)
-        self.order, self.i = order, 0
+    def __init__(self, order: tuple[int, ...], depths: int):
+        super().__init__({8: dict.fromkeys(range(depths), 1.0)}, [1.0] * depths)
+        self.order, self.i, self.recorded = order, 0, []
 
-    def arm(self) -> int:
+    def depth(self, batch: int) -> int:
         return self.order[self.i % len(self.order)]
 
-    def draft(self) -> bool:
-        return self.arm() > 0
-
-    def record(self, arm: int, tokens: int, seconds: float) -> None:
-        assert arm == self.arm()
+    def record(self, depth: int, accepted, chain: bool) -> None:
+        assert depth == self.depth(0)
+        self.recorded.append((depth, chain))
         self.i += 1
 
 
 @pytest.mark.parametrize("tree", ["chain", "dynamic"])
-def test_adaptive_batches_stay_exact(fitted, monkeypatch, tree):
-    """Per batch-size gates pick plain steps, chains of every depth 1..k (batched chains) or drafted trees, in any
-    order; every row is still exact, and each round drafted what its gate chose."""
+def test_planned_depths_stay_exact(fitted, tree):
+    """A plan may take plain steps, chains of every depth 1..k (batched chains) or drafted trees, in any order;
+    every row is still exact, and each round drafted what the plan chose."""
     model, drafter = fitted
     order = (4, 0, 2, 1, 0, 0, 3, 4, 1) if tree == "chain" else (1, 0, 1, 0, 0, 1)
-    monkeypatch.setattr(batch_mod, "SpeculationGate", lambda arms: Cycle(order, arms))
     prompts = _prompts(3)
     engine = BatchEngine(HFBatchTarget(model), drafter, TREES[tree], max_batch=3, adaptive=True)
+    engine.plan = Cycle(order, 5 if tree == "chain" else 2)
     results = engine.generate([BatchRequest(p, 30) for p in prompts])
     for p, r in zip(prompts, results):
         assert r.token_ids == reference_greedy(model, p, 30)
-    assert 4 in engine.gates and engine.gates[4].arms == ((0, 1, 2, 3, 4) if tree == "chain" else (0, 1))
-    if tree == "chain":  # the three rows ran together for the first rounds: a chain of the arm's depth each
+    assert {chain for _, chain in engine.plan.recorded} == {tree == "chain"}
+    if tree == "chain":  # the three rows ran together for the first rounds: a chain of the plan's depth each
         drafted = [rnd.drafted for rnd in results[0].rounds]
         assert drafted[: len(order)] == list(order)
 
 
-def test_adaptive_gate_warms_up_at_the_deepest_chain(fitted):
+@pytest.mark.parametrize("tree", ["chain", "static"])
+def test_calibrate_times_every_bucket_and_depth(fitted, tree):
+    """calibrate times each batch size at each depth, leaves the engine idle, and the planned rounds that follow stay
+    exact."""
     model, drafter = fitted
-    engine = BatchEngine(HFBatchTarget(model), drafter, TREES["chain"], max_batch=3, adaptive=True)
-    results = engine.generate([BatchRequest(p, 30) for p in _prompts(3)])
-    assert [rnd.drafted for rnd in results[0].rounds][:4] == [4] * 4  # the warm-up at the deepest arm
-    assert engine.gates[4].seconds_per_token(4) is not None
+    engine = BatchEngine(FastBatchTarget(model, span_step=16), drafter, TREES[tree], max_batch=3, adaptive=True)
+    plan = engine.calibrate(steps=1, prompt_len=8)
+    depths = set(range(5)) if tree == "chain" else {0, 1}
+    assert set(plan.seconds) == {1, 2, 3} and all(set(row) == depths for row in plan.seconds.values())
+    assert engine.idle and engine.target.batch == 0 and engine.plan is plan
+    prompts = _prompts(3)
+    for p, r in zip(prompts, engine.generate([BatchRequest(p, 20) for p in prompts])):
+        assert r.token_ids == reference_greedy(model, p, 20)
+    assert sum(plan._rows) > 0  # the rounds' outcomes reached the plan
 
 
-def test_default_gate_times_greedy_batches_only(fitted):
-    """EngineConfig's default (adaptive None) gates a greedy batch, never a round with a sampled row, whose draws
-    would then depend on timing: that row's tokens stay those it samples alone."""
+def test_calibrate_needs_an_idle_engine_with_a_drafter(fitted):
+    model, drafter = fitted
+    with pytest.raises(EagleSpecError, match="needs a drafter"):
+        BatchEngine(HFBatchTarget(model), None, TREES["chain"]).calibrate()
+    engine = BatchEngine(HFBatchTarget(model), drafter, TREES["chain"])
+    engine.submit(BatchRequest([1, 2, 3], 4))
+    with pytest.raises(EagleSpecError, match="idle"):
+        engine.calibrate()
+
+
+def test_default_plan_decides_greedy_batches_only(fitted):
+    """EngineConfig's default (adaptive None) plans a greedy batch, never a round with a sampled row, whose draws
+    would then depend on its companions: that row's tokens stay those it samples alone."""
     from eaglespec.config import EngineConfig
     from eaglespec.engine.build import build_batch_engine, build_engine
 
     model, drafter = fitted
-    assert build_batch_engine(model, drafter, TREES["chain"], EngineConfig()).adaptive is None
+    built = build_batch_engine(model, drafter, TREES["chain"], EngineConfig(max_batch=2))
+    assert built.adaptive is None and set(built.plan.seconds) == {1, 2}
+    assert build_batch_engine(model, drafter, TREES["chain"], EngineConfig(adaptive=False)).plan is None
     assert build_engine(HFTarget(model), drafter, TREES["chain"], EngineConfig()).adaptive is False
     prompts = _prompts(3)
     greedy = BatchEngine(HFBatchTarget(model), drafter, TREES["chain"], max_batch=3, adaptive=None)
+    greedy.plan = Cycle((4,), 5)
     greedy.generate([BatchRequest(p, 12) for p in prompts])
-    assert 4 in greedy.gates
+    assert greedy.plan.recorded
     sampled = SamplingConfig(SamplingParams(temperature=0.8), seed=5)
     mixed = BatchEngine(HFBatchTarget(model), drafter, TREES["chain"], max_batch=3, adaptive=None)
+    mixed.plan = Cycle((2,), 5)
     results = mixed.generate([BatchRequest(p, 12, sampling=sampled if i == 1 else None) for i, p in enumerate(prompts)])
     alone = BatchEngine(HFBatchTarget(model), drafter, TREES["chain"], max_batch=1).generate(
         [BatchRequest(prompts[1], 12, sampling=sampled)])[0]
     assert results[1].token_ids == alone.token_ids
-    assert 4 not in mixed.gates  # the three rows ran together with a sampled one: no gated round
+    assert len(mixed.plan.recorded) < len(results[0].rounds)  # rounds with the sampled row were not planned
 
 
 @pytest.mark.parametrize("backend", ENGINE_TARGETS)
@@ -318,6 +338,27 @@ def test_chain_acceptance_equals_tree_acceptance():
         ref = greedy_accept(flatten(chain_tree(tokens[b, :1], tokens[b, 1:])), logits[b])
         assert m == ref.accepted == min(b, k)
         assert emitted == [*ref.tokens[1:], ref.bonus]
+
+
+@pytest.mark.parametrize("backend", ["fast", "fast-kernels"])
+def test_fused_prefill_equals_the_models_forward(fitted, backend):
+    """The fused layers' chunked prefill gives the model's own last-row logits, every row's features and the KV
+    a one-pass prefill of the whole prompt gives (an off-by-one in the causal mask or the chunk's positions fails)."""
+    model, _ = fitted
+    ids = (1, 2, 4)
+    prompt = torch.tensor([5, 9, 11, 40, 2, 7, 3, 60, 30])
+    hf, fused = HFBatchTarget(model, ids), TARGETS[backend](model, ids)
+    whole = Prefilled()
+    logits, features = hf.prefill(whole, prompt)
+    chunked, feats = Prefilled(), []
+    for part in (prompt[:2], prompt[2:3], prompt[3:]):
+        last, f = fused.prefill(chunked, part)
+        feats.append(f)
+    assert chunked.length == whole.length == 9
+    torch.testing.assert_close(last, logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.cat(feats), features, rtol=1e-4, atol=1e-4)
+    for a, b in zip(chunked.keys + chunked.values, whole.keys + whole.values):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("backend", sorted(TARGETS))

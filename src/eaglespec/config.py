@@ -33,9 +33,10 @@ class EngineConfig:
     round_graphs: bool | None = None  # each round as one CUDA graph (None: on CUDA where the engine allows it)
     overlap: bool | None = None  # queue the next round before reading this one (None: fast backend on CUDA)
     chunked_prefill: bool | None = None  # long prompts prefilled in captured chunks (None: on CUDA)
-    adaptive: bool | None = None  # per round, draft (batched: chains of 1..k) or a plain step, the cheaper per
-    # token (None: on in the batched engine, where a large batch can make drafting cost more than it gains; off in
-    # the one-sequence engine)
+    adaptive: bool | None = None  # per round, draft or a plain step, the cheaper per token (one sequence: timed
+    # rounds, engine/gate.py; batched: the depth per batch size from round times measured at start, engine/plan.py)
+    # (None: on in the batched engine for greedy rounds, where a large batch can make drafting cost more than it
+    # gains; off in the one-sequence engine)
     draft_max_len: int | None = None  # rows of the static drafter KV (None: from the context length)
     threads: int | None = None  # CPU threads for torch (None: the cores free for this process)
     max_batch: int | None = None  # sequences served together (None: 8 on a CPU, 1 on a GPU; see batch_size)

@@ -1,7 +1,7 @@
 """Batched target backend for Llama-family models: HFBatchTarget's slots, rows and graphs, with FastTarget's layers.
 
-The rows, KV slots, prefill, join / drop, commit and CUDA graphs are HFBatchTarget's (backends/hf_batch.py); only the
-verify forward differs. Instead of the HF modules (some forty small kernels a layer at batch 1) it runs the fused
+The rows, KV slots, join / drop, commit and CUDA graphs are HFBatchTarget's (backends/hf_batch.py); the verify
+forward and the prefill differ. Instead of the HF modules (some forty small kernels a layer at batch 1) it runs the fused
 weights of backends/fast.py (q/k/v and gate/up concatenated, o_proj's columns in the grouped head order) over all
 B * W rows at once:
 
@@ -14,7 +14,9 @@ B * W rows at once:
                   last slot); else SDPA with the mask [B, 1, G * W, span]
     o, MLP        residuals accumulated in place; silu * up in one Triton kernel where it applies
 
-Features are the states entering the requested layers (contract 3), taken in the pass. Models the fast backend
+A prefill chunk is the same pass over one sequence of n rows (eager), causal over the chunk, attending to its own
+growing KV, with the logits of its last row only. Features are the states entering the requested layers (contract
+3), taken in the pass. Models the fast backend
 cannot run (fast.unsupported_reason), and sliding-window models, keep HFBatchTarget.
 """
 
@@ -38,7 +40,8 @@ from eaglespec.backends.fast import (
     weight_packers,
 )
 from eaglespec.backends.hf import sliding_window_of
-from eaglespec.backends.hf_batch import BatchOutput, HFBatchTarget
+from eaglespec.backends.hf_batch import BatchOutput, HFBatchTarget, Prefilled
+from eaglespec.draft.layers import additive_mask
 from eaglespec.errors import EagleSpecError
 from eaglespec.kernels import attention, available, eager_attention, onednn
 
@@ -95,12 +98,38 @@ class FastBatchTarget(HFBatchTarget):
     def _run(self, ids: torch.Tensor, q_pos: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor) -> BatchOutput:
         """The fused layers over ids [B, W] at positions q_pos [B, W], mask [B, 1, W, span] additive, writing the
         KV at slots [B, W] of the first B rows."""
+        B = ids.shape[0]
         with eager_attention():  # a new span or batch is a new shape: no cuDNN attention plan per shape
-            return self._layers(ids, q_pos, mask, slots)
+            return self._layers(ids, q_pos, mask, slots, [k[:B] for k in self.keys], [v[:B] for v in self.values])
 
-    def _layers(self, ids: torch.Tensor, q_pos: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor
-                ) -> BatchOutput:
-        """_run's pass (module docstring)."""
+    @torch.no_grad()
+    def prefill(self, state: Prefilled, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """HFBatchTarget.prefill through the fused layers: the chunk [n] attends causally over the state's KV and
+        itself, and its KV extends the state's (per layer [1, Hkv, past + n, D]). Returns (the last row's logits
+        [V], features [n, F])."""
+        dev, n, past = self.device, tokens.shape[0], state.length
+        total = past + n
+        if self.rope_table.shape[0] < total:
+            self.rope_table = rope_table_for(self._rotary, max(total, self.slots), self.head_dim, self.dtype, dev)
+        keys, values = [], []
+        for i in range(self.num_layers):
+            for held, grown in ((state.keys, keys), (state.values, values)):
+                x = self.embed_w.new_empty(1, self.n_kv, total, self.head_dim)
+                if past:
+                    x[:, :, :past] = held[i]
+                grown.append(x)
+        slots = torch.arange(past, total, device=dev)[None]  # [1, n]
+        seen = torch.ones(n, total, dtype=torch.bool, device=dev).tril(past)[None]  # [1, n, total]: causal
+        with eager_attention():
+            out = self._layers(tokens.to(dev)[None], slots, additive_mask(seen, self.dtype)[:, None], slots, keys,
+                               values, last_logits=True)
+        state.keys, state.values, state.length = keys, values, total
+        return out.logits[0, -1], out.features[0]
+
+    def _layers(self, ids: torch.Tensor, q_pos: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor,
+                keys: list[torch.Tensor], values: list[torch.Tensor], last_logits: bool = False) -> BatchOutput:
+        """_run's pass (module docstring) over the caches keys / values (per layer [B, Hkv, >= span, D]);
+        last_logits: the logits of each sequence's last row only ([B, 1, V])."""
         B, W = ids.shape
         span = mask.shape[-1]
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
@@ -129,7 +158,7 @@ class FastBatchTarget(HFBatchTarget):
             if w.qk_norm is not None:  # Qwen3's q_norm and k_norm at once
                 qk = _rms(qk, w.qk_norm, self.eps)
             qk = _rope(qk, rope)  # [B*W, Hq + Hkv, D]
-            k_cache, v_cache = self.keys[i][:B], self.values[i][:B]  # [B, Hkv, S, D]
+            k_cache, v_cache = keys[i], values[i]  # [B, Hkv, S, D]
             k_cache.scatter_(2, index, qk[:, hq:].view(B, W, hk, d).transpose(1, 2))
             v_cache.scatter_(2, index, v.view(B, W, hk, d).transpose(1, 2))
             heads = qk[:, :hq].view(B, W, hk, g, d)  # HF head j * G + r of row w
@@ -154,9 +183,10 @@ class FastBatchTarget(HFBatchTarget):
             h = _add_linear(h, act, w.down_w, w.down_b, inplace=True, kernels=use_triton)
         if self.num_layers in wanted:
             feats[self.num_layers] = h
-        logits = onednn.linear(norm(h, self.final_norm, self.eps), self.lm_w, self.lm_b, kernels=use_triton)
+        out = h.view(B, W, -1)[:, -1] if last_logits else h  # [B, H] or [B*W, H]
+        logits = onednn.linear(norm(out, self.final_norm, self.eps), self.lm_w, self.lm_b, kernels=use_triton)
         if self.feature_layer_ids:
             features = torch.cat([feats[j] for j in self.feature_layer_ids], dim=-1).view(B, W, -1)
         else:
             features = h.new_zeros(B, W, 0)
-        return BatchOutput(logits.view(B, W, -1), features)
+        return BatchOutput(logits.view(B, 1 if last_logits else W, -1), features)

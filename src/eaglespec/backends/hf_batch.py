@@ -98,7 +98,7 @@ class HFBatchTarget(HFModel):
     @torch.no_grad()
     def prefill(self, state: Prefilled, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward a prompt chunk [n] causally after the `state.length` tokens already in `state`, and keep its KV
-        there. Returns (logits [n, V], features [n, F])."""
+        there. Returns (the last row's logits [V], features [n, F])."""
         from transformers import DynamicCache
 
         dev, n, past = self.device, tokens.shape[0], state.length
@@ -113,7 +113,7 @@ class HFBatchTarget(HFModel):
         state.length = past + n
         feats = self.capture.take()
         features = feats[0] if feats is not None else torch.empty(n, 0, device=dev, dtype=self.dtype)
-        return out.logits[0], features
+        return out.logits[0, -1], features
 
     def join(self, state: Prefilled) -> int:
         """Copy a prefilled sequence's KV into the next row; returns its row index."""

@@ -79,7 +79,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="per round, draft or take a plain target step, whichever has cost less time per token "
                         "lately (lossless either way): for drafters that accept too little to pay, e.g. at high "
-                        "temperatures; the batched engine also picks the chain length per batch size (default: on "
+                        "temperatures; the batched engine instead times its rounds per batch size when it starts "
+                        "and takes the chain length (or plain steps) with the most expected tokens/s (default: on "
                         "in the batched engine, --max-batch > 1; off for one sequence)")
 
 

@@ -17,11 +17,12 @@ A row's round depends on its own state only: its tokens equal what the one-seque
 and a sampled row draws from its own generator, so its tokens do not depend on its batch companions.
 Speculation that fits the batch: a round drafts while the live batch is at most `speculate_up_to` rows; above it
 every row takes a plain step (one tree row), and its drafter catches up on those rows at its next drafted round.
-With `adaptive`, each batch-size bucket (1, 2, 4, 8, ...) has its own SpeculationGate (engine/gate.py) that times
-its arms at that size and keeps the one with more tokens per second: plain steps and chains of 1..k drafts (the
-batched chains), else plain steps and drafted trees; every arm is lossless. `adaptive` None (the engine's default
-through EngineConfig) gates only rounds whose rows are all greedy: a sampled row's draws then never depend on
-timing, so its tokens stay a function of its seed.
+With `adaptive`, a DepthPlan (engine/plan.py) chooses each round's depth for the live batch's size: plain steps or
+chains of 1..k drafts (the batched chains), else plain steps or drafted trees, whichever has the most expected tokens
+per second from round times measured once per batch-size bucket (`calibrate`, which the engine builder runs) and the
+tokens per round the drafter has been emitting; every depth is lossless. `adaptive` None (the engine's default
+through EngineConfig) plans only rounds whose rows are all greedy: a sampled row's draws then never depend on its
+companions' outcomes or on timing, so its tokens stay a function of its seed.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ from torch import nn
 from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
 from eaglespec.draft.batch import BatchDrafts, supports_batched_drafts
 from eaglespec.draft.proposer import Proposer
-from eaglespec.engine.gate import SpeculationGate
 from eaglespec.engine.loop import attach_drafter
+from eaglespec.engine.plan import DepthPlan, drafter_prior
 from eaglespec.engine.state import GenerationResult, RoundStats
+from eaglespec.engine.timing import median, random_tokens, sync
+from eaglespec.errors import EagleSpecError
 from eaglespec.sampling import SamplingConfig, process_logits, sample
 from eaglespec.tensors import to_device
 from eaglespec.tree.core import DraftTree, TreeSpec, chain_tree, flatten, stack_flat
@@ -96,13 +99,14 @@ class BatchEngine:
         self.max_batch, self.prefill_chunk = max_batch, prefill_chunk
         self.max_tokens = max_tokens  # None: no bound beyond max_batch
         self.speculate_up_to = speculate_up_to
-        self.adaptive = adaptive  # True: every round gated; None: rounds of greedy rows only; False: none
-        self.gates: dict[int, SpeculationGate] = {}  # batch-size bucket -> its gate (adaptive)
+        self.adaptive = adaptive  # True: every round planned; None: rounds of greedy rows only; False: none
+        self.plan: DepthPlan | None = None  # the depth per batch size (adaptive; calibrate() makes it)
+        self._forced: int | None = None  # calibrate's depth for every round
         self.kernels = kernels
         if drafter is not None:
             attach_drafter(target, drafter)
         # greedy chains or static trees of every row in one drafter call per step (draft/batch.py), where the
-        # drafter allows it; `chains`: they are chains (the gate's arms are their lengths)
+        # drafter allows it; `chains`: they are chains (the plan's depths are their lengths)
         self.drafts = BatchDrafts(drafter, self.spec) if supports_batched_drafts(drafter, self.spec) else None
         self.chains = self.drafts is not None and self.spec.kind == "chain"
         self.waiting: deque[BatchRequest] = deque()
@@ -129,6 +133,14 @@ class BatchEngine:
         if self.drafts is not None:
             self.drafts = BatchDrafts(self.drafter, self.spec)
 
+    def _clear(self, reason: str) -> None:
+        """End every request as `reason`, freeing their rows in the target and the batched drafts."""
+        if self.live:
+            self._drop(list(range(len(self.live))))
+        for r in [*self.live, *self.waiting]:
+            self._close(r, reason)
+        self.live, self.waiting = [], deque()
+
     @property
     def idle(self) -> bool:
         return not self.live and not self.waiting
@@ -139,6 +151,50 @@ class BatchEngine:
         while not all(r.done for r in reqs):
             self.step()
         return [r.result for r in reqs]
+
+    def calibrate(self, buckets: Sequence[int] | None = None, steps: int = 3, prompt_len: int = 64, seed: int = 0
+                  ) -> DepthPlan:
+        """Measure one round's wall time at each batch-size bucket (default 1, 2, 4, ... and max_batch) and each
+        depth of the plan (chains: 0..k drafts; else 0 and the tree) on random prompts of `prompt_len` tokens: the
+        median of `steps` rounds after an untimed one (a new shape's capture, the drafter's catch-up). Sets and
+        returns self.plan, its prior from the drafter's acceptance profile. Needs an idle engine with a drafter."""
+        if self.drafter is None:
+            raise EagleSpecError("calibrate needs a drafter: plain batched decoding has one depth")
+        if not self.idle:
+            raise EagleSpecError("calibrate needs an idle engine (no live or waiting requests)")
+        if buckets is None:
+            buckets = sorted({*(1 << i for i in range(self.max_batch.bit_length()) if 1 << i <= self.max_batch),
+                              self.max_batch})
+        depths = range(self.spec.depth + 1) if self.chains else range(2)
+        gen = torch.Generator().manual_seed(seed)
+        room = (1 + steps) * len(depths) * (self.spec.depth + 1) + 1  # no calibration row finishes while timed
+        seconds: dict[int, dict[int, float]] = {}
+        try:
+            for batch in buckets:
+                for _ in range(batch):
+                    prompt = random_tokens(prompt_len, self.target.vocab_size, gen, torch.device("cpu"))
+                    self.submit(BatchRequest(prompt.tolist(), room))
+                while len(self.live) < batch:
+                    self.step()
+                seconds[batch] = {}
+                for depth in depths:
+                    self._forced = depth
+                    times = []
+                    for _ in range(1 + steps):
+                        sync(self.device)
+                        t0 = time.perf_counter()
+                        self.step()
+                        sync(self.device)
+                        times.append(time.perf_counter() - t0)
+                    seconds[batch][depth] = median(times[1:])
+                self._clear("cancelled")  # the buffers and captured graphs stay for the requests to come
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._forced = None
+        self.plan = DepthPlan(seconds, drafter_prior(self.drafter, self.spec, self.chains))
+        return self.plan
 
     # -- one step -------------------------------------------------------------------------------
     def step(self) -> list[tuple[BatchRequest, list[int]]]:
@@ -184,7 +240,7 @@ class BatchEngine:
             if r.prefilled.length < len(r.prompt_ids):
                 break  # the rest of this prompt in the next step
             self.waiting.popleft()
-            events.append((r, self._enter(r, logits[-1])))
+            events.append((r, self._enter(r, logits)))
         return events
 
     def _fits(self, r: BatchRequest) -> bool:
@@ -231,15 +287,15 @@ class BatchEngine:
     def _round(self) -> list[tuple[BatchRequest, list[int]]]:
         """One round for every live row: draft per row, one batched verify, accept and publish per row."""
         t0 = time.perf_counter()
-        gate = self._gate()
-        depth = self._depth(gate)  # the chained rows' drafts this round; 0: a plain step for every row
+        plan = self._plan()
+        depth = self._depth(plan)  # the chained rows' drafts this round; 0: a plain step for every row
         drafting = depth > 0
         if all(r.sampling is None for r in self.live):
             shapes = {self._shape(r, drafting) for r in self.live}
             if shapes == {"chain"} or shapes == {"plain"}:
-                events = self._chain_round(depth if shapes == {"chain"} else 0, t0)
-                if gate is not None:
-                    gate.record(depth, sum(len(e) for _, e in events), time.perf_counter() - t0)
+                events, accepted = self._chain_round(depth if shapes == {"chain"} else 0, t0)
+                if plan is not None:
+                    plan.record(depth, accepted, chain=self.chains)
                 return events
         trees = self._draft_all(depth)
         flats = [flatten(t) for t in trees]
@@ -266,8 +322,8 @@ class BatchEngine:
         t3 = time.perf_counter()
         for r in self.live:
             r.result.rounds[-1].commit_s = t3 - t2
-        if gate is not None:
-            gate.record(depth, sum(len(e) for _, e in events), t3 - t0)
+        if plan is not None:
+            plan.record(depth, [a.accepted for r, a in zip(self.live, accs) if r.sampling is None], chain=False)
         return events
 
     def _shape(self, r: BatchRequest, drafting: bool) -> str:
@@ -279,10 +335,11 @@ class BatchEngine:
             return "chain" if self.chains else "tree"
         return "tree" if r.proposer is not None and r.proposer.spec.speculates else "plain"
 
-    def _chain_round(self, depth: int, t0: float) -> list[tuple[BatchRequest, list[int]]]:
+    def _chain_round(self, depth: int, t0: float) -> tuple[list[tuple[BatchRequest, list[int]]], list[int]]:
         """A round where every row is greedy and verifies the same shape: a chain of k = depth drafts of the
-        engine's chains, or (depth 0) its root alone. Drafts, verify, acceptance and commit are [B, k + 1] tensors, read in one host sync;
-        each row's accepted prefix is already in place in the target's KV."""
+        engine's chains, or (depth 0) its root alone. Drafts, verify, acceptance and commit are [B, k + 1] tensors,
+        read in one host sync; each row's accepted prefix is already in place in the target's KV. Returns the
+        events and each row's accepted drafts."""
         dev, live = self.device, self.live
         B = len(live)
         tokens = to_device([[r.tokens[-1]] for r in live], dev)  # [B, 1]: the roots
@@ -314,30 +371,27 @@ class BatchEngine:
         t3 = time.perf_counter()
         for r in live:
             r.result.rounds[-1].commit_s = t3 - t2
-        return events
+        return events, [m for m, _ in accs]
 
-    def _gate(self) -> SpeculationGate | None:
-        """The gate of the live batch's size bucket (adaptive, with a drafter, within speculate_up_to), else None.
-        Its arms: plain step or chains of 1..k drafts (an engine with batched chains), else plain step or draft."""
-        if self.adaptive is False or self.drafter is None or not self._speculates():
+    def _plan(self) -> DepthPlan | None:
+        """The depth plan when it decides this round (adaptive, with a drafter, within speculate_up_to), else None."""
+        if self.plan is None or self.adaptive is False or not self._speculates() or self._forced is not None:
             return None
         if self.adaptive is None and any(r.sampling is not None for r in self.live):
             return None
-        bucket = 1 << (len(self.live) - 1).bit_length()  # 1, 2, 4, 8, ...
-        if bucket not in self.gates:
-            arms = range(self.spec.depth + 1) if self.chains else (0, 1)
-            self.gates[bucket] = SpeculationGate(arms=arms)
-        return self.gates[bucket]
+        return self.plan
 
     def _speculates(self) -> bool:
         """Whether this round may draft: the live batch is within speculate_up_to."""
         return self.speculate_up_to is None or len(self.live) <= self.speculate_up_to
 
-    def _depth(self, gate: SpeculationGate | None) -> int:
-        """The chained rows' drafts this round (the gate's arm, else the engine's depth); 0: a plain step for every
-        row. Rows with their own proposer draft their tree when it is > 0."""
-        if gate is not None:
-            return gate.arm()
+    def _depth(self, plan: DepthPlan | None) -> int:
+        """The chained rows' drafts this round (calibrate's, the plan's, else the engine's depth); 0: a plain step
+        for every row. Rows with their own proposer draft their tree when it is > 0."""
+        if self._forced is not None:
+            return self._forced
+        if plan is not None:
+            return plan.depth(len(self.live))
         if not self._speculates():
             return 0
         return self.spec.depth if self.chains else 1

@@ -82,11 +82,14 @@ def build_batch_target(model: nn.Module, config: EngineConfig, feature_layer_ids
 def build_batch_engine(model: nn.Module, drafter: nn.Module | None, spec: TreeSpec | None,
                        config: EngineConfig | None = None) -> BatchEngine:
     """The batched engine over `model` (build_batch_target) drafting with `drafter`: config.max_batch rows (default
-    8)."""
+    8); with config.adaptive not False, its depth plan calibrated (BatchEngine.calibrate)."""
     config = config or EngineConfig()
     ids = tuple(drafter.feature_layer_ids) if drafter is not None else ()
     target = build_batch_target(model, config, ids)
     kernels = config.resolve(target.device, fast=False).kernels
-    return BatchEngine(target, drafter, spec, max_batch=config.max_batch or DEFAULT_MAX_BATCH,
-                       prefill_chunk=config.prefill_chunk, speculate_up_to=config.speculate_up_to,
-                       adaptive=config.adaptive, max_tokens=config.max_batch_tokens, kernels=kernels)
+    engine = BatchEngine(target, drafter, spec, max_batch=config.max_batch or DEFAULT_MAX_BATCH,
+                         prefill_chunk=config.prefill_chunk, speculate_up_to=config.speculate_up_to,
+                         adaptive=config.adaptive, max_tokens=config.max_batch_tokens, kernels=kernels)
+    if config.adaptive is not False and drafter is not None and engine.spec.speculates:
+        engine.calibrate()  # the depth per batch size (engine/plan.py)
+    return engine
