@@ -15,9 +15,9 @@ from eaglespec.backends.fast_batch import FastBatchTarget
 from eaglespec.backends.hf import HFTarget
 from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
 from eaglespec.engine.batch import BatchEngine, BatchRequest
+from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.engine.plan import DepthPlan
 from eaglespec.errors import EagleSpecError
-from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.tree.core import DraftTree, FlatTree, TreeSpec, chain_tree, flatten, stack_flat
 from eaglespec.verify import greedy_accept, greedy_accept_chains, greedy_accept_rows
@@ -359,6 +359,25 @@ def test_fused_prefill_equals_the_models_forward(fitted, backend):
     torch.testing.assert_close(torch.cat(feats), features, rtol=1e-4, atol=1e-4)
     for a, b in zip(chunked.keys + chunked.values, whole.keys + whole.values):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["fast", "fast-kernels"])
+def test_joined_prompts_equal_prompts_prefilled_one_by_one(fitted, backend):
+    """join_prompts' one padded pass gives each prompt the last-row logits, features and KV of its own prefill (a
+    padding row leaking into a shorter prompt's rows, or a wrong last row, fails)."""
+    model, _ = fitted
+    ids = (1, 2, 4)
+    prompts = [[5, 9, 11, 40, 2], [7, 3], [30, 31, 32, 33, 34, 35, 36]]
+    one, many = TARGETS[backend](model, ids), TARGETS[backend](model, ids)
+    alone = one.join_prompts(prompts[:1]) + one.join_prompts(prompts[1:2]) + one.join_prompts(prompts[2:])
+    together = many.join_prompts(prompts)
+    assert one.lengths == many.lengths == [5, 2, 7]
+    for (a_logits, a_feats), (b_logits, b_feats) in zip(alone, together):
+        torch.testing.assert_close(b_logits, a_logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(b_feats, a_feats, rtol=1e-4, atol=1e-4)
+    for b, n in enumerate(many.lengths):
+        for x, y in zip(one.keys + one.values, many.keys + many.values):
+            torch.testing.assert_close(y[b, :, :n], x[b, :, :n], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("backend", sorted(TARGETS))

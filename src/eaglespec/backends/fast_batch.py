@@ -15,12 +15,14 @@ B * W rows at once:
     o, MLP        residuals accumulated in place; silu * up in one Triton kernel where it applies
 
 A prefill chunk is the same pass over one sequence of n rows (eager), causal over the chunk, attending to its own
-growing KV, with the logits of its last row only. Features are the states entering the requested layers (contract
+growing KV, with the logits of its last row only; join_prompts prefills whole prompts as new rows, all in one pass. Features are the states entering the requested layers (contract
 3), taken in the pass. Models the fast backend
 cannot run (fast.unsupported_reason), and sliding-window models, keep HFBatchTarget.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -122,14 +124,36 @@ class FastBatchTarget(HFBatchTarget):
         seen = torch.ones(n, total, dtype=torch.bool, device=dev).tril(past)[None]  # [1, n, total]: causal
         with eager_attention():
             out = self._layers(tokens.to(dev)[None], slots, additive_mask(seen, self.dtype)[:, None], slots, keys,
-                               values, last_logits=True)
+                               values, last=torch.tensor([n - 1], device=dev))
         state.keys, state.values, state.length = keys, values, total
         return out.logits[0, -1], out.features[0]
 
+    @torch.no_grad()
+    def join_prompts(self, prompts: Sequence[Sequence[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """HFBatchTarget.join_prompts in one pass of the fused layers: the prompts as new rows [N, W] (padded to the
+        longest, W), each causal over its own slots 0..W-1 (a padding row only sees slots of the same forward)."""
+        dev, b0, lengths = self.device, self.batch, [len(p) for p in prompts]
+        n, width = len(prompts), max(lengths)
+        self._block = 0
+        none = [self.embed_w.new_empty(1, self.n_kv, 0, self.head_dim)] * self.num_layers
+        self._reserve(b0 + n, width, Prefilled(none, none))
+        ids = torch.zeros(n, width, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = torch.as_tensor(p)
+        pos = torch.arange(width, device=dev).expand(n, width)  # [N, W]: positions = slots
+        seen = torch.ones(width, width, dtype=torch.bool, device=dev).tril().expand(n, width, width)
+        with eager_attention():
+            out = self._layers(ids.to(dev), pos, additive_mask(seen, self.dtype)[:, None], pos,
+                               [k[b0: b0 + n] for k in self.keys], [v[b0: b0 + n] for v in self.values],
+                               last=torch.tensor(lengths, device=dev) - 1)
+        self.lengths += lengths
+        return [(out.logits[i, 0], out.features[i, : m]) for i, m in enumerate(lengths)]
+
     def _layers(self, ids: torch.Tensor, q_pos: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor,
-                keys: list[torch.Tensor], values: list[torch.Tensor], last_logits: bool = False) -> BatchOutput:
+                keys: list[torch.Tensor], values: list[torch.Tensor], last: torch.Tensor | None = None
+                ) -> BatchOutput:
         """_run's pass (module docstring) over the caches keys / values (per layer [B, Hkv, >= span, D]);
-        last_logits: the logits of each sequence's last row only ([B, 1, V])."""
+        last [B]: the logits of row last[b] of each sequence only ([B, 1, V])."""
         B, W = ids.shape
         span = mask.shape[-1]
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
@@ -183,10 +207,10 @@ class FastBatchTarget(HFBatchTarget):
             h = _add_linear(h, act, w.down_w, w.down_b, inplace=True, kernels=use_triton)
         if self.num_layers in wanted:
             feats[self.num_layers] = h
-        out = h.view(B, W, -1)[:, -1] if last_logits else h  # [B, H] or [B*W, H]
+        out = h if last is None else h.view(B, W, -1)[torch.arange(B, device=h.device), last]  # [B*W or B, H]
         logits = onednn.linear(norm(out, self.final_norm, self.eps), self.lm_w, self.lm_b, kernels=use_triton)
         if self.feature_layer_ids:
             features = torch.cat([feats[j] for j in self.feature_layer_ids], dim=-1).view(B, W, -1)
         else:
             features = h.new_zeros(B, W, 0)
-        return BatchOutput(logits.view(B, 1 if last_logits else W, -1), features)
+        return BatchOutput(logits.view(B, W if last is None else 1, -1), features)

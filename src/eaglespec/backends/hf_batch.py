@@ -126,6 +126,16 @@ class HFBatchTarget(HFModel):
         self.lengths.append(n)
         return b
 
+    def join_prompts(self, prompts: Sequence[Sequence[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Prefill whole prompts and join them as the next rows, in order: per prompt (the last row's logits [V],
+        features [n, F])."""
+        out = []
+        for prompt in prompts:
+            state = Prefilled()
+            out.append(self.prefill(state, torch.tensor(list(prompt), device=self.device)))
+            self.join(state)
+        return out
+
     def drop(self, rows: Sequence[int]) -> None:
         """Remove rows (their slots freed); the rows after them move up, in order."""
         self._block = 0

@@ -4,8 +4,8 @@ Each step (BatchEngine.step):
     1. leave    cancelled requests give their batch row back (their KV freed at once)
     2. join     waiting requests are prefilled, at most `prefill_chunk` prompt tokens per step while other rows
                 decode, and join the batch (up to `max_batch` rows, and while the rows' prompts plus max_new_tokens
-                stay within `max_tokens`: a bound on the KV the batch may come to hold); a joined request's first
-                token is emitted
+                stay within `max_tokens`: a bound on the KV the batch may come to hold); prompts that go in whole
+                join together, in one target forward; a joined request's first token is emitted
     3. round    every live row drafts its own tree (greedy chains or static trees of all rows in one drafter call
                 per step, draft/batch.py; dynamic trees and sampled rows through their own proposer: drafter KV,
                 sampling, random stream), one target forward verifies all the trees (backends/hf_batch.py and
@@ -47,6 +47,8 @@ from eaglespec.sampling import SamplingConfig, process_logits, sample
 from eaglespec.tensors import to_device
 from eaglespec.tree.core import DraftTree, TreeSpec, chain_tree, flatten, stack_flat
 from eaglespec.verify import greedy_accept_chains, greedy_accept_rows, sample_accept
+
+PREFILL_TOKENS = 16384  # the most padded prompt tokens that join in one target forward
 
 
 @dataclass(eq=False)
@@ -220,17 +222,25 @@ class BatchEngine:
 
     def _join(self) -> list[tuple[BatchRequest, list[int]]]:
         """Prefill waiting requests, in order, while the batch has room: `prefill_chunk` prompt tokens a step when
-        rows are decoding, whole prompts when none is. A request whose prompt is in joins the batch and emits its
-        first token."""
-        events = []
+        rows are decoding, whole prompts when none is. Prompts that go in whole this step join together (one target
+        forward per PREFILL_TOKENS padded tokens); a longer one goes chunk by chunk. A request whose prompt is in
+        joins the batch and emits its first token."""
+        events: list[tuple[BatchRequest, list[int]]] = []
         budget = self.prefill_chunk if self.live else None
-        while self.waiting and len(self.live) < self.max_batch and (budget is None or budget > 0):
+        whole: list[BatchRequest] = []  # requests whose whole prompt goes in this step, in order
+        while self.waiting and len(self.live) + len(whole) < self.max_batch and (budget is None or budget > 0):
             r = self.waiting[0]
-            if not self._fits(r):
+            if not self._fits(r, whole):
                 break
             if r.prefilled is None:
                 self._start(r)
             n = len(r.prompt_ids) - r.prefilled.length
+            if r.prefilled.length == 0 and (budget is None or n <= budget):
+                whole.append(self.waiting.popleft())
+                budget = None if budget is None else budget - n
+                continue
+            events += self._join_whole(whole)  # they join before r: the rows stay in arrival order
+            whole = []
             take = n if budget is None else min(n, budget)
             chunk = torch.tensor(r.prompt_ids[r.prefilled.length: r.prefilled.length + take], device=self.device)
             logits, feats = self.target.prefill(r.prefilled, chunk)
@@ -241,14 +251,49 @@ class BatchEngine:
                 break  # the rest of this prompt in the next step
             self.waiting.popleft()
             events.append((r, self._enter(r, logits)))
+        return events + self._join_whole(whole)
+
+    def _join_whole(self, reqs: list[BatchRequest]) -> list[tuple[BatchRequest, list[int]]]:
+        """Prefill whole prompts as new rows, in groups of at most PREFILL_TOKENS padded tokens (a longer prompt
+        alone), each group in one target call; each request emits its first token and stays if it goes on."""
+        events: list[tuple[BatchRequest, list[int]]] = []
+        group: list[BatchRequest] = []
+        for r in [*reqs, None]:
+            if r is not None and (len(group) + 1) * max(len(x.prompt_ids) for x in [*group, r]) <= PREFILL_TOKENS:
+                group.append(r)
+                continue
+            if group:
+                events += self._enter_group(group)
+            group = [] if r is None else [r]
         return events
 
-    def _fits(self, r: BatchRequest) -> bool:
-        """Whether r may join under max_tokens: the live rows' and r's prompts plus max_new_tokens (a request alone
-        always may)."""
-        if self.max_tokens is None or not self.live:
+    def _enter_group(self, group: list[BatchRequest]) -> list[tuple[BatchRequest, list[int]]]:
+        """Join the group's prompts as the next rows (one target call), then emit each one's first token; rows that
+        are already done leave again."""
+        first_row = self.target.batch
+        outs = self.target.join_prompts([r.prompt_ids for r in group])
+        events, done = [], []
+        for i, (r, (logits, feats)) in enumerate(zip(group, outs)):
+            r.prefilled, r.pending = None, feats
+            events.append((r, self._first(r, logits)))
+            if self._over(r):
+                done.append(i)
+                self._close(r, None)
+            else:
+                self.live.append(r)
+                if self.drafts is not None:
+                    self.drafts.join()
+        if done:
+            self.target.drop([first_row + i for i in done])
+        return events
+
+    def _fits(self, r: BatchRequest, joining: Sequence[BatchRequest] = ()) -> bool:
+        """Whether r may join under max_tokens: the live and joining rows' and r's prompts plus max_new_tokens (a
+        request alone always may)."""
+        rows = [*self.live, *joining]
+        if self.max_tokens is None or not rows:
             return True
-        held = sum(len(x.prompt_ids) + x.max_new_tokens for x in self.live)
+        held = sum(len(x.prompt_ids) + x.max_new_tokens for x in rows)
         return held + len(r.prompt_ids) + r.max_new_tokens <= self.max_tokens
 
     def _start(self, r: BatchRequest) -> None:
@@ -262,18 +307,26 @@ class BatchEngine:
             r.proposer.sampling = r.sampling.draft_params if r.sampling is not None else None
             r.proposer.generator = r.generator
 
+    def _first(self, r: BatchRequest, logits: torch.Tensor) -> list[int]:
+        """Emit r's first token from its prompt's last logits [V] (none when max_new_tokens is 0)."""
+        if r.max_new_tokens <= 0:
+            return []
+        if r.sampling is None:
+            root = logits.argmax(-1, keepdim=True)
+        else:
+            root = sample(process_logits(logits, r.sampling.target), r.generator).reshape(1)
+        r.tokens = list(r.prompt_ids)
+        return self._emit(r, [int(root)])
+
+    def _over(self, r: BatchRequest) -> bool:
+        """Whether r has stopped (EOS) or reached max_new_tokens."""
+        return r.result.finish_reason == "stop" or r.room <= 0
+
     def _enter(self, r: BatchRequest, logits: torch.Tensor) -> list[int]:
         """The first token from the prompt's last logits [V]; the request joins the batch with the prompt's KV
         when it goes on after that token, else it is done."""
-        first: list[int] = []
-        if r.max_new_tokens > 0:
-            if r.sampling is None:
-                root = logits.argmax(-1, keepdim=True)
-            else:
-                root = sample(process_logits(logits, r.sampling.target), r.generator).reshape(1)
-            r.tokens = list(r.prompt_ids)
-            first = self._emit(r, [int(root)])
-        if r.result.finish_reason == "stop" or r.room <= 0:
+        first = self._first(r, logits)
+        if self._over(r):
             self._close(r, None)
         else:
             self.target.join(r.prefilled)
@@ -442,7 +495,7 @@ class BatchEngine:
 
     def _finish(self) -> None:
         """Rows that stopped or reached max_new_tokens leave the batch."""
-        gone = [b for b, r in enumerate(self.live) if r.result.finish_reason == "stop" or r.room <= 0]
+        gone = [b for b, r in enumerate(self.live) if self._over(r)]
         if gone:
             self._drop(gone)
             for b in reversed(gone):
