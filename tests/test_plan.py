@@ -76,3 +76,12 @@ def test_drafter_prior_reads_the_greedy_acceptance_profile():
     assert drafter_prior(drafter, static, chains=False) == pytest.approx([1.0, 1 + 0.8 + 0.1 + 0.8 * 0.5])
     bare = SimpleNamespace()
     assert drafter_prior(bare, TreeSpec("chain", depth=1), chains=True) == pytest.approx([1.0, 1 + DEFAULT_ACCEPT])
+
+
+def test_a_bucket_keeps_its_depth_until_another_promises_the_margin_more():
+    plan = DepthPlan({1: {0: 1.0, 1: 1.5}}, [1.0, 1.6], weight=10.0, margin=0.05)
+    assert plan.depth(1) == 1  # 1.6 / 1.5 tokens per second against 1: drafting
+    plan.record(1, [0] * 3, chain=True)  # depth 1: (16 + 3) / 13 = 1.46 tokens, 0.97 per second
+    assert plan.best(1) == 0 and plan.depth(1) == 1  # plain steps promise 2.6% more: within the margin
+    plan.record(1, [0] * 7, chain=True)  # (16 + 10) / 20 = 1.3 tokens, 0.87 per second
+    assert [plan.depth(1) for _ in range(3)] == [1, 0, 0]  # moved to plain steps, whose first round is a probe

@@ -66,7 +66,8 @@ class BatchRequest:
     # running state (the engine's)
     prefilled: Prefilled | None = field(default=None, repr=False)
     tokens: list[int] = field(default_factory=list, repr=False)  # the prompt and every token emitted: the last is the root
-    pending: torch.Tensor | None = field(default=None, repr=False)  # [n, F] features the drafter has not consumed
+    pending: list[torch.Tensor] = field(default_factory=list, repr=False)  # [n_i, F] parts: the features the
+    # drafter has not consumed, in order (concatenated when it drafts: a plain round adds a view, no copy)
     proposer: Proposer | None = field(default=None, repr=False)  # its own drafter rows (None: none, or batched)
     chained: bool = False  # drafts the engine's greedy chain or static tree with the other chained rows, in one
     # drafter call per step
@@ -244,7 +245,7 @@ class BatchEngine:
             take = n if budget is None else min(n, budget)
             chunk = torch.tensor(r.prompt_ids[r.prefilled.length: r.prefilled.length + take], device=self.device)
             logits, feats = self.target.prefill(r.prefilled, chunk)
-            r.pending = feats if r.pending is None else torch.cat([r.pending, feats])
+            r.pending.append(feats)
             if budget is not None:
                 budget -= take
             if r.prefilled.length < len(r.prompt_ids):
@@ -274,7 +275,7 @@ class BatchEngine:
         outs = self.target.join_prompts([r.prompt_ids for r in group])
         events, done = [], []
         for i, (r, (logits, feats)) in enumerate(zip(group, outs)):
-            r.prefilled, r.pending = None, feats
+            r.prefilled, r.pending = None, [feats]
             events.append((r, self._first(r, logits)))
             if self._over(r):
                 done.append(i)
@@ -365,8 +366,7 @@ class BatchEngine:
         events = []
         for b, (r, tree, acc) in enumerate(zip(self.live, trees, accs)):
             if r.proposer is not None or r.chained:  # the accepted rows' features reseed the drafter
-                feats = out.features[b].index_select(0, acc.rows)
-                r.pending = feats if r.pending is None else torch.cat([r.pending, feats])
+                r.pending.append(out.features[b].index_select(0, acc.rows))
             r.result.rounds.append(RoundStats(drafted=tree.size - 1, accepted=acc.accepted, emitted=0,
                                               draft_s=t1 - t0, verify_s=t2 - t1))
             emitted = self._emit(r, [*acc.tokens[1:], acc.bonus])
@@ -397,11 +397,9 @@ class BatchEngine:
         B = len(live)
         tokens = to_device([[r.tokens[-1]] for r in live], dev)  # [B, 1]: the roots
         if depth > 0:
-            pending = [r.pending for r in live]
+            pending = [self._take_pending(r) for r in live]
             nxt = [r.tokens[c + 1: c + 1 + p.shape[0]] for r, c, p in zip(live, self.drafts.committed, pending)]
             drafts = self.drafts.draft(range(B), pending, nxt, depth)  # [B, k]
-            for r in live:
-                r.pending = None
             tokens = torch.cat([tokens, drafts], dim=1)
         W = tokens.shape[1]
         depths = torch.arange(W, device=dev).expand(B, W)
@@ -415,8 +413,7 @@ class BatchEngine:
         events = []
         for b, (r, (m, emit)) in enumerate(zip(live, accs)):
             if features is not None:  # the accepted rows' features reseed the drafter
-                feats = features[b, : m + 1]
-                r.pending = feats if r.pending is None else torch.cat([r.pending, feats])
+                r.pending.append(features[b, : m + 1])
             emitted = self._emit(r, emit)
             r.result.rounds.append(RoundStats(drafted=W - 1, accepted=m, emitted=len(emitted), draft_s=t1 - t0,
                                               verify_s=t2 - t1))
@@ -456,12 +453,11 @@ class BatchEngine:
         rows = [b for b, r in enumerate(self.live) if r.chained and depth > 0]
         if rows:
             reqs = [self.live[b] for b in rows]
-            pending = [r.pending for r in reqs]
+            pending = [self._take_pending(r) for r in reqs]
             nxt = [r.tokens[c + 1: c + 1 + p.shape[0]] for r, c, p in
                    zip(reqs, [self.drafts.committed[b] for b in rows], pending)]  # x_{t+1}, contract 4
             drafted = self.drafts.propose(rows, [self._root(r) for r in reqs], pending, nxt, depth)
-            for b, r, tree in zip(rows, reqs, drafted):
-                r.pending = None
+            for b, tree in zip(rows, drafted):
                 trees[b] = tree
         return trees
 
@@ -471,10 +467,16 @@ class BatchEngine:
         root = self._root(r)
         if not drafting or r.proposer is None or not r.proposer.spec.speculates:
             return chain_tree(root, root.new_zeros(0))
-        pending, r.pending = r.pending, None
+        pending = self._take_pending(r)
         c = r.proposer.committed
         next_tokens = torch.tensor(r.tokens[c + 1: c + 1 + pending.shape[0]], device=self.device)  # x_{t+1}, contract 4
         return r.proposer.propose(root, pending, next_tokens)
+
+    @staticmethod
+    def _take_pending(r: BatchRequest) -> torch.Tensor:
+        """Row r's pending features as one [n, F] tensor; none are pending afterwards."""
+        parts, r.pending = r.pending, []
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _root(self, r: BatchRequest) -> torch.Tensor:
         """Row r's last token [1]: the root of its next tree."""
@@ -513,7 +515,8 @@ class BatchEngine:
         r.result.seconds = time.perf_counter() - r.started
         r.result.backend = self.target.name
         r.done = True
-        r.proposer = r.prefilled = r.pending = None
+        r.proposer = r.prefilled = None
+        r.pending = []
         r.tokens = []
 
     @property

@@ -11,7 +11,8 @@ chains, else 0 and 1 = the engine's tree). Two measured inputs decide the depth:
                              min(m, j) + 1 (a shorter chain drafts the same prefix), so shallower arms keep learning
 
 For a live batch of B rows the plan takes the depth maximizing tokens[depth] / seconds[bucket][depth], where bucket is
-the smallest measured one holding B (else the largest). A plain step tells nothing about the drafter, so while the
+the smallest measured one holding B (else the largest), and keeps a bucket's depth until another promises `margin`
+more (a new depth is a new shape: its first rounds capture CUDA graphs). A plain step tells nothing about the drafter, so while the
 plan takes plain steps, one round in `probe_every` (the first included) drafts the deepest chain (or the tree)
 instead, and the estimates keep following the drafter. Every depth is lossless: the choice changes the speed only.
 """
@@ -41,7 +42,7 @@ class DepthPlan:
     """depth(batch) for the next round, record(...) after it (see the module docstring)."""
 
     def __init__(self, seconds: Mapping[int, Mapping[int, float]], prior: Sequence[float], weight: float = 8.0,
-                 probe_every: int = 32):
+                 probe_every: int = 32, margin: float = 0.05):
         if not seconds:
             raise EagleSpecError("a depth plan needs the round times of at least one batch size")
         if not prior or prior[0] != 1.0:
@@ -56,6 +57,8 @@ class DepthPlan:
             raise EagleSpecError(f"probe_every must be >= 1, got {probe_every}")
         self.prior, self.weight, self.probe_every = [float(t) for t in prior], float(weight), probe_every
         self._plain = 0  # rounds the plan has answered with a plain step since its last probe
+        self.margin = float(margin)
+        self._kept: dict[int, int] = {}  # bucket -> the depth it takes now
         self._sum = [0.0] * len(prior)  # per depth: tokens the recorded rows emitted (or would have)
         self._rows = [0] * len(prior)  # per depth: recorded rows
 
@@ -80,8 +83,14 @@ class DepthPlan:
         return max(self.depths, key=lambda d: (self.tokens_per_second(batch, d), -d))
 
     def depth(self, batch: int) -> int:
-        """The next round's depth: best(batch), except for a probe of the deepest depth while that is plain."""
-        best = self.best(batch)
+        """The next round's depth: the bucket's kept depth, moved to best(batch) when that promises `margin` more;
+        while it is a plain step, one round in probe_every drafts the deepest depth."""
+        bucket, best = self.bucket(batch), self.best(batch)
+        kept = self._kept.get(bucket)
+        rate = self.tokens_per_second
+        if kept is not None and rate(batch, best) <= rate(batch, kept) * (1 + self.margin):
+            best = kept
+        self._kept[bucket] = best
         if best > 0 or len(self.prior) == 1:
             return best
         self._plain += 1
