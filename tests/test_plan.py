@@ -6,21 +6,24 @@ from types import SimpleNamespace
 
 import pytest
 
-from eaglespec.engine.plan import DEFAULT_ACCEPT, DepthPlan, chain_prior, drafter_prior
+from eaglespec.engine.plan import DEFAULT_ACCEPT, DepthPlan, drafter_prior
 from eaglespec.errors import EagleSpecError
+from eaglespec.tree.auto import chain_tau
 from eaglespec.tree.core import TreeSpec
 
 # round seconds per batch size and depth: drafting is cheap at one row, dear at 64
 SECONDS = {1: {0: 1.0, 1: 1.3, 2: 1.6, 3: 1.9}, 64: {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0}}
 
 
-def test_chain_prior_sums_the_accepted_prefixes():
-    assert chain_prior([0.8, 0.5], 3) == pytest.approx([1.0, 1.8, 2.2, 2.4])  # past the profile: its last value
-    assert chain_prior((), 2) == pytest.approx([1.0, 1 + DEFAULT_ACCEPT, 1 + DEFAULT_ACCEPT + DEFAULT_ACCEPT ** 2])
+def test_without_a_profile_the_prior_accepts_each_depth_at_the_default_rate():
+    bare = SimpleNamespace()
+    taus = [1.0, 1 + DEFAULT_ACCEPT, 1 + DEFAULT_ACCEPT + DEFAULT_ACCEPT ** 2]
+    assert drafter_prior(bare, TreeSpec("chain", depth=2), chains=True) == pytest.approx(taus)
+    assert drafter_prior(bare, TreeSpec("static", depth=2), chains=False) == pytest.approx([1.0, taus[-1]])
 
 
 def test_the_plan_takes_the_known_optimum_per_batch_size():
-    plan = DepthPlan(SECONDS, chain_prior([0.8], 3))  # tokens 1, 1.8, 2.44, 2.952
+    plan = DepthPlan(SECONDS, [chain_tau([[0.8]] * 3, k) for k in range(4)])  # tokens 1, 1.8, 2.44, 2.952
     # B=1: tokens / seconds = 1, 1.38, 1.53, 1.55 -> the deepest; B=64: 1, 0.9, 0.81, 0.74 -> plain steps
     assert plan.best(1) == 3 and plan.best(64) == 0
     assert plan.bucket(1) == 1 and plan.bucket(5) == 64 and plan.bucket(100) == 64

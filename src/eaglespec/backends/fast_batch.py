@@ -1,8 +1,8 @@
 """Batched target backend for Llama-family models: HFBatchTarget's slots, rows and graphs, with FastTarget's layers.
 
 The rows, KV slots, join / drop, commit and CUDA graphs are HFBatchTarget's (backends/hf_batch.py); the verify
-forward and the prefill differ. Instead of the HF modules (some forty small kernels a layer at batch 1) it runs the fused
-weights of backends/fast.py (q/k/v and gate/up concatenated, o_proj's columns in the grouped head order) over all
+forward and the prefill differ. Instead of the HF modules (some forty small kernels a layer at batch 1) they run the
+fused weights of backends/fast.py (q/k/v and gate/up concatenated, o_proj's columns in the grouped head order) over all
 B * W rows at once:
 
     norm, qkv     one GEMM over the [B * W, H] rows (Triton RMSNorm and skinny GEMMs where they apply)
@@ -15,8 +15,8 @@ B * W rows at once:
     o, MLP        residuals accumulated in place; silu * up in one Triton kernel where it applies
 
 A prefill chunk is the same pass over one sequence of n rows (eager), causal over the chunk, attending to its own
-growing KV, with the logits of its last row only; join_prompts prefills whole prompts as new rows, all in one pass. Features are the states entering the requested layers (contract
-3), taken in the pass. Models the fast backend
+growing KV, with the logits of its last row only; join_prompts prefills whole prompts as new rows, all in one pass.
+Features are the states entering the requested layers (contract 3), taken in the pass. Models the fast backend
 cannot run (fast.unsupported_reason), and sliding-window models, keep HFBatchTarget.
 """
 
@@ -111,8 +111,6 @@ class FastBatchTarget(HFBatchTarget):
         [V], features [n, F])."""
         dev, n, past = self.device, tokens.shape[0], state.length
         total = past + n
-        if self.rope_table.shape[0] < total:
-            self.rope_table = rope_table_for(self._rotary, max(total, self.slots), self.head_dim, self.dtype, dev)
         keys, values = [], []
         for i in range(self.num_layers):
             for held, grown in ((state.keys, keys), (state.values, values)):
@@ -158,8 +156,8 @@ class FastBatchTarget(HFBatchTarget):
         span = mask.shape[-1]
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
         g = hq // hk
-        if self.rope_table.shape[0] < self.slots:
-            self.rope_table = rope_table_for(self._rotary, self.slots, d, self.dtype, self.device)
+        if self.rope_table.shape[0] < max(self.slots, span):  # every position is below the span
+            self.rope_table = rope_table_for(self._rotary, max(self.slots, span), d, self.dtype, self.device)
         fused = self._kernels
         norm = _rms if fused is None else fused.rms_norm_weight
         use_triton = fused is not None

@@ -166,8 +166,7 @@ class BatchEngine:
         if not self.idle:
             raise EagleSpecError("calibrate needs an idle engine (no live or waiting requests)")
         if buckets is None:
-            buckets = sorted({*(1 << i for i in range(self.max_batch.bit_length()) if 1 << i <= self.max_batch),
-                              self.max_batch})
+            buckets = sorted({1 << i for i in range(self.max_batch.bit_length())} | {self.max_batch})
         depths = range(self.spec.depth + 1) if self.chains else range(2)
         gen = torch.Generator().manual_seed(seed)
         room = (1 + steps) * len(depths) * (self.spec.depth + 1) + 1  # no calibration row finishes while timed
@@ -259,13 +258,13 @@ class BatchEngine:
         alone), each group in one target call; each request emits its first token and stays if it goes on."""
         events: list[tuple[BatchRequest, list[int]]] = []
         group: list[BatchRequest] = []
-        for r in [*reqs, None]:
-            if r is not None and (len(group) + 1) * max(len(x.prompt_ids) for x in [*group, r]) <= PREFILL_TOKENS:
-                group.append(r)
-                continue
-            if group:
+        for r in reqs:
+            if group and (len(group) + 1) * max(len(x.prompt_ids) for x in [*group, r]) > PREFILL_TOKENS:
                 events += self._enter_group(group)
-            group = [] if r is None else [r]
+                group = []
+            group.append(r)
+        if group:
+            events += self._enter_group(group)
         return events
 
     def _enter_group(self, group: list[BatchRequest]) -> list[tuple[BatchRequest, list[int]]]:
@@ -281,9 +280,7 @@ class BatchEngine:
                 done.append(i)
                 self._close(r, None)
             else:
-                self.live.append(r)
-                if self.drafts is not None:
-                    self.drafts.join()
+                self._admit(r)
         if done:
             self.target.drop([first_row + i for i in done])
         return events
@@ -332,10 +329,14 @@ class BatchEngine:
         else:
             self.target.join(r.prefilled)
             r.prefilled = None  # the KV now lives in the batch cache
-            if self.drafts is not None:
-                self.drafts.join()
-            self.live.append(r)
+            self._admit(r)
         return first
+
+    def _admit(self, r: BatchRequest) -> None:
+        """r, whose KV the target has just joined as its last row, becomes the last live row."""
+        if self.drafts is not None:
+            self.drafts.join()
+        self.live.append(r)
 
     # -- the round ------------------------------------------------------------------------------
     def _round(self) -> list[tuple[BatchRequest, list[int]]]:

@@ -12,9 +12,9 @@ chains, else 0 and 1 = the engine's tree). Two measured inputs decide the depth:
 
 For a live batch of B rows the plan takes the depth maximizing tokens[depth] / seconds[bucket][depth], where bucket is
 the smallest measured one holding B (else the largest), and keeps a bucket's depth until another promises `margin`
-more (a new depth is a new shape: its first rounds capture CUDA graphs). A plain step tells nothing about the drafter, so while the
-plan takes plain steps, one round in `probe_every` (the first included) drafts the deepest chain (or the tree)
-instead, and the estimates keep following the drafter. Every depth is lossless: the choice changes the speed only.
+more (a new depth is a new shape: its first rounds capture CUDA graphs). A plain step tells nothing about the
+drafter, so while the plan takes plain steps, one round in `probe_every` (the first included) drafts the deepest
+chain (or the tree) instead, and the estimates keep following the drafter. Every depth is lossless: the choice changes the speed only.
 """
 
 from __future__ import annotations
@@ -22,20 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from eaglespec.errors import EagleSpecError
-from eaglespec.tree.auto import AcceptanceProfile
+from eaglespec.tree.auto import AcceptanceProfile, chain_tau
 from eaglespec.tree.core import TreeSpec
 
 DEFAULT_ACCEPT = 0.5  # per-depth acceptance of the prior when the drafter has no acceptance profile
-
-
-def chain_prior(accept: Sequence[float], k: int) -> list[float]:
-    """Expected tokens per round of chains of 0..k drafts when depth d is accepted with probability accept[d]
-    (past the profile's depth: its last value)."""
-    taus, value = [1.0], 1.0
-    for d in range(k):
-        value *= accept[min(d, len(accept) - 1)] if accept else DEFAULT_ACCEPT
-        taus.append(taus[-1] + value)
-    return taus
 
 
 class DepthPlan:
@@ -118,7 +108,7 @@ def drafter_prior(drafter, spec: TreeSpec, chains: bool) -> list[float]:
     drafter's greedy acceptance profile (its manifest's acceptance_profile), else DEFAULT_ACCEPT per depth."""
     profile = AcceptanceProfile.from_manifest(getattr(drafter, "manifest", None))
     if profile is None:
-        taus = chain_prior((), spec.depth)
+        taus = [chain_tau([[DEFAULT_ACCEPT]] * spec.depth, k) for k in range(spec.depth + 1)]
         return taus if chains else [1.0, taus[-1]]
     acceptance = profile.acceptance(sampled=False)
     if chains:
