@@ -14,6 +14,8 @@ from _agree import fit_drafter, greedy_sequences
 from eaglespec.backends.fast_batch import FastBatchTarget
 from eaglespec.backends.hf import HFTarget
 from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
+from eaglespec.draft.batch import BatchDrafts
+from eaglespec.draft.proposer import Proposer
 from eaglespec.engine.batch import BatchEngine, BatchRequest
 from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.engine.plan import DepthPlan
@@ -273,6 +275,25 @@ def test_chained_rows_accept_what_they_accept_alone(fitted, tree):
         alone = single.generate(p, 24)
         assert r.result.token_ids == alone.token_ids
         assert [x.accepted for x in r.result.rounds] == [x.accepted for x in alone.rounds]
+
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+def test_joining_prompts_catch_up_at_the_join(fitted, tree, monkeypatch):
+    """A joining prompt's features go through the drafter when it joins, so that a round drafts from a block of at
+    most k + 1 rows per row (the last prompt row, or a round's accepted rows), whatever the prompt's length."""
+    model, drafter = fitted
+    spec = TREES[tree]
+    widths = []
+    draft, propose = BatchDrafts.draft, Proposer.propose
+    monkeypatch.setattr(BatchDrafts, "draft", lambda self, rows, feats, *a, **kw: (
+        widths.extend(f.shape[0] for f in feats), draft(self, rows, feats, *a, **kw))[1])
+    monkeypatch.setattr(Proposer, "propose", lambda self, root, feats, nxt: (
+        widths.append(feats.shape[0]), propose(self, root, feats, nxt))[1])
+    prompts = [p * 3 for p in _prompts(5)]  # 9..21 tokens
+    engine = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=3, prefill_chunk=8)
+    results = engine.generate([BatchRequest(p, 12) for p in prompts])
+    assert [r.token_ids for r in results] == [reference_greedy(model, p, 12) for p in prompts]
+    assert widths and max(widths) <= spec.depth + 1
 
 
 def test_chained_and_sampled_rows_together(fitted):

@@ -17,7 +17,9 @@ it (contract 4's index shift):
                ancestors' tree rows; their children are their top ranks
 
 The whole draft (catch-up and growth) is one function of static inputs; on CUDA it replays as one CUDA graph per
-(batch bucket, W, S, k), for W up to GRAPH_ROWS (a longer catch-up, e.g. a joining prompt, runs eagerly).
+(batch bucket, W, S, k), for W up to GRAPH_ROWS (a longer catch-up runs eagerly). A joining prompt's features go in
+before its first round (catch_up: the joining rows alone, eagerly, nothing drafted), so that a round's block stays
+narrow.
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ class BatchDrafts:
         W, B = max(counts), self.batch
         Bp = 1 << (B - 1).bit_length() if self.use_graphs else B  # graphs: the batch padded to a power of two
         self._reserve(Bp, max(self.committed) + W + k)  # a static tree's rows are fewer than its nodes
-        inputs = self._inputs(Bp, rows, features, next_tokens, W)
+        inputs = self._inputs(Bp, rows, features, next_tokens, W, self.committed)
         if self.use_graphs and W <= GRAPH_ROWS:
             drafts = self._replay(inputs, k)
         else:
@@ -160,9 +162,28 @@ class BatchDrafts:
             self.committed[b] += n
         return drafts[to_device(rows, self.device)]
 
-    def _inputs(self, Bp: int, rows: list[int], features: Sequence[torch.Tensor],
-                next_tokens: Sequence[Sequence[int]], W: int) -> _Inputs:
-        """The padded inputs of a draft, built on the host and copied over once each: no host sync."""
+    @torch.no_grad()
+    def catch_up(self, rows: range, features: Sequence[torch.Tensor], next_tokens: Sequence[Sequence[int]]) -> None:
+        """Run the features[i] [n_i, F] of the consecutive batch rows `rows` (with next_tokens[i], n_i ids) through
+        the drafter, writing their KV after each row's committed ones; nothing is drafted. Eager, over these rows
+        only: a joining prompt's features, all but the last (the round that drafts from it takes that one)."""
+        counts = [f.shape[0] for f in features]
+        W = max(counts, default=0)
+        if W == 0:
+            return
+        if len(rows) != len(features) or rows.step != 1 or not 0 <= rows.start <= rows.stop <= self.batch:
+            raise ValueError(f"catch_up takes consecutive batch rows with their features, not {rows}")
+        base = self.committed[rows.start: rows.stop]
+        self._reserve(rows.stop, max(base) + W)
+        inputs = self._inputs(len(rows), range(len(rows)), features, next_tokens, W, base)
+        self._catch_up(inputs, rows.start)
+        for b, n in zip(rows, counts):
+            self.committed[b] += n
+
+    def _inputs(self, Bp: int, rows: Sequence[int], features: Sequence[torch.Tensor],
+                next_tokens: Sequence[Sequence[int]], W: int, base: Sequence[int]) -> _Inputs:
+        """The padded inputs of a draft over Bp block rows (`rows` of them take features; base: the block rows'
+        committed drafter rows), built on the host and copied over once each: no host sync."""
         dev = self.device
         counts = [f.shape[0] for f in features]
         which = to_device([b for b, n in zip(rows, counts) for _ in range(n)], dev)  # each feature's batch row
@@ -171,21 +192,28 @@ class BatchDrafts:
         padded = feats.new_zeros(Bp, W, feats.shape[-1]).index_put_((which, col), feats)
         tokens, last = [[0] * W for _ in range(Bp)], [0] * Bp
         for b, t, n in zip(rows, next_tokens, counts):
-            tokens[b][:n], last[b] = list(t), n - 1
-        base = self.committed + [0] * (Bp - self.batch)
+            tokens[b][:n], last[b] = list(t), max(n - 1, 0)
+        base = list(base) + [0] * (Bp - len(base))
         return _Inputs(padded, to_device(tokens, dev), to_device(base, dev), to_device(last, dev))
 
-    def _draft(self, s: _Inputs, k: int) -> torch.Tensor:
-        """Catch-up and growth over the slot buffers' first Bp rows: drafts [Bp, k] (target ids). Tensor ops
-        only."""
+    def _catch_up(self, s: _Inputs, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's features through the drafter over slot-buffer rows first..first+Bp-1: (the logits [Bp, Vd]
+        and state [Bp, H] of each row's last block row). Tensor ops only."""
         Bp, W = s.tokens.shape
         cols = torch.arange(self.slots, device=self.device)
         slots = s.base[:, None] + torch.arange(W, device=self.device)  # [Bp, W]: slot = position
         visible = cols < slots[..., None] + 1  # [Bp, W, S]: the committed slots, then the block up to itself
-        cache = [SlotKV(kb[:Bp], vb[:Bp], slots) for kb, vb in zip(self.k, self.v)]
+        cache = [SlotKV(kb[first: first + Bp], vb[first: first + Bp], slots) for kb, vb in zip(self.k, self.v)]
         logits, states = self.drafter(self.drafter.project(s.features), s.tokens, slots, cache, visible=visible,
                                       logit_rows=s.last)  # [Bp, Vd], [Bp, W, H]
-        state = states[torch.arange(Bp, device=self.device), s.last]  # [Bp, H]
+        return logits, states[torch.arange(Bp, device=self.device), s.last]
+
+    def _draft(self, s: _Inputs, k: int) -> torch.Tensor:
+        """Catch-up and growth over the slot buffers' first Bp rows: drafts [Bp, k] (target ids). Tensor ops
+        only."""
+        Bp = s.tokens.shape[0]
+        cols = torch.arange(self.slots, device=self.device)
+        logits, state = self._catch_up(s)  # [Bp, Vd], [Bp, H]
         root = s.base + s.last + 1  # the root's drafter row + 1: committed after the catch-up
         if self.plan is not None:
             return self._static(logits, state, root, cols)

@@ -272,7 +272,7 @@ class BatchEngine:
         are already done leave again."""
         first_row = self.target.batch
         outs = self.target.join_prompts([r.prompt_ids for r in group])
-        events, done = [], []
+        events, done, going = [], [], []
         for i, (r, (logits, feats)) in enumerate(zip(group, outs)):
             r.prefilled, r.pending = None, [feats]
             events.append((r, self._first(r, logits)))
@@ -280,9 +280,10 @@ class BatchEngine:
                 done.append(i)
                 self._close(r, None)
             else:
-                self._admit(r)
+                going.append(r)
         if done:
             self.target.drop([first_row + i for i in done])
+        self._admit(going)
         return events
 
     def _fits(self, r: BatchRequest, joining: Sequence[BatchRequest] = ()) -> bool:
@@ -329,14 +330,32 @@ class BatchEngine:
         else:
             self.target.join(r.prefilled)
             r.prefilled = None  # the KV now lives in the batch cache
-            self._admit(r)
+            self._admit([r])
         return first
 
-    def _admit(self, r: BatchRequest) -> None:
-        """r, whose KV the target has just joined as its last row, becomes the last live row."""
+    def _admit(self, reqs: list[BatchRequest]) -> None:
+        """reqs, whose KV the target has just joined as its last rows, become the last live rows. Their drafter
+        catches up on every prompt feature but the last now, the chained rows in one call: the round that drafts
+        from a prompt takes that one row, not the prompt."""
         if self.drafts is not None:
-            self.drafts.join()
-        self.live.append(r)
+            first = self.drafts.batch
+            for _ in reqs:
+                self.drafts.join()
+            heads = [self._split_pending(r) if r.chained else r.pending[0][:0] for r in reqs]
+            self.drafts.catch_up(range(first, first + len(reqs)), heads,
+                                 [r.tokens[1: 1 + h.shape[0]] for r, h in zip(reqs, heads)])
+        for r in reqs:
+            if r.proposer is not None and r.proposer.spec.speculates:
+                head = self._split_pending(r)
+                if head.shape[0]:
+                    r.proposer.catch_up(head, torch.tensor(r.tokens[1: 1 + head.shape[0]], device=self.device))
+        self.live.extend(reqs)
+
+    def _split_pending(self, r: BatchRequest) -> torch.Tensor:
+        """Row r's pending features but the last [n - 1, F]; the last stays pending."""
+        feats = self._take_pending(r)
+        r.pending = [feats[-1:]]
+        return feats[:-1]
 
     # -- the round ------------------------------------------------------------------------------
     def _round(self) -> list[tuple[BatchRequest, list[int]]]:
