@@ -223,6 +223,33 @@ def test_rope_kv_write_goes_to_the_slots_after_base():
     assert torch.equal(cache[1, :, int(base):int(base) + 3], v.transpose(0, 1))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,W,heads", [(1, 1, (6, 2, 32)), (3, 4, (6, 2, 32)), (2, 3, (4, 4, 16))])
+def test_rope_qk_kv_write_rows_bitwise(dtype, B, W, heads):
+    """The batched kernel equals its torch reference bitwise: q in the [B, Hkv, W*G, D] layout, each sequence's k
+    and v at its own slots of its own cache row (distinct per row, not base + t), every other slot untouched."""
+    hq, hk, d = heads
+    qk, v, table, _, _, _ = _rope_case(dtype, B * W, hq, hk, d, seed=B + W)
+    gen = torch.Generator().manual_seed(B * 10 + W)
+    positions = torch.randint(0, table.shape[0], (B * W,), generator=gen)
+    slots = torch.stack([torch.randperm(20, generator=gen)[:W] for _ in range(B)])  # [B, W]
+    cache = torch.randn(2, B + 1, hk, 24, d, generator=gen).to(dtype)  # a spare row: a view of the first B
+    ref = cache.clone()
+    q = K.rope_qk_kv_write_rows(qk, v, table, positions, slots, cache[0, :B, :, :20], cache[1, :B, :, :20])
+    q_ref = K.rope_qk_kv_write_rows_ref(qk, v, table, positions, slots, ref[0, :B, :, :20], ref[1, :B, :, :20])
+    assert q.shape == (B, hk, W * (hq // hk), d) and q.is_contiguous()
+    assert torch.equal(q, q_ref) and torch.equal(cache, ref)
+    g = hq // hk
+    for b in range(B):  # the layout: query row w*G + r of kv head j is HF head j*G + r of row w
+        for w in range(W):
+            t = b * W + w
+            assert torch.equal(cache[1, b, :, int(slots[b, w])], v[t])
+            for h in range(hq):
+                assert torch.equal(q[b, h // g, w * g + h % g], K.rope_qk_kv_write_ref(
+                    qk[t: t + 1], v[t: t + 1], table, positions[t: t + 1], torch.tensor(0),
+                    torch.zeros(hk, 1, d, dtype=dtype), torch.zeros(hk, 1, d, dtype=dtype))[0, h % g, h // g])
+
+
 # -- silu_mul ---------------------------------------------------------------------------------------------
 def _silu_mul_numpy_exp(gate_up: torch.Tensor) -> torch.Tensor:
     """The kernel's arithmetic in torch, with the interpreter's exp (numpy's): round(round(g / (1 + e)) * up)."""

@@ -7,7 +7,8 @@ B * W rows at once:
 
     norm, qkv     one GEMM over the [B * W, H] rows (Triton RMSNorm and skinny GEMMs where they apply)
     rope          the model's rotary table at each row's position, q and k at once
-    KV write      k, v scattered into each row's slots of the [Bcap, Hkv, S, D] buffers
+    KV write      k, v scattered into each row's slots of the [Bcap, Hkv, S, D] buffers (with the kernels, rope and
+                  the KV write are one Triton kernel, kernels.step's rope_qk_kv_write_rows)
     attention     the G query heads of each KV head as G * W query rows of that head, over the first `span` slots
                   only (the longest row's slots rounded up to SPAN_STEP): with the kernels, kernels.attention's
                   masked_attention over every sequence at once (split over the slots, each row's stopping at its
@@ -163,11 +164,12 @@ class FastBatchTarget(HFBatchTarget):
         use_triton = fused is not None
         if fused is None:
             grouped_mask = mask.expand(B, g, W, span).reshape(B, 1, g * W, span)  # row r * W + w: query row w
+            rope = self.rope_table[q_pos.reshape(-1)][:, None]  # [B*W, 1, 2, 2, D/2]: broadcast over the heads
+            index = slots[:, None, :, None].expand(B, hk, W, d)  # [B, Hkv, W, D]: each row's KV slots
         else:
             allowed = mask[:, 0] == 0  # [B, W, span] bool: the additive mask's open slots
             kv_len = slots[:, -1] + 1  # [B]: no row reads a slot past its block
-        rope = self.rope_table[q_pos.reshape(-1)][:, None]  # [B*W, 1, 2, 2, D/2]: broadcast over the heads
-        index = slots[:, None, :, None].expand(B, hk, W, d)  # [B, Hkv, W, D]: each row's KV slots
+            positions = q_pos.reshape(-1)  # [B*W]
 
         h = F.embedding(ids.reshape(-1), self.embed_w)  # [B*W, H]
         wanted = set(self.feature_layer_ids)
@@ -179,18 +181,19 @@ class FastBatchTarget(HFBatchTarget):
             qk, v = qkv.view(B * W, hq + 2 * hk, d).split([hq + hk, hk], dim=1)
             if w.qk_norm is not None:  # Qwen3's q_norm and k_norm at once
                 qk = _rms(qk, w.qk_norm, self.eps)
-            qk = _rope(qk, rope)  # [B*W, Hq + Hkv, D]
             k_cache, v_cache = keys[i], values[i]  # [B, Hkv, S, D]
-            k_cache.scatter_(2, index, qk[:, hq:].view(B, W, hk, d).transpose(1, 2))
-            v_cache.scatter_(2, index, v.view(B, W, hk, d).transpose(1, 2))
-            heads = qk[:, :hq].view(B, W, hk, g, d)  # HF head j * G + r of row w
-            if fused is None:  # -> query row r * W + w of kv head j
-                q = heads.permute(0, 2, 3, 1, 4).reshape(B, hk, g * W, d)
+            if fused is None:
+                qk = _rope(qk, rope)  # [B*W, Hq + Hkv, D]
+                k_cache.scatter_(2, index, qk[:, hq:].view(B, W, hk, d).transpose(1, 2))
+                v_cache.scatter_(2, index, v.view(B, W, hk, d).transpose(1, 2))
+                heads = qk[:, :hq].view(B, W, hk, g, d)  # HF head j * G + r of row w -> query row r * W + w of kv
+                q = heads.permute(0, 2, 3, 1, 4).reshape(B, hk, g * W, d)  # head j
                 o = F.scaled_dot_product_attention(q, k_cache[:, :, :span], v_cache[:, :, :span],
                                                    attn_mask=grouped_mask, scale=self.scaling)  # [B, Hkv, G*W, D]
                 o = o.view(B, hk, g, W, d).permute(0, 3, 2, 1, 4)  # [B, W, G, Hkv, D]
-            else:  # -> query row w * G + r of kv head j (the kernel's layout); out: a view of [B, W*G, Hkv, D]
-                q = heads.permute(0, 2, 1, 3, 4).reshape(B, hk, W * g, d)
+            else:  # rope and the KV write in one kernel; q [B, Hkv, W*G, D] (query row w * G + r of kv head j, the
+                # attention kernel's layout); out: a view of [B, W*G, Hkv, D]
+                q = fused.rope_qk_kv_write_rows(qk, v, self.rope_table, positions, slots, k_cache, v_cache)
                 o = attention.masked_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], allowed, self.scaling,
                                                kv_len).transpose(1, 2)
             # -> [B*W, G*Hkv*D], columns (r, j, d): the order of the fused o_proj weight's columns

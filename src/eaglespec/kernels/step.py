@@ -5,6 +5,9 @@ its rounding.
     rms_norm_weight   HF's LlamaRMSNorm: round(round(x * rsqrt(mean(x^2) + eps)) * w), statistics in fp32
     rope_qk_kv_write  rope of q and k from the rope table, q written in the grouped layout [B, G, Hkv, D] the
                       attention reads, k and v written into the KV cache at slots base..base+B-1
+    rope_qk_kv_write_rows
+                      the same over B sequences of W rows each (backends/fast_batch.py): q in the layout
+                      [B, Hkv, W * G, D], k and v into each sequence's cache rows at its own slots [B, W]
     silu_mul          round(round(silu(gate)) * up)
     eagle3_input      the EAGLE-3 drafter's layer input: the embedding rows (cast to the state's dtype), both
                       RMSNorms and the concatenation
@@ -47,6 +50,23 @@ def rope_qk_kv_write_ref(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor,
     k_cache.index_copy_(1, slots, heads[hq:])
     v_cache.index_copy_(1, slots, v.transpose(0, 1))
     return heads[:hq].unflatten(0, (hk, hq // hk)).permute(2, 1, 0, 3).contiguous()  # [B, G, Hkv, D]
+
+
+def rope_qk_kv_write_rows_ref(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
+                              slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    """The batched rope and KV write in torch: qk [B*W, Hq + Hkv, D], v [B*W, Hkv, D] (row b*W + w: row w of
+    sequence b), positions [B*W], slots [B, W], caches [B, Hkv, S, D]. Returns q [B, Hkv, W*G, D] contiguous,
+    q[b, j, w*G + r] = rotated HF head j*G + r of row w of sequence b; writes k and v at each row's slot."""
+    B, W = slots.shape
+    hk, d = v.shape[1], v.shape[2]
+    hq = qk.shape[1] - hk
+    pairs = qk.unflatten(-1, (1, 2, d // 2)) * table[positions][:, None]  # [B*W, Hq + Hkv, 2, 2, D/2]
+    heads = pairs.sum(dim=-2).flatten(-2)  # [B*W, Hq + Hkv, D]
+    index = slots[:, None, :, None].expand(B, hk, W, d)
+    k_cache.scatter_(2, index, heads[:, hq:].view(B, W, hk, d).transpose(1, 2))
+    v_cache.scatter_(2, index, v.view(B, W, hk, d).transpose(1, 2))
+    q = heads[:, :hq].view(B, W, hk, hq // hk, d)  # [B, W, Hkv, G, D]
+    return q.permute(0, 2, 1, 3, 4).reshape(B, hk, W * (hq // hk), d)
 
 
 def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
@@ -118,12 +138,14 @@ def _eagle3_input_kernel(tok_ptr, emb_ptr, state_ptr, in_w_ptr, hid_w_ptr, out_p
 
 
 def _rope_kv_kernel(qk_ptr, v_ptr, table_ptr, pos_ptr, base_ptr, q_ptr, kc_ptr, vc_ptr,
-                    qk_s0, qk_s1, v_s0, v_s1, kc_s0, kc_s1, vc_s0, vc_s1,
+                    qk_s0, qk_s1, v_s0, v_s1, kc_s0, kc_s1, vc_s0, vc_s1, kc_sb, vc_sb, W,
                     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
-                    USE_GDC: tl.constexpr = False):
+                    ROWS: tl.constexpr = False, USE_GDC: tl.constexpr = False):
     """Program (t, h): head h of token t. h < HQ: rotated q -> q[t, h % G, h // G] (q [B, G, Hkv, D]: HF head
     j*G + r at [t, r, j]); h < HQ + HKV: rotated k -> k cache [h - HQ, base + t]; else v -> v cache [h - HQ -
-    HKV, base + t]. Rope: output half i = round(round(x_1 * table[i, 0]) + round(x_2 * table[i, 1]))."""
+    HKV, base + t]. Rope: output half i = round(round(x_1 * table[i, 0]) + round(x_2 * table[i, 1])).
+    ROWS: token t is row w = t % W of sequence b = t // W, written at slot base_ptr[t] of cache row b (strides
+    kc_sb, vc_sb), its q heads into q [B, Hkv, W*G, D] at [b, h // G, w*G + h % G]."""
     dtype = q_ptr.dtype.element_ty
     _dependents(USE_GDC)
     _wait(USE_GDC)  # positions and base are written by the round before this step: nothing to read before it
@@ -131,7 +153,13 @@ def _rope_kv_kernel(qk_ptr, v_ptr, table_ptr, pos_ptr, base_ptr, q_ptr, kc_ptr, 
     h = tl.program_id(1)
     i = tl.arange(0, BLOCK)
     inside = i < HALF
-    slot = tl.load(base_ptr) + t
+    if ROWS:
+        b = t // W
+        slot = tl.load(base_ptr + t)
+        kc_ptr += b * kc_sb
+        vc_ptr += b * vc_sb
+    else:
+        slot = tl.load(base_ptr) + t
     if h < HQ + HKV:
         src = qk_ptr + t * qk_s0 + h * qk_s1
         x1 = tl.load(src + i, mask=inside, other=0.0).to(tl.float32)
@@ -144,7 +172,10 @@ def _rope_kv_kernel(qk_ptr, v_ptr, table_ptr, pos_ptr, base_ptr, q_ptr, kc_ptr, 
         o1 = _round(_round(x1 * c1, dtype) + _round(x2 * ns1, dtype), dtype)
         o2 = _round(_round(x1 * s2, dtype) + _round(x2 * c2, dtype), dtype)
         if h < HQ:
-            dst = q_ptr + ((t * G + h % G) * HKV + h // G) * (2 * HALF)
+            if ROWS:
+                dst = q_ptr + ((b * HKV + h // G) * W * G + (t % W) * G + h % G) * (2 * HALF)
+            else:
+                dst = q_ptr + ((t * G + h % G) * HKV + h // G) * (2 * HALF)
         else:
             dst = kc_ptr + (h - HQ) * kc_s0 + slot * kc_s1
         tl.store(dst + i, o1.to(dtype), mask=inside)
@@ -242,22 +273,48 @@ def rope_qk_kv_write(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor, pos
     k_cache / v_cache [Hkv, S', D] (last dim contiguous) -> q [B, G, Hkv, D] contiguous, rotated, HF head j*G
     + r of token t at q[t, r, j]; rotated k and v written into the caches at slots base + 0..B-1."""
     _load()
+    _check_rope_args(qk, v, table, k_cache, v_cache)
     b, hqk, d = qk.shape
     hk = v.shape[1]
     hq = hqk - hk
-    if d % 2 or table.shape[-1] * 2 != d or not table.is_contiguous():
-        raise ValueError(f"rope table {tuple(table.shape)} (contiguous: {table.is_contiguous()}) for head_dim {d}")
-    if qk.stride(-1) != 1 or v.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("rope_qk_kv_write needs a contiguous last dim in qk, v and the caches")
-    if hq % hk:
-        raise ValueError(f"{hq} query heads for {hk} kv heads")
     q = torch.empty(b, hq // hk, hk, d, dtype=qk.dtype, device=qk.device)
     g = pdl(qk)
     _rope_kv_kernel[(b, hqk + hk)](qk, v, table, positions, base, q, k_cache, v_cache,
                                    qk.stride(0), qk.stride(1), v.stride(0), v.stride(1),
                                    k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-                                   HQ=hq, HKV=hk, G=hq // hk, HALF=d // 2, BLOCK=pow2(d // 2),
+                                   0, 0, 1, HQ=hq, HKV=hk, G=hq // hk, HALF=d // 2, BLOCK=pow2(d // 2),
                                    **pdl_kwargs(g), enable_fp_fusion=False)
+    return q
+
+
+def _check_rope_args(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor) -> None:
+    d, hk = qk.shape[-1], v.shape[1]
+    if d % 2 or table.shape[-1] * 2 != d or not table.is_contiguous():
+        raise ValueError(f"rope table {tuple(table.shape)} (contiguous: {table.is_contiguous()}) for head_dim {d}")
+    if qk.stride(-1) != 1 or v.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("rope_qk_kv_write needs a contiguous last dim in qk, v and the caches")
+    if (qk.shape[1] - hk) % hk:
+        raise ValueError(f"{qk.shape[1] - hk} query heads for {hk} kv heads")
+
+
+def rope_qk_kv_write_rows(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
+                          slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    """rope_qk_kv_write_rows_ref in one kernel: qk [B*W, Hq + Hkv, D] and v [B*W, Hkv, D] (last dim contiguous),
+    positions [B*W] long, slots [B, W] long, caches [B, Hkv, S, D] (last dim contiguous) -> q [B, Hkv, W*G, D]."""
+    _load()
+    _check_rope_args(qk, v, table, k_cache, v_cache)
+    rows, hqk, d = qk.shape
+    B, W = slots.shape
+    hk = v.shape[1]
+    hq = hqk - hk
+    q = torch.empty(B, hk, W * (hq // hk), d, dtype=qk.dtype, device=qk.device)
+    slots = slots.contiguous()
+    _rope_kv_kernel[(rows, hqk + hk)](qk, v, table, positions, slots, q, k_cache, v_cache,
+                                      qk.stride(0), qk.stride(1), v.stride(0), v.stride(1),
+                                      k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+                                      k_cache.stride(0), v_cache.stride(0), W, HQ=hq, HKV=hk, G=hq // hk,
+                                      HALF=d // 2, BLOCK=pow2(d // 2), ROWS=True, enable_fp_fusion=False)
     return q
 
 
