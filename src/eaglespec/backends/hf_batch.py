@@ -158,7 +158,16 @@ class HFBatchTarget(HFModel):
         self._reserve(B, max(self.lengths) + W)
         S = self.span(max(self.lengths) + W)
         length = to_device(self.lengths, dev)  # [B]
-        ids, block_depth, block_vis = tokens.to(dev), depths.to(dev), visible.to(dev)
+        self._block = W
+        if self.use_graphs:
+            return self._replay(tokens.to(dev), length, depths.to(dev), visible.to(dev), S)
+        return self._verify(tokens.to(dev), length, depths.to(dev), visible.to(dev), S)
+
+    def _verify(self, ids: torch.Tensor, length: torch.Tensor, block_depth: torch.Tensor, block_vis: torch.Tensor,
+                S: int) -> BatchOutput:
+        """The block ids [B, W] at depths [B, W] with ancestry [B, W, W] after each row's `length` [B] committed
+        slots: its slots, positions and mask [B, 1, W, S] over the first S slots, then _run. Tensor ops only."""
+        dev, (B, W) = ids.device, ids.shape
         slots = length[:, None] + torch.arange(W, device=dev)  # [B, W]: where the block's rows are written
         q_pos = length[:, None] + block_depth  # [B, W]
         seen = (torch.arange(S, device=dev) < length[:, None])[:, None, :].expand(B, W, S).clone()  # committed
@@ -169,9 +178,6 @@ class HFBatchTarget(HFModel):
             near = q_pos[:, :, None] - k_pos[:, None, :] < self.window
             windowed = additive_mask(seen & near, self.dtype)[:, None]
             mask = {"full_attention": mask, "sliding_attention": windowed} if self.mixed_layers else windowed
-        self._block = W
-        if self.use_graphs:
-            return self._replay(ids, q_pos, mask, slots)
         return self._run(ids, q_pos, mask, slots)
 
     def _run(self, ids: torch.Tensor, q_pos: torch.Tensor, mask, slots: torch.Tensor) -> BatchOutput:
@@ -186,21 +192,20 @@ class HFBatchTarget(HFModel):
         features = feats if feats is not None else out.logits.new_zeros(B, W, 0)
         return BatchOutput(out.logits, features)
 
-    def _replay(self, ids: torch.Tensor, q_pos: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor
+    def _replay(self, ids: torch.Tensor, length: torch.Tensor, depth: torch.Tensor, vis: torch.Tensor, S: int
                 ) -> BatchOutput:
-        """_run as a CUDA graph of the batch padded to a power of two (padding rows: free rows of the buffers,
-        each row seeing itself only), captured on first use."""
+        """_verify as a CUDA graph of the batch padded to a power of two (padding rows: free rows of the buffers,
+        with no committed slots, each row seeing itself only), captured on first use."""
         B, W = ids.shape
         Bp = 1 << (B - 1).bit_length()
         self._reserve(Bp, self.slots)
-        S = mask.shape[-1]
         key = (Bp, W, S)
         graph = self._graphs.get(key)
         if graph is None:
             graph = self._graphs[key] = _Graph(self, Bp, W, S)
-        graph.ids[:B], graph.pos[:B], graph.mask[:B], graph.slots[:B] = ids, q_pos, mask, slots
-        graph.ids[B:], graph.pos[B:], graph.slots[B:] = 0, 0, torch.arange(W, device=ids.device)
-        graph.mask[B:] = graph.pad_mask
+        graph.ids[:B], graph.length[:B], graph.depth[:B], graph.vis[:B] = ids, length, depth, vis
+        if Bp > B:
+            graph.ids[B:], graph.length[B:], graph.depth[B:], graph.vis[B:] = 0, 0, 0, graph.pad_vis
         if graph.graph is None:
             graph.capture(self)
         graph.graph.replay()
@@ -269,17 +274,16 @@ def _move(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
 
 
 class _Graph:
-    """One captured HFBatchTarget._run at (rows Bp, tree rows W, attended slots S): static inputs and outputs."""
+    """One captured HFBatchTarget._verify at (rows Bp, tree rows W, attended slots S): static inputs and outputs."""
 
     def __init__(self, target: HFBatchTarget, Bp: int, W: int, S: int):
         dev = target.device
+        self.S = S
         self.ids = torch.zeros(Bp, W, dtype=torch.long, device=dev)
-        self.pos = torch.zeros(Bp, W, dtype=torch.long, device=dev)
-        self.slots = torch.arange(W, device=dev).repeat(Bp, 1)
-        seen = torch.zeros(W, S, dtype=torch.bool, device=dev)
-        seen[:, :W] = torch.eye(W, dtype=torch.bool, device=dev)
-        self.pad_mask = additive_mask(seen, target.dtype)[None]  # [1, W, S]: a padding row sees itself
-        self.mask = self.pad_mask.expand(Bp, 1, W, S).clone()
+        self.length = torch.zeros(Bp, dtype=torch.long, device=dev)
+        self.depth = torch.zeros(Bp, W, dtype=torch.long, device=dev)
+        self.pad_vis = torch.eye(W, dtype=torch.bool, device=dev)  # [W, W]: a padding row sees itself
+        self.vis = self.pad_vis.expand(Bp, W, W).clone()
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: BatchOutput | None = None
 
@@ -292,8 +296,8 @@ class _Graph:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                target._run(self.ids, self.pos, self.mask, self.slots)
+                target._verify(self.ids, self.length, self.depth, self.vis, self.S)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=target._pool):
-            self.out = target._run(self.ids, self.pos, self.mask, self.slots)
+            self.out = target._verify(self.ids, self.length, self.depth, self.vis, self.S)
