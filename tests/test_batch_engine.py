@@ -296,6 +296,33 @@ def test_joining_prompts_catch_up_at_the_join(fitted, tree, monkeypatch):
     assert widths and max(widths) <= spec.depth + 1
 
 
+@pytest.mark.parametrize("tree", ["chain", "static"])
+def test_padded_draft_blocks_draft_the_same(fitted, tree):
+    """Graphed drafts pad the batch and the catch-up block to powers of two (at least MIN_BLOCK rows): the padding
+    rows change no row's drafts or drafter KV (the replay stands in for the graph here)."""
+    _, drafter = fitted
+    spec = TREES[tree]
+
+    class Padded(BatchDrafts):
+        _replay = BatchDrafts._draft
+
+    plain, padded = BatchDrafts(drafter, spec), Padded(drafter, spec)
+    padded.use_graphs = True
+    gen = torch.Generator().manual_seed(0)
+    F = drafter.fc.in_features
+    for drafts in (plain, padded):
+        for _ in range(3):
+            drafts.join()
+    for counts in ([5, 1, 3], [1, 2, 1], [2, 2, 2]):
+        feats = [torch.randn(n, F, generator=gen) for n in counts]
+        nxt = [torch.randint(0, 90, (n,), generator=gen).tolist() for n in counts]
+        assert torch.equal(plain.draft(range(3), feats, nxt), padded.draft(range(3), feats, nxt))
+    assert plain.committed == padded.committed
+    for a, b in zip(plain.k, padded.k):
+        n = min(plain.committed)
+        assert torch.allclose(a[:3, :, :n], b[:3, :, :n], atol=1e-6)
+
+
 def test_chained_and_sampled_rows_together(fitted):
     """Greedy rows draft their chains in one drafter call per step (draft/batch.py); a sampled row in the same batch
     drafts with its own proposer. Each is what it is alone."""

@@ -17,7 +17,8 @@ it (contract 4's index shift):
                ancestors' tree rows; their children are their top ranks
 
 The whole draft (catch-up and growth) is one function of static inputs; on CUDA it replays as one CUDA graph per
-(batch bucket, W, S, k), for W up to GRAPH_ROWS (a longer catch-up runs eagerly). A joining prompt's features go in
+(batch bucket, W, S, k), W padded to a power of two (at least MIN_BLOCK) up to GRAPH_ROWS (a longer catch-up runs
+eagerly). A joining prompt's features go in
 before its first round (catch_up: the joining rows alone, eagerly, nothing drafted), so that a round's block stays
 narrow.
 """
@@ -37,6 +38,7 @@ from eaglespec.tensors import to_device
 from eaglespec.tree.core import DraftTree, TreeSpec, chain_tree, draft_topk, static_layout
 
 GRAPH_ROWS = 16  # the widest catch-up block drafted through a CUDA graph
+MIN_BLOCK = 4  # a graphed catch-up block's fewest rows (blocks are padded to a power of two)
 MIN_SLOTS = 64
 
 
@@ -152,9 +154,12 @@ class BatchDrafts:
         counts = [f.shape[0] for f in features]
         W, B = max(counts), self.batch
         Bp = 1 << (B - 1).bit_length() if self.use_graphs else B  # graphs: the batch padded to a power of two
+        graphed = self.use_graphs and W <= GRAPH_ROWS
+        if graphed:  # and the block to a power of two of at least MIN_BLOCK rows: few graphs whatever is pending
+            W = max(MIN_BLOCK, 1 << (W - 1).bit_length())
         self._reserve(Bp, max(self.committed) + W + k)  # a static tree's rows are fewer than its nodes
         inputs = self._inputs(Bp, rows, features, next_tokens, W, self.committed)
-        if self.use_graphs and W <= GRAPH_ROWS:
+        if graphed:
             drafts = self._replay(inputs, k)
         else:
             drafts = self._draft(inputs, k)
