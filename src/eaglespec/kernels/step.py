@@ -310,11 +310,13 @@ def rope_qk_kv_write_rows(qk: torch.Tensor, v: torch.Tensor, table: torch.Tensor
     hq = hqk - hk
     q = torch.empty(B, hk, W * (hq // hk), d, dtype=qk.dtype, device=qk.device)
     slots = slots.contiguous()
+    g = pdl(qk)
     _rope_kv_kernel[(rows, hqk + hk)](qk, v, table, positions, slots, q, k_cache, v_cache,
                                       qk.stride(0), qk.stride(1), v.stride(0), v.stride(1),
                                       k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
                                       k_cache.stride(0), v_cache.stride(0), W, HQ=hq, HKV=hk, G=hq // hk,
-                                      HALF=d // 2, BLOCK=pow2(d // 2), ROWS=True, enable_fp_fusion=False)
+                                      HALF=d // 2, BLOCK=pow2(d // 2), ROWS=True, **pdl_kwargs(g),
+                                      enable_fp_fusion=False)
     return q
 
 
