@@ -506,3 +506,18 @@ def test_attention_with_changing_shapes_keeps_cudnn_off(fitted, monkeypatch):
     engine.generate([BatchRequest(p, 6) for p in _prompts(2)])
     assert seen and not any(seen)
     assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after each call
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_to_device_all_equals_to_device_each(device):
+    """The batched draft's host inputs go over in one copy (views of one buffer on CUDA), each equal to its own."""
+    from eaglespec.tensors import to_device, to_device_all
+
+    dev = torch.device(device)
+    data = ([3, 1], [[1, 2, 3], [4, 5, 6]], [], [7])
+    got = to_device_all(dev, *data)
+    for d, t in zip(data, got):
+        assert t.device.type == device and torch.equal(t.cpu(), to_device(d, torch.device("cpu")))
+    if device == "cuda":
+        assert len({t.untyped_storage().data_ptr() for t in got}) == 1

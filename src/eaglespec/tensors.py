@@ -12,3 +12,13 @@ def to_device(data, device: torch.device, dtype: torch.dtype = torch.long) -> to
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def to_device_all(device: torch.device, *data, dtype: torch.dtype = torch.long) -> list[torch.Tensor]:
+    """[to_device(d, device, dtype) for d in data] in one host-to-device copy: the tensors are views of one
+    buffer (rectangular nested lists, each any shape)."""
+    hosts = [torch.tensor(d, dtype=dtype) for d in data]
+    if device.type != "cuda":
+        return [h.to(device) for h in hosts]
+    flat = torch.cat([h.reshape(-1) for h in hosts]).pin_memory().to(device, non_blocking=True)
+    return [part.view(h.shape) for part, h in zip(flat.split([h.numel() for h in hosts]), hosts)]

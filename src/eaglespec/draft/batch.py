@@ -34,7 +34,7 @@ from torch import nn
 from eaglespec.backends.fast import capture_graph
 from eaglespec.draft.layers import Attention
 from eaglespec.draft.proposer import StaticPlan
-from eaglespec.tensors import to_device
+from eaglespec.tensors import to_device, to_device_all
 from eaglespec.tree.core import DraftTree, TreeSpec, chain_tree, draft_topk, static_layout
 
 GRAPH_ROWS = 16  # the widest catch-up block drafted through a CUDA graph
@@ -165,6 +165,8 @@ class BatchDrafts:
             drafts = self._draft(inputs, k)
         for b, n in zip(rows, counts):
             self.committed[b] += n
+        if rows == list(range(len(rows))):  # the first rows, in order (every live row, as a round drafts)
+            return drafts[: len(rows)]
         return drafts[to_device(rows, self.device)]
 
     @torch.no_grad()
@@ -191,15 +193,16 @@ class BatchDrafts:
         committed drafter rows), built on the host and copied over once each: no host sync."""
         dev = self.device
         counts = [f.shape[0] for f in features]
-        which = to_device([b for b, n in zip(rows, counts) for _ in range(n)], dev)  # each feature's batch row
-        col = to_device([j for n in counts for j in range(n)], dev)  # and its place in the block
-        feats = torch.cat(features).to(dev)
-        padded = feats.new_zeros(Bp, W, feats.shape[-1]).index_put_((which, col), feats)
         tokens, last = [[0] * W for _ in range(Bp)], [0] * Bp
         for b, t, n in zip(rows, next_tokens, counts):
             tokens[b][:n], last[b] = list(t), max(n - 1, 0)
         base = list(base) + [0] * (Bp - len(base))
-        return _Inputs(padded, to_device(tokens, dev), to_device(base, dev), to_device(last, dev))
+        which = [b for b, n in zip(rows, counts) for _ in range(n)]  # each feature's batch row
+        col = [j for n in counts for j in range(n)]  # and its place in the block
+        which, col, tokens, base, last = to_device_all(dev, which, col, tokens, base, last)
+        feats = torch.cat(features).to(dev)
+        padded = feats.new_zeros(Bp, W, feats.shape[-1]).index_put_((which, col), feats)
+        return _Inputs(padded, tokens, base, last)
 
     def _catch_up(self, s: _Inputs, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The block's features through the drafter over slot-buffer rows first..first+Bp-1: (the logits [Bp, Vd]
