@@ -521,3 +521,18 @@ def test_to_device_all_equals_to_device_each(device):
         assert t.device.type == device and torch.equal(t.cpu(), to_device(d, torch.device("cpu")))
     if device == "cuda":
         assert len({t.untyped_storage().data_ptr() for t in got}) == 1
+
+
+def test_static_drafts_carry_their_ancestry(fitted):
+    """Every static tree of the batched drafts shares the shape's ancestry mask, computed once: flatten takes it."""
+    from eaglespec.tree.core import ancestry
+
+    _, drafter = fitted
+    drafts = BatchDrafts(drafter, TREES["static"])
+    for _ in range(2):
+        drafts.join()
+    gen = torch.Generator().manual_seed(0)
+    feats = [torch.randn(n, drafter.fc.in_features, generator=gen) for n in (3, 1)]
+    trees = drafts.propose(range(2), [torch.tensor([5]), torch.tensor([7])], feats, [[1, 2, 3], [4]])
+    for tree in trees:
+        assert torch.equal(tree.visible, ancestry(tree.parents)) and flatten(tree).visible is tree.visible

@@ -35,7 +35,7 @@ from eaglespec.backends.fast import capture_graph
 from eaglespec.draft.layers import Attention
 from eaglespec.draft.proposer import StaticPlan
 from eaglespec.tensors import to_device, to_device_all
-from eaglespec.tree.core import DraftTree, TreeSpec, chain_tree, draft_topk, static_layout
+from eaglespec.tree.core import DraftTree, TreeSpec, ancestry, chain_tree, draft_topk, static_layout
 
 GRAPH_ROWS = 16  # the widest catch-up block drafted through a CUDA graph
 MIN_BLOCK = 4  # a graphed catch-up block's fewest rows (blocks are padded to a power of two)
@@ -96,6 +96,7 @@ class BatchDrafts:
         self.device, self.dtype = p.device, p.dtype
         self.plan = None if spec.kind == "chain" else StaticPlan.build(static_layout(spec.static_choices()), False,
                                                                         self.device)
+        self.visible = None if self.plan is None else ancestry(self.plan.parents)  # [N, N]: every static tree's
         # drafts per row: a chain's k at most, a static tree's nodes below the root
         self.depth = spec.depth if self.plan is None else self.plan.parents.shape[0] - 1
         self.attn = [m for m in drafter.modules() if isinstance(m, Attention)]
@@ -139,7 +140,7 @@ class BatchDrafts:
         if self.plan is None:
             return [chain_tree(root, d) for root, d in zip(roots, drafts)]
         return [DraftTree(tokens=torch.cat([root.to(d.device), d]), parents=self.plan.parents,
-                          depths=self.plan.depths, ordered=True) for root, d in zip(roots, drafts)]
+                          depths=self.plan.depths, ordered=True, visible=self.visible) for root, d in zip(roots, drafts)]
 
     @torch.no_grad()
     def draft(self, rows: Sequence[int], features: Sequence[torch.Tensor], next_tokens: Sequence[Sequence[int]],

@@ -469,8 +469,9 @@ class BatchEngine:
     def _draft_all(self, depth: int) -> list[DraftTree]:
         """Every live row's tree: the chained rows' chains of `depth` drafts or static trees in one drafter call per
         step, the others' row by row (their own trees when depth > 0, else the root alone)."""
-        trees = [self._draft(r, depth > 0) for r in self.live]
         rows = [b for b, r in enumerate(self.live) if r.chained and depth > 0]
+        chained = set(rows)
+        trees = [None if b in chained else self._draft(r, depth > 0) for b, r in enumerate(self.live)]
         if rows:
             reqs = [self.live[b] for b in rows]
             pending = [self._take_pending(r) for r in reqs]

@@ -126,6 +126,8 @@ class DraftTree:
     draft_probs: torch.Tensor | None = None  # [N, V] draft distribution each node's children came from
     stats: dict = field(default_factory=dict)
     ordered: bool = False  # the builder guarantees parents[i] < i: flatten skips its (host-syncing) check
+    visible: torch.Tensor | None = None  # [N, N] bool: the ancestry mask, where the builder has it (a static
+    # tree's, shared by every tree of its shape); flatten computes it otherwise
 
     @property
     def size(self) -> int:
@@ -194,7 +196,7 @@ def ancestry(parents: torch.Tensor, check: bool = True, max_depth: int | None = 
 
 def flatten(tree: DraftTree) -> FlatTree:
     """Tokens, depths, parents and the ancestry mask; no host sync when `tree.ordered`."""
-    visible = ancestry(tree.parents, check=not tree.ordered)
+    visible = tree.visible if tree.visible is not None else ancestry(tree.parents, check=not tree.ordered)
     return FlatTree(tokens=tree.tokens, depths=tree.depths, parents=tree.parents, visible=visible)
 
 
