@@ -533,6 +533,7 @@ def test_static_drafts_carry_their_ancestry(fitted):
         drafts.join()
     gen = torch.Generator().manual_seed(0)
     feats = [torch.randn(n, drafter.fc.in_features, generator=gen) for n in (3, 1)]
-    trees = drafts.propose(range(2), [torch.tensor([5]), torch.tensor([7])], feats, [[1, 2, 3], [4]])
+    trees = drafts.propose(range(2), torch.tensor([5, 7]), feats, [[1, 2, 3], [4]])
+    assert [int(t.tokens[0]) for t in trees] == [5, 7]  # each row's root
     for tree in trees:
         assert torch.equal(tree.visible, ancestry(tree.parents)) and flatten(tree).visible is tree.visible

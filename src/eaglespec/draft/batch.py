@@ -131,16 +131,17 @@ class BatchDrafts:
         self.committed = [self.committed[b] for b in keep]
 
     @torch.no_grad()
-    def propose(self, rows: Sequence[int], roots: Sequence[torch.Tensor], features: Sequence[torch.Tensor],
+    def propose(self, rows: Sequence[int], roots: torch.Tensor, features: Sequence[torch.Tensor],
                 next_tokens: Sequence[Sequence[int]], depth: int | None = None) -> list[DraftTree]:
-        """The trees below roots[i] (each [1]) for batch rows `rows`, after catching each up on its pending
+        """The trees below roots [R] (target ids) for batch rows `rows`, after catching each up on its pending
         features[i] [n_i, F] with next_tokens[i] (n_i ids): chains of `depth` drafts (None: the spec's depth), or
         the static tree."""
         drafts = self.draft(rows, features, next_tokens, depth)  # [R, k]
+        tokens = torch.cat([roots.to(drafts.device)[:, None], drafts], dim=1)  # [R, 1 + k]: each tree's nodes
         if self.plan is None:
-            return [chain_tree(root, d) for root, d in zip(roots, drafts)]
-        return [DraftTree(tokens=torch.cat([root.to(d.device), d]), parents=self.plan.parents,
-                          depths=self.plan.depths, ordered=True, visible=self.visible) for root, d in zip(roots, drafts)]
+            return [chain_tree(t[:1], t[1:]) for t in tokens]
+        return [DraftTree(tokens=t, parents=self.plan.parents, depths=self.plan.depths, ordered=True,
+                          visible=self.visible) for t in tokens]
 
     @torch.no_grad()
     def draft(self, rows: Sequence[int], features: Sequence[torch.Tensor], next_tokens: Sequence[Sequence[int]],

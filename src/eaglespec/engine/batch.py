@@ -477,7 +477,7 @@ class BatchEngine:
             pending = [self._take_pending(r) for r in reqs]
             nxt = [r.tokens[c + 1: c + 1 + p.shape[0]] for r, c, p in
                    zip(reqs, [self.drafts.committed[b] for b in rows], pending)]  # x_{t+1}, contract 4
-            drafted = self.drafts.propose(rows, [self._root(r) for r in reqs], pending, nxt, depth)
+            drafted = self.drafts.propose(rows, to_device([r.tokens[-1] for r in reqs], self.device), pending, nxt, depth)
             for b, tree in zip(rows, drafted):
                 trees[b] = tree
         return trees
