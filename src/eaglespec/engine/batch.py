@@ -5,7 +5,8 @@ Each step (BatchEngine.step):
     2. join     waiting requests are prefilled, at most `prefill_chunk` prompt tokens per step while other rows
                 decode, and join the batch (up to `max_batch` rows, and while the rows' prompts plus max_new_tokens
                 stay within `max_tokens`: a bound on the KV the batch may come to hold); prompts that go in whole
-                join together, in one target forward; a joined request's first token is emitted
+                join together, in one target forward; a joined request's first token is emitted, and its drafter
+                runs over its prompt's features (all but the last, which its first round takes)
     3. round    every live row drafts its own tree (greedy chains or static trees of all rows in one drafter call
                 per step, draft/batch.py; dynamic trees and sampled rows through their own proposer: drafter KV,
                 sampling, random stream), one target forward verifies all the trees (backends/hf_batch.py and
