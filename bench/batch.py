@@ -11,7 +11,8 @@ without a drafter (plain batched decoding), once with it, and once with it under
 measured when the engine is built; engine/plan.py). Every timed run is the second of
 two (the first compiles the kernels for the shapes and lengths it meets). Reported per (B, method): aggregate tokens/s, p50/p99
 time to first token and time per output token (per request: (finish - first token) / (tokens - 1)), tau, a step's
-draft and verify time; and the one-sequence engine (EagleSpec.generate, the fast path) over the same prompts, one after another, as the batch-1
+draft and verify time, the seconds the steps spent joining requests and in rounds, and the CUDA graphs the timed run
+captured; and the one-sequence engine (EagleSpec.generate, the fast path) over the same prompts, one after another, as the batch-1
 baseline. Ratios are against plain batched decoding at the same B, measured in the same run.
 
 Serve mode: `create_app` under uvicorn on a loopback port (as `eaglespec serve`), --requests chat requests
@@ -56,6 +57,7 @@ def run_engine(engine: BatchEngine, prompts: list[list[int]], max_new_tokens: in
     """All prompts submitted at once; per-request first-token and finish times from the step events."""
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     sync()
+    graphs, seconds = engine.graphs, dict(engine.seconds)
     t0 = time.perf_counter()
     reqs = [engine.submit(BatchRequest(p, max_new_tokens, eos)) for p in prompts]
     first: dict[int, float] = {}
@@ -82,7 +84,9 @@ def run_engine(engine: BatchEngine, prompts: list[list[int]], max_new_tokens: in
     verify_ms = 1e3 * statistics.mean(rd.verify_s + rd.commit_s for rd in every) if every else 0.0
     return {"draft_ms": draft_ms, "verify_ms": verify_ms, "tokens": n, "seconds": wall, "tokens_per_s": n / wall, "ttft_p50": _pct(ttft, 0.5),
             "ttft_p99": _pct(ttft, 0.99), "tpot_p50": _pct(tpot, 0.5), "tpot_p99": _pct(tpot, 0.99),
-            "tau": 1 + accepted / rounds if rounds else 0.0, "outputs": [r.result.token_ids for r in reqs]}
+            "tau": 1 + accepted / rounds if rounds else 0.0, "outputs": [r.result.token_ids for r in reqs],
+            "join_s": engine.seconds["join"] - seconds["join"], "round_s": engine.seconds["round"] - seconds["round"],
+            "new_graphs": engine.graphs - graphs}
 
 
 def engine_mode(args: argparse.Namespace) -> dict:
@@ -132,6 +136,9 @@ def engine_mode(args: argparse.Namespace) -> dict:
             f"{s['draft_ms']:.1f} ms, verify {s['verify_ms']:.1f} ms) | "
             f"{row['speedup']:.2f}x (adaptive {row['adaptive_speedup']:.2f}x) | same tokens as the one-sequence "
             f"engine {p['same_as_one_sequence']}/{s['same_as_one_sequence']} of {p['prompts']}")
+        log(f"B={B:3d} seconds joining / in rounds / new CUDA graphs: "
+            + " | ".join(f"{name} {row[name]['join_s']:.3f} / {row[name]['round_s']:.3f} / {row[name]['new_graphs']}"
+                         for name in ("plain", "speculative", "adaptive")))
     base = out["rows"][0]["plain"]["tokens_per_s"] if out["rows"] else 0
     for row in out["rows"]:
         row["plain_vs_plain_b1"] = row["plain"]["tokens_per_s"] / base if base else 0.0

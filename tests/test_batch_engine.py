@@ -294,6 +294,7 @@ def test_joining_prompts_catch_up_at_the_join(fitted, tree, monkeypatch):
     results = engine.generate([BatchRequest(p, 12) for p in prompts])
     assert [r.token_ids for r in results] == [reference_greedy(model, p, 12) for p in prompts]
     assert widths and max(widths) <= spec.depth + 1
+    assert engine.seconds["join"] > 0 and engine.seconds["round"] > 0 and engine.graphs == 0  # no graphs on CPU
 
 
 @pytest.mark.parametrize("tree", ["chain", "static"])

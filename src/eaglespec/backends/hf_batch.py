@@ -90,6 +90,11 @@ class HFBatchTarget(HFModel):
         return len(self.lengths)
 
     @property
+    def graphs(self) -> int:
+        """Verify graphs captured and held (one per batch bucket, tree rows and span met)."""
+        return sum(g.graph is not None for g in self._graphs.values())
+
+    @property
     def slots(self) -> int:
         """S: the slots each row has."""
         return self.keys[0].shape[2] if self.keys else 0

@@ -112,6 +112,11 @@ class BatchDrafts:
         return len(self.committed)
 
     @property
+    def graphs(self) -> int:
+        """Draft graphs captured and held (one per batch bucket, block rows, slots and depth met)."""
+        return len(self._graphs)
+
+    @property
     def slots(self) -> int:
         return self.k[0].shape[2] if self.k else 0
 

@@ -115,6 +115,9 @@ class BatchEngine:
         self.chains = self.drafts is not None and self.spec.kind == "chain"
         self.waiting: deque[BatchRequest] = deque()
         self.live: list[BatchRequest] = []  # live[b] is the target's batch row b
+        # host wall seconds the steps have spent joining requests (prefill, the drafter's catch-up, first tokens)
+        # and in rounds, since the engine was built
+        self.seconds = {"join": 0.0, "round": 0.0}
         self.target.reset()
 
     # -- the queue ------------------------------------------------------------------------------
@@ -204,9 +207,13 @@ class BatchEngine:
         """Leave, join, one round for every live row, finish. Returns (request, tokens it emitted this step) for
         every request that emitted; a request is finished when its `done` is set."""
         self._leave()
+        t0 = time.perf_counter()
         events = self._join()
+        t1 = time.perf_counter()
         if self.live:
             events += self._round()
+        self.seconds["join"] += t1 - t0
+        self.seconds["round"] += time.perf_counter() - t1
         self._finish()
         return events
 
@@ -540,6 +547,11 @@ class BatchEngine:
         r.proposer = r.prefilled = None
         r.pending = []
         r.tokens = []
+
+    @property
+    def graphs(self) -> int:
+        """CUDA graphs captured and held: the target's verify graphs and the batched drafts'."""
+        return self.target.graphs + (self.drafts.graphs if self.drafts is not None else 0)
 
     @property
     def device(self) -> torch.device:
