@@ -18,9 +18,8 @@ it (contract 4's index shift):
 
 The whole draft (catch-up and growth) is one function of static inputs; on CUDA it replays as one CUDA graph per
 (batch bucket, W, S, k), W padded to a power of two (at least MIN_BLOCK) up to GRAPH_ROWS (a longer catch-up runs
-eagerly). A joining prompt's features go in
-before its first round (catch_up: the joining rows alone, eagerly, nothing drafted), so that a round's block stays
-narrow.
+eagerly). A joining prompt's features go in before its first round (catch_up: the joining rows alone, eagerly,
+nothing drafted), so that a round's block stays narrow.
 """
 
 from __future__ import annotations
@@ -197,7 +196,7 @@ class BatchDrafts:
     def _inputs(self, Bp: int, rows: Sequence[int], features: Sequence[torch.Tensor],
                 next_tokens: Sequence[Sequence[int]], W: int, base: Sequence[int]) -> _Inputs:
         """The padded inputs of a draft over Bp block rows (`rows` of them take features; base: the block rows'
-        committed drafter rows), built on the host and copied over once each: no host sync."""
+        committed drafter rows), built on the host and copied over in one copy: no host sync."""
         dev = self.device
         counts = [f.shape[0] for f in features]
         tokens, last = [[0] * W for _ in range(Bp)], [0] * Bp

@@ -351,12 +351,12 @@ class BatchEngine:
                 self.drafts.join()
             heads = [self._split_pending(r) if r.chained else r.pending[0][:0] for r in reqs]
             self.drafts.catch_up(range(first, first + len(reqs)), heads,
-                                 [r.tokens[1: 1 + h.shape[0]] for r, h in zip(reqs, heads)])
+                                 [self._next_ids(r, 0, h) for r, h in zip(reqs, heads)])
         for r in reqs:
             if r.proposer is not None and r.proposer.spec.speculates:
                 head = self._split_pending(r)
                 if head.shape[0]:
-                    r.proposer.catch_up(head, torch.tensor(r.tokens[1: 1 + head.shape[0]], device=self.device))
+                    r.proposer.catch_up(head, torch.tensor(self._next_ids(r, 0, head), device=self.device))
         self.live.extend(reqs)
 
     def _split_pending(self, r: BatchRequest) -> torch.Tensor:
@@ -423,10 +423,10 @@ class BatchEngine:
         events and each row's accepted drafts."""
         dev, live = self.device, self.live
         B = len(live)
-        tokens = to_device([[r.tokens[-1]] for r in live], dev)  # [B, 1]: the roots
+        tokens = self._roots(live)[:, None]  # [B, 1]
         if depth > 0:
             pending = [self._take_pending(r) for r in live]
-            nxt = [r.tokens[c + 1: c + 1 + p.shape[0]] for r, c, p in zip(live, self.drafts.committed, pending)]
+            nxt = [self._next_ids(r, c, p) for r, c, p in zip(live, self.drafts.committed, pending)]
             drafts = self.drafts.draft(range(B), pending, nxt, depth)  # [B, k]
             tokens = torch.cat([tokens, drafts], dim=1)
         W = tokens.shape[1]
@@ -483,9 +483,8 @@ class BatchEngine:
         if rows:
             reqs = [self.live[b] for b in rows]
             pending = [self._take_pending(r) for r in reqs]
-            nxt = [r.tokens[c + 1: c + 1 + p.shape[0]] for r, c, p in
-                   zip(reqs, [self.drafts.committed[b] for b in rows], pending)]  # x_{t+1}, contract 4
-            drafted = self.drafts.propose(rows, to_device([r.tokens[-1] for r in reqs], self.device), pending, nxt, depth)
+            nxt = [self._next_ids(r, self.drafts.committed[b], p) for b, r, p in zip(rows, reqs, pending)]
+            drafted = self.drafts.propose(rows, self._roots(reqs), pending, nxt, depth)
             for b, tree in zip(rows, drafted):
                 trees[b] = tree
         return trees
@@ -497,8 +496,7 @@ class BatchEngine:
         if not drafting or r.proposer is None or not r.proposer.spec.speculates:
             return chain_tree(root, root.new_zeros(0))
         pending = self._take_pending(r)
-        c = r.proposer.committed
-        next_tokens = torch.tensor(r.tokens[c + 1: c + 1 + pending.shape[0]], device=self.device)  # x_{t+1}, contract 4
+        next_tokens = torch.tensor(self._next_ids(r, r.proposer.committed, pending), device=self.device)
         return r.proposer.propose(root, pending, next_tokens)
 
     @staticmethod
@@ -507,9 +505,18 @@ class BatchEngine:
         parts, r.pending = r.pending, []
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    @staticmethod
+    def _next_ids(r: BatchRequest, committed: int, features: torch.Tensor) -> list[int]:
+        """The token after each of r's pending feature rows f_t, t = committed.. (x_{t+1}, contract 4)."""
+        return r.tokens[committed + 1: committed + 1 + features.shape[0]]
+
     def _root(self, r: BatchRequest) -> torch.Tensor:
         """Row r's last token [1]: the root of its next tree."""
         return torch.tensor(r.tokens[-1:], device=self.device)
+
+    def _roots(self, reqs: Sequence[BatchRequest]) -> torch.Tensor:
+        """The rows' last tokens [R] (the roots of their next trees), in one copy."""
+        return to_device([r.tokens[-1] for r in reqs], self.device)
 
     # -- finishing ------------------------------------------------------------------------------
     def _emit(self, r: BatchRequest, tokens: list[int]) -> list[int]:
