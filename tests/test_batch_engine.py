@@ -267,7 +267,7 @@ def test_chained_rows_accept_what_they_accept_alone(fitted, tree):
     while not all(r.done for r in reqs):
         engine.step()
         for b, r in enumerate(engine.live):
-            fed = engine.drafts.committed[b] + sum(part.shape[0] for part in r.pending)
+            fed = engine.drafts.committed[b] + engine.pending(b)
             assert fed == len(r.tokens) - 1  # every token but the root, once
     assert all(r.chained for r in reqs) and (engine.drafts.plan is None) == (tree == "chain")
     single = SpeculativeEngine(HFTarget(model), drafter, spec)
@@ -284,9 +284,11 @@ def test_joining_prompts_catch_up_at_the_join(fitted, tree, monkeypatch):
     model, drafter = fitted
     spec = TREES[tree]
     widths = []
-    draft, propose = BatchDrafts.draft, Proposer.propose
+    draft, block, propose = BatchDrafts.draft, BatchDrafts.draft_block, Proposer.propose
     monkeypatch.setattr(BatchDrafts, "draft", lambda self, rows, feats, *a, **kw: (
         widths.extend(f.shape[0] for f in feats), draft(self, rows, feats, *a, **kw))[1])
+    monkeypatch.setattr(BatchDrafts, "draft_block", lambda self, feats, ids, counts, *a, **kw: (
+        widths.extend(counts), block(self, feats, ids, counts, *a, **kw))[1])
     monkeypatch.setattr(Proposer, "propose", lambda self, root, feats, nxt: (
         widths.append(feats.shape[0]), propose(self, root, feats, nxt))[1])
     prompts = [p * 3 for p in _prompts(5)]  # 9..21 tokens
@@ -300,28 +302,37 @@ def test_joining_prompts_catch_up_at_the_join(fitted, tree, monkeypatch):
 @pytest.mark.parametrize("tree", ["chain", "static"])
 def test_padded_draft_blocks_draft_the_same(fitted, tree):
     """Graphed drafts pad the batch and the catch-up block to powers of two (at least MIN_BLOCK rows): the padding
-    rows change no row's drafts or drafter KV (the replay stands in for the graph here)."""
+    rows change no row's drafts or drafter KV (the replay stands in for the graph here); nor do the rows past each
+    row's count in draft_block's one block."""
     _, drafter = fitted
     spec = TREES[tree]
 
     class Padded(BatchDrafts):
         _replay = BatchDrafts._draft
 
-    plain, padded = BatchDrafts(drafter, spec), Padded(drafter, spec)
-    padded.use_graphs = True
+    plain, padded, block = BatchDrafts(drafter, spec), Padded(drafter, spec), Padded(drafter, spec)
+    padded.use_graphs = block.use_graphs = True
     gen = torch.Generator().manual_seed(0)
     F = drafter.fc.in_features
-    for drafts in (plain, padded):
+    for drafts in (plain, padded, block):
         for _ in range(3):
             drafts.join()
     for counts in ([5, 1, 3], [1, 2, 1], [2, 2, 2]):
         feats = [torch.randn(n, F, generator=gen) for n in counts]
         nxt = [torch.randint(0, 90, (n,), generator=gen).tolist() for n in counts]
-        assert torch.equal(plain.draft(range(3), feats, nxt), padded.draft(range(3), feats, nxt))
-    assert plain.committed == padded.committed
-    for a, b in zip(plain.k, padded.k):
-        n = min(plain.committed)
+        # draft_block's form: one [B, w] block whose rows past each row's count hold other values
+        held = torch.randn(3, max(counts), F, generator=gen)
+        ids = torch.randint(0, 90, (3, max(counts)), generator=gen)
+        for b, (f, t) in enumerate(zip(feats, nxt)):
+            held[b, : len(t)], ids[b, : len(t)] = f, torch.tensor(t)
+        want = plain.draft(range(3), feats, nxt)
+        assert torch.equal(want, padded.draft(range(3), feats, nxt))
+        assert torch.equal(want, block.draft_block(held, ids, counts))
+    assert plain.committed == padded.committed == block.committed
+    n = min(plain.committed)
+    for a, b, c in zip(plain.k, padded.k, block.k):
         assert torch.allclose(a[:3, :, :n], b[:3, :, :n], atol=1e-6)
+        assert torch.allclose(a[:3, :, :n], c[:3, :, :n], atol=1e-6)
 
 
 def test_chained_and_sampled_rows_together(fitted):

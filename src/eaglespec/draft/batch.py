@@ -153,27 +153,60 @@ class BatchDrafts:
         """propose's drafts alone, target ids [R, k] for the named rows: a chain's k = depth (None: the spec's
         depth) greedy drafts, or the static tree's nodes below the root in node order (k = self.depth). Rows not
         named draft nothing (their slots past n_b are scratch)."""
-        k = self.depth if depth is None or self.plan is not None else depth
-        if not 1 <= k <= self.depth:
-            raise ValueError(f"a chain of {k} drafts: the chains draft 1 to {self.depth}")
+        k = self._drafts(depth)
         rows = list(rows)
         counts = [f.shape[0] for f in features]
-        W, B = max(counts), self.batch
-        Bp = 1 << (B - 1).bit_length() if self.use_graphs else B  # graphs: the batch padded to a power of two
-        graphed = self.use_graphs and W <= GRAPH_ROWS
-        if graphed:  # and the block to a power of two of at least MIN_BLOCK rows: few graphs whatever is pending
-            W = max(MIN_BLOCK, 1 << (W - 1).bit_length())
+        Bp, W, graphed = self._block(max(counts))
         self._reserve(Bp, max(self.committed) + W + k)  # a static tree's rows are fewer than its nodes
-        inputs = self._inputs(Bp, rows, features, next_tokens, W, self.committed)
-        if graphed:
-            drafts = self._replay(inputs, k)
-        else:
-            drafts = self._draft(inputs, k)
+        drafts = self._run(self._inputs(Bp, rows, features, next_tokens, W, self.committed), k, graphed)
         for b, n in zip(rows, counts):
             self.committed[b] += n
         if rows == list(range(len(rows))):  # the first rows, in order (every live row, as a round drafts)
             return drafts[: len(rows)]
         return drafts[to_device(rows, self.device)]
+
+    @torch.no_grad()
+    def draft_block(self, features: torch.Tensor, next_tokens: torch.Tensor, counts: Sequence[int],
+                    depth: int | None = None) -> torch.Tensor:
+        """draft for every batch row from a block already on the device: row b's pending features are
+        features[b, :counts[b]] ([B, w, F] in all) with next_tokens[b, :counts[b]] ([B, w] ids); the rest of each
+        row is ignored. Returns the drafts [B, k]."""
+        k = self._drafts(depth)
+        B, w = next_tokens.shape
+        if len(counts) != B or self.batch != B or not all(1 <= n <= w for n in counts):
+            raise ValueError(f"draft_block takes every batch row ({self.batch}) with 1..{w} rows each, not {counts}")
+        Bp, W, graphed = self._block(w)
+        self._reserve(Bp, max(self.committed) + W + k)
+        if (Bp, W) != (B, w):
+            padded, ids = features.new_zeros(Bp, W, features.shape[-1]), next_tokens.new_zeros(Bp, W)
+            padded[:B, :w], ids[:B, :w] = features, next_tokens
+            features, next_tokens = padded, ids
+        pad = [0] * (Bp - B)
+        base, last = to_device_all(self.device, [*self.committed, *pad], [n - 1 for n in counts] + pad)
+        drafts = self._run(_Inputs(features, next_tokens, base, last), k, graphed)
+        self.committed = [c + n for c, n in zip(self.committed, counts)]
+        return drafts[:B]
+
+    def _drafts(self, depth: int | None) -> int:
+        """k, the drafts per row below the root: a chain's `depth` (None: the spec's), a static tree's nodes."""
+        k = self.depth if depth is None or self.plan is not None else depth
+        if not 1 <= k <= self.depth:
+            raise ValueError(f"a chain of {k} drafts: the chains draft 1 to {self.depth}")
+        return k
+
+    def _block(self, W: int) -> tuple[int, int, bool]:
+        """(Bp, W, graphed) of a draft over every batch row whose catch-up block is W rows wide: through a CUDA graph
+        when W <= GRAPH_ROWS, the batch then padded to a power of two and the block to one of at least MIN_BLOCK rows
+        (few graphs whatever is pending)."""
+        B = self.batch
+        graphed = self.use_graphs and W <= GRAPH_ROWS
+        if not graphed:
+            return B, W, False
+        return 1 << (B - 1).bit_length(), max(MIN_BLOCK, 1 << (W - 1).bit_length()), True
+
+    def _run(self, inputs: _Inputs, k: int, graphed: bool) -> torch.Tensor:
+        """The drafts [Bp, k] from a draft's inputs: the graph's replay or the eager draft."""
+        return self._replay(inputs, k) if graphed else self._draft(inputs, k)
 
     @torch.no_grad()
     def catch_up(self, rows: range, features: Sequence[torch.Tensor], next_tokens: Sequence[Sequence[int]]) -> None:

@@ -88,6 +88,26 @@ class BatchRequest:
         return self.max_new_tokens - len(self.result.token_ids)
 
 
+@dataclass
+class _Carry:
+    """What a chained round left pending for every live row, on the device: row b's drafter has not consumed
+    features[b, :counts[b]], whose next tokens (x_{t+1}, contract 4) are ids[b, :counts[b]] (the tokens row b
+    emitted that round). The round after drafts from it directly; anything else first settles it into the rows'
+    pending parts."""
+
+    features: torch.Tensor  # [B, W, F]
+    ids: torch.Tensor  # [B, W] long
+    counts: list[int]
+
+    def keep(self, rows: list[int]) -> _Carry | None:
+        """The carry of the kept batch rows, in order (None for none)."""
+        if not rows:
+            return None
+        idx = to_device(rows, self.ids.device)
+        return _Carry(self.features.index_select(0, idx), self.ids.index_select(0, idx),
+                      [self.counts[b] for b in rows])
+
+
 class BatchEngine:
     """Speculative decoding of many sequences at once over an HFBatchTarget (see the module docstring)."""
 
@@ -115,6 +135,7 @@ class BatchEngine:
         self.chains = self.drafts is not None and self.spec.kind == "chain"
         self.waiting: deque[BatchRequest] = deque()
         self.live: list[BatchRequest] = []  # live[b] is the target's batch row b
+        self._carry: _Carry | None = None  # every live row's pending features after a chained round
         # host wall seconds the steps have spent joining requests (prefill, the drafter's catch-up, first tokens)
         # and in rounds, since the engine was built
         self.seconds = {"join": 0.0, "round": 0.0}
@@ -135,7 +156,7 @@ class BatchEngine:
         """Drop every request (after a failed step): the live and waiting ones end as "error", the KV is freed."""
         for r in [*self.live, *self.waiting]:
             self._close(r, "error")
-        self.live, self.waiting = [], deque()
+        self.live, self.waiting, self._carry = [], deque(), None
         self.target.reset()
         if self.drafts is not None:
             self.drafts = BatchDrafts(self.drafter, self.spec)
@@ -345,6 +366,7 @@ class BatchEngine:
         """reqs, whose KV the target has just joined as its last rows, become the last live rows. Their drafter
         catches up on every prompt feature but the last now, the chained rows in one call: the round that drafts
         from a prompt takes that one row, not the prompt."""
+        self._settle()
         if self.drafts is not None:
             first = self.drafts.batch
             for _ in reqs:
@@ -379,6 +401,7 @@ class BatchEngine:
                 if plan is not None:
                     plan.record(depth, accepted, chain=self.chains)
                 return events
+        self._settle()
         trees = self._draft_all(depth)
         flats = [flatten(t) for t in trees]
         rows = stack_flat(flats)  # [B, W]: every tree padded to the widest
@@ -425,10 +448,16 @@ class BatchEngine:
         B = len(live)
         tokens = self._roots(live)[:, None]  # [B, 1]
         if depth > 0:
-            pending = [self._take_pending(r) for r in live]
-            nxt = [self._next_ids(r, c, p) for r, c, p in zip(live, self.drafts.committed, pending)]
-            drafts = self.drafts.draft(range(B), pending, nxt, depth)  # [B, k]
+            if self._carry is not None:  # the last round's accepted rows, as it left them on the device
+                carry, self._carry = self._carry, None
+                drafts = self.drafts.draft_block(carry.features, carry.ids, carry.counts, depth)  # [B, k]
+            else:
+                pending = [self._take_pending(r) for r in live]
+                nxt = [self._next_ids(r, c, p) for r, c, p in zip(live, self.drafts.committed, pending)]
+                drafts = self.drafts.draft(range(B), pending, nxt, depth)  # [B, k]
             tokens = torch.cat([tokens, drafts], dim=1)
+        else:
+            self._settle()  # a plain step: every row's features stay pending
         W = tokens.shape[1]
         depths = torch.arange(W, device=dev).expand(B, W)
         visible = torch.ones(W, W, dtype=torch.bool, device=dev).tril().expand(B, W, W)
@@ -438,10 +467,15 @@ class BatchEngine:
         t2 = time.perf_counter()
         self.target.commit_prefixes([m + 1 for m, _ in accs])
         features = out.features.clone() if self.drafter is not None else None  # outlives the next forward
+        if features is not None and depth > 0:  # every row's drafter consumed what was pending: the accepted rows'
+            # features reseed it, left on the device for the next round
+            ids = to_device([e + [0] * (W - len(e)) for _, e in accs], dev)  # [B, W]: x_{t+1} of each row
+            self._carry = _Carry(features, ids, [m + 1 for m, _ in accs])
+        elif features is not None:
+            for r, (m, _), part in zip(live, accs, features):
+                r.pending.append(part[: m + 1])
         events = []
-        for b, (r, (m, emit)) in enumerate(zip(live, accs)):
-            if features is not None:  # the accepted rows' features reseed the drafter
-                r.pending.append(features[b, : m + 1])
+        for r, (m, emit) in zip(live, accs):
             emitted = self._emit(r, emit)
             r.result.rounds.append(RoundStats(drafted=W - 1, accepted=m, emitted=len(emitted), draft_s=t1 - t0,
                                               verify_s=t2 - t1))
@@ -499,6 +533,19 @@ class BatchEngine:
         next_tokens = torch.tensor(self._next_ids(r, r.proposer.committed, pending), device=self.device)
         return r.proposer.propose(root, pending, next_tokens)
 
+    def _settle(self) -> None:
+        """The carry's rows become each live row's last pending part (before the batch changes, or a round that
+        does not draft every row from it)."""
+        carry, self._carry = self._carry, None
+        if carry is not None:
+            for r, part, n in zip(self.live, carry.features, carry.counts):
+                r.pending.append(part[:n])
+
+    def pending(self, b: int) -> int:
+        """Feature rows of batch row b that its drafter has not consumed."""
+        held = self._carry.counts[b] if self._carry is not None else 0
+        return held + sum(part.shape[0] for part in self.live[b].pending)
+
     @staticmethod
     def _take_pending(r: BatchRequest) -> torch.Tensor:
         """Row r's pending features as one [n, F] tensor; none are pending afterwards."""
@@ -540,7 +587,10 @@ class BatchEngine:
                 self._close(self.live.pop(b), None)
 
     def _drop(self, rows: list[int]) -> None:
-        """Free batch rows in the target and the batched drafts."""
+        """Free batch rows in the target, the batched drafts and the carry."""
+        if self._carry is not None:
+            gone = set(rows)
+            self._carry = self._carry.keep([b for b in range(len(self.live)) if b not in gone])
         self.target.drop(rows)
         if self.drafts is not None:
             self.drafts.drop(rows)
