@@ -20,6 +20,7 @@ from eaglespec.engine.batch import BatchEngine, BatchRequest
 from eaglespec.engine.loop import SpeculativeEngine
 from eaglespec.engine.plan import DepthPlan
 from eaglespec.errors import EagleSpecError
+from eaglespec.rows import compaction, move_rows
 from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.tree.core import DraftTree, FlatTree, TreeSpec, chain_tree, flatten, stack_flat
 from eaglespec.verify import greedy_accept, greedy_accept_chains, greedy_accept_rows
@@ -440,10 +441,24 @@ def test_joined_prompts_equal_prompts_prefilled_one_by_one(fitted, backend):
             torch.testing.assert_close(y[b, :, :n], x[b, :, :n], rtol=1e-4, atol=1e-4)
 
 
+def test_compaction_moves_only_rows_into_holes():
+    """Rows leaving: staying rows below the new size keep their place, holes take staying rows from above, and
+    move_rows copies exactly those rows."""
+    assert compaction(5, [1, 3]) == [0, 4, 2]
+    assert compaction(4, [3]) == [0, 1, 2]
+    assert compaction(4, [0, 1, 2, 3]) == []
+    assert compaction(6, [0, 5]) == [4, 1, 2, 3]
+    with pytest.raises(ValueError, match="not all rows"):
+        compaction(3, [3])
+    x = torch.arange(6.0)[:, None].repeat(1, 2)
+    move_rows([x], compaction(6, [0, 5]))
+    assert x[:4, 0].tolist() == [4.0, 1.0, 2.0, 3.0]
+
+
 @pytest.mark.parametrize("backend", sorted(TARGETS))
 def test_batch_rows_do_not_leak(fitted, backend):
     """Rows of different lengths keeping paths of different lengths, then a row dropped: each row's logits and
-    features equal its sequence's alone, and so do the row that moved up's."""
+    features equal its sequence's alone, and so do the row's that moved into its place."""
     model, _ = fitted
     ids = (1, 2, 4)
     batch = TARGETS[backend](model, ids)
@@ -475,10 +490,11 @@ def test_batch_rows_do_not_leak(fitted, backend):
     for n in range(6):
         step([0, 1, 2], [3, 1, 2] if n % 2 else [1, 4, 3], n)
     assert batch.lengths == [t.committed_len for t in solo]
-    batch.drop([0])
+    order = batch.drop([0])
+    assert order == [2, 1]  # the last row fills the hole: one row moves
     for n in range(3):
-        step([1, 2], [2, 3], n)
-    assert batch.lengths == [solo[1].committed_len, solo[2].committed_len]
+        step(order, [2, 3], n)
+    assert batch.lengths == [solo[i].committed_len for i in order]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

@@ -28,6 +28,7 @@ from torch import nn
 from eaglespec.backends.hf import HFModel
 from eaglespec.backends.hf_attention import grouped_attention
 from eaglespec.draft.layers import additive_mask
+from eaglespec.rows import compaction, move_rows
 from eaglespec.tensors import to_device
 
 
@@ -141,17 +142,13 @@ class HFBatchTarget(HFModel):
             self.join(state)
         return out
 
-    def drop(self, rows: Sequence[int]) -> None:
-        """Remove rows (their slots freed); the rows after them move up, in order."""
+    def drop(self, rows: Sequence[int]) -> list[int]:
+        """Remove rows (their slots freed): rows.compaction's order, which the caller's rows follow; returns it."""
         self._block = 0
-        gone = set(rows)
-        keep = [b for b in range(self.batch) if b not in gone]
-        if keep != list(range(len(keep))):
-            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-            for k, v in zip(self.keys, self.values):
-                k[: len(keep)] = k.index_select(0, idx)
-                v[: len(keep)] = v.index_select(0, idx)
-        self.lengths = [self.lengths[b] for b in keep]
+        order = compaction(self.batch, rows)
+        move_rows([*self.keys, *self.values], order)
+        self.lengths = [self.lengths[b] for b in order]
+        return order
 
     # -- the round ------------------------------------------------------------------------------
     @torch.no_grad()

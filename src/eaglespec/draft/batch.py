@@ -33,6 +33,7 @@ from torch import nn
 from eaglespec.backends.fast import capture_graph
 from eaglespec.draft.layers import Attention
 from eaglespec.draft.proposer import StaticPlan
+from eaglespec.rows import compaction, move_rows
 from eaglespec.tensors import to_device, to_device_all
 from eaglespec.tree.core import DraftTree, TreeSpec, ancestry, chain_tree, draft_topk, static_layout
 
@@ -124,15 +125,12 @@ class BatchDrafts:
         self.committed.append(0)
         return self.batch - 1
 
-    def drop(self, rows: Sequence[int]) -> None:
-        """Remove rows (their slots freed); the rows after them move up, in order."""
-        gone = set(rows)
-        keep = [b for b in range(self.batch) if b not in gone]
-        if self.k and keep != list(range(len(keep))):
-            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-            for x in (*self.k, *self.v):
-                x[: len(keep)] = x.index_select(0, idx)
-        self.committed = [self.committed[b] for b in keep]
+    def drop(self, rows: Sequence[int]) -> list[int]:
+        """Remove rows (their slots freed): rows.compaction's order, as the batched target's; returns it."""
+        order = compaction(self.batch, rows)
+        move_rows([*self.k, *self.v], order)
+        self.committed = [self.committed[b] for b in order]
+        return order
 
     @torch.no_grad()
     def propose(self, rows: Sequence[int], roots: torch.Tensor, features: Sequence[torch.Tensor],

@@ -163,11 +163,10 @@ class BatchEngine:
 
     def _clear(self, reason: str) -> None:
         """End every request as `reason`, freeing their rows in the target and the batched drafts."""
-        if self.live:
-            self._drop(list(range(len(self.live))))
-        for r in [*self.live, *self.waiting]:
+        self._drop(list(range(len(self.live))), reason)
+        for r in self.waiting:
             self._close(r, reason)
-        self.live, self.waiting = [], deque()
+        self.waiting = deque()
 
     @property
     def idle(self) -> bool:
@@ -243,11 +242,7 @@ class BatchEngine:
         for r in [r for r in self.waiting if r.cancelled]:
             self.waiting.remove(r)
             self._close(r, "cancelled")
-        gone = [b for b, r in enumerate(self.live) if r.cancelled]
-        if gone:
-            self._drop(gone)
-            for b in reversed(gone):
-                self._close(self.live.pop(b), "cancelled")
+        self._drop([b for b, r in enumerate(self.live) if r.cancelled], "cancelled")
 
     def _join(self) -> list[tuple[BatchRequest, list[int]]]:
         """Prefill waiting requests, in order, while the batch has room: `prefill_chunk` prompt tokens a step when
@@ -310,8 +305,8 @@ class BatchEngine:
                 self._close(r, None)
             else:
                 going.append(r)
-        if done:
-            self.target.drop([first_row + i for i in done])
+        if done:  # the rows that go on stay the last rows, in the target's new order
+            going = [group[b - first_row] for b in self.target.drop([first_row + i for i in done])[first_row:]]
         self._admit(going)
         return events
 
@@ -580,20 +575,21 @@ class BatchEngine:
 
     def _finish(self) -> None:
         """Rows that stopped or reached max_new_tokens leave the batch."""
-        gone = [b for b, r in enumerate(self.live) if self._over(r)]
-        if gone:
-            self._drop(gone)
-            for b in reversed(gone):
-                self._close(self.live.pop(b), None)
+        self._drop([b for b, r in enumerate(self.live) if self._over(r)], None)
 
-    def _drop(self, rows: list[int]) -> None:
-        """Free batch rows in the target, the batched drafts and the carry."""
-        if self._carry is not None:
-            gone = set(rows)
-            self._carry = self._carry.keep([b for b in range(len(self.live)) if b not in gone])
-        self.target.drop(rows)
+    def _drop(self, rows: list[int], reason: str | None) -> None:
+        """The live rows `rows` end (as `reason`) and leave: their rows freed in the target and the batched drafts,
+        the live rows and the carry in the target's new order (rows.compaction)."""
+        if not rows:
+            return
+        order = self.target.drop(rows)
         if self.drafts is not None:
             self.drafts.drop(rows)
+        if self._carry is not None:
+            self._carry = self._carry.keep(order)
+        for b in rows:
+            self._close(self.live[b], reason)
+        self.live = [self.live[b] for b in order]
 
     def _close(self, r: BatchRequest, reason: str | None) -> None:
         if reason is not None:

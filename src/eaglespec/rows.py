@@ -1,0 +1,37 @@
+"""Batch rows leaving: which rows stay, in what order, and the buffer rows that move (the batched target, the batched
+drafts and the engine keep their rows in the same order)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from eaglespec.tensors import to_device_all
+
+
+def compaction(batch: int, gone: Iterable[int]) -> list[int]:
+    """The rows of `batch` that stay when rows `gone` leave, in their new order: order[i] is the old row of new row i.
+    A staying row below the new size keeps its place; each hole there takes a staying row from above it (in order),
+    so only as many rows move as leave below the new size."""
+    gone = set(gone)
+    if not gone <= set(range(batch)):
+        raise ValueError(f"rows {sorted(gone)} are not all rows of a batch of {batch}")
+    n = batch - len(gone)
+    order = list(range(n))
+    movers = (b for b in range(n, batch) if b not in gone)
+    for hole in (b for b in range(n) if b in gone):
+        order[hole] = next(movers)
+    return order
+
+
+def move_rows(buffers: Iterable[torch.Tensor], order: list[int]) -> None:
+    """Apply a compaction to buffers whose dim 0 is the batch row: new row i takes old row order[i] (only the rows
+    that move are copied; every source lies above every destination)."""
+    moved = [(i, b) for i, b in enumerate(order) if i != b]
+    buffers = list(buffers)
+    if not moved or not buffers:
+        return
+    dst, src = to_device_all(buffers[0].device, [i for i, _ in moved], [b for _, b in moved])
+    for x in buffers:
+        x.index_copy_(0, dst, x.index_select(0, src))
