@@ -15,6 +15,7 @@ from eaglespec.backends.fast_batch import FastBatchTarget
 from eaglespec.backends.hf import HFTarget
 from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
 from eaglespec.draft.batch import BatchDrafts
+from eaglespec.draft.fused import FusedBatchEagle3Step
 from eaglespec.draft.proposer import Proposer
 from eaglespec.engine.batch import BatchEngine, BatchRequest
 from eaglespec.engine.loop import SpeculativeEngine
@@ -334,6 +335,30 @@ def test_padded_draft_blocks_draft_the_same(fitted, tree):
     for a, b, c in zip(plain.k, padded.k, block.k):
         assert torch.allclose(a[:3, :, :n], b[:3, :, :n], atol=1e-6)
         assert torch.allclose(a[:3, :, :n], c[:3, :, :n], atol=1e-6)
+
+
+@pytest.mark.parametrize("tree", ["chain", "static"])
+def test_fused_batched_drafts_draft_as_the_drafter(fitted, tree):
+    """The batched drafts through draft/fused.py's FusedBatchEagle3Step (the CUDA default) propose what the
+    drafter's own forward proposes and write the same drafter KV, over ragged catch-up blocks round after round (a
+    row's rope, KV slots or mask taken from another row would change both)."""
+    _, drafter = fitted
+    spec = TREES[tree]
+    plain, fused = BatchDrafts(drafter, spec, fused=False), BatchDrafts(drafter, spec, fused=True)
+    assert fused.fused and fused._step is drafter  # the fused step is built with the slot buffers
+    gen = torch.Generator().manual_seed(3)
+    F = drafter.fc.in_features
+    for drafts in (plain, fused):
+        for _ in range(3):
+            drafts.join()
+    for counts in ([5, 1, 3], [1, 2, 1], [2, 4, 2], [1, 1, 1]):
+        feats = [torch.randn(n, F, generator=gen) for n in counts]
+        nxt = [torch.randint(0, 90, (n,), generator=gen).tolist() for n in counts]
+        assert torch.equal(plain.draft(range(3), feats, nxt), fused.draft(range(3), feats, nxt))
+    assert isinstance(fused._step, FusedBatchEagle3Step)
+    n = min(plain.committed)
+    for a, b in zip(plain.k + plain.v, fused.k + fused.v):
+        torch.testing.assert_close(b[:3, :, :n], a[:3, :, :n], rtol=1e-5, atol=1e-5)
 
 
 def test_chained_and_sampled_rows_together(fitted):

@@ -31,8 +31,10 @@ import torch
 from torch import nn
 
 from eaglespec.backends.fast import capture_graph
+from eaglespec.draft.fused import FusedBatchEagle3Step, unfusable_reason
 from eaglespec.draft.layers import Attention
 from eaglespec.draft.proposer import StaticPlan
+from eaglespec.kernels import on_by_default
 from eaglespec.rows import compaction, move_rows
 from eaglespec.tensors import to_device, to_device_all
 from eaglespec.tree.core import DraftTree, TreeSpec, ancestry, chain_tree, draft_topk, static_layout
@@ -88,12 +90,21 @@ class _Graph:
 class BatchDrafts:
     """Drafter KV of B sequences and their greedy chains or static trees (see the module docstring)."""
 
-    def __init__(self, drafter: nn.Module, spec: TreeSpec, graphs: bool | None = None):
+    def __init__(self, drafter: nn.Module, spec: TreeSpec, graphs: bool | None = None, fused: bool | None = None,
+                 kernels: bool | None = None):
         if not supports_batched_drafts(drafter, spec):
             raise ValueError(f"batched drafts are EAGLE-3 chains and static trees, not {spec.kind}")
         self.drafter, self.spec = drafter, spec
         p = next(drafter.parameters())
         self.device, self.dtype = p.device, p.dtype
+        # the drafter's steps through draft/fused.py's FusedBatchEagle3Step (None: on CUDA where it can), with the
+        # Triton kernels (None: where they run by default)
+        reason = unfusable_reason(drafter)
+        if fused and reason is not None:
+            raise ValueError(f"fused batched drafts: {reason}")
+        self.fused = (self.device.type == "cuda" and reason is None) if fused is None else fused
+        self.kernels = on_by_default(self.device) if kernels is None else kernels
+        self._step: nn.Module | FusedBatchEagle3Step = drafter  # the fused step is built with the slot buffers
         self.plan = None if spec.kind == "chain" else StaticPlan.build(static_layout(spec.static_choices()), False,
                                                                         self.device)
         self.visible = None if self.plan is None else ancestry(self.plan.parents)  # [N, N]: every static tree's
@@ -249,8 +260,8 @@ class BatchDrafts:
         slots = s.base[:, None] + torch.arange(W, device=self.device)  # [Bp, W]: slot = position
         visible = cols < slots[..., None] + 1  # [Bp, W, S]: the committed slots, then the block up to itself
         cache = [SlotKV(kb[first: first + Bp], vb[first: first + Bp], slots) for kb, vb in zip(self.k, self.v)]
-        logits, states = self.drafter(self.drafter.project(s.features), s.tokens, slots, cache, visible=visible,
-                                      logit_rows=s.last)  # [Bp, Vd], [Bp, W, H]
+        logits, states = self._step(self.drafter.project(s.features), s.tokens, slots, cache, visible=visible,
+                                    logit_rows=s.last)  # [Bp, Vd], [Bp, W, H]
         return logits, states[torch.arange(Bp, device=self.device), s.last]
 
     def _draft(self, s: _Inputs, k: int) -> torch.Tensor:
@@ -271,8 +282,8 @@ class BatchDrafts:
                 break
             slot = (root + d - 1)[:, None]  # [Bp, 1]
             cache = [SlotKV(kb[:Bp], vb[:Bp], slot) for kb, vb in zip(self.k, self.v)]
-            logits, states = self.drafter(state[:, None], draft[:, None], slot, cache,
-                                          visible=cols < slot[..., None] + 1, logit_rows=zero)
+            logits, states = self._step(state[:, None], draft[:, None], slot, cache,
+                                        visible=cols < slot[..., None] + 1, logit_rows=zero)
             state = states[:, 0]
         return torch.stack(drafts, dim=1)
 
@@ -301,8 +312,8 @@ class BatchDrafts:
             visible = committed[:, None] | (sees & tree_slot[:, None])
             positions = (root + d - 1)[:, None].expand(Bp, e)
             cache = [SlotKV(kb[:Bp], vb[:Bp], slots) for kb, vb in zip(self.k, self.v)]
-            out, states = self.drafter(states[:, level.expand_slot], tokens[-1][:, level.expand], positions, cache,
-                                       visible=visible)  # [Bp, e, Vd], [Bp, e, H]
+            out, states = self._step(states[:, level.expand_slot], tokens[-1][:, level.expand], positions, cache,
+                                     visible=visible)  # [Bp, e, Vd], [Bp, e, H]
             _, top = draft_topk(torch.softmax(out, dim=-1, dtype=torch.float32), plan.n_ranks)  # [Bp, e, R]
         return torch.cat(tokens, dim=1)
 
@@ -334,6 +345,8 @@ class BatchDrafts:
             new_slots *= 2
         self._graphs.clear()  # captured against the old buffers
         self._pool = None
+        if self.fused:  # its rope table covers every slot position
+            self._step = FusedBatchEagle3Step(self.drafter, new_slots, kernels=self.kernels)
         for buffers in (self.k, self.v):
             for i, a in enumerate(self.attn):
                 grown = torch.zeros(new_rows, a.kv_heads, new_slots, a.head_dim, device=self.device,

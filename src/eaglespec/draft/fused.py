@@ -163,14 +163,19 @@ class _FusedStep:
         else:  # mask: the [B, span] bool visible (_mask)
             o = self.attn.masked_attention(_grouped_queries(q), kc[None, :, :span], vc[None, :, :span], mask)
         o = _grouped_output(o, b)  # [B, Hq*D], columns (r, j, d)
+        return self._output(blk, o, residual, inplace)
+
+    def _output(self, blk: _Block, o: torch.Tensor, residual: torch.Tensor, inplace: bool) -> torch.Tensor:
+        """The layer's output [N, H] from the attention's o [N, Hq*D] (columns (r, j, d)): o_proj onto the
+        residual, then the MLP's residual (into the step's own h)."""
         h = _add_linear(residual, o, blk.o_w, blk.o_b, inplace=inplace, kernels=self.kernels)
-        gate_up = self._norm_linear(h, blk.post_norm, blk.gate_up_w, blk.gate_up_b)  # [B, 2I]
+        gate_up = self._norm_linear(h, blk.post_norm, blk.gate_up_w, blk.gate_up_b)  # [N, 2I]
         if self.kernels:
             act = K.silu_mul(gate_up)
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.silu(gate) * up
-        return _add_linear(h, act, blk.down_w, blk.down_b, inplace=True, kernels=self.kernels)  # [B, H]
+        return _add_linear(h, act, blk.down_w, blk.down_b, inplace=True, kernels=self.kernels)  # [N, H]
 
 
 class FusedEagle3Step(_FusedStep):
@@ -242,6 +247,36 @@ class FusedEagle3Step(_FusedStep):
         out = self._layer(blk, qkv, residual, positions, cache[0], self._mask(visible, blk), inplace=False)
         normed = self._norm(out, self.final_norm)
         return onednn.linear(normed, self.lm_w, kernels=self.kernels), (normed if self.norm_output else out)
+
+
+class FusedBatchEagle3Step(FusedEagle3Step):
+    """FusedEagle3Step over B sequences at once, callable like Eagle3Drafter.forward with a leading batch dim (as
+    draft/batch.py calls it): state [B, T, H], tokens and positions [B, T], cache [SlotKV] (per row buffers [B, Hkv,
+    S, D], the rows' slots [B, T]), visible [B, T, S] bool, logit_rows [B] or None. The rope and KV write at each
+    row's slots is one kernel (kernels.step.rope_qk_kv_write_rows), the attention reads each row's own mask
+    (kernels.attention.masked_attention, up to the row's last slot). Positions must be below `max_positions`."""
+
+    def __call__(self, state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache: list,
+                 visible: torch.Tensor, logit_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (logits over the draft vocab [B, T, Vd], or [B, Vd] of row logit_rows[b] of each sequence; the next
+        states [B, T, H])."""
+        blk, (B, T, H) = self.block, state.shape
+        kv = cache[0]
+        x, residual = self._input(state.reshape(B * T, H), tokens.reshape(B * T))  # [B*T, 2H], [B*T, H]
+        qkv = onednn.linear(x, blk.qkv_w, blk.qkv_b, kernels=self.kernels)  # [B*T, (Hq + 2 Hkv) D]
+        qk, v = qkv.view(B * T, blk.hq + 2 * blk.hk, blk.d).split([blk.hq + blk.hk, blk.hk], dim=1)
+        rope = K.rope_qk_kv_write_rows if self.kernels else K.rope_qk_kv_write_rows_ref
+        q = rope(qk, v, blk.table, positions.reshape(B * T), kv.slots, kv.k, kv.v)  # [B, Hkv, T*G, D]
+        attend = A.masked_attention if self.kernels else A.masked_attention_ref
+        kv_len = kv.slots.amax(dim=1) + 1  # [B]: no row sees a slot past the last one written
+        o = attend(q, kv.k, kv.v, visible, None, kv_len).transpose(1, 2)  # [B, T*G, Hkv, D]
+        out = self._output(blk, o.reshape(B * T, blk.hq * blk.d), residual, inplace=False)  # [B*T, H]
+        normed = self._norm(out, self.final_norm)
+        head_in = normed.view(B, T, H)
+        if logit_rows is not None:
+            head_in = head_in[torch.arange(B, device=state.device), logit_rows]  # [B, H]
+        logits = onednn.linear(head_in, self.lm_w, kernels=self.kernels)
+        return logits, (normed if self.norm_output else out).view(B, T, H)
 
 
 class FusedEagle1Step(_FusedStep):

@@ -131,7 +131,8 @@ class BatchEngine:
             attach_drafter(target, drafter)
         # greedy chains or static trees of every row in one drafter call per step (draft/batch.py), where the
         # drafter allows it; `chains`: they are chains (the plan's depths are their lengths)
-        self.drafts = BatchDrafts(drafter, self.spec) if supports_batched_drafts(drafter, self.spec) else None
+        self.drafts = (BatchDrafts(drafter, self.spec, kernels=kernels) if supports_batched_drafts(drafter, self.spec)
+                       else None)
         self.chains = self.drafts is not None and self.spec.kind == "chain"
         self.waiting: deque[BatchRequest] = deque()
         self.live: list[BatchRequest] = []  # live[b] is the target's batch row b
@@ -159,7 +160,7 @@ class BatchEngine:
         self.live, self.waiting, self._carry = [], deque(), None
         self.target.reset()
         if self.drafts is not None:
-            self.drafts = BatchDrafts(self.drafter, self.spec)
+            self.drafts = BatchDrafts(self.drafter, self.spec, kernels=self.kernels)
 
     def _clear(self, reason: str) -> None:
         """End every request as `reason`, freeing their rows in the target and the batched drafts."""
