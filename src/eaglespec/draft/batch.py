@@ -16,7 +16,8 @@ it (contract 4's index shift):
                (tree row r at slot n_b + r, position n_b + depth - 1), each seeing its row's committed slots and its
                ancestors' tree rows; their children are their top ranks
 
-The whole draft (catch-up and growth) is one function of static inputs; on CUDA it replays as one CUDA graph per
+On CUDA each drafter step runs draft/fused.py's FusedBatchEagle3Step (its fused layers, per-row slots and masks). The
+whole draft (catch-up and growth) is one function of static inputs; on CUDA it replays as one CUDA graph per
 (batch bucket, W, S, k), W padded to a power of two (at least MIN_BLOCK) up to GRAPH_ROWS (a longer catch-up runs
 eagerly). A joining prompt's features go in before its first round (catch_up: the joining rows alone, eagerly,
 nothing drafted), so that a round's block stays narrow.

@@ -1,7 +1,8 @@
 """Continuous batching: many sequences advance together, one speculative round for all of them per step.
 
 Each step (BatchEngine.step):
-    1. leave    cancelled requests give their batch row back (their KV freed at once)
+    1. leave    cancelled requests give their batch row back (their KV freed at once; the last rows move into the
+                freed places, rows.compaction)
     2. join     waiting requests are prefilled, at most `prefill_chunk` prompt tokens per step while other rows
                 decode, and join the batch (up to `max_batch` rows, and while the rows' prompts plus max_new_tokens
                 stay within `max_tokens`: a bound on the KV the batch may come to hold); prompts that go in whole
@@ -11,7 +12,9 @@ Each step (BatchEngine.step):
                 per step, draft/batch.py; dynamic trees and sampled rows through their own proposer: drafter KV,
                 sampling, random stream), one target forward verifies all the trees (backends/hf_batch.py and
                 fast_batch.py: ragged rows, per-row positions, ancestry mask and KV slots), then acceptance (greedy:
-                every row in one host sync) and publish per row, as the one-sequence engine does
+                every row in one host sync) and publish per row, as the one-sequence engine does; a chained round
+                leaves every row's accepted features and next tokens on the device (the carry) for the next to
+                draft from
     4. finish   rows that reached EOS or max_new_tokens leave
 
 A row's round depends on its own state only: its tokens equal what the one-sequence engine emits for it alone,
