@@ -450,20 +450,25 @@ def test_fused_prefill_equals_the_models_forward(fitted, backend):
 @pytest.mark.parametrize("backend", ["fast", "fast-kernels"])
 def test_joined_prompts_equal_prompts_prefilled_one_by_one(fitted, backend):
     """join_prompts' one padded pass gives each prompt the last-row logits, features and KV of its own prefill (a
-    padding row leaking into a shorter prompt's rows, or a wrong last row, fails)."""
+    padding row leaking into a shorter prompt's rows, or a wrong last row, fails); so does join_chunked's staging row
+    in chunks of 3 (a chunk that misses the slots before it, or a padded last chunk's rows in the KV, fails)."""
     model, _ = fitted
     ids = (1, 2, 4)
     prompts = [[5, 9, 11, 40, 2], [7, 3], [30, 31, 32, 33, 34, 35, 36]]
-    one, many = TARGETS[backend](model, ids), TARGETS[backend](model, ids)
+    one, many, staged = TARGETS[backend](model, ids), TARGETS[backend](model, ids), TARGETS[backend](model, ids)
     alone = one.join_prompts(prompts[:1]) + one.join_prompts(prompts[1:2]) + one.join_prompts(prompts[2:])
     together = many.join_prompts(prompts)
-    assert one.lengths == many.lengths == [5, 2, 7]
-    for (a_logits, a_feats), (b_logits, b_feats) in zip(alone, together):
+    chunked = [staged.join_chunked(p, chunk=3) for p in prompts]
+    assert one.lengths == many.lengths == staged.lengths == [5, 2, 7]
+    for (a_logits, a_feats), (b_logits, b_feats), (c_logits, c_feats) in zip(alone, together, chunked):
         torch.testing.assert_close(b_logits, a_logits, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(b_feats, a_feats, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(c_logits, a_logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(c_feats, a_feats, rtol=1e-4, atol=1e-4)
     for b, n in enumerate(many.lengths):
-        for x, y in zip(one.keys + one.values, many.keys + many.values):
+        for x, y, z in zip(one.keys + one.values, many.keys + many.values, staged.keys + staged.values):
             torch.testing.assert_close(y[b, :, :n], x[b, :, :n], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(z[b, :, :n], x[b, :, :n], rtol=1e-4, atol=1e-4)
 
 
 def test_compaction_moves_only_rows_into_holes():

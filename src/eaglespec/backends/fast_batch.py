@@ -16,7 +16,9 @@ B * W rows at once:
     o, MLP        residuals accumulated in place; silu * up in one Triton kernel where it applies
 
 A prefill chunk is the same pass over one sequence of n rows (eager), causal over the chunk, attending to its own
-growing KV, with the logits of its last row only; join_prompts prefills whole prompts as new rows, all in one pass.
+growing KV, with the logits of its last row only; join_prompts prefills whole prompts as new rows, all in one pass,
+or, for a few prompts on CUDA, each through a staging row in chunks of JOIN_CHUNK tokens replayed as one CUDA graph
+per span (join_chunked: an eager pass launches a few hundred kernels), its KV then copied into its row.
 Features are the states entering the requested layers (contract 3), taken in the pass. Models the fast backend
 cannot run (fast.unsupported_reason), and sliding-window models, keep HFBatchTarget.
 """
@@ -36,6 +38,7 @@ from eaglespec.backends.fast import (
     _rms,
     _rope,
     _text_config,
+    capture_graph,
     fuse_layer,
     rope_table_for,
     round_span,
@@ -47,6 +50,10 @@ from eaglespec.backends.hf_batch import BatchOutput, HFBatchTarget, Prefilled
 from eaglespec.draft.layers import additive_mask
 from eaglespec.errors import EagleSpecError
 from eaglespec.kernels import attention, available, eager_attention, onednn
+from eaglespec.tensors import to_device_all
+
+JOIN_CHUNK = 128  # prompt tokens per graphed prefill replay of a joining prompt (join_chunked)
+GRAPHED_JOINS = 4  # at most this many prompts joining together go through join_chunked; more in one eager pass
 
 
 def batch_unsupported_reason(model: nn.Module) -> str | None:
@@ -92,6 +99,15 @@ class FastBatchTarget(HFBatchTarget):
 
             self._kernels = step
         self.rope_table = self.embed_w.new_empty(0, 2, 2, self.head_dim // 2)  # [S, 2, 2, D/2], grown with the slots
+        self._stage_k: list[torch.Tensor] = []  # per layer [1, Hkv, S, D]: a joining prompt's KV (join_chunked)
+        self._stage_v: list[torch.Tensor] = []
+        self._join_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple, tuple]] = {}
+        self._join_pool = None
+
+    @property
+    def graphs(self) -> int:
+        """Verify graphs and join_chunked's prefill graphs captured and held."""
+        return super().graphs + len(self._join_graphs)
 
     def span(self, n: int) -> int:
         """The slots a forward whose rows end below slot n attends over: n rounded up to span_step, within the
@@ -131,6 +147,8 @@ class FastBatchTarget(HFBatchTarget):
     def join_prompts(self, prompts: Sequence[Sequence[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """HFBatchTarget.join_prompts in one pass of the fused layers: the prompts as new rows [N, W] (padded to the
         longest, W), each causal over its own slots 0..W-1 (a padding row only sees slots of the same forward)."""
+        if self.use_graphs and len(prompts) <= GRAPHED_JOINS:
+            return [self.join_chunked(p) for p in prompts]
         dev, b0, lengths = self.device, self.batch, [len(p) for p in prompts]
         n, width = len(prompts), max(lengths)
         self._block = 0
@@ -147,6 +165,67 @@ class FastBatchTarget(HFBatchTarget):
                                last=torch.tensor(lengths, device=dev) - 1)
         self.lengths += lengths
         return [(out.logits[i, 0], out.features[i, : m]) for i, m in enumerate(lengths)]
+
+    @torch.no_grad()
+    def join_chunked(self, prompt: Sequence[int], chunk: int = JOIN_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill one prompt and join it as the next row: chunks of `chunk` tokens (the last padded) through a
+        staging row, each causal over the prompt's slots so far (_stage_pass; on CUDA one graph per chunk span),
+        then the prompt's KV copied into its row. Returns (the last row's logits [V], features [n, F])."""
+        n, b = len(prompt), self.batch
+        self._block = 0
+        none = [self.embed_w.new_empty(1, self.n_kv, 0, self.head_dim)] * self.num_layers
+        self._reserve(b + 1, -(-n // chunk) * chunk, Prefilled(none, none))  # the padded last chunk's slots too
+        self._staging()
+        feats = []
+        for start in range(0, n, chunk):
+            part = list(prompt[start: start + chunk])
+            logits, features = self._stage_chunk(part, start, chunk)
+            feats.append(features[0, : len(part)].clone())  # the outputs are rewritten by the next chunk
+        for k, v, sk, sv in zip(self.keys, self.values, self._stage_k, self._stage_v):
+            k[b, :, :n] = sk[0, :, :n]
+            v[b, :, :n] = sv[0, :, :n]
+        self.lengths.append(n)
+        return logits[0, 0].clone(), torch.cat(feats)
+
+    def _staging(self) -> None:
+        """The staging row's buffers with the batch buffers' slots (their prefill graphs dropped when they change)."""
+        if self._stage_k and self._stage_k[0].shape[2] == self.slots:
+            return
+        self._join_graphs.clear()
+        self._join_pool = None
+        self._stage_k = [k.new_zeros(1, *k.shape[1:]) for k in self.keys]
+        self._stage_v = [v.new_zeros(1, *v.shape[1:]) for v in self.values]
+
+    def _stage_chunk(self, part: list[int], start: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chunk of a joining prompt (part, at positions start..) through the staging row: (logits [1, 1, V] of
+        its last token, features [1, chunk, F]), replayed from its graph on CUDA."""
+        ids, past, last = to_device_all(self.device, [part + [0] * (chunk - len(part))], [start], [len(part) - 1])
+        span = round_span(start + chunk, self.span_step, self.slots)
+        if not self.use_graphs:
+            return self._stage_pass(ids, past, last, span)
+        key = (chunk, span)
+        if key not in self._join_graphs:
+            if self._join_pool is None:
+                self._join_pool = torch.cuda.graph_pool_handle()
+            inputs = (ids.clone(), past.clone(), last.clone())  # the warm-up runs them: it writes this chunk's slots
+            graph, out = capture_graph(lambda: self._stage_pass(*inputs, span), self.device, self._join_pool)
+            self._join_graphs[key] = (graph, inputs, out)
+        graph, inputs, out = self._join_graphs[key]
+        for static, x in zip(inputs, (ids, past, last)):
+            static.copy_(x)
+        graph.replay()
+        return out
+
+    def _stage_pass(self, ids: torch.Tensor, past: torch.Tensor, last: torch.Tensor, span: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids [1, C] at positions (= staging slots) past..past+C-1, each seeing the slots up to its own: the fused
+        layers over the staging row's first `span` slots. Tensor ops only."""
+        pos = past[:, None] + torch.arange(ids.shape[1], device=ids.device)  # [1, C]
+        seen = torch.arange(span, device=ids.device) < pos[..., None] + 1  # [1, C, span]
+        with eager_attention():
+            out = self._layers(ids, pos, additive_mask(seen, self.dtype)[:, None], pos, self._stage_k, self._stage_v,
+                               last=last)
+        return out.logits, out.features
 
     def _layers(self, ids: torch.Tensor, q_pos: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor,
                 keys: list[torch.Tensor], values: list[torch.Tensor], last: torch.Tensor | None = None
