@@ -2,7 +2,7 @@
 committed prefix, verified together in one forward (engine/batch.py runs the rounds).
 
 KV slots per sequence: per layer k, v [Bcap, Hkv, S, D], allocated once and grown by doubling; the live rows are
-the first B, in order, and row b's committed KV sits in its slots 0..n_b-1 (slot s holds position s). The model's
+the first B, and row b's committed KV sits in its slots 0..n_b-1 (slot s holds position s). The model's
 attention layers write into them through SlotCache.update, in place:
 
     forward(rows)   every row's tree (ragged: padded to the widest, W rows) written at slots n_b .. n_b + W - 1;
@@ -10,8 +10,8 @@ attention layers write into them through SlotCache.update, in place:
                     itself only (a row that sees no key would give NaN states in the next layer)
     commit(keeps)   row b's kept rows (a root path, in depth order) move to slots n_b .. n_b + m_b - 1 (commit_prefixes:
                     a chain's accepted prefix, already in place)
-    join / drop     a prefilled sequence's KV is copied into the next free row; a dropped row's slots go to the rows
-                    after it, which move up
+    join / drop     a prefilled sequence's KV is copied into the next free row; a dropped row's place goes to a row
+                    from the end (rows.compaction: one row copied per hole), the callers' rows following the order
 
 A slot the mask hides adds exp(-inf) = 0 to the attention, so a row's output depends on its own KV and tree only.
 Tree rows sit at positions committed + depth, as in HFTarget.

@@ -2,9 +2,9 @@
 
 The drafter's KV of all rows sits in slot buffers per layer, [Bcap, Hkv, S, D], as backends/hf_batch.py keeps the
 target's: row b's committed drafter rows in its slots 0..n_b-1 (slot s holds position s), the live rows first, in
-order. A step writes its rows after a row's committed ones and sees the slots below its own: no holes, nothing to
-cut afterwards (a slot past n_b is hidden until a later step overwrites it). A round per row, as the Proposer runs
-it (contract 4's index shift):
+the target's order. A step writes its rows after a row's committed ones and sees the slots below its own: no holes,
+nothing to cut afterwards (a slot past n_b is hidden until a later step overwrites it). A round per row, as the
+Proposer runs it (contract 4's index shift):
 
     catch_up   row b's pending features f_t with tokens x_{t+1}, t = n_b .. n_b + m_b - 1, at positions t: one call
                over a ragged block of W = max m_b rows (a shorter row's padding rows write slots that stay hidden);
