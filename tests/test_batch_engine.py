@@ -485,12 +485,15 @@ def test_compaction_moves_only_rows_into_holes():
     assert x[:4, 0].tolist() == [4.0, 1.0, 2.0, 3.0]
 
 
-@pytest.mark.parametrize("backend", sorted(TARGETS))
-def test_batch_rows_do_not_leak(fitted, backend):
-    """Rows of different lengths keeping paths of different lengths, then a row dropped: each row's logits and
-    features equal its sequence's alone, and so do the row's that moved into its place."""
+@pytest.mark.parametrize(("backend", "stacked"), [(b, True) for b in sorted(TARGETS)] + [("hf", False)])
+def test_batch_rows_do_not_leak(fitted, backend, stacked, monkeypatch):
+    """Rows of different lengths keeping rows of different counts (moved down past the rows left out), then a row
+    dropped: each row's logits and features equal its sequence's alone, and so do the row's that moved into its
+    place; with every layer's KV in one tensor or each layer's apart (models whose layers' KV shapes differ)."""
     model, _ = fitted
     ids = (1, 2, 4)
+    if not stacked:
+        monkeypatch.setattr(HFBatchTarget, "_stackable", lambda self: False)
     batch = TARGETS[backend](model, ids)
     solo = [HFTarget(model, ids), HFTarget(model, ids), HFTarget(model, ids)]
     prompts = [[5, 9, 11, 40, 2], [7, 3, 60], [30, 31, 32, 33, 34, 35, 36]]
@@ -509,7 +512,7 @@ def test_batch_rows_do_not_leak(fitted, backend):
         visible = [torch.ones(w, w, dtype=torch.bool).tril() for w in width]
         flat = stack_flat([FlatTree(t, d, d - 1, v) for t, d, v in zip(tokens, depths, visible)])
         out = batch.forward(flat.tokens, flat.depths, flat.visible)
-        keeps = [torch.arange(1 + (n + b) % w) for b, w in enumerate(width)]
+        keeps = [torch.arange(0, w, 2)[: 1 + (n + b) % w] for b, w in enumerate(width)]  # rows 0, 2, ...: moved
         for b, i in enumerate(rows):
             ref = solo[i].forward(tokens[b], depths[b], visible[b])
             torch.testing.assert_close(out.logits[b, : width[b]], ref.logits, rtol=1e-4, atol=1e-4)
@@ -520,6 +523,7 @@ def test_batch_rows_do_not_leak(fitted, backend):
     for n in range(6):
         step([0, 1, 2], [3, 1, 2] if n % 2 else [1, 4, 3], n)
     assert batch.lengths == [t.committed_len for t in solo]
+    assert (batch._kv is not None) == stacked
     order = batch.drop([0])
     assert order == [2, 1]  # the last row fills the hole: one row moves
     for n in range(3):

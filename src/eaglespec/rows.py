@@ -25,13 +25,13 @@ def compaction(batch: int, gone: Iterable[int]) -> list[int]:
     return order
 
 
-def move_rows(buffers: Iterable[torch.Tensor], order: list[int]) -> None:
-    """Apply a compaction to buffers whose dim 0 is the batch row: new row i takes old row order[i] (only the rows
-    that move are copied; every source lies above every destination)."""
+def move_rows(buffers: Iterable[torch.Tensor], order: list[int], dim: int = 0) -> None:
+    """Apply a compaction to buffers whose dim `dim` is the batch row: new row i takes old row order[i] (only the
+    rows that move are copied; every source lies above every destination)."""
     moved = [(i, b) for i, b in enumerate(order) if i != b]
     buffers = list(buffers)
     if not moved or not buffers:
         return
     dst, src = to_device_all(buffers[0].device, [i for i, _ in moved], [b for _, b in moved])
     for x in buffers:
-        x.index_copy_(0, dst, x.index_select(0, src))
+        x.index_copy_(dim, dst, x.index_select(dim, src))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 
 from eaglespec.backends.hf import HFModel
 from eaglespec.backends.hf_attention import grouped_attention
@@ -85,6 +86,9 @@ class HFBatchTarget(HFModel):
         if not hasattr(self, "keys"):
             self.keys: list[torch.Tensor] = []  # per layer [Bcap, Hkv, S, D]; allocated at the first join
             self.values: list[torch.Tensor] = []
+            # every layer's k and v as one [L, 2, Bcap, Hkv, S, D] tensor (keys[i] = kv[i, 0], values[i] = kv[i, 1])
+            # where the layers' KV shapes agree, so that a leave or a commit moves the rows of all of them at once
+            self._kv: torch.Tensor | None = None
 
     @property
     def batch(self) -> int:
@@ -146,7 +150,10 @@ class HFBatchTarget(HFModel):
         """Remove rows (their slots freed): rows.compaction's order, which the caller's rows follow; returns it."""
         self._block = 0
         order = compaction(self.batch, rows)
-        move_rows([*self.keys, *self.values], order)
+        if self._kv is not None:
+            move_rows([self._kv], order, dim=2)
+        else:
+            move_rows([*self.keys, *self.values], order)
         self.lengths = [self.lengths[b] for b in order]
         return order
 
@@ -218,15 +225,12 @@ class HFBatchTarget(HFModel):
         """Publish each row's kept pending rows keeps[b] ([m_b], a root path in depth order) after its committed
         prefix; drop the rest of the block."""
         dev, B = self.device, self.batch
-        M = max(k.shape[0] for k in keeps)
         length = to_device(self.lengths, dev)[:, None]
-        dst = length + torch.arange(M, device=dev)  # [B, M]
-        src = dst.clone()  # a padding entry copies a slot onto itself
-        for b, keep in enumerate(keeps):
-            src[b, : keep.shape[0]] = self.lengths[b] + keep.to(dev)
-        for k, v in zip(self.keys, self.values):
-            _move(k[:B], src, dst)
-            _move(v[:B], src, dst)
+        kept = pad_sequence([k.to(dev) for k in keeps], batch_first=True, padding_value=-1)  # [B, M]
+        dst = length + torch.arange(kept.shape[1], device=dev)  # [B, M]
+        src = torch.where(kept >= 0, length + kept, dst)  # a padding entry copies a slot onto itself
+        for x in self._buffers(B):
+            _move(x, src, dst)
         self.lengths = [n + k.shape[0] for n, k in zip(self.lengths, keeps)]
         self._block = 0
 
@@ -260,19 +264,39 @@ class HFBatchTarget(HFModel):
             new_slots *= 2
         self._graphs.clear()  # captured against the old buffers
         self._pool = None  # a pool whose graphs are all freed cannot take a new capture
-        live = self.batch
-        for buffers in (self.keys, self.values):
-            for i, x in enumerate(buffers):
-                grown = x.new_zeros(new_rows, x.shape[1], new_slots, x.shape[3])
-                grown[:live, :, :cap_slots] = x[:live]
-                buffers[i] = grown
+        live, old = self.batch, list(zip(self.keys, self.values))
+        k0 = self.keys[0]
+        if self._stackable():
+            self._kv = k0.new_zeros(len(old), 2, new_rows, k0.shape[1], new_slots, k0.shape[3])
+            self.keys = [self._kv[i, 0] for i in range(len(old))]
+            self.values = [self._kv[i, 1] for i in range(len(old))]
+        else:
+            self._kv = None
+            self.keys = [k.new_zeros(new_rows, k.shape[1], new_slots, k.shape[3]) for k, _ in old]
+            self.values = [v.new_zeros(new_rows, v.shape[1], new_slots, v.shape[3]) for _, v in old]
+        for (k, v), nk, nv in zip(old, self.keys, self.values):
+            nk[:live, :, :cap_slots] = k[:live]
+            nv[:live, :, :cap_slots] = v[:live]
+
+    def _stackable(self) -> bool:
+        """Whether every layer's k and v have one shape (Hkv, D) and dtype: then they are stored as one tensor."""
+        return len({(x.shape[1], x.shape[3], x.dtype) for x in (*self.keys, *self.values)}) == 1
+
+    def _buffers(self, rows: int) -> list[torch.Tensor]:
+        """The first `rows` rows of the KV buffers, as few tensors as they are stored in ([L, 2, rows, Hkv, S, D], or
+        each layer's k and v [rows, Hkv, S, D])."""
+        if self._kv is not None:
+            return [self._kv[:, :, :rows]]
+        return [x[:rows] for x in (*self.keys, *self.values)]
 
 
 def _move(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """x [B, H, S, D]: slots src [B, M] copied to slots dst [B, M] of the same row (every src >= its dst)."""
-    B, H, _, D = x.shape
-    rows = x.gather(2, src[:, None, :, None].expand(B, H, src.shape[1], D))
-    x.scatter_(2, dst[:, None, :, None].expand(B, H, dst.shape[1], D), rows)
+    """x [..., B, H, S, D]: slots src [B, M] copied to slots dst [B, M] of the same row (every src >= its dst)."""
+    *lead, B, H, _, D = x.shape
+    ones = [1] * len(lead)
+    index = src.view(*ones, B, 1, -1, 1).expand(*lead, B, H, src.shape[1], D)
+    rows = x.gather(-2, index)
+    x.scatter_(-2, dst.view(*ones, B, 1, -1, 1).expand(*lead, B, H, dst.shape[1], D), rows)
 
 
 class _Graph:
