@@ -1,7 +1,8 @@
 """Batched target backend over any transformers causal LM: B sequences of different lengths, each with its own
 committed prefix, verified together in one forward (engine/batch.py runs the rounds).
 
-KV slots per sequence: per layer k, v [Bcap, Hkv, S, D], allocated once and grown by doubling; the live rows are
+KV slots per sequence: per layer k, v [Bcap, Hkv, S, D] (views of one [L, 2, Bcap, Hkv, S, D] tensor where the
+layers' shapes agree), allocated once and grown by doubling; the live rows are
 the first B, and row b's committed KV sits in its slots 0..n_b-1 (slot s holds position s). The model's
 attention layers write into them through SlotCache.update, in place:
 
