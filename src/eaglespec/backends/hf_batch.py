@@ -2,9 +2,9 @@
 committed prefix, verified together in one forward (engine/batch.py runs the rounds).
 
 KV slots per sequence: per layer k, v [Bcap, Hkv, S, D] (views of one [L, 2, Bcap, Hkv, S, D] tensor where the
-layers' shapes agree), allocated once and grown by doubling; the live rows are
-the first B, and row b's committed KV sits in its slots 0..n_b-1 (slot s holds position s). The model's
-attention layers write into them through SlotCache.update, in place:
+layers' shapes agree), allocated once and grown by doubling; the live rows are the first B, and row b's committed
+KV sits in its slots 0..n_b-1 (slot s holds position s). The model's attention layers write into them through
+SlotCache.update, in place:
 
     forward(rows)   every row's tree (ragged: padded to the widest, W rows) written at slots n_b .. n_b + W - 1;
                     the mask [B, 1, W, S] shows row b's committed slots and its tree's ancestry; a padding row sees
