@@ -152,8 +152,7 @@ class FastBatchTarget(HFBatchTarget):
         dev, b0, lengths = self.device, self.batch, [len(p) for p in prompts]
         n, width = len(prompts), max(lengths)
         self._block = 0
-        none = [self.embed_w.new_empty(1, self.n_kv, 0, self.head_dim)] * self.num_layers
-        self._reserve(b0 + n, width, Prefilled(none, none))
+        self._room(b0 + n, width)
         ids = torch.zeros(n, width, dtype=torch.long)
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = torch.as_tensor(p)
@@ -173,8 +172,7 @@ class FastBatchTarget(HFBatchTarget):
         then the prompt's KV copied into its row. Returns (the last row's logits [V], features [n, F])."""
         n, b = len(prompt), self.batch
         self._block = 0
-        none = [self.embed_w.new_empty(1, self.n_kv, 0, self.head_dim)] * self.num_layers
-        self._reserve(b + 1, -(-n // chunk) * chunk, Prefilled(none, none))  # the padded last chunk's slots too
+        self._room(b + 1, -(-n // chunk) * chunk)  # the padded last chunk's slots too
         self._staging()
         feats = []
         for start in range(0, n, chunk):
@@ -186,6 +184,11 @@ class FastBatchTarget(HFBatchTarget):
             v[b, :, :n] = sv[0, :, :n]
         self.lengths.append(n)
         return logits[0, 0].clone(), torch.cat(feats)
+
+    def _room(self, rows: int, slots: int) -> None:
+        """_reserve for joining prompts: the layers' KV shape is the model's, so no prefilled state is needed."""
+        none = [self.embed_w.new_empty(1, self.n_kv, 0, self.head_dim)] * self.num_layers
+        self._reserve(rows, slots, Prefilled(none, none))
 
     def _staging(self) -> None:
         """The staging row's buffers with the batch buffers' slots (their prefill graphs dropped when they change)."""

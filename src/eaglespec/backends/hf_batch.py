@@ -151,10 +151,7 @@ class HFBatchTarget(HFModel):
         """Remove rows (their slots freed): rows.compaction's order, which the caller's rows follow; returns it."""
         self._block = 0
         order = compaction(self.batch, rows)
-        if self._kv is not None:
-            move_rows([self._kv], order, dim=2)
-        else:
-            move_rows([*self.keys, *self.values], order)
+        move_rows(self._buffers(self.batch), order, dim=-4)  # [..., B, Hkv, S, D]
         self.lengths = [self.lengths[b] for b in order]
         return order
 
