@@ -5,15 +5,17 @@
     python bench/batch.py --serve [--requests 8] [--max-new-tokens 32]     # the HTTP server, CPU fp32
 
 Engine mode: for each batch size B, the first --limit MT-bench first turns go to the batched engine (engine/
-batch.py) with max_batch B (batch B takes the first max(B, --per-batch) of them), all submitted at once (continuous batching: a request joins when a row frees), once
-without a drafter (plain batched decoding), once with it, and once with it under the depth plan
-(adaptive: per batch size the chain length, or plain steps, with the most expected tokens/s from round times
-measured when the engine is built; engine/plan.py). Every timed run is the second of
-two (the first compiles the kernels for the shapes and lengths it meets). Reported per (B, method): aggregate tokens/s, p50/p99
-time to first token and time per output token (per request: (finish - first token) / (tokens - 1)), tau, a step's
-draft and verify time, the seconds the steps spent joining requests and in rounds, and the CUDA graphs the timed run
-captured; and the one-sequence engine (EagleSpec.generate, the fast path) over the same prompts, one after another, as the batch-1
-baseline. Ratios are against plain batched decoding at the same B, measured in the same run.
+batch.py) with max_batch B: max(--waves x B, --per-batch) requests, the prompts in order and repeated when fewer,
+all submitted at once (continuous batching: a request joins when a row frees), once without a drafter (plain batched
+decoding), once with it, and once with it under the depth plan (adaptive: per batch size the chain length, or plain
+steps, with the most expected tokens/s from round times measured when the engine is built; engine/plan.py). Every
+timed run is the second of two (the first compiles the kernels for the shapes and lengths it meets). Reported per
+(B, method): aggregate tokens/s, p50/p99 time to first token and time per output token (per request: (finish - first
+token) / (tokens - 1)), tau, the occupancy (live rows per round over B: below 1 while the batch fills and as it
+drains), a step's draft and verify time, the seconds the steps spent joining requests and in rounds, and the CUDA
+graphs the timed run captured; and the one-sequence engine (EagleSpec.generate, the fast path) over the same
+prompts, one after another, as the batch-1 baseline. Ratios are against plain batched decoding at the same B,
+measured in the same run.
 
 Serve mode: `create_app` under uvicorn on a loopback port (as `eaglespec serve`), --requests chat requests
 sent one after another, then the same requests at once: wall seconds of each and their ratio, with the texts
@@ -57,7 +59,7 @@ def run_engine(engine: BatchEngine, prompts: list[list[int]], max_new_tokens: in
     """All prompts submitted at once; per-request first-token and finish times from the step events."""
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     sync()
-    graphs, seconds = engine.graphs, dict(engine.seconds)
+    graphs, seconds, steps = engine.graphs, dict(engine.seconds), engine.rounds
     t0 = time.perf_counter()
     reqs = [engine.submit(BatchRequest(p, max_new_tokens, eos)) for p in prompts]
     first: dict[int, float] = {}
@@ -77,7 +79,8 @@ def run_engine(engine: BatchEngine, prompts: list[list[int]], max_new_tokens: in
     ttft = [first[id(r)] - t0 for r in reqs]
     tpot = [(done[id(r)] - first[id(r)]) / (len(r.result.token_ids) - 1) for r in reqs
             if len(r.result.token_ids) > 1]
-    rounds = sum(len(r.result.rounds) for r in reqs)
+    rounds = sum(len(r.result.rounds) for r in reqs)  # row-rounds: each live row once per round
+    steps = engine.rounds - steps
     accepted = sum(rd.accepted for r in reqs for rd in r.result.rounds)
     every = [rd for r in reqs for rd in r.result.rounds]  # a step's times, once per row in it
     draft_ms = 1e3 * statistics.mean(rd.draft_s for rd in every) if every else 0.0
@@ -86,7 +89,8 @@ def run_engine(engine: BatchEngine, prompts: list[list[int]], max_new_tokens: in
             "ttft_p99": _pct(ttft, 0.99), "tpot_p50": _pct(tpot, 0.5), "tpot_p99": _pct(tpot, 0.99),
             "tau": 1 + accepted / rounds if rounds else 0.0, "outputs": [r.result.token_ids for r in reqs],
             "join_s": engine.seconds["join"] - seconds["join"], "round_s": engine.seconds["round"] - seconds["round"],
-            "new_graphs": engine.graphs - graphs}
+            "new_graphs": engine.graphs - graphs, "rounds": steps,
+            "occupancy": rounds / (steps * engine.max_batch) if steps else 0.0}
 
 
 def engine_mode(args: argparse.Namespace) -> dict:
@@ -118,13 +122,13 @@ def engine_mode(args: argparse.Namespace) -> dict:
         for name, drafter, adaptive in (("plain", None, False), ("speculative", es.drafter, False),
                                         ("adaptive", es.drafter, True)):
             engine = build_batch_engine(es.model, drafter, es.spec, cfg.replace(adaptive=adaptive))
-            some = prompts[: max(args.per_batch, B)]
+            some = [prompts[i % len(prompts)] for i in range(max(args.per_batch, args.waves * B))]
             r = timed(run_engine, engine, some, args.max_new_tokens, eos)
             r["prompts"] = len(some)
             if engine.plan is not None:
                 r["plan"] = engine.plan.summary()
                 log(f"B={B:3d} {name}: {engine.plan.summary()}")
-            same = sum(a == b.token_ids for a, b in zip(r.pop("outputs"), solo))
+            same = sum(a == solo[i % len(solo)].token_ids for i, a in enumerate(r.pop("outputs")))
             row[name] = {**r, "same_as_one_sequence": same}
         row["speedup"] = row["speculative"]["tokens_per_s"] / row["plain"]["tokens_per_s"]
         row["adaptive_speedup"] = row["adaptive"]["tokens_per_s"] / row["plain"]["tokens_per_s"]
@@ -134,7 +138,7 @@ def engine_mode(args: argparse.Namespace) -> dict:
             f"{p['tpot_p50'] * 1e3:.1f} ms) | speculative {s['tokens_per_s']:8.1f} tok/s (ttft p50 "
             f"{s['ttft_p50']:.3f}s, tpot p50 {s['tpot_p50'] * 1e3:.1f} ms, tau {s['tau']:.2f}; a step: draft "
             f"{s['draft_ms']:.1f} ms, verify {s['verify_ms']:.1f} ms) | "
-            f"{row['speedup']:.2f}x (adaptive {row['adaptive_speedup']:.2f}x) | same tokens as the one-sequence "
+            f"occupancy {p['occupancy']:.2f} / {s['occupancy']:.2f} | {row['speedup']:.2f}x (adaptive {row['adaptive_speedup']:.2f}x) | same tokens as the one-sequence "
             f"engine {p['same_as_one_sequence']}/{s['same_as_one_sequence']} of {p['prompts']}")
         log(f"B={B:3d} seconds joining / in rounds / new CUDA graphs: "
             + " | ".join(f"{name} {row[name]['join_s']:.3f} / {row[name]['round_s']:.3f} / {row[name]['new_graphs']}"
@@ -196,6 +200,9 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=64, help="prompts (engine mode)")
     ap.add_argument("--per-batch", type=int, default=16,
                     help="batch B runs the first max(B, this) prompts (engine mode; default 16)")
+    ap.add_argument("--waves", type=int, default=1,
+                    help="batch B runs at least this many times B requests, the prompts repeated in order when "
+                         "fewer (engine mode): more than one keeps the batch full as rows finish, a serving load")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--serve", action="store_true", help="serve mode: the HTTP server, one by one vs at once")
     ap.add_argument("--requests", type=int, default=8, help="requests (serve mode)")

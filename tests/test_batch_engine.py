@@ -255,6 +255,44 @@ def test_sampled_rows_do_not_depend_on_companions(fitted, tree, backend):
         assert r.token_ids == alone.token_ids == single.generate(p, 16, sampling=cfg(i)).token_ids
 
 
+@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+def test_pooled_row_runners_draft_as_eager_rows(fitted, tree):
+    """Rows with their own proposer (sampled rows; every row of a dynamic tree) draft on static row runners lent by
+    the engine's pool: each row's tokens equal its tokens on eager rows; a finished row's runner goes back to the
+    pool and a later request reuses it (never more runners than live rows); a request too long for a runner's KV
+    runs eager rows."""
+    from eaglespec.config import EngineConfig
+    from eaglespec.draft.fast import StaticDraftRunner
+    from eaglespec.engine.build import build_batch_engine
+
+    model, drafter = fitted
+    spec = TREES[tree]
+    made: list[StaticDraftRunner] = []
+
+    def runner(d):
+        made.append(StaticDraftRunner(d, max_len=96, span_step=16))
+        return made[-1]
+
+    def requests():
+        return [BatchRequest(p, 12 + 3 * i, sampling=SamplingConfig(SamplingParams(temperature=0.8), seed=i)
+                             if i % 2 else None) for i, p in enumerate(_prompts(6))]
+
+    pooled = BatchEngine(FastBatchTarget(model, span_step=16), drafter, spec, max_batch=3, draft_runner=runner)
+    results = pooled.generate(requests())
+    eager = BatchEngine(FastBatchTarget(model, span_step=16), drafter, spec, max_batch=3).generate(requests())
+    assert [r.token_ids for r in results] == [r.token_ids for r in eager]
+    own = 3 if tree == "chain" else 6  # the requests with their own proposer
+    assert 1 <= len(made) <= min(own, 3) and len(pooled._idle_runners) == len(made)
+    assert max(r.tau for r in results) > 1.5
+
+    long = pooled.submit(BatchRequest(_prompts(1)[0], 95, sampling=SamplingConfig(SamplingParams(temperature=0.8))))
+    pooled.step()
+    assert long.runner is None and not isinstance(long.proposer.runner, StaticDraftRunner)
+    pooled.abort()
+    assert build_batch_engine(model, drafter, spec, EngineConfig(adaptive=False, draft_graphs=True)).draft_runner
+    assert build_batch_engine(model, drafter, spec, EngineConfig(adaptive=False)).draft_runner is None
+
+
 @pytest.mark.parametrize("tree", ["chain", "static"])
 def test_chained_rows_accept_what_they_accept_alone(fitted, tree):
     """Greedy rows of one chain or static shape draft in one drafter call per step (a chain takes the [B, k+1]
@@ -536,19 +574,31 @@ def test_batch_rows_do_not_leak(fitted, backend, stacked, monkeypatch):
 @pytest.mark.parametrize("backend", ENGINE_TARGETS)
 @pytest.mark.parametrize("tree", ["chain", "static", "dynamic"])
 def test_cuda_graph_rows_equal_generate(tree, backend):
-    """On a GPU the verify forward replays a CUDA graph per (batch bucket, rows, slots), and the batched chains and
-    static trees one per (batch bucket, catch-up rows, slots, k); fp32 rows stay exact."""
+    """On a GPU the verify forward replays a CUDA graph per (batch bucket, rows, slots), the batched chains and
+    static trees one per (batch bucket, catch-up rows, slots, k), and a dynamic tree's row its pooled static
+    runner's graphs; fp32 rows stay exact, and a sampled row samples what it samples alone."""
+    from functools import partial
+
+    from eaglespec.draft.fast import StaticDraftRunner
+
     reference = tiny_target("llama", seed=0)
     drafter = fit_drafter(reference, tiny_drafter(reference, seed=1), steps=60, n_seqs=8, length=32).cuda()
+    runner = partial(StaticDraftRunner, max_len=256)
     target = TARGETS[backend](tiny_target("llama", seed=0).cuda())
-    engine = BatchEngine(target, drafter, TREES[tree], max_batch=3, prefill_chunk=4)
+    engine = BatchEngine(target, drafter, TREES[tree], max_batch=3, prefill_chunk=4, draft_runner=runner)
     prompts = _prompts(5)
-    results = engine.generate([BatchRequest(p, 12 + 2 * i) for i, p in enumerate(prompts)])
+    sampled = SamplingConfig(SamplingParams(temperature=0.8), seed=3)
+    results = engine.generate([BatchRequest(p, 12 + 2 * i, sampling=sampled if i == 4 else None)
+                               for i, p in enumerate(prompts)])
     assert target._graphs, "no graph was captured"
     if engine.drafts is not None:
         assert engine.drafts._graphs, "the batched drafts ran without a graph"
-    for i, (p, r) in enumerate(zip(prompts, results)):
+    assert engine._idle_runners and all(r._graphs for r in engine._idle_runners), "a pooled runner ran eagerly"
+    for i, (p, r) in enumerate(zip(prompts[:4], results)):
         assert r.token_ids == reference_greedy(reference, p, 12 + 2 * i)
+    alone = BatchEngine(TARGETS[backend](tiny_target("llama", seed=0).cuda()), drafter, TREES[tree], max_batch=1,
+                        draft_runner=runner).generate([BatchRequest(prompts[4], 20, sampling=sampled)])[0]
+    assert results[4].token_ids == alone.token_ids
 
 
 def test_attention_with_changing_shapes_keeps_cudnn_off(fitted, monkeypatch):

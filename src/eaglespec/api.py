@@ -367,7 +367,8 @@ class EagleSpec:
     def batch_engine(self) -> BatchEngine:
         """The batched engine (engine/batch.py) over the same model and drafter, built on first use."""
         if self._batch is None:
-            self._batch = build_batch_engine(self.model, self.drafter, self.spec, self.config)
+            self._batch = build_batch_engine(self.model, self.drafter, self.spec, self.config,
+                                             draft_max_len=self.draft_max_len)
         return self._batch
 
     def request(self, prompt, max_new_tokens: int = 128, raw: bool = False, stop: str | Sequence[str] | None = None,

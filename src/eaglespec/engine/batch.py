@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -73,6 +74,8 @@ class BatchRequest:
     pending: list[torch.Tensor] = field(default_factory=list, repr=False)  # [n_i, F] parts: the features the
     # drafter has not consumed, in order (concatenated when it drafts: a plain round adds a view, no copy)
     proposer: Proposer | None = field(default=None, repr=False)  # its own drafter rows (None: none, or batched)
+    runner: Any = field(default=None, repr=False)  # its proposer's row runner lent by the engine's pool (None: none,
+    # or eager rows)
     chained: bool = False  # drafts the engine's greedy chain or static tree with the other chained rows, in one
     # drafter call per step
     generator: torch.Generator | None = field(default=None, repr=False)
@@ -116,7 +119,8 @@ class BatchEngine:
 
     def __init__(self, target: HFBatchTarget, drafter: nn.Module | None = None, spec: TreeSpec | None = None, *,
                  max_batch: int = 8, prefill_chunk: int = 512, speculate_up_to: int | None = None,
-                 adaptive: bool | None = False, max_tokens: int | None = None, kernels: bool | None = None):
+                 adaptive: bool | None = False, max_tokens: int | None = None, kernels: bool | None = None,
+                 draft_runner: Callable[[nn.Module], Any] | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if prefill_chunk < 1:
@@ -130,6 +134,11 @@ class BatchEngine:
         self.plan: DepthPlan | None = None  # the depth per batch size (adaptive; calibrate() makes it)
         self._forced: int | None = None  # calibrate's depth for every round
         self.kernels = kernels
+        # the row runner of a request with its own proposer (dynamic trees, sampled rows): e.g. functools.partial(
+        # StaticDraftRunner, max_len=...), whose static KV and CUDA graphs stay with the engine for the requests to
+        # come (a pool of idle runners, at most one per live row); None: eager rows (proposer.EagerRows)
+        self.draft_runner = draft_runner
+        self._idle_runners: list[Any] = []
         if drafter is not None:
             attach_drafter(target, drafter)
         # greedy chains or static trees of every row in one drafter call per step (draft/batch.py), where the
@@ -143,6 +152,7 @@ class BatchEngine:
         # host wall seconds the steps have spent joining requests (prefill, the drafter's catch-up, first tokens)
         # and in rounds, since the engine was built
         self.seconds = {"join": 0.0, "round": 0.0}
+        self.rounds = 0  # rounds run since the engine was built (each advances every live row)
         self.target.reset()
 
     # -- the queue ------------------------------------------------------------------------------
@@ -236,6 +246,7 @@ class BatchEngine:
         t1 = time.perf_counter()
         if self.live:
             events += self._round()
+            self.rounds += 1
         self.seconds["join"] += t1 - t0
         self.seconds["round"] += time.perf_counter() - t1
         self._finish()
@@ -330,9 +341,22 @@ class BatchEngine:
         spec = r.spec or self.spec
         r.chained = self.drafts is not None and r.sampling is None and spec == self.spec
         if self.drafter is not None and not r.chained:
-            r.proposer = Proposer(self.drafter, spec, kernels=self.kernels)
+            r.runner = self._lend_runner(r, spec)
+            r.proposer = Proposer(self.drafter, spec, runner=r.runner, kernels=self.kernels)
             r.proposer.sampling = r.sampling.draft_params if r.sampling is not None else None
             r.proposer.generator = r.generator
+
+    def _lend_runner(self, r: BatchRequest, spec: TreeSpec) -> Any:
+        """An idle row runner from the pool (a new one when none is idle) for r's proposer, if r's prompt, new tokens
+        and tree rows fit its KV; else None (r's proposer runs eager rows)."""
+        if self.draft_runner is None:
+            return None
+        runner = self._idle_runners.pop() if self._idle_runners else self.draft_runner(self.drafter)
+        tree = Proposer(self.drafter, spec, kernels=False).tree_rows(self.drafter.cfg.draft_vocab_size)
+        if len(r.prompt_ids) + r.max_new_tokens + tree > runner.max_len:
+            self._idle_runners.append(runner)
+            return None
+        return runner
 
     def _first(self, r: BatchRequest, logits: torch.Tensor) -> list[int]:
         """Emit r's first token from its prompt's last logits [V] (none when max_new_tokens is 0)."""
@@ -601,7 +625,9 @@ class BatchEngine:
         r.result.seconds = time.perf_counter() - r.started
         r.result.backend = self.target.name
         r.done = True
-        r.proposer = r.prefilled = None
+        if r.runner is not None:
+            self._idle_runners.append(r.runner)
+        r.proposer = r.prefilled = r.runner = None
         r.pending = []
         r.tokens = []
 

@@ -80,16 +80,23 @@ def build_batch_target(model: nn.Module, config: EngineConfig, feature_layer_ids
 
 
 def build_batch_engine(model: nn.Module, drafter: nn.Module | None, spec: TreeSpec | None,
-                       config: EngineConfig | None = None) -> BatchEngine:
+                       config: EngineConfig | None = None, draft_max_len: int | None = None) -> BatchEngine:
     """The batched engine over `model` (build_batch_target) drafting with `drafter`: config.max_batch rows (default
-    8); with config.adaptive not False, its depth plan calibrated (BatchEngine.calibrate)."""
+    8); the rows with their own proposer (dynamic trees, sampled rows) on StaticDraftRunners where config's
+    draft_graphs resolve on (the fast batched target on CUDA), of config.draft_max_len or `draft_max_len` rows; with
+    config.adaptive not False, its depth plan calibrated (BatchEngine.calibrate)."""
     config = config or EngineConfig()
     ids = tuple(drafter.feature_layer_ids) if drafter is not None else ()
     target = build_batch_target(model, config, ids)
-    kernels = config.resolve(target.device, fast=False).kernels
+    switches = config.resolve(target.device, fast=isinstance(target, FastBatchTarget))
+    runner = None
+    if drafter is not None and switches.draft_graphs:
+        runner = partial(StaticDraftRunner, max_len=config.draft_max_len or draft_max_len or DEFAULT_DRAFT_MAX_LEN,
+                         kernels=switches.kernels)
     engine = BatchEngine(target, drafter, spec, max_batch=config.max_batch or DEFAULT_MAX_BATCH,
                          prefill_chunk=config.prefill_chunk, speculate_up_to=config.speculate_up_to,
-                         adaptive=config.adaptive, max_tokens=config.max_batch_tokens, kernels=kernels)
+                         adaptive=config.adaptive, max_tokens=config.max_batch_tokens, kernels=switches.kernels,
+                         draft_runner=runner)
     if config.adaptive is not False and drafter is not None and engine.spec.speculates:
         engine.calibrate()  # the depth per batch size (engine/plan.py)
     return engine
