@@ -38,6 +38,7 @@ from eaglespec.api import EagleSpec
 from eaglespec.datasets import load_prompts
 from eaglespec.engine.batch import BatchEngine, BatchRequest
 from eaglespec.engine.build import build_batch_engine
+from eaglespec.sampling import SamplingConfig, SamplingParams
 
 
 def log(msg: str) -> None:
@@ -55,13 +56,15 @@ def timed(run, *args) -> dict:
     return run(*args)
 
 
-def run_engine(engine: BatchEngine, prompts: list[list[int]], max_new_tokens: int, eos: list[int]) -> dict:
-    """All prompts submitted at once; per-request first-token and finish times from the step events."""
+def run_engine(engine: BatchEngine, prompts: list[list[int]], max_new_tokens: int, eos: list[int],
+               sampling: list[SamplingConfig | None]) -> dict:
+    """All prompts submitted at once (request i sampled by sampling[i], None: greedy); per-request first-token and
+    finish times from the step events."""
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     sync()
     graphs, seconds, steps = engine.graphs, dict(engine.seconds), engine.rounds
     t0 = time.perf_counter()
-    reqs = [engine.submit(BatchRequest(p, max_new_tokens, eos)) for p in prompts]
+    reqs = [engine.submit(BatchRequest(p, max_new_tokens, eos, s)) for p, s in zip(prompts, sampling)]
     first: dict[int, float] = {}
     done: dict[int, float] = {}
     while not all(r.done for r in reqs):
@@ -99,12 +102,23 @@ def engine_mode(args: argparse.Namespace) -> dict:
     prompts = [es.encode(p) for p in load_prompts(args.dataset, args.limit)]
     eos = es.eos_ids()
     dev = es.model.device
-    log(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, device {dev}, tree {args.tree}")
-    solo = [es.generate(p, args.max_new_tokens) for p in prompts]  # warm-up: graphs captured, kernels compiled
+    log(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, device {dev}, tree {args.tree}, temperature "
+        f"{args.temperature}")
+
+    def sampling(i: int) -> SamplingConfig | None:
+        """Request i's sampling: the prompt's seed, so that a repeated prompt draws what it draws alone."""
+        if not args.temperature:
+            return None
+        return SamplingConfig(SamplingParams(temperature=args.temperature), seed=args.seed + i % len(prompts))
+
+    def one_sequence() -> list:
+        return [es.engine.generate(p, args.max_new_tokens, eos, sampling=sampling(i)) for i, p in enumerate(prompts)]
+
+    solo = one_sequence()  # warm-up: graphs captured, kernels compiled
     if dev.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    solo = [es.generate(p, args.max_new_tokens) for p in prompts]  # the one-sequence fast path, one at a time
+    solo = one_sequence()  # the one-sequence fast path, one at a time
     if dev.type == "cuda":
         torch.cuda.synchronize()
     solo_s = time.perf_counter() - t0
@@ -113,7 +127,7 @@ def engine_mode(args: argparse.Namespace) -> dict:
 
     out = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
            "transformers": transformers.__version__, "commit": args.commit, "batch_backend": args.batch_backend,
-           "one_sequence": {"tokens_per_s": solo_n / solo_s, "tau": statistics.mean(o.stats["tau"] for o in solo)},
+           "one_sequence": {"tokens_per_s": solo_n / solo_s, "tau": statistics.mean(o.tau for o in solo)},
            "rows": []}
     log(f"one-sequence engine, one request at a time: {solo_n / solo_s:.1f} tok/s")
     for B in args.batches:
@@ -123,7 +137,7 @@ def engine_mode(args: argparse.Namespace) -> dict:
                                         ("adaptive", es.drafter, True)):
             engine = build_batch_engine(es.model, drafter, es.spec, cfg.replace(adaptive=adaptive))
             some = [prompts[i % len(prompts)] for i in range(max(args.per_batch, args.waves * B))]
-            r = timed(run_engine, engine, some, args.max_new_tokens, eos)
+            r = timed(run_engine, engine, some, args.max_new_tokens, eos, [sampling(i) for i in range(len(some))])
             r["prompts"] = len(some)
             if engine.plan is not None:
                 r["plan"] = engine.plan.summary()
@@ -204,6 +218,10 @@ def main() -> int:
                     help="batch B runs at least this many times B requests, the prompts repeated in order when "
                          "fewer (engine mode): more than one keeps the batch full as rows finish, a serving load")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="every request sampled at this temperature (engine mode; 0: greedy), request i seeded with "
+                         "--seed + i for its prompt")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--serve", action="store_true", help="serve mode: the HTTP server, one by one vs at once")
     ap.add_argument("--requests", type=int, default=8, help="requests (serve mode)")
     ap.add_argument("--port", type=int, default=8765)
