@@ -255,9 +255,10 @@ def test_sampled_rows_do_not_depend_on_companions(fitted, tree, backend):
         assert r.token_ids == alone.token_ids == single.generate(p, 16, sampling=cfg(i)).token_ids
 
 
-@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
 def test_pooled_row_runners_draft_as_eager_rows(fitted, tree):
-    """Rows with their own proposer (sampled rows; every row of a dynamic tree) draft on static row runners lent by
+    """Rows with their own proposer (sampled rows of a static tree; every row of a dynamic tree) draft on static row
+    runners lent by
     the engine's pool: each row's tokens equal its tokens on eager rows; a finished row's runner goes back to the
     pool and a later request reuses it (never more runners than live rows); a request too long for a runner's KV
     runs eager rows."""
@@ -281,7 +282,7 @@ def test_pooled_row_runners_draft_as_eager_rows(fitted, tree):
     results = pooled.generate(requests())
     eager = BatchEngine(FastBatchTarget(model, span_step=16), drafter, spec, max_batch=3).generate(requests())
     assert [r.token_ids for r in results] == [r.token_ids for r in eager]
-    own = 3 if tree == "chain" else 6  # the requests with their own proposer
+    own = 3 if tree == "static" else 6  # the requests with their own proposer
     assert 1 <= len(made) <= min(own, 3) and len(pooled._idle_runners) == len(made)
     assert max(r.tau for r in results) > 1.5
 
@@ -400,23 +401,35 @@ def test_fused_batched_drafts_draft_as_the_drafter(fitted, tree):
 
 
 def test_chained_and_sampled_rows_together(fitted):
-    """Greedy rows draft their chains in one drafter call per step (draft/batch.py); a sampled row in the same batch
-    drafts with its own proposer. Each is what it is alone."""
+    """Greedy and sampled rows draft their chains in one drafter call per step (draft/batch.py): a sampled row draws
+    its drafts from its own processed draft distribution and noise from its own generator (rows at two temperatures,
+    and one whose drafter drafts greedily, draft_temperature 0). Each is what it is alone in the one-sequence
+    engine."""
+    from eaglespec.sampling import draft_processors
+
     model, drafter = fitted
     spec = TREES["chain"]
-    prompts = _prompts(5)
-    sampled = SamplingConfig(SamplingParams(temperature=0.9), seed=7)
-    engine = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=5, prefill_chunk=6)
-    assert engine.drafts is not None
-    reqs = [BatchRequest(p, 24, sampling=sampled if i == 2 else None) for i, p in enumerate(prompts)]
+    prompts = _prompts(6)
+    sampled = {2: SamplingConfig(SamplingParams(temperature=0.9), seed=7),
+               3: SamplingConfig(SamplingParams(temperature=0.6, top_k=20), seed=8),
+               4: SamplingConfig(SamplingParams(temperature=0.9), seed=9, draft=draft_processors(0)),
+               5: SamplingConfig(SamplingParams(temperature=0.9), seed=10)}
+    engine = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=6, prefill_chunk=6)
+    assert engine.drafts is not None and engine.drafts.samples
+    calls = []
+    propose = engine.drafts.propose
+    engine.drafts.propose = lambda rows, *a: calls.append(list(rows)) or propose(rows, *a)
+    reqs = [BatchRequest(p, 24, sampling=sampled.get(i)) for i, p in enumerate(prompts)]
     results = engine.generate(reqs)
-    assert [r.chained for r in reqs] == [True, True, False, True, True]
+    assert all(r.chained for r in reqs) and max(len(c) for c in calls) == 6  # every row in one drafter call
+    single = SpeculativeEngine(HFTarget(model), drafter, spec)
     for i, (p, r) in enumerate(zip(prompts, results)):
-        if i != 2:
+        if i in sampled:
+            assert r.token_ids == single.generate(p, 24, sampling=sampled[i]).token_ids
+        else:
             assert r.token_ids == reference_greedy(model, p, 24)
-    alone = SpeculativeEngine(HFTarget(model), drafter, spec).generate(prompts[2], 24, sampling=sampled)
-    assert results[2].token_ids == alone.token_ids
     assert max(r.tau for r in results) > 2  # the chained drafts are accepted (the drafter's KV is right)
+    assert max(results[i].tau for i in sampled) > 1.5  # drawn drafts are accepted too
     assert engine.drafts.batch == 0
 
 

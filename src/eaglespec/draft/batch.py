@@ -1,4 +1,4 @@
-"""Greedy chains and static trees for B sequences at once: one drafter call per step for every row (engine/batch.py).
+"""Chains and static trees for B sequences at once: one drafter call per step for every row (engine/batch.py).
 
 The drafter's KV of all rows sits in slot buffers per layer, [Bcap, Hkv, S, D], as backends/hf_batch.py keeps the
 target's: row b's committed drafter rows in its slots 0..n_b-1 (slot s holds position s), the live rows first, in
@@ -9,8 +9,11 @@ Proposer runs it (contract 4's index shift):
     catch_up   row b's pending features f_t with tokens x_{t+1}, t = n_b .. n_b + m_b - 1, at positions t: one call
                over a ragged block of W = max m_b rows (a shorter row's padding rows write slots that stay hidden);
                n_b += m_b
-    chain      k greedy drafts below each root: the first from the catch-up's last row, then k - 1 calls of one row
-               per batch row at position n_b + d - 1, each seeing its row's committed slots and its own chain rows
+    chain      k drafts below each root: the first from the catch-up's last row, then k - 1 calls of one row per
+               batch row at position n_b + d - 1, each seeing its row's committed slots and its own chain rows;
+               greedy rows take the argmax, sampled rows (RowSampling) draw from their processed draft distribution
+               q by the exponential race over Exp(1) noise [k, Vd] drawn from the row's own generator before the
+               draft, as the Proposer's sampled chain does, and their q rows go to the tree for rejection sampling
     static     the spec's static tree (the Proposer's StaticPlan, the same for every row): the root's children are
                the catch-up row's top ranks; then one call per depth over every row's expanded nodes of that depth
                (tree row r at slot n_b + r, position n_b + depth - 1), each seeing its row's committed slots and its
@@ -19,14 +22,15 @@ Proposer runs it (contract 4's index shift):
 On CUDA each drafter step runs draft/fused.py's FusedBatchEagle3Step (its fused layers, per-row slots and masks). The
 whole draft (catch-up and growth) is one function of static inputs; on CUDA it replays as one CUDA graph per
 (batch bucket, W, S, k), W padded to a power of two (at least MIN_BLOCK) up to GRAPH_ROWS (a longer catch-up runs
-eagerly). A joining prompt's features go in before its first round (catch_up: the joining rows alone, eagerly,
-nothing drafted), so that a round's block stays narrow.
+eagerly). Sampled rows draft here where the drafts run eagerly (`samples`: chains without CUDA graphs); elsewhere
+they draft on their own proposers. A joining prompt's features go in before its first round (catch_up: the joining
+rows alone, eagerly, nothing drafted), so that a round's block stays narrow.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -34,9 +38,10 @@ from torch import nn
 from eaglespec.backends.fast import capture_graph
 from eaglespec.draft.fused import FusedBatchEagle3Step, unfusable_reason
 from eaglespec.draft.layers import Attention
-from eaglespec.draft.proposer import StaticPlan
+from eaglespec.draft.proposer import StaticPlan, to_target_probs
 from eaglespec.kernels import on_by_default
 from eaglespec.rows import compaction, move_rows
+from eaglespec.sampling import SamplingParams, exponential_noise, process_logits, race_argmax
 from eaglespec.tensors import to_device, to_device_all
 from eaglespec.tree.core import DraftTree, TreeSpec, ancestry, chain_tree, draft_topk, static_layout
 
@@ -82,6 +87,31 @@ class _Inputs:
 
 
 @dataclass
+class RowSampling:
+    """A sampled row's draft processors and its own random stream (SamplingConfig.draft_params, its generator)."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
+
+
+@dataclass
+class _Group:
+    """Sampled block rows with the same draft processors: their noise [n, k, Vd] and, per depth, q [n, Vd]."""
+
+    rows: list[int]
+    index: torch.Tensor  # [n] long: the block rows
+    params: SamplingParams
+    noise: torch.Tensor
+    probs: list[torch.Tensor] = field(default_factory=list)
+
+    def draw(self, logits: torch.Tensor, ids: torch.Tensor, d: int) -> torch.Tensor:
+        """The group's rows of ids [Bp] replaced by their draws at depth d (0-based) from logits [Bp, Vd]."""
+        q = process_logits(logits[self.index], self.params)  # [n, Vd]
+        self.probs.append(q)
+        return ids.index_put((self.index,), race_argmax(q, self.noise[:, d]))
+
+
+@dataclass
 class _Graph:
     inputs: _Inputs
     graph: torch.cuda.CUDAGraph
@@ -89,7 +119,8 @@ class _Graph:
 
 
 class BatchDrafts:
-    """Drafter KV of B sequences and their greedy chains or static trees (see the module docstring)."""
+    """Drafter KV of B sequences and their chains (greedy or sampled) or greedy static trees (see the module
+    docstring)."""
 
     def __init__(self, drafter: nn.Module, spec: TreeSpec, graphs: bool | None = None, fused: bool | None = None,
                  kernels: bool | None = None):
@@ -129,6 +160,11 @@ class BatchDrafts:
         return len(self._graphs)
 
     @property
+    def samples(self) -> bool:
+        """Whether sampled rows draft here: chains, where the draft runs eagerly (no CUDA graphs)."""
+        return self.plan is None and not self.use_graphs
+
+    @property
     def slots(self) -> int:
         return self.k[0].shape[2] if self.k else 0
 
@@ -146,29 +182,58 @@ class BatchDrafts:
 
     @torch.no_grad()
     def propose(self, rows: Sequence[int], roots: torch.Tensor, features: Sequence[torch.Tensor],
-                next_tokens: Sequence[Sequence[int]], depth: int | None = None) -> list[DraftTree]:
+                next_tokens: Sequence[Sequence[int]], depth: int | None = None,
+                sampling: Sequence[RowSampling | None] | None = None) -> list[DraftTree]:
         """The trees below roots [R] (target ids) for batch rows `rows`, after catching each up on its pending
         features[i] [n_i, F] with next_tokens[i] (n_i ids): chains of `depth` drafts (None: the spec's depth), or
-        the static tree."""
-        drafts = self.draft(rows, features, next_tokens, depth)  # [R, k]
+        the static tree. sampling[i]: row i's draft processors and generator (None, or greedy processors: it
+        drafts greedily); a sampled row's chain carries its q rows (draft_probs [k + 1, V], the last node's
+        zero)."""
+        groups = self._groups(rows, sampling, self._drafts(depth))
+        drafts = self.draft(rows, features, next_tokens, depth, groups)  # [R, k]
         tokens = torch.cat([roots.to(drafts.device)[:, None], drafts], dim=1)  # [R, 1 + k]: each tree's nodes
-        if self.plan is None:
-            return [chain_tree(t[:1], t[1:]) for t in tokens]
-        return [DraftTree(tokens=t, parents=self.plan.parents, depths=self.plan.depths, ordered=True,
-                          visible=self.visible) for t in tokens]
+        if self.plan is not None:
+            return [DraftTree(tokens=t, parents=self.plan.parents, depths=self.plan.depths, ordered=True,
+                              visible=self.visible) for t in tokens]
+        trees = [chain_tree(t[:1], t[1:]) for t in tokens]
+        place = {b: i for i, b in enumerate(rows)}
+        for g in groups or ():
+            probs = torch.stack(g.probs, dim=1)  # [n, k, Vd]
+            probs = torch.cat([probs, probs.new_zeros(probs.shape[0], 1, probs.shape[-1])], dim=1)
+            for b, q in zip(g.rows, to_target_probs(self.drafter, probs)):
+                trees[place[b]].draft_probs = q  # [k + 1, V]
+        return trees
+
+    def _groups(self, rows: Sequence[int], sampling: Sequence[RowSampling | None] | None, k: int
+                ) -> list[_Group] | None:
+        """The sampled rows among `rows` grouped by draft processors, each row's noise [k, Vd] drawn now from its
+        own generator (one call, as the Proposer's draft_noise); None when no row samples."""
+        by_params: dict[SamplingParams, list[tuple[int, torch.Tensor]]] = {}
+        for b, rs in zip(rows, sampling or ()):
+            if rs is None or rs.params.greedy:
+                continue
+            noise = torch.empty(k, self.drafter.cfg.draft_vocab_size, dtype=torch.float32, device=self.device)
+            by_params.setdefault(rs.params, []).append((b, exponential_noise(noise, rs.generator)))
+        if not by_params:
+            return None
+        if not self.samples:
+            raise ValueError("sampled rows draft batched chains only where the drafts run eagerly (samples)")
+        return [_Group([b for b, _ in members], to_device([b for b, _ in members], self.device), params,
+                       torch.stack([n for _, n in members])) for params, members in by_params.items()]
 
     @torch.no_grad()
     def draft(self, rows: Sequence[int], features: Sequence[torch.Tensor], next_tokens: Sequence[Sequence[int]],
-              depth: int | None = None) -> torch.Tensor:
+              depth: int | None = None, groups: list[_Group] | None = None) -> torch.Tensor:
         """propose's drafts alone, target ids [R, k] for the named rows: a chain's k = depth (None: the spec's
-        depth) greedy drafts, or the static tree's nodes below the root in node order (k = self.depth). Rows not
-        named draft nothing (their slots past n_b are scratch)."""
+        depth) drafts (greedy, or drawn for the sampled rows of `groups`), or the static tree's nodes below the root
+        in node order (k = self.depth). Rows not named draft nothing (their slots past n_b are scratch)."""
         k = self._drafts(depth)
         rows = list(rows)
         counts = [f.shape[0] for f in features]
         Bp, W, graphed = self._block(max(counts))
         self._reserve(Bp, max(self.committed) + W + k)  # a static tree's rows are fewer than its nodes
-        drafts = self._run(self._inputs(Bp, rows, features, next_tokens, W, self.committed), k, graphed)
+        inputs = self._inputs(Bp, rows, features, next_tokens, W, self.committed)
+        drafts = self._draft(inputs, k, groups) if groups else self._run(inputs, k, graphed)
         for b, n in zip(rows, counts):
             self.committed[b] += n
         if rows == list(range(len(rows))):  # the first rows, in order (every live row, as a round drafts)
@@ -265,9 +330,9 @@ class BatchDrafts:
                                     logit_rows=s.last)  # [Bp, Vd], [Bp, W, H]
         return logits, states[torch.arange(Bp, device=self.device), s.last]
 
-    def _draft(self, s: _Inputs, k: int) -> torch.Tensor:
-        """Catch-up and growth over the slot buffers' first Bp rows: drafts [Bp, k] (target ids). Tensor ops
-        only."""
+    def _draft(self, s: _Inputs, k: int, groups: list[_Group] | None = None) -> torch.Tensor:
+        """Catch-up and growth over the slot buffers' first Bp rows: drafts [Bp, k] (target ids); the rows of
+        `groups` draw theirs (each group keeps its q rows). Tensor ops only."""
         Bp = s.tokens.shape[0]
         cols = torch.arange(self.slots, device=self.device)
         logits, state = self._catch_up(s)  # [Bp, Vd], [Bp, H]
@@ -277,7 +342,10 @@ class BatchDrafts:
         zero = torch.zeros_like(s.last)
         drafts = []
         for d in range(1, k + 1):
-            draft = self.drafter.to_target_ids(logits.argmax(-1))  # [Bp]
+            ids = logits.argmax(-1)  # [Bp]
+            for g in groups or ():
+                ids = g.draw(logits, ids, d - 1)
+            draft = self.drafter.to_target_ids(ids)
             drafts.append(draft)
             if d == k:
                 break

@@ -40,6 +40,14 @@ from eaglespec.tree.core import (
 )
 
 
+def to_target_probs(drafter: nn.Module, probs: torch.Tensor) -> torch.Tensor:
+    """[..., Vd] over `drafter`'s draft vocab -> [..., V] over the target vocab (d2t, contract 5)."""
+    vd = probs.shape[-1]
+    out = probs.new_zeros(*probs.shape[:-1], drafter.cfg.vocab_size)
+    ids = drafter.to_target_ids(torch.arange(vd, device=probs.device))
+    return out.index_copy_(out.dim() - 1, ids, probs)
+
+
 def shifted_tokens(ids: torch.Tensor, start: int, count: int) -> torch.Tensor:
     """The tokens paired with features f_start .. f_{start+count-1}: x_{t+1} for each t (contract 4)."""
     return ids[start + 1 : start + 1 + count]
@@ -268,10 +276,7 @@ class Proposer:
 
     def to_target_probs(self, probs: torch.Tensor) -> torch.Tensor:
         """[..., Vd] over the draft vocab -> [..., V] over the target vocab (d2t, contract 5)."""
-        vd = probs.shape[-1]
-        out = probs.new_zeros(*probs.shape[:-1], self.drafter.cfg.vocab_size)
-        ids = self.drafter.to_target_ids(torch.arange(vd, device=probs.device))
-        return out.index_copy_(out.dim() - 1, ids, probs)
+        return to_target_probs(self.drafter, probs)
 
     def sample_children(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Children for a FIXED-SHAPE sampled tree: k draws without replacement per row, in draw order.

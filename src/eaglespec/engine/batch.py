@@ -8,8 +8,9 @@ Each step (BatchEngine.step):
                 stay within `max_tokens`: a bound on the KV the batch may come to hold); prompts that go in whole
                 join together, in one target forward; a joined request's first token is emitted, and its drafter
                 runs over its prompt's features (all but the last, which its first round takes)
-    3. round    every live row drafts its own tree (greedy chains or static trees of all rows in one drafter call
-                per step, draft/batch.py; dynamic trees and sampled rows through their own proposer: drafter KV,
+    3. round    every live row drafts its own tree (chains or greedy static trees of all rows in one drafter call
+                per step, draft/batch.py, a sampled row's chain drawn from its own random stream where the drafts
+                run eagerly; dynamic trees and the other sampled rows through their own proposer: drafter KV,
                 sampling, random stream), one target forward verifies all the trees (backends/hf_batch.py and
                 fast_batch.py: ragged rows, per-row positions, ancestry mask and KV slots), then acceptance (greedy:
                 every row in one host sync) and publish per row, as the one-sequence engine does; a chained round
@@ -41,7 +42,7 @@ import torch
 from torch import nn
 
 from eaglespec.backends.hf_batch import HFBatchTarget, Prefilled
-from eaglespec.draft.batch import BatchDrafts, supports_batched_drafts
+from eaglespec.draft.batch import BatchDrafts, RowSampling, supports_batched_drafts
 from eaglespec.draft.proposer import Proposer
 from eaglespec.engine.loop import attach_drafter
 from eaglespec.engine.plan import DepthPlan, drafter_prior
@@ -76,8 +77,8 @@ class BatchRequest:
     proposer: Proposer | None = field(default=None, repr=False)  # its own drafter rows (None: none, or batched)
     runner: Any = field(default=None, repr=False)  # its proposer's row runner lent by the engine's pool (None: none,
     # or eager rows)
-    chained: bool = False  # drafts the engine's greedy chain or static tree with the other chained rows, in one
-    # drafter call per step
+    chained: bool = False  # drafts the engine's chain or static tree with the other chained rows, in one drafter call
+    # per step (a sampled row: chains, where BatchDrafts.samples)
     generator: torch.Generator | None = field(default=None, repr=False)
     started: float = 0.0
 
@@ -141,7 +142,7 @@ class BatchEngine:
         self._idle_runners: list[Any] = []
         if drafter is not None:
             attach_drafter(target, drafter)
-        # greedy chains or static trees of every row in one drafter call per step (draft/batch.py), where the
+        # chains or greedy static trees of every row in one drafter call per step (draft/batch.py), where the
         # drafter allows it; `chains`: they are chains (the plan's depths are their lengths)
         self.drafts = (BatchDrafts(drafter, self.spec, kernels=kernels) if supports_batched_drafts(drafter, self.spec)
                        else None)
@@ -339,7 +340,7 @@ class BatchEngine:
         r.prefilled = Prefilled()
         r.generator = r.sampling.generator(self.device) if r.sampling is not None else None
         spec = r.spec or self.spec
-        r.chained = self.drafts is not None and r.sampling is None and spec == self.spec
+        r.chained = self.drafts is not None and spec == self.spec and (r.sampling is None or self.drafts.samples)
         if self.drafter is not None and not r.chained:
             r.runner = self._lend_runner(r, spec)
             r.proposer = Proposer(self.drafter, spec, runner=r.runner, kernels=self.kernels)
@@ -541,7 +542,8 @@ class BatchEngine:
             reqs = [self.live[b] for b in rows]
             pending = [self._take_pending(r) for r in reqs]
             nxt = [self._next_ids(r, self.drafts.committed[b], p) for b, r, p in zip(rows, reqs, pending)]
-            drafted = self.drafts.propose(rows, self._roots(reqs), pending, nxt, depth)
+            sampling = [None if r.sampling is None else RowSampling(r.sampling.draft_params, r.generator) for r in reqs]
+            drafted = self.drafts.propose(rows, self._roots(reqs), pending, nxt, depth, sampling)
             for b, tree in zip(rows, drafted):
                 trees[b] = tree
         return trees
