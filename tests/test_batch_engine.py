@@ -84,11 +84,16 @@ def test_greedy_rows_equal_generate_other_archs(arch, backend):
     assert [r.token_ids for r in results] == [reference_greedy(model, p, 12) for p in prompts]
 
 
-def test_join_mid_run_and_cancel(fitted):
+@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+def test_join_mid_run_and_cancel(fitted, tree):
+    """Requests join mid-run (chunked prefills) and one is cancelled: its row is freed at once, and every other row,
+    greedy or sampled, emits what it emits alone."""
     model, drafter = fitted
-    engine = BatchEngine(HFBatchTarget(model), drafter, TREES["dynamic"], max_batch=4, prefill_chunk=3)
+    spec = TREES[tree]
+    engine = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=4, prefill_chunk=3)
     prompts = _prompts(5)
-    first = [engine.submit(BatchRequest(p, 24)) for p in prompts[:3]]
+    sampled = SamplingConfig(SamplingParams(temperature=0.8), seed=4)
+    first = [engine.submit(BatchRequest(p, 24, sampling=sampled if i == 2 else None)) for i, p in enumerate(prompts[:3])]
     for _ in range(3):
         engine.step()
     later = [engine.submit(BatchRequest(p, 20)) for p in prompts[3:]]
@@ -101,10 +106,12 @@ def test_join_mid_run_and_cancel(fitted):
     assert engine.target.batch <= rows_before  # its row was freed (and no other row lost)
     while not engine.idle:
         engine.step()
-    for r in first + later:
+    for r in first[:2] + later:
         if r is not victim:
             assert r.result.token_ids == reference_greedy(model, r.prompt_ids, r.max_new_tokens)
     assert victim.result.token_ids == reference_greedy(model, victim.prompt_ids, 24)[: len(victim.result.token_ids)]
+    alone = SpeculativeEngine(HFTarget(model), drafter, spec).generate(prompts[2], 24, sampling=sampled)
+    assert first[2].result.token_ids == alone.token_ids
 
 
 def test_token_bound_limits_the_live_batch(fitted):
@@ -403,31 +410,32 @@ def test_fused_batched_drafts_draft_as_the_drafter(fitted, tree):
 def test_chained_and_sampled_rows_together(fitted):
     """Greedy and sampled rows draft their chains in one drafter call per step (draft/batch.py): a sampled row draws
     its drafts from its own processed draft distribution and noise from its own generator (rows at two temperatures,
-    and one whose drafter drafts greedily, draft_temperature 0). Each is what it is alone in the one-sequence
-    engine."""
+    and one whose drafter drafts greedily, draft_temperature 0), joining as rows leave (after chained greedy rounds
+    left their features on the device). Each is what it is alone in the one-sequence engine."""
     from eaglespec.sampling import draft_processors
 
     model, drafter = fitted
     spec = TREES["chain"]
-    prompts = _prompts(6)
-    sampled = {2: SamplingConfig(SamplingParams(temperature=0.9), seed=7),
-               3: SamplingConfig(SamplingParams(temperature=0.6, top_k=20), seed=8),
-               4: SamplingConfig(SamplingParams(temperature=0.9), seed=9, draft=draft_processors(0)),
-               5: SamplingConfig(SamplingParams(temperature=0.9), seed=10)}
-    engine = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=6, prefill_chunk=6)
+    prompts = _prompts(8)
+    sampled = {4: SamplingConfig(SamplingParams(temperature=0.9), seed=7),
+               5: SamplingConfig(SamplingParams(temperature=0.6, top_k=20), seed=8),
+               6: SamplingConfig(SamplingParams(temperature=0.9), seed=9, draft=draft_processors(0)),
+               7: SamplingConfig(SamplingParams(temperature=0.9), seed=10)}
+    engine = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=4, prefill_chunk=6)
     assert engine.drafts is not None and engine.drafts.samples
     calls = []
     propose = engine.drafts.propose
     engine.drafts.propose = lambda rows, *a: calls.append(list(rows)) or propose(rows, *a)
-    reqs = [BatchRequest(p, 24, sampling=sampled.get(i)) for i, p in enumerate(prompts)]
+    lengths = [10, 8, 24, 20, 24, 16, 20, 12]  # the sampled rows join as greedy ones leave, after greedy rounds
+    reqs = [BatchRequest(p, n, sampling=sampled.get(i)) for i, (p, n) in enumerate(zip(prompts, lengths))]
     results = engine.generate(reqs)
-    assert all(r.chained for r in reqs) and max(len(c) for c in calls) == 6  # every row in one drafter call
+    assert all(r.chained for r in reqs) and max(len(c) for c in calls) == 4  # every row in one drafter call
     single = SpeculativeEngine(HFTarget(model), drafter, spec)
-    for i, (p, r) in enumerate(zip(prompts, results)):
+    for i, (p, n, r) in enumerate(zip(prompts, lengths, results)):
         if i in sampled:
-            assert r.token_ids == single.generate(p, 24, sampling=sampled[i]).token_ids
+            assert r.token_ids == single.generate(p, n, sampling=sampled[i]).token_ids
         else:
-            assert r.token_ids == reference_greedy(model, p, 24)
+            assert r.token_ids == reference_greedy(model, p, n)
     assert max(r.tau for r in results) > 2  # the chained drafts are accepted (the drafter's KV is right)
     assert max(results[i].tau for i in sampled) > 1.5  # drawn drafts are accepted too
     assert engine.drafts.batch == 0
