@@ -127,6 +127,43 @@ def test_token_bound_limits_the_live_batch(fitted):
     assert [r.result.token_ids for r in reqs] == [reference_greedy(model, p, 10) for p in prompts]
 
 
+def _held_bytes(engine: BatchEngine) -> int:
+    """Bytes the target's and the batched drafts' KV buffers hold now (the staging row's too)."""
+    t = engine.target
+    buffers = [t._kv] if t._kv is not None else [*t.keys, *t.values]
+    buffers += [*getattr(t, "_stage_k", []), *getattr(t, "_stage_v", [])]
+    if engine.drafts is not None:
+        buffers += [*engine.drafts.k, *engine.drafts.v]
+    return sum(x.numel() * x.element_size() for x in buffers)
+
+
+@pytest.mark.parametrize("backend", ENGINE_TARGETS)
+def test_kv_budget_bounds_the_buffers(fitted, backend):
+    """With a KV budget, a request joins only while the buffers its row makes them grow to fit (the longest row
+    sizes every row's slots): the held bytes never pass the budget, the rest queue, and every output is exact. A
+    request that can never fit is refused at submit, in one line naming both sizes."""
+    model, drafter = fitted
+    spec = TREES["chain"]
+    prompts = _prompts(6)
+    lengths = [12 + 4 * i for i in range(6)]
+    probe = BatchEngine(TARGETS[backend](model), drafter, spec, max_batch=6)
+    reqs = [BatchRequest(p, n) for p, n in zip(prompts, lengths)]
+    budget = probe.kv_bytes(reqs[:3])  # room for three rows of the longest request's slots, grown from nothing
+    engine = BatchEngine(TARGETS[backend](model), drafter, spec, max_batch=6, kv_budget=budget)
+    for r in reqs:
+        engine.submit(r)
+    most = 0
+    while not engine.idle:
+        engine.step()
+        most = max(most, len(engine.live))
+        assert _held_bytes(engine) <= budget
+    assert 1 < most < 6  # the budget, not max_batch, bounded the batch
+    for p, n, r in zip(prompts, lengths, reqs):
+        assert r.result.token_ids == reference_greedy(model, p, n)
+    with pytest.raises(EagleSpecError, match=r"needs [\d.]+ MiB of KV, more than the [\d.]+ MiB"):
+        BatchEngine(TARGETS[backend](model), drafter, spec, kv_budget=budget // 8).submit(BatchRequest(prompts[0], 64))
+
+
 def test_eos_and_length_edges(fitted):
     model, drafter = fitted
     prompts = _prompts(3)

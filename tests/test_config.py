@@ -40,7 +40,8 @@ def test_explicit_choices_win():
 
 
 @pytest.mark.parametrize("field,value,match", [("backend", "tpu", "backend 'tpu'"), ("threads", 0, "threads"),
-                                               ("draft_max_len", 0, "draft_max_len")])
+                                               ("draft_max_len", 0, "draft_max_len"), ("kv_memory", 0.0, "kv_memory"),
+                                               ("kv_memory", 1.5, r"in \(0, 1\]: got 1.5")])
 def test_bad_values_are_one_line_errors(field, value, match):
     with pytest.raises(EagleSpecError, match=match):
         EngineConfig(**{field: value})

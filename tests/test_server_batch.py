@@ -13,6 +13,7 @@ import pytest
 
 from eaglespec import EagleSpec
 from eaglespec.config import EngineConfig
+from eaglespec.engine.batch import BatchRequest
 from eaglespec.server import BatchWorker, Worker, create_app
 from test_server import metric, serve
 
@@ -105,3 +106,18 @@ def test_one_sequence_worker(tiny):
         with ThreadPoolExecutor(max_workers=3) as pool:
             texts = list(pool.map(lambda _: _stream(url, [9, 8, 7], 8)[0], range(3)))
         assert texts == [ref.text] * 3
+
+
+def test_request_beyond_the_kv_budget_gets_400(tiny):
+    """A request whose KV can never fit the batched engine's budget is refused with a 400 naming the sizes; the
+    server goes on serving the others."""
+    model, tok, drafter = tiny
+    es = EagleSpec(model, tok, drafter, config=EngineConfig(max_batch=2, adaptive=False))
+    engine = es.batch_engine
+    engine.kv_budget = engine.kv_bytes([engine.submit(BatchRequest([5, 6], 16))])
+    engine.abort()
+    with running(create_app(es, "tiny")) as url:
+        r = httpx.post(url + "/v1/completions", json={"prompt": [5, 6], "max_tokens": 200})
+        assert r.status_code == 400 and "MiB of KV" in r.json()["error"]["message"]
+        ok = httpx.post(url + "/v1/completions", json={"prompt": [5, 6], "max_tokens": 8})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 8

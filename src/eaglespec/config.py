@@ -43,12 +43,16 @@ class EngineConfig:
     prefill_chunk: int = 512  # prompt tokens a joining sequence prefills per batched step while others decode
     speculate_up_to: int | None = None  # the batched engine drafts while at most this many rows are live (None: always)
     max_batch_tokens: int | None = None  # bound on the live rows' prompts + max_new_tokens (None: max_batch only)
+    kv_memory: float | None = None  # share of the GPU memory free when the batched engine is built that its KV may
+    # take (None: KV_MEMORY on CUDA; no bound on a CPU)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise EagleSpecError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.draft_max_len is not None and self.draft_max_len < 1:
             raise EagleSpecError(f"draft_max_len must be >= 1, got {self.draft_max_len}")
+        if self.kv_memory is not None and not 0 < self.kv_memory <= 1:
+            raise EagleSpecError(f"kv_memory is a share of the free GPU memory, in (0, 1]: got {self.kv_memory}")
         for name in ("threads", "max_batch", "prefill_chunk", "speculate_up_to", "max_batch_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:

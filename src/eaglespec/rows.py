@@ -1,5 +1,5 @@
 """Batch rows leaving: which rows stay, in what order, and the buffer rows that move (the batched target, the batched
-drafts and the engine keep their rows in the same order)."""
+drafts and the engine keep their rows in the same order); and how their row and slot buffers grow."""
 
 from __future__ import annotations
 
@@ -23,6 +23,14 @@ def compaction(batch: int, gone: Iterable[int]) -> list[int]:
     for hole in (b for b in range(n) if b in gone):
         order[hole] = next(movers)
     return order
+
+
+def grown(cap: int, need: int, least: int) -> int:
+    """A buffer dimension's capacity for `need`: `cap` (at least `least`) doubled until it holds it."""
+    new = max(cap, least)
+    while new < need:
+        new *= 2
+    return new
 
 
 def move_rows(buffers: Iterable[torch.Tensor], order: list[int], dim: int = 0) -> None:

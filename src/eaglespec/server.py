@@ -230,10 +230,10 @@ class BatchWorker(Worker):
                 continue
             try:
                 text = self.es.request(job.prompt_ids, job.max_tokens, stop=job.stop, **job.sampling)
+                self.engine.submit(text.request)  # refused when its KV can never fit
             except EagleSpecError as exc:
                 job.send("error", APIError(400, str(exc)))
                 continue
-            self.engine.submit(text.request)
             self.running[id(text.request)] = (job, text)
         self._gauges()
         return True

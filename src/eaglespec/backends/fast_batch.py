@@ -68,6 +68,7 @@ class FastBatchTarget(HFBatchTarget):
     """HFBatchTarget whose verify forward runs the fused layers (see the module docstring)."""
 
     name = "fast-batch"
+    staging_rows = 1  # join_chunked's staging row
 
     def __init__(self, model: nn.Module, feature_layer_ids: tuple[int, ...] = (), graphs: bool | None = None,
                  kernels: bool = False, span_step: int = SPAN_STEP):

@@ -30,8 +30,10 @@ from torch.nn.utils.rnn import pad_sequence
 from eaglespec.backends.hf import HFModel
 from eaglespec.backends.hf_attention import grouped_attention
 from eaglespec.draft.layers import additive_mask
-from eaglespec.rows import compaction, move_rows
+from eaglespec.rows import compaction, grown, move_rows
 from eaglespec.tensors import to_device
+
+MIN_SLOTS = 64  # the fewest slots the KV buffers hold once allocated
 
 
 @dataclass
@@ -238,6 +240,31 @@ class HFBatchTarget(HFModel):
         self.lengths = [n + c for n, c in zip(self.lengths, counts)]
         self._block = 0
 
+    # -- memory ---------------------------------------------------------------------------------
+    staging_rows = 0  # rows of KV kept beside the batch's, with its slots
+
+    def slot_bytes(self) -> int:
+        """Bytes one slot of one row takes: every layer's key and value (from the model's config before the first
+        join)."""
+        if self.keys:
+            return sum(x.shape[1] * x.shape[3] * x.element_size() for x in (*self.keys, *self.values))
+        cfg = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        heads = cfg.num_attention_heads
+        kv = getattr(cfg, "num_key_value_heads", None) or heads
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        return self.num_layers * 2 * kv * dim * self.dtype.itemsize
+
+    def kv_bytes(self, rows: int, slots: int) -> int:
+        """Bytes the KV buffers hold once they have room for `rows` rows of `slots` slots (_reserve's growth from
+        the present capacity), counting the present buffers as well when they must grow (both are held while the
+        rows are copied over)."""
+        cap_rows, cap_slots = (self.keys[0].shape[0], self.slots) if self.keys else (0, 0)
+        new_rows, new_slots = grown(cap_rows, rows, 1), grown(cap_slots, slots, MIN_SLOTS)
+        held = (cap_rows + self.staging_rows) * cap_slots * self.slot_bytes()
+        if rows <= cap_rows and slots <= cap_slots:
+            return held
+        return held + (new_rows + self.staging_rows) * new_slots * self.slot_bytes()
+
     # -- internals ------------------------------------------------------------------------------
     def span(self, n: int) -> int:
         """The slots a forward whose rows end below slot n attends over: all of them (the model's attention reads
@@ -254,12 +281,7 @@ class HFBatchTarget(HFModel):
         cap_rows, cap_slots = self.keys[0].shape[0], self.slots
         if rows <= cap_rows and slots <= cap_slots:
             return
-        new_rows = max(cap_rows, 1)
-        while new_rows < rows:
-            new_rows *= 2
-        new_slots = max(cap_slots, 64)
-        while new_slots < slots:
-            new_slots *= 2
+        new_rows, new_slots = grown(cap_rows, rows, 1), grown(cap_slots, slots, MIN_SLOTS)
         self._graphs.clear()  # captured against the old buffers
         self._pool = None  # a pool whose graphs are all freed cannot take a new capture
         live, old = self.batch, list(zip(self.keys, self.values))

@@ -107,7 +107,8 @@ def add_tree_args(p: argparse.ArgumentParser, policy: bool = True) -> None:
 
 
 def add_batch_args(p: argparse.ArgumentParser, default: str) -> None:
-    """The batched engine's flags (EngineConfig.max_batch, prefill_chunk, speculate_up_to)."""
+    """The batched engine's flags (EngineConfig.max_batch, prefill_chunk, max_batch_tokens, kv_memory,
+    speculate_up_to)."""
     p.add_argument("--max-batch", type=int, default=None, metavar="N",
                    help=f"sequences advanced together by the batched engine (default: {default})")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
@@ -115,6 +116,10 @@ def add_batch_args(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--max-batch-tokens", type=int, default=None, metavar="N",
                    help="a request joins only while the live requests' prompts + max tokens, with its own, stay "
                         "within N (a bound on the KV memory; default: no bound beyond --max-batch)")
+    p.add_argument("--kv-memory", type=float, default=None, metavar="F",
+                   help="the share (0-1] of the GPU memory free when the engine starts that the batch's KV may take: "
+                        "a request joins only while it fits, and one that never can is refused (default 0.9 on a "
+                        "GPU; on a CPU no bound)")
     p.add_argument("--speculate-up-to", type=int, default=None, metavar="N",
                    help="draft while at most N sequences are live, plain batched steps above (default: always)")
 

@@ -40,7 +40,7 @@ from eaglespec.draft.fused import FusedBatchEagle3Step, unfusable_reason
 from eaglespec.draft.layers import Attention
 from eaglespec.draft.proposer import StaticPlan, to_target_probs
 from eaglespec.kernels import on_by_default
-from eaglespec.rows import compaction, move_rows
+from eaglespec.rows import compaction, grown, move_rows
 from eaglespec.sampling import SamplingParams, exponential_noise, process_logits, race_argmax
 from eaglespec.tensors import to_device, to_device_all
 from eaglespec.tree.core import DraftTree, TreeSpec, ancestry, chain_tree, draft_topk, static_layout
@@ -167,6 +167,16 @@ class BatchDrafts:
     @property
     def slots(self) -> int:
         return self.k[0].shape[2] if self.k else 0
+
+    def kv_bytes(self, rows: int, slots: int) -> int:
+        """Bytes the slot buffers hold once they have room for `rows` rows of `slots` slots (_reserve's growth),
+        counting the present ones as well when they must grow."""
+        per = sum(2 * a.kv_heads * a.head_dim for a in self.attn) * self.dtype.itemsize
+        cap_rows, cap_slots = (self.k[0].shape[0], self.slots) if self.k else (0, 0)
+        held = cap_rows * cap_slots * per
+        if rows <= cap_rows and slots <= cap_slots:
+            return held
+        return held + grown(cap_rows, rows, 1) * grown(cap_slots, slots, MIN_SLOTS) * per
 
     def join(self) -> int:
         """A new row with no drafter rows yet; returns its index."""
@@ -407,21 +417,17 @@ class BatchDrafts:
         cap_rows, cap_slots = (self.k[0].shape[0], self.slots) if self.k else (0, 0)
         if rows <= cap_rows and slots <= cap_slots:
             return
-        new_rows, new_slots = max(cap_rows, 1), max(cap_slots, MIN_SLOTS)
-        while new_rows < rows:
-            new_rows *= 2
-        while new_slots < slots:
-            new_slots *= 2
+        new_rows, new_slots = grown(cap_rows, rows, 1), grown(cap_slots, slots, MIN_SLOTS)
         self._graphs.clear()  # captured against the old buffers
         self._pool = None
         if self.fused:  # its rope table covers every slot position
             self._step = FusedBatchEagle3Step(self.drafter, new_slots, kernels=self.kernels)
         for buffers in (self.k, self.v):
             for i, a in enumerate(self.attn):
-                grown = torch.zeros(new_rows, a.kv_heads, new_slots, a.head_dim, device=self.device,
-                                    dtype=self.dtype)
+                buffer = torch.zeros(new_rows, a.kv_heads, new_slots, a.head_dim, device=self.device,
+                                     dtype=self.dtype)
                 if i < len(buffers):
-                    grown[:cap_rows, :, :cap_slots] = buffers[i]
-                    buffers[i] = grown
+                    buffer[:cap_rows, :, :cap_slots] = buffers[i]
+                    buffers[i] = buffer
                 else:
-                    buffers.append(grown)
+                    buffers.append(buffer)

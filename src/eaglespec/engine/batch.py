@@ -121,7 +121,7 @@ class BatchEngine:
     def __init__(self, target: HFBatchTarget, drafter: nn.Module | None = None, spec: TreeSpec | None = None, *,
                  max_batch: int = 8, prefill_chunk: int = 512, speculate_up_to: int | None = None,
                  adaptive: bool | None = False, max_tokens: int | None = None, kernels: bool | None = None,
-                 draft_runner: Callable[[nn.Module], Any] | None = None):
+                 draft_runner: Callable[[nn.Module], Any] | None = None, kv_budget: int | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if prefill_chunk < 1:
@@ -130,6 +130,7 @@ class BatchEngine:
         self.spec = spec or TreeSpec()
         self.max_batch, self.prefill_chunk = max_batch, prefill_chunk
         self.max_tokens = max_tokens  # None: no bound beyond max_batch
+        self.kv_budget = kv_budget  # bytes the target's and the batched drafts' KV buffers may come to (None: any)
         self.speculate_up_to = speculate_up_to
         self.adaptive = adaptive  # True: every round planned; None: rounds of greedy rows only; False: none
         self.plan: DepthPlan | None = None  # the depth per batch size (adaptive; calibrate() makes it)
@@ -158,7 +159,13 @@ class BatchEngine:
 
     # -- the queue ------------------------------------------------------------------------------
     def submit(self, request: BatchRequest) -> BatchRequest:
-        """Queue a request; it joins the batch at a later step."""
+        """Queue a request; it joins the batch at a later step. A request whose KV alone exceeds kv_budget is an
+        EagleSpecError naming both sizes."""
+        if self.kv_budget is not None and (need := self.kv_bytes([request])) > self.kv_budget:
+            raise EagleSpecError(f"a prompt of {len(request.prompt_ids)} tokens with max_new_tokens "
+                                 f"{request.max_new_tokens} needs {need / 2**20:.1f} MiB of KV, more than the "
+                                 f"{self.kv_budget / 2**20:.1f} MiB the batch may hold: send a shorter prompt or "
+                                 "fewer new tokens")
         request.started = time.perf_counter()
         self.waiting.append(request)
         return request
@@ -327,13 +334,25 @@ class BatchEngine:
         return events
 
     def _fits(self, r: BatchRequest, joining: Sequence[BatchRequest] = ()) -> bool:
-        """Whether r may join under max_tokens: the live and joining rows' and r's prompts plus max_new_tokens (a
-        request alone always may)."""
+        """Whether r may join beside the live and joining rows: under max_tokens (their prompts plus
+        max_new_tokens) and under kv_budget (the KV buffers their longest row sizes; submit refused a request that
+        does not fit alone). A request alone always may."""
         rows = [*self.live, *joining]
-        if self.max_tokens is None or not rows:
+        if not rows:
+            return True
+        if self.kv_budget is not None and self.kv_bytes([*rows, r]) > self.kv_budget:
+            return False
+        if self.max_tokens is None:
             return True
         held = sum(len(x.prompt_ids) + x.max_new_tokens for x in rows)
         return held + len(r.prompt_ids) + r.max_new_tokens <= self.max_tokens
+
+    def kv_bytes(self, reqs: Sequence[BatchRequest]) -> int:
+        """Bytes of KV the target and the batched drafts hold with `reqs` as the batch's rows: every row has the
+        slots of the longest one (its prompt, max_new_tokens and a tree's rows), as their buffers grow."""
+        slots = max(len(r.prompt_ids) + r.max_new_tokens + (r.spec or self.spec).max_nodes for r in reqs)
+        held = self.target.kv_bytes(len(reqs), slots)
+        return held + (self.drafts.kv_bytes(len(reqs), slots) if self.drafts is not None else 0)
 
     def _start(self, r: BatchRequest) -> None:
         """The request's prefill state, random stream and proposer."""

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from eaglespec.backends.base import TargetBackend
-from eaglespec.backends.fast import FastTarget, make_target
+from eaglespec.backends.fast import FastTarget, free_device_memory, make_target
 from eaglespec.backends.fast_batch import FastBatchTarget, batch_unsupported_reason
 from eaglespec.backends.hf_batch import HFBatchTarget
 from eaglespec.config import EngineConfig
@@ -32,6 +32,7 @@ from eaglespec.tree.core import TreeSpec
 
 DEFAULT_MAX_BATCH = 8  # the batched engine's rows when the config does not size it
 DEFAULT_DRAFT_MAX_LEN = 4096  # static drafter KV rows when neither the config nor the caller sizes it
+KV_MEMORY = 0.9  # the share of the free GPU memory the batched engine's KV may take when the config does not say
 
 
 def build_target(model: nn.Module, config: EngineConfig, feature_layer_ids: tuple[int, ...] = (),
@@ -83,8 +84,9 @@ def build_batch_engine(model: nn.Module, drafter: nn.Module | None, spec: TreeSp
                        config: EngineConfig | None = None, draft_max_len: int | None = None) -> BatchEngine:
     """The batched engine over `model` (build_batch_target) drafting with `drafter`: config.max_batch rows (default
     8); the rows with their own proposer (dynamic trees, sampled rows) on StaticDraftRunners where config's
-    draft_graphs resolve on (the fast batched target on CUDA), of config.draft_max_len or `draft_max_len` rows; with
-    config.adaptive not False, its depth plan calibrated (BatchEngine.calibrate)."""
+    draft_graphs resolve on (the fast batched target on CUDA), of config.draft_max_len or `draft_max_len` rows; its KV
+    within config.kv_memory of the GPU memory free now (on CUDA); with config.adaptive not False, its depth plan
+    calibrated (BatchEngine.calibrate)."""
     config = config or EngineConfig()
     ids = tuple(drafter.feature_layer_ids) if drafter is not None else ()
     target = build_batch_target(model, config, ids)
@@ -93,10 +95,12 @@ def build_batch_engine(model: nn.Module, drafter: nn.Module | None, spec: TreeSp
     if drafter is not None and switches.draft_graphs:
         runner = partial(StaticDraftRunner, max_len=config.draft_max_len or draft_max_len or DEFAULT_DRAFT_MAX_LEN,
                          kernels=switches.kernels)
+    free = free_device_memory(target.device)  # None on a CPU: no bound
+    budget = None if free is None else int((config.kv_memory or KV_MEMORY) * free)
     engine = BatchEngine(target, drafter, spec, max_batch=config.max_batch or DEFAULT_MAX_BATCH,
                          prefill_chunk=config.prefill_chunk, speculate_up_to=config.speculate_up_to,
                          adaptive=config.adaptive, max_tokens=config.max_batch_tokens, kernels=switches.kernels,
-                         draft_runner=runner)
+                         draft_runner=runner, kv_budget=budget)
     if config.adaptive is not False and drafter is not None and engine.spec.speculates:
         engine.calibrate()  # the depth per batch size (engine/plan.py)
     return engine

@@ -84,6 +84,18 @@ class TreeSpec:
             return self.depth > 0 and self.budget > 0 and bool(self.static_choices())
         return self.depth > 0 and self.budget > 0
 
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes one tree of this spec verifies, the root included (a dynamic tree's budget + 1 bounds
+        it)."""
+        if not self.speculates:
+            return 1
+        if self.kind == "chain":
+            return self.depth + 1
+        if self.kind == "static":
+            return len(self.static_choices()) + 1
+        return self.budget + 1
+
     def static_choices(self) -> tuple[tuple[int, ...], ...]:
         """The static tree's paths after the depth and budget cuts: the paths of length <= depth, then the first
         `budget` of them in the listed order when every path is listed after its parent (a fitted tree lists
