@@ -114,6 +114,30 @@ def test_join_mid_run_and_cancel(fitted, tree):
     assert first[2].result.token_ids == alone.token_ids
 
 
+def test_a_prompt_within_a_chunk_waits_to_join_whole(fitted):
+    """While rows decode, a prompt longer than what is left of the step's prefill budget but within prefill_chunk
+    joins whole at the next step (never split across steps); one longer than prefill_chunk goes chunk by chunk."""
+    model, drafter = fitted
+    engine = BatchEngine(TARGETS["fast"](model), drafter, TREES["chain"], max_batch=4, prefill_chunk=6)
+    split = []  # the chunks of prompts split across steps (whole prompts join through join_prompts)
+    prefill = engine.target.prefill
+    engine.target.prefill = lambda state, chunk: split.append((id(state), chunk.numel())) or prefill(state, chunk)
+    prompts = [*_prompts(3, seed=1), _prompts(7, seed=2)[-1]]  # 3, 4 and 5 tokens, then 9
+    first = engine.submit(BatchRequest(prompts[0], 20))
+    engine.step()  # first decodes from here on
+    reqs = [engine.submit(BatchRequest(p, 12)) for p in prompts[1:]]
+    engine.step()
+    assert reqs[0] in engine.live and reqs[1] not in engine.live  # 4 of 6 tokens taken: the 5 wait
+    engine.step()
+    assert reqs[1] in engine.live
+    while not engine.idle:
+        engine.step()
+    assert len({state for state, _ in split}) == 1  # only the 9-token prompt, longer than a chunk, was split
+    assert sum(n for _, n in split) == 9 and len(split) > 1
+    for r in [first, *reqs]:
+        assert r.result.token_ids == reference_greedy(model, r.prompt_ids, r.max_new_tokens)
+
+
 def test_token_bound_limits_the_live_batch(fitted):
     model, drafter = fitted
     prompts = _prompts(4)  # 3..6 tokens, 10 new each: two fit in 32, three do not

@@ -270,8 +270,9 @@ class BatchEngine:
     def _join(self) -> list[tuple[BatchRequest, list[int]]]:
         """Prefill waiting requests, in order, while the batch has room: `prefill_chunk` prompt tokens a step when
         rows are decoding, whole prompts when none is. Prompts that go in whole this step join together (one target
-        forward per PREFILL_TOKENS padded tokens); a longer one goes chunk by chunk. A request whose prompt is in
-        joins the batch and emits its first token."""
+        forward per PREFILL_TOKENS padded tokens); a prompt longer than the step's budget waits for the next step
+        when it fits a whole one, and goes chunk by chunk when it is longer than prefill_chunk. A request whose
+        prompt is in joins the batch and emits its first token."""
         events: list[tuple[BatchRequest, list[int]]] = []
         budget = self.prefill_chunk if self.live else None
         whole: list[BatchRequest] = []  # requests whose whole prompt goes in this step, in order
@@ -286,6 +287,8 @@ class BatchEngine:
                 whole.append(self.waiting.popleft())
                 budget = None if budget is None else budget - n
                 continue
+            if r.prefilled.length == 0 and n <= self.prefill_chunk:
+                break  # it goes in whole at the next step (whole prompts join in one forward, a split one in two)
             events += self._join_whole(whole)  # they join before r: the rows stay in arrival order
             whole = []
             take = n if budget is None else min(n, budget)
