@@ -33,6 +33,19 @@ def grown(cap: int, need: int, least: int) -> int:
     return new
 
 
+def grown_bytes(cap: tuple[int, int], need: tuple[int, int], least_slots: int, per_slot: int, extra_rows: int = 0
+                ) -> int:
+    """Bytes [rows, slots] buffers of `per_slot` bytes a slot hold once they have room for need = (rows, slots),
+    grown by `grown` from cap = (rows, slots) (rows from 1, slots from least_slots), the present buffers counted too
+    when they must grow (both are held while the rows are copied over); extra_rows: rows kept beside them with
+    their slots."""
+    (cap_rows, cap_slots), (rows, slots) = cap, need
+    held = (cap_rows + extra_rows) * cap_slots * per_slot
+    if rows <= cap_rows and slots <= cap_slots:
+        return held
+    return held + (grown(cap_rows, rows, 1) + extra_rows) * grown(cap_slots, slots, least_slots) * per_slot
+
+
 def move_rows(buffers: Iterable[torch.Tensor], order: list[int], dim: int = 0) -> None:
     """Apply a compaction to buffers whose dim `dim` is the batch row: new row i takes old row order[i] (only the
     rows that move are copied; every source lies above every destination)."""

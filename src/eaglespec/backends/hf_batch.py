@@ -30,7 +30,7 @@ from torch.nn.utils.rnn import pad_sequence
 from eaglespec.backends.hf import HFModel
 from eaglespec.backends.hf_attention import grouped_attention
 from eaglespec.draft.layers import additive_mask
-from eaglespec.rows import compaction, grown, move_rows
+from eaglespec.rows import compaction, grown, grown_bytes, move_rows
 from eaglespec.tensors import to_device
 
 MIN_SLOTS = 64  # the fewest slots the KV buffers hold once allocated
@@ -258,12 +258,8 @@ class HFBatchTarget(HFModel):
         """Bytes the KV buffers hold once they have room for `rows` rows of `slots` slots (_reserve's growth from
         the present capacity), counting the present buffers as well when they must grow (both are held while the
         rows are copied over)."""
-        cap_rows, cap_slots = (self.keys[0].shape[0], self.slots) if self.keys else (0, 0)
-        new_rows, new_slots = grown(cap_rows, rows, 1), grown(cap_slots, slots, MIN_SLOTS)
-        held = (cap_rows + self.staging_rows) * cap_slots * self.slot_bytes()
-        if rows <= cap_rows and slots <= cap_slots:
-            return held
-        return held + (new_rows + self.staging_rows) * new_slots * self.slot_bytes()
+        cap = (self.keys[0].shape[0], self.slots) if self.keys else (0, 0)
+        return grown_bytes(cap, (rows, slots), MIN_SLOTS, self.slot_bytes(), self.staging_rows)
 
     # -- internals ------------------------------------------------------------------------------
     def span(self, n: int) -> int:

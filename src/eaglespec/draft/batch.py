@@ -40,7 +40,7 @@ from eaglespec.draft.fused import FusedBatchEagle3Step, unfusable_reason
 from eaglespec.draft.layers import Attention
 from eaglespec.draft.proposer import StaticPlan, to_target_probs
 from eaglespec.kernels import on_by_default
-from eaglespec.rows import compaction, grown, move_rows
+from eaglespec.rows import compaction, grown, grown_bytes, move_rows
 from eaglespec.sampling import SamplingParams, exponential_noise, process_logits, race_argmax
 from eaglespec.tensors import to_device, to_device_all
 from eaglespec.tree.core import DraftTree, TreeSpec, ancestry, chain_tree, draft_topk, static_layout
@@ -172,11 +172,8 @@ class BatchDrafts:
         """Bytes the slot buffers hold once they have room for `rows` rows of `slots` slots (_reserve's growth),
         counting the present ones as well when they must grow."""
         per = sum(2 * a.kv_heads * a.head_dim for a in self.attn) * self.dtype.itemsize
-        cap_rows, cap_slots = (self.k[0].shape[0], self.slots) if self.k else (0, 0)
-        held = cap_rows * cap_slots * per
-        if rows <= cap_rows and slots <= cap_slots:
-            return held
-        return held + grown(cap_rows, rows, 1) * grown(cap_slots, slots, MIN_SLOTS) * per
+        cap = (self.k[0].shape[0], self.slots) if self.k else (0, 0)
+        return grown_bytes(cap, (rows, slots), MIN_SLOTS, per)
 
     def join(self) -> int:
         """A new row with no drafter rows yet; returns its index."""
