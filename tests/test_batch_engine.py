@@ -468,12 +468,19 @@ def test_fused_batched_drafts_draft_as_the_drafter(fitted, tree):
         torch.testing.assert_close(b[:3, :, :n], a[:3, :, :n], rtol=1e-5, atol=1e-5)
 
 
-def test_chained_and_sampled_rows_together(fitted):
+def test_chained_and_sampled_rows_together(fitted, monkeypatch):
     """Greedy and sampled rows draft their chains in one drafter call per step (draft/batch.py): a sampled row draws
     its drafts from its own processed draft distribution and noise from its own generator (rows at two temperatures,
     and one whose drafter drafts greedily, draft_temperature 0), joining as rows leave (after chained greedy rounds
-    left their features on the device). Each is what it is alone in the one-sequence engine."""
+    left their features on the device), and every row's chain is accepted in the same pass (no row by row
+    sample_accept). Each is what it is alone in the one-sequence engine."""
+    import eaglespec.engine.batch as batch_module
     from eaglespec.sampling import draft_processors
+
+    def row_by_row(*args, **kwargs):
+        raise AssertionError("a chained round accepts its sampled rows row by row")
+
+    monkeypatch.setattr(batch_module, "sample_accept", row_by_row)
 
     model, drafter = fitted
     spec = TREES["chain"]
@@ -485,8 +492,8 @@ def test_chained_and_sampled_rows_together(fitted):
     engine = BatchEngine(HFBatchTarget(model), drafter, spec, max_batch=4, prefill_chunk=6)
     assert engine.drafts is not None and engine.drafts.samples
     calls = []
-    propose = engine.drafts.propose
-    engine.drafts.propose = lambda rows, *a: calls.append(list(rows)) or propose(rows, *a)
+    sampled_rows = engine.drafts.sampled_rows
+    engine.drafts.sampled_rows = lambda rows, *a: calls.append(list(rows)) or sampled_rows(rows, *a)
     lengths = [10, 8, 24, 20, 24, 16, 20, 12]  # the sampled rows join as greedy ones leave, after greedy rounds
     reqs = [BatchRequest(p, n, sampling=sampled.get(i)) for i, (p, n) in enumerate(zip(prompts, lengths))]
     results = engine.generate(reqs)
@@ -658,7 +665,8 @@ def test_batch_rows_do_not_leak(fitted, backend, stacked, monkeypatch):
 def test_cuda_graph_rows_equal_generate(tree, backend):
     """On a GPU the verify forward replays a CUDA graph per (batch bucket, rows, slots), the batched chains and
     static trees one per (batch bucket, catch-up rows, slots, k), and a dynamic tree's row its pooled static
-    runner's graphs; fp32 rows stay exact, and a sampled row samples what it samples alone."""
+    runner's graphs (a sampled row's too, except under chains, which it drafts with the other rows); fp32 rows stay
+    exact, and a sampled row samples what it samples alone."""
     from functools import partial
 
     from eaglespec.draft.fast import StaticDraftRunner
@@ -675,7 +683,10 @@ def test_cuda_graph_rows_equal_generate(tree, backend):
     assert target._graphs, "no graph was captured"
     if engine.drafts is not None:
         assert engine.drafts._graphs, "the batched drafts ran without a graph"
-    assert engine._idle_runners and all(r._graphs for r in engine._idle_runners), "a pooled runner ran eagerly"
+    if tree == "chain":  # the sampled row draws its chain with the other rows'
+        assert not engine._idle_runners
+    else:
+        assert engine._idle_runners and all(r._graphs for r in engine._idle_runners), "a pooled runner ran eagerly"
     for i, (p, r) in enumerate(zip(prompts[:4], results)):
         assert r.token_ids == reference_greedy(reference, p, 12 + 2 * i)
     alone = BatchEngine(TARGETS[backend](tiny_target("llama", seed=0).cuda()), drafter, TREES[tree], max_batch=1,

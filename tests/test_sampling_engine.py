@@ -251,6 +251,35 @@ def test_sample_accept_equals_the_vector_rejection_loop(kind, with_q):
     assert accepted > 10  # the draws exercise acceptance as well as rejection
 
 
+@pytest.mark.parametrize("with_q", [True, False])
+def test_chains_accepted_together_equal_each_alone(with_q):
+    """sample_accept_chains over a batch of chains (the batched engine's sampled rows) takes each chain's decisions
+    and bonus distribution exactly as sample_accept does alone, for the same coins and bonus draw; p with zeros
+    (top-k) exercises the residual's support."""
+    from eaglespec.verify import sample_accept_chains
+
+    gen = torch.Generator().manual_seed(5)
+    n, v, accepted, rejected = 6, 9, 0, 0
+    for width in (1, 2, 5):
+        for _ in range(40):
+            flats = [_random_flat("chain", gen, n=width) for _ in range(n)]
+            tokens = torch.stack([f.tokens for f in flats])  # [n, W]
+            logits = 3 * torch.randn(n, width, v, generator=gen)
+            p = torch.softmax(logits.masked_fill(logits < logits.topk(4, dim=-1).values[..., -1:], -torch.inf), -1)
+            q = torch.softmax(3 * torch.randn(n, width, v, generator=gen), -1) if with_q else None
+            seeds = torch.randint(0, 2**31, (n,), generator=gen).tolist()
+            gens = [torch.Generator().manual_seed(s) for s in seeds]
+            coins = torch.cat([torch.rand((1, width), generator=g) for g in gens])
+            m, residual = sample_accept_chains(tokens, p, q, coins)
+            for i, (flat, g) in enumerate(zip(flats, gens)):
+                bonus = int(torch.multinomial(residual[i: i + 1], 1, generator=g))
+                alone = sample_accept(flat, p[i], None if q is None else q[i], torch.Generator().manual_seed(seeds[i]))
+                assert (int(m[i]), bonus) == (alone.accepted, alone.bonus)
+                accepted += alone.accepted
+                rejected += alone.accepted < width - 1
+    assert accepted > 20 and rejected > 20  # both outcomes are exercised
+
+
 def test_sample_accept_with_a_repeated_sibling_token_takes_the_vector_loop():
     """Point mass with one token twice under a node: the host walk's closed form does not hold there, so
     sample_accept must defer to the vector loop (same decisions and bonus for the same stream)."""

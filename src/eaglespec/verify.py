@@ -85,20 +85,49 @@ def greedy_accept_rows(flat: FlatTree, logits: torch.Tensor) -> list[Acceptance]
 
 def greedy_accept_chains(tokens: torch.Tensor, logits: torch.Tensor) -> list[tuple[int, list[int]]]:
     """greedy_accept for B chains at once: tokens [B, W] (a root, then W - 1 drafts, each the child of the one before)
-    and logits [B, W, V]. Row b's draft d is accepted while it and every draft before it equal the target's argmax
-    at the row before it; row b emits its m_b accepted drafts, then the target's token after them (the bonus).
-    Returns (m_b, the m_b + 1 emitted tokens) per row, read in one host sync."""
-    B, W = tokens.shape
+    and logits [B, W, V]. Returns (m_b, the m_b + 1 emitted tokens) per row, read in one host sync."""
+    return read_chains(*greedy_chain_walk(tokens, logits))
+
+
+def greedy_chain_walk(tokens: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """greedy_accept_chains on the device: row b's draft d is accepted while it and every draft before it equal the
+    target's argmax at the row before it; row b emits its m_b accepted drafts, then the target's token after them
+    (the bonus). Returns (m [B], emitted [B, W]: row b's tokens are emitted[b, :m_b + 1])."""
     best = logits.argmax(dim=-1)  # [B, W]: the target's token after each row
     match = (tokens[:, 1:] == best[:, :-1]).long().cumprod(dim=-1)  # [B, W-1]: 1 up to the first mismatch
-    accepted = match.sum(dim=-1)  # [B]
-    vals = torch.cat([accepted, best.flatten()]).tolist()
-    out = []
-    for b in range(B):
-        m = vals[b]
-        start = B + b * W
-        out.append((m, vals[start: start + m + 1]))  # best[b, :m] are the accepted drafts, best[b, m] the bonus
-    return out
+    return match.sum(dim=-1), best
+
+
+def read_chains(accepted: torch.Tensor, emitted: torch.Tensor) -> list[tuple[int, list[int]]]:
+    """(m_b, emitted[b, :m_b + 1]) per row of accepted [B] and emitted [B, W], in one host sync."""
+    B, W = emitted.shape
+    vals = torch.cat([accepted, emitted.flatten()]).tolist()
+    return [(vals[b], vals[B + b * W: B + b * W + vals[b] + 1]) for b in range(B)]
+
+
+def sample_accept_chains(tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                         coins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample_accept for n chains at once, as tensor ops (no host sync). tokens [n, W] (a root, then W - 1 drafts),
+    target_probs [n, W, V] processed, draft_probs [n, W, V]: the q each node's child was drawn from (None: the
+    point-mass scheme, q = delta of the child), coins [n, W] (sample_accept's: coin j tests draft j). Draft j is
+    accepted while every test up to it passes, coin_j * q(x_j) < p(x_j) in float64 as sample_accept's walk. Returns
+    (m [n]: drafts accepted, the bonus distribution [n, V]: the residual norm(max(0, p - q)) after the first rejected
+    draft, p after a fully accepted chain)."""
+    n, W = tokens.shape
+    V = target_probs.shape[-1]
+    x = tokens[:, 1:, None]  # [n, W-1, 1]
+    if draft_probs is None:  # q = delta(x): every draft passes with prob p(x); a rejection removes x from p
+        draft_probs = torch.zeros_like(target_probs)
+        draft_probs[:, :-1].scatter_(2, x, 1.0)
+    px = target_probs[:, :-1].gather(2, x)[..., 0].double()  # [n, W-1]: p at each draft's parent
+    q = draft_probs[:, :-1]
+    qx = (q.gather(2, x)[..., 0] / q.sum(-1).clamp_min(1e-30)).double()  # q normalised as sample_accept does
+    passed = coins[:, 1:].double() * qx < px
+    m = passed.long().cumprod(dim=-1).sum(dim=-1)  # [n]
+    at = m[:, None, None].expand(n, 1, V)
+    r = target_probs.gather(1, at)[:, 0].float()  # [n, V]: p after the last accepted node
+    rest = _rejected_residual((r - _normalised(draft_probs.gather(1, at)[:, 0].float())).clamp_min(0), r)
+    return m, torch.where((m < W - 1)[:, None], rest, r)
 
 
 def _normalised(q: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,8 @@ Proposer runs it (contract 4's index shift):
 On CUDA each drafter step runs draft/fused.py's FusedBatchEagle3Step (its fused layers, per-row slots and masks). The
 whole draft (catch-up and growth) is one function of static inputs; on CUDA it replays as one CUDA graph per
 (batch bucket, W, S, k), W padded to a power of two (at least MIN_BLOCK) up to GRAPH_ROWS (a longer catch-up runs
-eagerly). Sampled rows draft here where the drafts run eagerly (`samples`: chains without CUDA graphs); elsewhere
-they draft on their own proposers. A joining prompt's features go in before its first round (catch_up: the joining
+eagerly). Sampled rows draft chains here (`samples`); a draft with sampled rows runs eagerly (their processors and
+noise differ per row). Under a static tree they draft on their own proposers. A joining prompt's features go in before its first round (catch_up: the joining
 rows alone, eagerly, nothing drafted), so that a round's block stays narrow.
 """
 
@@ -95,7 +95,7 @@ class RowSampling:
 
 
 @dataclass
-class _Group:
+class SampledRows:
     """Sampled block rows with the same draft processors: their noise [n, k, Vd] and, per depth, q [n, Vd]."""
 
     rows: list[int]
@@ -161,8 +161,8 @@ class BatchDrafts:
 
     @property
     def samples(self) -> bool:
-        """Whether sampled rows draft here: chains, where the draft runs eagerly (no CUDA graphs)."""
-        return self.plan is None and not self.use_graphs
+        """Whether sampled rows draft here: chains (a draft with sampled rows runs eagerly, without CUDA graphs)."""
+        return self.plan is None
 
     @property
     def slots(self) -> int:
@@ -196,7 +196,7 @@ class BatchDrafts:
         the static tree. sampling[i]: row i's draft processors and generator (None, or greedy processors: it
         drafts greedily); a sampled row's chain carries its q rows (draft_probs [k + 1, V], the last node's
         zero)."""
-        groups = self._groups(rows, sampling, self._drafts(depth))
+        groups = self.sampled_rows(rows, sampling, depth)
         drafts = self.draft(rows, features, next_tokens, depth, groups)  # [R, k]
         tokens = torch.cat([roots.to(drafts.device)[:, None], drafts], dim=1)  # [R, 1 + k]: each tree's nodes
         if self.plan is not None:
@@ -204,17 +204,26 @@ class BatchDrafts:
                               visible=self.visible) for t in tokens]
         trees = [chain_tree(t[:1], t[1:]) for t in tokens]
         place = {b: i for i, b in enumerate(rows)}
+        for b, q in self.row_probs(groups).items():
+            trees[place[b]].draft_probs = q  # [k + 1, V]
+        return trees
+
+    def row_probs(self, groups: list[SampledRows] | None) -> dict[int, torch.Tensor]:
+        """Each sampled row's q rows after a draft with `groups`, by batch row: [k + 1, V] over the target vocab, the
+        last node's zero (it has no child)."""
+        out = {}
         for g in groups or ():
             probs = torch.stack(g.probs, dim=1)  # [n, k, Vd]
             probs = torch.cat([probs, probs.new_zeros(probs.shape[0], 1, probs.shape[-1])], dim=1)
-            for b, q in zip(g.rows, to_target_probs(self.drafter, probs)):
-                trees[place[b]].draft_probs = q  # [k + 1, V]
-        return trees
+            out.update(zip(g.rows, to_target_probs(self.drafter, probs)))
+        return out
 
-    def _groups(self, rows: Sequence[int], sampling: Sequence[RowSampling | None] | None, k: int
-                ) -> list[_Group] | None:
-        """The sampled rows among `rows` grouped by draft processors, each row's noise [k, Vd] drawn now from its
-        own generator (one call, as the Proposer's draft_noise); None when no row samples."""
+    def sampled_rows(self, rows: Sequence[int], sampling: Sequence[RowSampling | None] | None,
+                     depth: int | None = None) -> list[SampledRows] | None:
+        """The sampled rows among `rows` (sampling[i]: row i's, None for a greedy row) grouped by draft processors,
+        each row's noise [k, Vd] for a chain of `depth` drafts drawn now from its own generator (one call, as the
+        Proposer's draft_noise); None when no row samples."""
+        k = self._drafts(depth)
         by_params: dict[SamplingParams, list[tuple[int, torch.Tensor]]] = {}
         for b, rs in zip(rows, sampling or ()):
             if rs is None or rs.params.greedy:
@@ -224,13 +233,13 @@ class BatchDrafts:
         if not by_params:
             return None
         if not self.samples:
-            raise ValueError("sampled rows draft batched chains only where the drafts run eagerly (samples)")
-        return [_Group([b for b, _ in members], to_device([b for b, _ in members], self.device), params,
-                       torch.stack([n for _, n in members])) for params, members in by_params.items()]
+            raise ValueError("sampled rows draft batched chains, not static trees")
+        return [SampledRows([b for b, _ in members], to_device([b for b, _ in members], self.device), params,
+                            torch.stack([n for _, n in members])) for params, members in by_params.items()]
 
     @torch.no_grad()
     def draft(self, rows: Sequence[int], features: Sequence[torch.Tensor], next_tokens: Sequence[Sequence[int]],
-              depth: int | None = None, groups: list[_Group] | None = None) -> torch.Tensor:
+              depth: int | None = None, groups: list[SampledRows] | None = None) -> torch.Tensor:
         """propose's drafts alone, target ids [R, k] for the named rows: a chain's k = depth (None: the spec's
         depth) drafts (greedy, or drawn for the sampled rows of `groups`), or the static tree's nodes below the root
         in node order (k = self.depth). Rows not named draft nothing (their slots past n_b are scratch)."""
@@ -249,10 +258,10 @@ class BatchDrafts:
 
     @torch.no_grad()
     def draft_block(self, features: torch.Tensor, next_tokens: torch.Tensor, counts: Sequence[int],
-                    depth: int | None = None) -> torch.Tensor:
+                    depth: int | None = None, groups: list[SampledRows] | None = None) -> torch.Tensor:
         """draft for every batch row from a block already on the device: row b's pending features are
         features[b, :counts[b]] ([B, w, F] in all) with next_tokens[b, :counts[b]] ([B, w] ids); the rest of each
-        row is ignored. Returns the drafts [B, k]."""
+        row is ignored. Returns the drafts [B, k] (drawn for the sampled rows of `groups`)."""
         k = self._drafts(depth)
         B, w = next_tokens.shape
         if len(counts) != B or self.batch != B or not all(1 <= n <= w for n in counts):
@@ -265,7 +274,8 @@ class BatchDrafts:
             features, next_tokens = padded, ids
         pad = [0] * (Bp - B)
         base, last = to_device_all(self.device, [*self.committed, *pad], [n - 1 for n in counts] + pad)
-        drafts = self._run(_Inputs(features, next_tokens, base, last), k, graphed)
+        inputs = _Inputs(features, next_tokens, base, last)
+        drafts = self._draft(inputs, k, groups) if groups else self._run(inputs, k, graphed)
         self.committed = [c + n for c, n in zip(self.committed, counts)]
         return drafts[:B]
 
@@ -337,7 +347,7 @@ class BatchDrafts:
                                     logit_rows=s.last)  # [Bp, Vd], [Bp, W, H]
         return logits, states[torch.arange(Bp, device=self.device), s.last]
 
-    def _draft(self, s: _Inputs, k: int, groups: list[_Group] | None = None) -> torch.Tensor:
+    def _draft(self, s: _Inputs, k: int, groups: list[SampledRows] | None = None) -> torch.Tensor:
         """Catch-up and growth over the slot buffers' first Bp rows: drafts [Bp, k] (target ids); the rows of
         `groups` draw theirs (each group keeps its q rows). Tensor ops only."""
         Bp = s.tokens.shape[0]

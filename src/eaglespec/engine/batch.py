@@ -9,13 +9,13 @@ Each step (BatchEngine.step):
                 join together, in one target forward; a joined request's first token is emitted, and its drafter
                 runs over its prompt's features (all but the last, which its first round takes)
     3. round    every live row drafts its own tree (chains or greedy static trees of all rows in one drafter call
-                per step, draft/batch.py, a sampled row's chain drawn from its own random stream where the drafts
-                run eagerly; dynamic trees and the other sampled rows through their own proposer: drafter KV,
-                sampling, random stream), one target forward verifies all the trees (backends/hf_batch.py and
-                fast_batch.py: ragged rows, per-row positions, ancestry mask and KV slots), then acceptance (greedy:
-                every row in one host sync) and publish per row, as the one-sequence engine does; a chained round
-                leaves every row's accepted features and next tokens on the device (the carry) for the next to
-                draft from
+                per step, draft/batch.py, a sampled row's chain drawn from its own random stream; dynamic trees
+                and sampled rows under a static tree through their own proposer: drafter KV, sampling, random
+                stream), one target forward verifies all the trees (backends/hf_batch.py and fast_batch.py: ragged
+                rows, per-row positions, ancestry mask and KV slots), then acceptance and publish per row, as the
+                one-sequence engine does; where every row verifies a chain (or its root alone), acceptance of every
+                row, greedy or sampled, is one pass read in one host sync, and the round leaves every row's
+                accepted features and next tokens on the device (the carry) for the next to draft from
     4. finish   rows that reached EOS or max_new_tokens leave
 
 A row's round depends on its own state only: its tokens equal what the one-sequence engine emits for it alone,
@@ -52,7 +52,13 @@ from eaglespec.errors import EagleSpecError
 from eaglespec.sampling import SamplingConfig, process_logits, sample
 from eaglespec.tensors import to_device
 from eaglespec.tree.core import DraftTree, TreeSpec, chain_tree, flatten, stack_flat
-from eaglespec.verify import greedy_accept_chains, greedy_accept_rows, sample_accept
+from eaglespec.verify import (
+    greedy_accept_rows,
+    greedy_chain_walk,
+    read_chains,
+    sample_accept,
+    sample_accept_chains,
+)
 
 PREFILL_TOKENS = 16384  # the most padded prompt tokens that join in one target forward
 
@@ -78,7 +84,7 @@ class BatchRequest:
     runner: Any = field(default=None, repr=False)  # its proposer's row runner lent by the engine's pool (None: none,
     # or eager rows)
     chained: bool = False  # drafts the engine's chain or static tree with the other chained rows, in one drafter call
-    # per step (a sampled row: chains, where BatchDrafts.samples)
+    # per step (a sampled row: chains, BatchDrafts.samples)
     generator: torch.Generator | None = field(default=None, repr=False)
     started: float = 0.0
 
@@ -440,13 +446,12 @@ class BatchEngine:
         plan = self._plan()
         depth = self._depth(plan)  # the chained rows' drafts this round; 0: a plain step for every row
         drafting = depth > 0
-        if all(r.sampling is None for r in self.live):
-            shapes = {self._shape(r, drafting) for r in self.live}
-            if shapes == {"chain"} or shapes == {"plain"}:
-                events, accepted = self._chain_round(depth if shapes == {"chain"} else 0, t0)
-                if plan is not None:
-                    plan.record(depth, accepted, chain=self.chains)
-                return events
+        shapes = {self._shape(r, drafting) for r in self.live}
+        if shapes == {"chain"} or shapes == {"plain"}:
+            events, accepted = self._chain_round(depth if shapes == {"chain"} else 0, t0)
+            if plan is not None:
+                plan.record(depth, [m for r, m in zip(self.live, accepted) if r.sampling is None], chain=self.chains)
+            return events
         self._settle()
         trees = self._draft_all(depth)
         flats = [flatten(t) for t in trees]
@@ -486,21 +491,24 @@ class BatchEngine:
         return "tree" if r.proposer is not None and r.proposer.spec.speculates else "plain"
 
     def _chain_round(self, depth: int, t0: float) -> tuple[list[tuple[BatchRequest, list[int]]], list[int]]:
-        """A round where every row is greedy and verifies the same shape: a chain of k = depth drafts of the
-        engine's chains, or (depth 0) its root alone. Drafts, verify, acceptance and commit are [B, k + 1] tensors,
-        read in one host sync; each row's accepted prefix is already in place in the target's KV. Returns the
-        events and each row's accepted drafts."""
+        """A round where every row verifies the same shape: a chain of k = depth drafts of the engine's chains, or
+        (depth 0) its root alone. Drafts, verify, acceptance and commit are [B, k + 1] tensors, read in one host
+        sync; each row's accepted prefix is already in place in the target's KV. Returns the events and each row's
+        accepted drafts."""
         dev, live = self.device, self.live
         B = len(live)
         tokens = self._roots(live)[:, None]  # [B, 1]
+        q: dict[int, torch.Tensor] = {}  # the sampled rows' draft distributions [k + 1, V], by batch row
         if depth > 0:
+            groups = self.drafts.sampled_rows(range(B), self._row_sampling(live), depth)
             if self._carry is not None:  # the last round's accepted rows, as it left them on the device
                 carry, self._carry = self._carry, None
-                drafts = self.drafts.draft_block(carry.features, carry.ids, carry.counts, depth)  # [B, k]
+                drafts = self.drafts.draft_block(carry.features, carry.ids, carry.counts, depth, groups)  # [B, k]
             else:
                 pending = [self._take_pending(r) for r in live]
                 nxt = [self._next_ids(r, c, p) for r, c, p in zip(live, self.drafts.committed, pending)]
-                drafts = self.drafts.draft(range(B), pending, nxt, depth)  # [B, k]
+                drafts = self.drafts.draft(range(B), pending, nxt, depth, groups)  # [B, k]
+            q = self.drafts.row_probs(groups)
             tokens = torch.cat([tokens, drafts], dim=1)
         else:
             self._settle()  # a plain step: every row's features stay pending
@@ -509,7 +517,9 @@ class BatchEngine:
         visible = torch.ones(W, W, dtype=torch.bool, device=dev).tril().expand(B, W, W)
         t1 = time.perf_counter()
         out = self.target.forward(tokens, depths, visible)
-        accs = greedy_accept_chains(tokens, out.logits)  # (accepted, emitted tokens) per row, one host sync
+        accepted, emitted = greedy_chain_walk(tokens, out.logits)  # [B], [B, W]
+        self._sample_chains(tokens, out.logits, q, accepted, emitted)
+        accs = read_chains(accepted, emitted)  # (accepted, emitted tokens) per row, one host sync
         t2 = time.perf_counter()
         self.target.commit_prefixes([m + 1 for m, _ in accs])
         features = out.features.clone() if self.drafter is not None else None  # outlives the next forward
@@ -530,6 +540,32 @@ class BatchEngine:
         for r in live:
             r.result.rounds[-1].commit_s = t3 - t2
         return events, [m for m, _ in accs]
+
+    def _sample_chains(self, tokens: torch.Tensor, logits: torch.Tensor, q: dict[int, torch.Tensor],
+                       accepted: torch.Tensor, emitted: torch.Tensor) -> None:
+        """Overwrite the sampled rows' accepted [B] and emitted [B, W] (greedy_chain_walk's) by lossless rejection
+        sampling of their chains tokens [B, W] under logits [B, W, V]: rows with the same target processors and
+        scheme (q rows or point mass) at once, each row's coins and bonus drawn from its own generator in
+        sample_accept's order, so that it emits what it emits alone. No host sync."""
+        groups: dict[tuple[Any, bool], list[int]] = {}
+        for b, r in enumerate(self.live):
+            if r.sampling is not None:
+                groups.setdefault((r.sampling.target, b in q), []).append(b)
+        W = tokens.shape[1]
+        for (params, has_q), rows in groups.items():
+            gens = [self.live[b].generator for b in rows]
+            idx = to_device(rows, self.device)
+            coins = torch.cat([torch.rand((1, W), generator=g, device=self.device) for g in gens])  # [n, W]
+            draft_probs = torch.stack([q[b] for b in rows]) if has_q else None
+            m, residual = sample_accept_chains(tokens[idx], process_logits(logits[idx], params), draft_probs, coins)
+            bonus = torch.cat([torch.multinomial(residual[i: i + 1], 1, generator=g) for i, g in enumerate(gens)])
+            row = torch.cat([tokens[idx, 1:], bonus], dim=1).scatter(1, m[:, None], bonus)  # drafts 1..m, the bonus
+            accepted.index_copy_(0, idx, m)
+            emitted.index_copy_(0, idx, row)
+
+    def _row_sampling(self, reqs: Sequence[BatchRequest]) -> list[RowSampling | None]:
+        """Each request's draft processors and generator for the batched drafts (None: a greedy row)."""
+        return [None if r.sampling is None else RowSampling(r.sampling.draft_params, r.generator) for r in reqs]
 
     def _plan(self) -> DepthPlan | None:
         """The depth plan when it decides this round (adaptive, with a drafter, within speculate_up_to), else None."""
@@ -564,8 +600,7 @@ class BatchEngine:
             reqs = [self.live[b] for b in rows]
             pending = [self._take_pending(r) for r in reqs]
             nxt = [self._next_ids(r, self.drafts.committed[b], p) for b, r, p in zip(rows, reqs, pending)]
-            sampling = [None if r.sampling is None else RowSampling(r.sampling.draft_params, r.generator) for r in reqs]
-            drafted = self.drafts.propose(rows, self._roots(reqs), pending, nxt, depth, sampling)
+            drafted = self.drafts.propose(rows, self._roots(reqs), pending, nxt, depth, self._row_sampling(reqs))
             for b, tree in zip(rows, drafted):
                 trees[b] = tree
         return trees
