@@ -49,7 +49,7 @@ from eaglespec.engine.plan import DepthPlan, drafter_prior
 from eaglespec.engine.state import GenerationResult, RoundStats
 from eaglespec.engine.timing import median, random_tokens, sync
 from eaglespec.errors import EagleSpecError
-from eaglespec.sampling import SamplingConfig, process_logits, sample
+from eaglespec.sampling import SamplingConfig, SamplingParams, process_logits, sample
 from eaglespec.tensors import to_device
 from eaglespec.tree.core import DraftTree, TreeSpec, chain_tree, flatten, stack_flat
 from eaglespec.verify import (
@@ -547,7 +547,7 @@ class BatchEngine:
         sampling of their chains tokens [B, W] under logits [B, W, V]: rows with the same target processors and
         scheme (q rows or point mass) at once, each row's coins and bonus drawn from its own generator in
         sample_accept's order, so that it emits what it emits alone. No host sync."""
-        groups: dict[tuple[Any, bool], list[int]] = {}
+        groups: dict[tuple[SamplingParams, bool], list[int]] = {}
         for b, r in enumerate(self.live):
             if r.sampling is not None:
                 groups.setdefault((r.sampling.target, b in q), []).append(b)
