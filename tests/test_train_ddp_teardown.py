@@ -49,11 +49,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _threads(teardown: str) -> tuple[str, str]:
+def _threads(teardown: str, may_abort: bool = False) -> tuple[str, str]:
+    """(gloo threads running, gloo threads left after `teardown`). may_abort: the process may abort at exit with
+    threads left running (SIGABRT, "terminate called without an active exception"), the failure itself."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", SCRIPT.replace("{teardown}", teardown), str(_free_port())], env=env,
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0 or (may_abort and proc.returncode == -6), proc.stderr[-3000:]
     lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
     return lines["running"], lines["after"]
 
@@ -67,5 +69,5 @@ def test_finish_distributed_joins_gloo_threads():
 def test_destroy_process_group_alone_leaves_them():
     """The failure finish_distributed guards against: destroy_process_group alone leaves the gloo threads running
     (should a torch release change that, this test fails and finish_distributed's unpinning can go)."""
-    running, after = _threads("dist.destroy_process_group()")
+    running, after = _threads("dist.destroy_process_group()", may_abort=True)
     assert "pt_gloo_runloop" in running and "pt_gloo_runloop" in after, (running, after)
