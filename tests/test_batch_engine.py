@@ -24,7 +24,7 @@ from eaglespec.errors import EagleSpecError
 from eaglespec.rows import compaction, move_rows
 from eaglespec.sampling import SamplingConfig, SamplingParams
 from eaglespec.tree.core import DraftTree, FlatTree, TreeSpec, chain_tree, flatten, stack_flat
-from eaglespec.verify import greedy_accept, greedy_accept_chains, greedy_accept_rows
+from eaglespec.verify import greedy_accept, greedy_accept_rows, greedy_chain_walk, read_chains
 
 from conftest import reference_greedy, tiny_drafter, tiny_target
 
@@ -533,7 +533,7 @@ def test_greedy_acceptance_of_padded_rows_equals_each_row():
 
 
 def test_chain_acceptance_equals_tree_acceptance():
-    """greedy_accept_chains over chains whose drafts match the argmax for 0..k steps (and a mismatch, then a match:
+    """greedy_chain_walk over chains whose drafts match the argmax for 0..k steps (and a mismatch, then a match:
     the walk stops at the first mismatch) equals greedy_accept of each chain alone."""
     gen = torch.Generator().manual_seed(0)
     B, k, V = 6, 4, 7
@@ -547,7 +547,7 @@ def test_chain_acceptance_equals_tree_acceptance():
             tokens[b, good + 1] = (best[b, good] + 1) % V  # then a mismatch
         if good + 2 <= k:
             tokens[b, good + 2] = best[b, good + 1]  # a match after the mismatch is not accepted
-    for b, (m, emitted) in enumerate(greedy_accept_chains(tokens, logits)):
+    for b, (m, emitted) in enumerate(read_chains(*greedy_chain_walk(tokens, logits))):
         ref = greedy_accept(flatten(chain_tree(tokens[b, :1], tokens[b, 1:])), logits[b])
         assert m == ref.accepted == min(b, k)
         assert emitted == [*ref.tokens[1:], ref.bonus]

@@ -83,16 +83,11 @@ def greedy_accept_rows(flat: FlatTree, logits: torch.Tensor) -> list[Acceptance]
     return out
 
 
-def greedy_accept_chains(tokens: torch.Tensor, logits: torch.Tensor) -> list[tuple[int, list[int]]]:
-    """greedy_accept for B chains at once: tokens [B, W] (a root, then W - 1 drafts, each the child of the one before)
-    and logits [B, W, V]. Returns (m_b, the m_b + 1 emitted tokens) per row, read in one host sync."""
-    return read_chains(*greedy_chain_walk(tokens, logits))
-
-
 def greedy_chain_walk(tokens: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """greedy_accept_chains on the device: row b's draft d is accepted while it and every draft before it equal the
+    """greedy_accept for B chains at once, on the device: tokens [B, W] (a root, then W - 1 drafts, each the child of
+    the one before) and logits [B, W, V]. Row b's draft d is accepted while it and every draft before it equal the
     target's argmax at the row before it; row b emits its m_b accepted drafts, then the target's token after them
-    (the bonus). Returns (m [B], emitted [B, W]: row b's tokens are emitted[b, :m_b + 1])."""
+    (the bonus). Returns (m [B], emitted [B, W]: row b's tokens are emitted[b, :m_b + 1]; read_chains reads them)."""
     best = logits.argmax(dim=-1)  # [B, W]: the target's token after each row
     match = (tokens[:, 1:] == best[:, :-1]).long().cumprod(dim=-1)  # [B, W-1]: 1 up to the first mismatch
     return match.sum(dim=-1), best

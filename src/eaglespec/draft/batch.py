@@ -23,8 +23,9 @@ On CUDA each drafter step runs draft/fused.py's FusedBatchEagle3Step (its fused 
 whole draft (catch-up and growth) is one function of static inputs; on CUDA it replays as one CUDA graph per
 (batch bucket, W, S, k), W padded to a power of two (at least MIN_BLOCK) up to GRAPH_ROWS (a longer catch-up runs
 eagerly). Sampled rows draft chains here (`samples`); a draft with sampled rows runs eagerly (their processors and
-noise differ per row). Under a static tree they draft on their own proposers. A joining prompt's features go in before its first round (catch_up: the joining
-rows alone, eagerly, nothing drafted), so that a round's block stays narrow.
+noise differ per row). Under a static tree they draft on their own proposers. A joining prompt's features go in
+before its first round (catch_up: the joining rows alone, eagerly, nothing drafted), so that a round's block stays
+narrow.
 """
 
 from __future__ import annotations
@@ -249,7 +250,7 @@ class BatchDrafts:
         Bp, W, graphed = self._block(max(counts))
         self._reserve(Bp, max(self.committed) + W + k)  # a static tree's rows are fewer than its nodes
         inputs = self._inputs(Bp, rows, features, next_tokens, W, self.committed)
-        drafts = self._draft(inputs, k, groups) if groups else self._run(inputs, k, graphed)
+        drafts = self._run(inputs, k, graphed, groups)
         for b, n in zip(rows, counts):
             self.committed[b] += n
         if rows == list(range(len(rows))):  # the first rows, in order (every live row, as a round drafts)
@@ -275,7 +276,7 @@ class BatchDrafts:
         pad = [0] * (Bp - B)
         base, last = to_device_all(self.device, [*self.committed, *pad], [n - 1 for n in counts] + pad)
         inputs = _Inputs(features, next_tokens, base, last)
-        drafts = self._draft(inputs, k, groups) if groups else self._run(inputs, k, graphed)
+        drafts = self._run(inputs, k, graphed, groups)
         self.committed = [c + n for c, n in zip(self.committed, counts)]
         return drafts[:B]
 
@@ -296,9 +297,10 @@ class BatchDrafts:
             return B, W, False
         return 1 << (B - 1).bit_length(), max(MIN_BLOCK, 1 << (W - 1).bit_length()), True
 
-    def _run(self, inputs: _Inputs, k: int, graphed: bool) -> torch.Tensor:
-        """The drafts [Bp, k] from a draft's inputs: the graph's replay or the eager draft."""
-        return self._replay(inputs, k) if graphed else self._draft(inputs, k)
+    def _run(self, inputs: _Inputs, k: int, graphed: bool, groups: list[SampledRows] | None = None) -> torch.Tensor:
+        """The drafts [Bp, k] from a draft's inputs: the graph's replay, or the eager draft (always with sampled rows,
+        `groups`: their processors and noise differ per row)."""
+        return self._replay(inputs, k) if graphed and not groups else self._draft(inputs, k, groups)
 
     @torch.no_grad()
     def catch_up(self, rows: range, features: Sequence[torch.Tensor], next_tokens: Sequence[Sequence[int]]) -> None:
